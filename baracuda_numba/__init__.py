@@ -1,0 +1,74 @@
+"""baracuda_numba: pure-Python Numba-CUDA kernels for ML ops behind a Plan API.
+
+Pick a plan for a descriptor (``Plan.select``), then ``plan.run(args, stream=...)`` with
+PyTorch tensors, CuPy arrays or Numba device arrays. Importing this package imports
+neither torch nor CuPy.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+# Lazy attributes (PEP 562): importing the package imports neither Numba, torch nor CuPy,
+# so ``baracuda-check`` and the tests can choose the simulator before Numba loads.
+_LAZY = {
+    "arrays": ("TensorMut", "TensorRef", "as_mut", "as_ref"),
+    "errors": ("BaracudaError", "BufferTooSmall", "DriverError", "InvalidProblem",
+               "MisalignedOperand", "Unsupported", "WorkspaceTooSmall"),
+    "plans.write_slice": ("WriteSliceArgs", "WriteSliceDescriptor", "WriteSlicePlan"),
+    "streams": ("stream_handle",),
+    "types": ("ArchSku", "AttentionKind", "BackendKind", "ElementKind", "KernelSku",
+              "MathPrecision", "OpCategory", "PlanPreference", "PoolKind",
+              "PrecisionGuarantee", "ReduceKind", "RopePairing", "ScanKind",
+              "ShapeLayoutKind"),
+}
+_WHERE = {name: module for module, names in _LAZY.items() for name in names}
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'baracuda_numba' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(list(globals()) + list(_WHERE))
+
+
+__version__ = "0.1.0"
+
+__all__ = [  # noqa: F822 (lazy attributes)
+    "ArchSku",
+    "AttentionKind",
+    "BackendKind",
+    "BaracudaError",
+    "BufferTooSmall",
+    "DriverError",
+    "ElementKind",
+    "InvalidProblem",
+    "KernelSku",
+    "MathPrecision",
+    "MisalignedOperand",
+    "OpCategory",
+    "PlanPreference",
+    "PoolKind",
+    "PrecisionGuarantee",
+    "ReduceKind",
+    "RopePairing",
+    "ScanKind",
+    "ShapeLayoutKind",
+    "TensorMut",
+    "TensorRef",
+    "Unsupported",
+    "WorkspaceTooSmall",
+    "WriteSliceArgs",
+    "WriteSliceDescriptor",
+    "WriteSlicePlan",
+    "as_mut",
+    "as_ref",
+    "stream_handle",
+]

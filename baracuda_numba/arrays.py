@@ -1,0 +1,311 @@
+"""Array views over any framework's device arrays.
+
+``TensorRef`` (read) and ``TensorMut`` (written) hold a device pointer, a shape, strides
+counted in storage elements, the array's typestr and the owning object (kept alive for
+the duration of the call). They are built from:
+
+* ``torch.Tensor`` (``data_ptr()``/``stride()``; a tensor with ``requires_grad=True`` is
+  read without going through ``__cuda_array_interface__``, which would raise),
+* CuPy arrays, Numba device arrays,
+* anything exposing ``__cuda_array_interface__`` (v2/v3),
+* in the Numba CUDA simulator: NumPy arrays and the simulator's device arrays.
+
+The extractor is chosen once per Python type and cached, so building a view costs a few
+attribute reads. bf16 arrays (torch and ml_dtypes export typestr ``<V2``) travel as
+16-bit storage; kernels convert to f32 in registers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ._runtime import SIMULATOR
+from .errors import BufferTooSmall, InvalidProblem, MisalignedOperand, Unsupported
+from .types import ElementKind
+
+__all__ = ["TensorMut", "TensorRef", "as_mut", "as_ref", "contiguous_strides", "flat_span"]
+
+MAX_RANK = 8
+
+_Extracted = tuple[int, tuple[int, ...], tuple[int, ...] | None, str, int, bool]
+# (pointer, shape, strides in elements or None for C-contiguous, typestr, itemsize, readonly)
+
+
+class _Misaligned(ValueError):
+    pass
+
+
+def _elem_strides(byte_strides: Any, itemsize: int) -> tuple[int, ...] | None:
+    if byte_strides is None:
+        return None
+    strides = tuple(s // itemsize for s in byte_strides)
+    if any(s % itemsize for s in byte_strides):
+        raise _Misaligned(f"strides {tuple(byte_strides)} (bytes) are not multiples of the "
+                          f"item size {itemsize}")
+    return strides
+
+
+class TensorRef:
+    """A read-only view: pointer, shape, strides (elements), typestr, owner."""
+
+    __slots__ = ("owner", "ptr", "shape", "strides", "typestr", "itemsize")
+
+    def __init__(self, ptr: int, shape: tuple[int, ...], strides: tuple[int, ...],
+                 typestr: str, itemsize: int, owner: Any = None) -> None:
+        self.ptr = ptr
+        self.shape = shape
+        self.strides = strides
+        self.typestr = typestr
+        self.itemsize = itemsize
+        self.owner = owner
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+    def is_contiguous(self) -> bool:
+        """Row-major contiguous (size-1 axes may have any stride)."""
+        expected = 1
+        for extent, stride in zip(reversed(self.shape), reversed(self.strides)):
+            if extent != 1 and stride != expected:
+                return False
+            expected *= extent
+        return True
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(ptr=0x{self.ptr:x}, shape={self.shape}, "
+                f"strides={self.strides}, typestr={self.typestr!r})")
+
+
+class TensorMut(TensorRef):
+    """A writable view; its strides never make two elements share memory."""
+
+    __slots__ = ()
+
+
+def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Row-major strides, in elements, of a dense tensor of ``shape``."""
+    strides = []
+    step = 1
+    for extent in reversed(shape):
+        strides.append(step)
+        step *= max(extent, 1)
+    return tuple(reversed(strides))
+
+
+def flat_span(shape: tuple[int, ...], strides: tuple[int, ...]) -> int:
+    """Elements between the first and one past the last addressed element (0 if empty)."""
+    span = 1
+    for extent, stride in zip(shape, strides):
+        if extent == 0:
+            return 0
+        span += (extent - 1) * stride
+    return span
+
+
+# ---------------------------------------------------------------------------------------
+# Extraction, cached per Python type.
+
+
+def _extract_cai(obj: Any) -> _Extracted:
+    try:
+        cai = obj.__cuda_array_interface__
+    except RuntimeError:
+        # torch raises for requires_grad=True tensors; read the data without the graph.
+        obj = obj.detach()
+        cai = obj.__cuda_array_interface__
+    ptr, readonly = cai["data"]
+    typestr = cai["typestr"]
+    itemsize = int(typestr[2:])
+    return (ptr or 0, tuple(cai["shape"]), _elem_strides(cai.get("strides"), itemsize),
+            typestr, itemsize, bool(readonly))
+
+
+_TORCH_TYPESTR: dict[Any, tuple[str, int]] = {}
+
+
+def _torch_typestr(dtype: Any) -> tuple[str, int]:
+    found = _TORCH_TYPESTR.get(dtype)
+    if found is None:
+        import torch
+
+        table = {
+            torch.float16: "<f2", torch.bfloat16: "<V2", torch.float32: "<f4",
+            torch.float64: "<f8", torch.int8: "|i1", torch.uint8: "|u1",
+            torch.int16: "<i2", torch.int32: "<i4", torch.int64: "<i8",
+            torch.bool: "|b1", torch.complex64: "<c8", torch.complex128: "<c16",
+        }
+        for name in ("uint16", "uint32", "uint64"):
+            if hasattr(torch, name):
+                table[getattr(torch, name)] = "<u" + str(int(name[4:]) // 8)
+        for name in ("float8_e4m3fn", "float8_e5m2"):
+            if hasattr(torch, name):
+                table[getattr(torch, name)] = "|V1"
+        for key, typestr in table.items():
+            _TORCH_TYPESTR[key] = (typestr, int(typestr[2:]))
+        found = _TORCH_TYPESTR.get(dtype)
+        if found is None:
+            raise Unsupported(f"torch dtype {dtype} has no element kind")
+    return found
+
+
+def _extract_torch(obj: Any) -> _Extracted:
+    if not obj.is_cuda:
+        raise InvalidProblem("tensor is on the CPU; a CUDA tensor is required")
+    typestr, itemsize = _torch_typestr(obj.dtype)
+    return obj.data_ptr(), tuple(obj.shape), obj.stride(), typestr, itemsize, False
+
+
+def _extract_cupy(obj: Any) -> _Extracted:
+    dtype = obj.dtype
+    itemsize = dtype.itemsize
+    return (obj.data.ptr, obj.shape, _elem_strides(obj.strides, itemsize), dtype.str,
+            itemsize, False)
+
+
+def _extract_numba(obj: Any) -> _Extracted:
+    dtype = obj.dtype
+    ptr = obj.device_ctypes_pointer.value or 0
+    itemsize = dtype.itemsize
+    return ptr, obj.shape, _elem_strides(obj.strides, itemsize), dtype.str, itemsize, False
+
+
+def _extract_numpy(obj: Any) -> _Extracted:  # simulator only: host memory stands in
+    dtype = obj.dtype
+    itemsize = dtype.itemsize
+    return (obj.ctypes.data, obj.shape, _elem_strides(obj.strides, itemsize), dtype.str,
+            itemsize, not obj.flags.writeable)
+
+
+def _extract_fake_cuda(obj: Any) -> _Extracted:  # simulator's device arrays
+    return _extract_numpy(obj._ary)
+
+
+_EXTRACTORS: dict[type, Callable[[Any], _Extracted]] = {}
+
+
+def _extractor_for(cls: type) -> Callable[[Any], _Extracted]:
+    found = _EXTRACTORS.get(cls)
+    if found is not None:
+        return found
+    module = cls.__module__ or ""
+    names = {c.__module__.split(".")[0] + "." + c.__name__ for c in cls.__mro__}
+    if "torch.Tensor" in names:
+        found = _extract_torch
+    elif module.startswith("cupy") and hasattr(cls, "data"):
+        found = _extract_cupy
+    elif SIMULATOR and cls.__name__ == "FakeCUDAArray":
+        found = _extract_fake_cuda
+    elif SIMULATOR and "numpy.ndarray" in names:
+        found = _extract_numpy
+    elif module.startswith("numba") and hasattr(cls, "device_ctypes_pointer"):
+        found = _extract_numba
+    elif hasattr(cls, "__cuda_array_interface__"):
+        found = _extract_cai
+    else:
+        raise TypeError(f"{cls.__name__} is not a device array (no __cuda_array_interface__)")
+    _EXTRACTORS[cls] = found
+    return found
+
+
+def _fail(plan: str, arg: str, exc: type[Exception], rule: str) -> Exception:
+    return exc(f"{plan}: {arg} {rule}")
+
+
+def _view(cls: type[TensorRef], obj: Any, plan: str, arg: str,
+          element: ElementKind | None, expected_shape: tuple[int, ...] | None) -> TensorRef:
+    if isinstance(obj, TensorRef):
+        ref = obj
+        if cls is TensorMut and not isinstance(obj, TensorMut):
+            raise _fail(plan, arg, InvalidProblem, "is a read-only TensorRef; an output needs "
+                        "a writable array")
+    else:
+        try:
+            ptr, shape, strides, typestr, itemsize, readonly = _extractor_for(type(obj))(obj)
+        except _Misaligned as exc:
+            raise _fail(plan, arg, MisalignedOperand, str(exc)) from None
+        except (TypeError, InvalidProblem, Unsupported) as exc:
+            raise _fail(plan, arg, type(exc) if not isinstance(exc, TypeError)
+                        else InvalidProblem, f"cannot be used: {exc}") from None
+        if readonly and cls is TensorMut:
+            raise _fail(plan, arg, InvalidProblem, "is read-only; an output must be writable")
+        if strides is None:
+            strides = contiguous_strides(shape)
+        if itemsize and ptr % itemsize:
+            raise _fail(plan, arg, MisalignedOperand,
+                        f"pointer 0x{ptr:x} is not aligned to its item size {itemsize}")
+        ref = cls(ptr, shape, strides, typestr, itemsize, obj)
+    if element is not None and ref.typestr not in element.typestrs:
+        raise _fail(plan, arg, InvalidProblem,
+                    f"has typestr {ref.typestr!r}, which does not hold element {element.name} "
+                    f"(accepted: {', '.join(element.typestrs)})")
+    if expected_shape is not None and ref.shape != expected_shape:
+        ref = _as_flat_buffer(cls, ref, plan, arg, expected_shape)
+    if any(s < 0 for s in ref.strides):
+        raise _fail(plan, arg, Unsupported, f"has negative strides {ref.strides}")
+    if cls is TensorMut and not _non_overlapping(ref.shape, ref.strides):
+        raise _fail(plan, arg, InvalidProblem,
+                    f"strides {ref.strides} for shape {ref.shape} make elements overlap; an "
+                    "output must not alias itself")
+    return ref
+
+
+def _as_flat_buffer(cls: type[TensorRef], ref: TensorRef, plan: str, arg: str,
+                    expected_shape: tuple[int, ...]) -> TensorRef:
+    """A 1-D contiguous array stands for a dense buffer of ``expected_shape`` (as upstream's
+    device slices do) if it holds enough elements; any other shape is a mismatch."""
+    if len(ref.shape) == 1 and (ref.shape[0] <= 1 or ref.strides[0] == 1) and \
+            len(expected_shape) != 1:
+        needed = 1
+        for extent in expected_shape:
+            needed *= extent
+        if ref.shape[0] < needed:
+            raise BufferTooSmall(f"{plan}: {arg} is a flat buffer of {ref.shape[0]} elements, "
+                                 f"too small for shape {expected_shape}", needed, ref.shape[0])
+        return cls(ref.ptr, expected_shape, contiguous_strides(expected_shape), ref.typestr,
+                   ref.itemsize, ref.owner)
+    raise _fail(plan, arg, InvalidProblem,
+                f"has shape {ref.shape}, but the descriptor requires {expected_shape}")
+
+
+_OVERLAP_CACHE: dict[tuple[tuple[int, ...], tuple[int, ...]], bool] = {}
+
+
+def _non_overlapping(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
+    """True if no two in-bounds indices map to the same element (sufficient test: sorted by
+    stride, each stride reaches past everything the smaller ones address)."""
+    key = (shape, strides)
+    found = _OVERLAP_CACHE.get(key)
+    if found is None:
+        axes = sorted((s, e) for e, s in zip(shape, strides) if e > 1)
+        reach = 1
+        found = True
+        for stride, extent in axes:
+            if stride < reach:
+                found = False
+                break
+            reach = stride * extent
+        if len(_OVERLAP_CACHE) > 4096:
+            _OVERLAP_CACHE.clear()
+        _OVERLAP_CACHE[key] = found
+    return found
+
+
+def as_ref(obj: Any, plan: str, arg: str, element: ElementKind | None = None,
+           shape: tuple[int, ...] | None = None) -> TensorRef:
+    """A read view of ``obj``; checks its typestr against ``element`` and its shape."""
+    return _view(TensorRef, obj, plan, arg, element, shape)
+
+
+def as_mut(obj: Any, plan: str, arg: str, element: ElementKind | None = None,
+           shape: tuple[int, ...] | None = None) -> TensorMut:
+    """A write view of ``obj``: also rejects read-only arrays and self-overlapping strides."""
+    return _view(TensorMut, obj, plan, arg, element, shape)  # type: ignore[return-value]

@@ -1,0 +1,274 @@
+"""The one launch path every plan uses.
+
+A :class:`Kernel` is one ``@cuda.jit`` function at one explicit Numba signature. Kernel
+modules create them at import (compiling nothing) and register them, so every
+signature of the package is known in one place (:func:`registered_kernels`,
+:func:`compile_all_ptx`). A plan's ``select`` calls :meth:`Kernel.prepare`, which compiles
+the signature once (or loads it from Numba's on-disk cache, ``cache=True``) and resolves
+the driver's ``CUfunction``. ``run`` then calls :meth:`Kernel.launch`:
+
+* **direct** (default on a GPU): the arguments are packed with a precompiled
+  ``struct.Struct`` into one reusable parameter buffer, in Numba's kernel ABI, and
+  launched with one ``cuLaunchKernel`` on the caller's stream. No typing, no argument
+  conversion, no synchronisation; capturable in a CUDA graph.
+* **dispatcher** (the simulator, or ``set_launch_mode("dispatcher")``): the same
+  arguments are wrapped as Numba device arrays and launched through the Numba dispatcher.
+  Tests run both and compare.
+
+Argument values by signature type:
+
+* ``types.Array(dtype, 1, "A")``: a ``(pointer, extent)`` pair; ``extent`` counts
+  elements of ``dtype`` (kernels receive flat 1-D views and index them with explicit
+  strides, so one signature serves every rank and layout);
+* ``types.UniTuple(int64, n)``: a tuple of ``n`` ints;
+* integer, float and boolean scalars: Python numbers.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import struct
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+from numba import cuda, types
+
+from ._runtime import SIMULATOR
+from .driver import CU_ERROR_INVALID_CONTEXT, check, launch_kernel
+
+__all__ = [
+    "Kernel",
+    "compile_all_ptx",
+    "flat",
+    "launch_mode",
+    "registered_kernels",
+    "set_launch_mode",
+]
+
+_REGISTRY: list[Kernel] = []
+_DISPATCHERS: dict[Callable[..., Any], Any] = {}
+_mode = os.environ.get("BARACUDA_LAUNCH", "direct").strip().lower()
+if _mode not in ("direct", "dispatcher"):
+    raise ValueError(f"BARACUDA_LAUNCH must be 'direct' or 'dispatcher', not {_mode!r}")
+
+#: Simulator launches cap grid-stride kernels at this many blocks of this many threads:
+#: the simulator runs one Python thread per CUDA thread (about 0.2 ms each).
+SIM_MAX_BLOCKS = 2
+SIM_MAX_THREADS = 32
+
+
+def flat(array_type: types.Type) -> types.Array:
+    """The flat 1-D array type a kernel receives for element storage ``array_type``."""
+    return types.Array(array_type, 1, "A")
+
+
+def launch_mode() -> str:
+    """``"direct"`` (cuLaunchKernel) or ``"dispatcher"`` (Numba's launcher)."""
+    return "dispatcher" if SIMULATOR else _mode
+
+
+def set_launch_mode(mode: str) -> None:
+    """Choose the GPU launch path for every kernel (tests compare the two)."""
+    global _mode
+    if mode not in ("direct", "dispatcher"):
+        raise ValueError(f"set_launch_mode: mode must be 'direct' or 'dispatcher', not {mode!r}")
+    _mode = mode
+
+
+def registered_kernels() -> list[Kernel]:
+    """Every kernel signature of every imported kernel module."""
+    import importlib
+    import pkgutil
+
+    from . import kernels
+
+    for info in pkgutil.iter_modules(kernels.__path__):
+        importlib.import_module(f"{kernels.__name__}.{info.name}")
+    return list(_REGISTRY)
+
+
+def compile_all_ptx(cc: tuple[int, int] = (9, 0),
+                    only: Callable[[Kernel], bool] | None = None) -> dict[str, str]:
+    """Compile every registered signature to PTX for compute capability ``cc``.
+
+    Needs no GPU (numba-cuda's cu12/cu13 extra brings NVVM). Returns name -> PTX.
+    """
+    out = {}
+    for kernel in registered_kernels():
+        if only is None or only(kernel):
+            ptx, _ = cuda.compile_ptx(kernel.py_func, kernel.signature, cc=cc)
+            out[kernel.name] = ptx
+    return out
+
+
+def _dispatcher(py_func: Callable[..., Any]) -> Any:
+    found = _DISPATCHERS.get(py_func)
+    if found is None:
+        found = cuda.jit(cache=not SIMULATOR)(py_func)
+        _DISPATCHERS[py_func] = found
+    return found
+
+
+_SLOT_FORMATS = {
+    types.int64: "q", types.uint64: "Q", types.int32: "i4x", types.uint32: "I4x",
+    types.float64: "d", types.float32: "f4x", types.boolean: "?7x",
+}
+_ARRAY_SLOTS = 7  # meminfo, parent, nitems, itemsize, data, shape[0], strides[0]
+
+
+class Kernel:
+    """One kernel function at one signature; see the module docstring for argument values.
+
+    ``grid_stride=True`` declares that the kernel covers any problem with any grid (a
+    grid-stride loop), which lets simulator launches use a tiny grid.
+    """
+
+    def __init__(self, name: str, py_func: Callable[..., Any], signature: Sequence[types.Type],
+                 *, grid_stride: bool = False, register: bool = True) -> None:
+        self.name = name
+        self.py_func = py_func
+        self.signature = tuple(signature)
+        self.grid_stride = grid_stride
+        self._kinds: list[tuple[str, Any]] = []
+        fmt = "<"
+        for argtype in self.signature:
+            if isinstance(argtype, types.Array):
+                if argtype.ndim != 1:
+                    raise TypeError(f"{name}: kernel arrays must be flat 1-D views")
+                self._kinds.append(("array", np.dtype(str(argtype.dtype))))
+                fmt += "q" * _ARRAY_SLOTS
+            elif isinstance(argtype, types.UniTuple):
+                self._kinds.append(("tuple", argtype.count))
+                fmt += _SLOT_FORMATS[argtype.dtype] * argtype.count
+            else:
+                self._kinds.append(("scalar", argtype))
+                fmt += _SLOT_FORMATS[argtype]
+        self._struct = struct.Struct(fmt)
+        self._slots = self._struct.size // 8
+        self._params = ctypes.create_string_buffer(self._struct.size)
+        base = ctypes.addressof(self._params)
+        self._pointers = (ctypes.c_void_p * self._slots)(*[base + 8 * i
+                                                            for i in range(self._slots)])
+        self._pointers_address = ctypes.addressof(self._pointers)
+        self._lock = threading.Lock()
+        self._function: int | None = None
+        self._dispatcher_obj: Any = None
+        if register:
+            _REGISTRY.append(self)
+
+    def __repr__(self) -> str:
+        return f"Kernel({self.name!r})"
+
+    @property
+    def dispatcher(self) -> Any:
+        if self._dispatcher_obj is None:
+            self._dispatcher_obj = _dispatcher(self.py_func)
+        return self._dispatcher_obj
+
+    def prepare(self) -> Kernel:
+        """Compile (or load from Numba's disk cache) and resolve the CUfunction. Idempotent."""
+        if SIMULATOR or self._function is not None:
+            return self
+        compiled = self.dispatcher.compile(self.signature)
+        handle = compiled._codelibrary.get_cufunc().handle
+        self._function = _as_cufunction(handle)
+        return self
+
+    # -- launching -------------------------------------------------------------------
+
+    def launch(self, grid: int | tuple[int, ...], block: int | tuple[int, ...], stream: int,
+               args: Sequence[Any], shared_bytes: int = 0) -> None:
+        """Launch on raw stream handle ``stream``; never synchronises."""
+        grid3 = _dim3(grid)
+        block3 = _dim3(block)
+        if SIMULATOR or _mode == "dispatcher":
+            self._launch_dispatcher(grid3, block3, stream, args, shared_bytes)
+            return
+        if self._function is None:
+            self.prepare()
+        values: list[Any] = []
+        for (kind, info), value in zip(self._kinds, args):
+            if kind == "array":
+                pointer, extent = value
+                itemsize = info.itemsize
+                values += (0, 0, extent, itemsize, pointer, extent, itemsize)
+            elif kind == "tuple":
+                values += value
+            else:
+                values.append(value)
+        with self._lock:
+            self._struct.pack_into(self._params, 0, *values)
+            code = launch_kernel(self._function, grid3, block3, shared_bytes, stream,
+                                 self._pointers_address)
+            if code == CU_ERROR_INVALID_CONTEXT:  # first launch from a new thread
+                cuda.current_context()
+                code = launch_kernel(self._function, grid3, block3, shared_bytes, stream,
+                                     self._pointers_address)
+        check(code, f"cuLaunchKernel({self.name})")
+
+    def _launch_dispatcher(self, grid: tuple[int, int, int], block: tuple[int, int, int],
+                           stream: int, args: Sequence[Any], shared_bytes: int) -> None:
+        if SIMULATOR and self.grid_stride:
+            grid = (min(grid[0], SIM_MAX_BLOCKS), min(grid[1], SIM_MAX_BLOCKS),
+                    min(grid[2], SIM_MAX_BLOCKS))
+            block = (min(block[0], SIM_MAX_THREADS), min(block[1], SIM_MAX_THREADS),
+                     min(block[2], SIM_MAX_THREADS))
+        converted = []
+        for (kind, info), value in zip(self._kinds, args):
+            if kind == "array":
+                converted.append(_device_view(value[0], value[1], info))
+            elif kind == "tuple":
+                converted.append(tuple(value))
+            else:
+                converted.append(value)
+        numba_stream = 0 if SIMULATOR else _numba_stream(stream)
+        dispatcher = self.dispatcher
+        if not SIMULATOR:
+            dispatcher.compile(self.signature)
+        dispatcher[grid, block, numba_stream, shared_bytes](*converted)
+
+
+def _dim3(dim: int | tuple[int, ...]) -> tuple[int, int, int]:
+    if isinstance(dim, int):
+        return (dim, 1, 1)
+    padded = tuple(dim) + (1,) * (3 - len(dim))
+    return (padded[0], padded[1], padded[2])
+
+
+def _as_cufunction(handle: Any) -> int:
+    """Numba loads modules as CUDA libraries: turn its ``CUkernel`` into a ``CUfunction``
+    of the current context (a plain ``CUfunction`` is returned as is)."""
+    from cuda.bindings import driver as cudrv
+
+    if isinstance(handle, cudrv.CUkernel):
+        err, function = cudrv.cuKernelGetFunction(handle)
+        check(int(err), "cuKernelGetFunction")
+        return int(function)
+    return int(handle)
+
+
+_NUMBA_STREAMS: dict[int, Any] = {}
+
+
+def _numba_stream(handle: int) -> Any:
+    found = _NUMBA_STREAMS.get(handle)
+    if found is None:
+        found = cuda.default_stream() if handle == 0 else cuda.external_stream(handle)
+        _NUMBA_STREAMS[handle] = found
+    return found
+
+
+def _device_view(pointer: int, extent: int, dtype: np.dtype) -> Any:
+    """A flat array of ``extent`` elements at ``pointer`` for the dispatcher path."""
+    extent = max(int(extent), 0)
+    if SIMULATOR:
+        if extent == 0 or pointer == 0:
+            return np.empty(max(extent, 1), dtype=dtype)
+        raw = (ctypes.c_char * (extent * dtype.itemsize)).from_address(pointer)
+        return np.frombuffer(raw, dtype=dtype)
+    interface = {"shape": (extent,), "typestr": dtype.str, "data": (pointer, False),
+                 "version": 3, "strides": None}
+    return cuda.from_cuda_array_interface(interface, owner=None, sync=False)

@@ -1,0 +1,98 @@
+"""The Plan protocol shared by every op.
+
+``Plan.select(desc, pref)`` validates everything that depends only on the descriptor and
+prepares (compiles or loads) the kernel; ``plan.can_implement(args)`` checks concrete
+arrays and returns their views; ``plan.run(args, stream=None, workspace=None)`` calls
+``can_implement`` and launches on ``stream`` without synchronising. A rejected call
+raises before any launch, so nothing is written.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, NoReturn
+
+from ..arrays import as_ref
+from ..errors import InvalidProblem, Unsupported, WorkspaceTooSmall
+from ..types import ElementKind, KernelSku, PlanPreference, PrecisionGuarantee
+
+__all__ = ["MAX_RANK", "Plan", "fail", "product"]
+
+MAX_RANK = 8
+
+
+def fail(plan: str, exc: type[Exception], arg: str, rule: str) -> NoReturn:
+    """Raise ``exc`` with the house format: ``Plan: argument rule``."""
+    raise exc(f"{plan}: {arg} {rule}")
+
+
+def product(values: tuple[int, ...] | list[int]) -> int:
+    result = 1
+    for v in values:
+        result *= v
+    return result
+
+
+class Plan:
+    """Base class: holds the descriptor, SKU and workspace size; checks workspaces."""
+
+    name: ClassVar[str] = "Plan"
+
+    def __init__(self, desc: Any, sku: KernelSku, pref: PlanPreference | None,
+                 workspace_size: int = 0) -> None:
+        self.descriptor = desc
+        self._sku = sku
+        self._pref = pref or PlanPreference()
+        self._workspace_size = workspace_size
+        if (self._pref.max_workspace_bytes is not None
+                and workspace_size > self._pref.max_workspace_bytes):
+            fail(self.name, Unsupported, "pref.max_workspace_bytes",
+                 f"= {self._pref.max_workspace_bytes} is below the {workspace_size} bytes "
+                 "this plan needs")
+
+    @property
+    def sku(self) -> KernelSku:
+        return self._sku
+
+    @property
+    def precision_guarantee(self) -> PrecisionGuarantee:
+        return self._sku.precision_guarantee
+
+    @property
+    def workspace_size(self) -> int:
+        """Bytes of device scratch ``run`` needs (pass a buffer at least this large)."""
+        return self._workspace_size
+
+    def check_workspace(self, workspace: Any) -> int:
+        """Pointer of a large-enough workspace (0 if none is needed)."""
+        if self._workspace_size == 0:
+            return 0
+        if workspace is None:
+            raise WorkspaceTooSmall(f"{self.name}: workspace is None", self._workspace_size, 0)
+        view = as_ref(workspace, self.name, "workspace")
+        nbytes = view.numel * view.itemsize
+        if nbytes < self._workspace_size or not view.is_contiguous():
+            raise WorkspaceTooSmall(f"{self.name}: workspace must be a contiguous buffer",
+                                    self._workspace_size, nbytes)
+        return view.ptr
+
+    @classmethod
+    def check_rank(cls, shape: tuple[int, ...], arg: str) -> None:
+        """Rank 1..8 (0 is InvalidProblem, > 8 Unsupported) and no negative extents."""
+        if len(shape) == 0:
+            fail(cls.name, InvalidProblem, arg, "has rank 0; rank must be 1..8")
+        if len(shape) > MAX_RANK:
+            fail(cls.name, Unsupported, arg, f"has rank {len(shape)}; rank must be 1..8")
+        for axis, extent in enumerate(shape):
+            if not isinstance(extent, int) or extent < 0:
+                fail(cls.name, InvalidProblem, f"{arg}[{axis}]",
+                     f"= {extent!r} must be a non-negative int")
+
+    @classmethod
+    def check_element(cls, element: Any, supported: tuple[ElementKind, ...] | Any) -> None:
+        """``element`` must be one of ``supported`` (Unsupported otherwise)."""
+        if not isinstance(element, ElementKind):
+            fail(cls.name, InvalidProblem, "element", f"= {element!r} is not an ElementKind")
+        if element not in supported:
+            names = ", ".join(e.name for e in supported)
+            fail(cls.name, Unsupported, "element",
+                 f"= {element.name} is not supported (supported: {names})")

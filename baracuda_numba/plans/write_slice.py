@@ -1,0 +1,228 @@
+"""``WriteSlicePlan``: ``dest[s_0:e_0, ..., s_{N-1}:e_{N-1}] = source`` in place.
+
+Assign semantics (never accumulates), rank 1..8, every byte-aligned element kind (1, 2,
+4, 8 or 16 bytes) plus nibble-packed S4/U4 (two elements per byte; the innermost range
+and dest extent must be even, so no byte is shared between window and outside). BIN is
+``Unsupported``. Bit-exact and deterministic.
+
+Paths, chosen per call from the arrays' strides (the descriptor fixes the rest at select):
+
+1. whole dest, or a window whose axes after the first are full (one contiguous chunk),
+   with both arrays contiguous: one ``cuMemcpyDtoDAsync``;
+2. a window with exactly one partial axis (every other axis full: the decode-step KV
+   append), both contiguous: one ``cuMemcpy2DAsync`` (rows of one contiguous run);
+3. anything else, including strided ``dest``/``source`` (any non-negative strides;
+   ``dest`` must not overlap itself): the row kernel of ``kernels/write_slice.py``,
+   moving 16-, 8-, 4- or 2-byte units when alignment allows.
+
+Arrays: ``dest``/``source`` are arrays of the descriptor's shape (S4/U4: their ``uint8``
+storage, innermost extent halved), or flat 1-D contiguous buffers holding at least that
+many elements (``BufferTooSmall`` otherwise).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..arrays import TensorMut, TensorRef, as_mut, as_ref, contiguous_strides, flat_span
+from ..driver import memcpy_2d_async, memcpy_dtod_async
+from ..errors import InvalidProblem, Unsupported
+from ..kernels.common import pad8
+from ..kernels.write_slice import WRITE_SLICE_KERNELS
+from ..streams import stream_handle
+from ..types import (
+    ArchSku,
+    BackendKind,
+    ElementKind,
+    KernelSku,
+    MathPrecision,
+    OpCategory,
+    PlanPreference,
+    PrecisionGuarantee,
+    ShapeLayoutKind,
+)
+from .base import Plan, fail, product
+
+__all__ = ["WRITE_SLICE_ELEMENTS", "WriteSliceArgs", "WriteSliceDescriptor", "WriteSlicePlan"]
+
+#: Every element kind WriteSlice moves (all but BIN).
+WRITE_SLICE_ELEMENTS = tuple(e for e in ElementKind if e is not ElementKind.BIN)
+
+_MAX_PITCH = (1 << 31) - 1  # cuMemcpy2D pitch/width limit on current GPUs
+_BLOCK = 256
+
+
+@dataclass(frozen=True, slots=True)
+class WriteSliceDescriptor:
+    """``ranges[d] = (start, end)`` with ``0 <= start <= end <= dest_shape[d]`` and
+    ``source_shape[d] == end - start``; shapes count elements (nibbles for S4/U4)."""
+
+    dest_shape: tuple[int, ...]
+    source_shape: tuple[int, ...]
+    ranges: tuple[tuple[int, int], ...]
+    element: ElementKind
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "dest_shape", tuple(self.dest_shape))
+        object.__setattr__(self, "source_shape", tuple(self.source_shape))
+        object.__setattr__(self, "ranges", tuple(tuple(r) for r in self.ranges))
+
+
+@dataclass(frozen=True, slots=True)
+class WriteSliceArgs:
+    """``dest`` is written in the window only; ``source`` is read once."""
+
+    dest: Any
+    source: Any
+
+
+class WriteSlicePlan(Plan):
+    """See the module docstring."""
+
+    name = "WriteSlicePlan"
+
+    @classmethod
+    def select(cls, desc: WriteSliceDescriptor,
+               pref: PlanPreference | None = None) -> WriteSlicePlan:
+        rank = len(desc.dest_shape)
+        cls.check_rank(desc.dest_shape, "dest_shape")
+        if len(desc.source_shape) != rank or len(desc.ranges) != rank:
+            fail(cls.name, InvalidProblem, "source_shape/ranges",
+                 f"have ranks {len(desc.source_shape)}/{len(desc.ranges)}; both must equal "
+                 f"rank(dest_shape) = {rank}")
+        for axis in range(rank):
+            start, end = desc.ranges[axis]
+            if not (0 <= start <= end <= desc.dest_shape[axis]):
+                fail(cls.name, InvalidProblem, f"ranges[{axis}]",
+                     f"= ({start}, {end}) must satisfy 0 <= start <= end <= "
+                     f"dest_shape[{axis}] = {desc.dest_shape[axis]}")
+            if desc.source_shape[axis] != end - start:
+                fail(cls.name, InvalidProblem, f"source_shape[{axis}]",
+                     f"= {desc.source_shape[axis]} must equal ranges[{axis}] length "
+                     f"{end} - {start} = {end - start}")
+        cls.check_element(desc.element, WRITE_SLICE_ELEMENTS)
+        if desc.element.is_subbyte:
+            start, end = desc.ranges[-1]
+            if start % 2 or end % 2:
+                fail(cls.name, Unsupported, f"ranges[{rank - 1}]",
+                     f"= ({start}, {end}) must have even start and end for "
+                     f"{desc.element.name} (two elements share a byte)")
+            if desc.dest_shape[-1] % 2:
+                fail(cls.name, Unsupported, f"dest_shape[{rank - 1}]",
+                     f"= {desc.dest_shape[-1]} must be even for {desc.element.name}")
+        return cls(desc, pref)
+
+    def __init__(self, desc: WriteSliceDescriptor, pref: PlanPreference | None) -> None:
+        nibble = desc.element.is_subbyte
+        self._unit = desc.element.byte_width
+
+        def storage(shape: tuple[int, ...]) -> tuple[int, ...]:
+            return shape[:-1] + (shape[-1] // 2,) if nibble else shape
+
+        self._dest_shape = storage(desc.dest_shape)
+        self._source_shape = storage(desc.source_shape)
+        self._starts = storage(tuple(r[0] for r in desc.ranges))
+        self._dest_contiguous = contiguous_strides(self._dest_shape)
+        self._source_contiguous = contiguous_strides(self._source_shape)
+        self._source_numel = product(self._source_shape)
+        self._copy = self._driver_copy_layout()
+        backend = BackendKind.DRIVER_COPY if self._copy is not None else BackendKind.BESPOKE
+        guarantee = PrecisionGuarantee(MathPrecision.F32, ElementKind.F32,
+                                       bit_stable_on_same_hardware=True, deterministic=True)
+        sku = KernelSku(OpCategory.SHAPE_LAYOUT, int(ShapeLayoutKind.WRITE_SLICE),
+                        desc.element, None, None, None, ArchSku.SM80, backend, guarantee)
+        super().__init__(desc, sku, pref)
+        self.force_kernel = False  # benchmarks/tests: take the kernel path even if contiguous
+        if self._source_numel:
+            for width, kernel in WRITE_SLICE_KERNELS.items():
+                if width >= self._unit:
+                    kernel.prepare()
+
+    def _driver_copy_layout(self) -> tuple[int, int, int, int, int] | None:
+        """(dest offset bytes, row bytes, rows, dest pitch, source pitch) when the window is
+        rows of one contiguous run at a fixed pitch in a contiguous dest; else None."""
+        dest, source, starts, unit = self._dest_shape, self._source_shape, self._starts, self._unit
+        partial = [a for a in range(len(dest)) if source[a] != dest[a]]
+        if len(partial) > 1 or self._source_numel == 0:
+            return None
+        axis = partial[0] if partial else 0
+        inner = product(dest[axis + 1:]) * unit
+        offset = starts[axis] * inner
+        if axis == 0 or all(extent == 1 for extent in dest[:axis]):
+            return (offset, self._source_numel * unit, 1, 0, 0)
+        row = source[axis] * inner
+        pitch = dest[axis] * inner
+        if pitch > _MAX_PITCH:
+            return None
+        return (offset, row, product(dest[:axis]), pitch, row)
+
+    def can_implement(self, args: WriteSliceArgs) -> tuple[TensorMut, TensorRef]:
+        """Views of ``dest`` and ``source`` after checking dtype, shape, writability and
+        non-overlap of ``dest``."""
+        element = self.descriptor.element
+        dest = as_mut(args.dest, self.name, "dest", element, self._dest_shape)
+        source = as_ref(args.source, self.name, "source", element, self._source_shape)
+        return dest, source
+
+    def run(self, args: WriteSliceArgs, stream: Any = None, workspace: Any = None) -> None:
+        """Write ``source`` into the window of ``dest`` on ``stream`` (no host sync)."""
+        dest, source = self.can_implement(args)
+        handle = stream_handle(stream)
+        if self._source_numel == 0:
+            return
+        copy = self._copy
+        if (copy is not None and not self.force_kernel
+                and dest.strides == self._dest_contiguous
+                and source.strides == self._source_contiguous):
+            offset, row_bytes, rows, dest_pitch, source_pitch = copy
+            if rows == 1:
+                memcpy_dtod_async(dest.ptr + offset, source.ptr, row_bytes, handle)
+            else:
+                memcpy_2d_async(dest.ptr + offset, dest_pitch, source.ptr, source_pitch,
+                                row_bytes, rows, handle)
+            return
+        self._launch_rows(dest, source, handle)
+
+    def _launch_rows(self, dest: TensorRef, source: TensorRef, stream: int) -> None:
+        unit = self._unit
+        shape = self._source_shape
+        dest_strides = dest.strides
+        source_strides = source.strides
+        dest_base = sum(s * st for s, st in zip(self._starts, dest_strides))
+        row_len = shape[-1]
+        dest_inner, source_inner = dest_strides[-1], source_strides[-1]
+        dest_outer, source_outer = list(dest_strides[:-1]), list(source_strides[:-1])
+        outer_shape = shape[:-1]
+        dest_ptr, source_ptr = dest.ptr, source.ptr
+        if (dest_inner == 1 or row_len == 1) and (source_inner == 1 or row_len == 1):
+            # Widen the moved unit while every byte offset stays a multiple of it.
+            outer_bytes = [s * unit for e, s in zip(outer_shape, dest_outer) if e > 1]
+            outer_bytes += [s * unit for e, s in zip(outer_shape, source_outer) if e > 1]
+            for width in (16, 8, 4, 2):
+                if width <= unit:
+                    break
+                if ((row_len * unit) % width == 0 and (dest_ptr + dest_base * unit) % width == 0
+                        and source_ptr % width == 0
+                        and all(b % width == 0 for b in outer_bytes)):
+                    factor = width // unit
+                    row_len //= factor
+                    dest_base //= factor
+                    dest_outer = [s // factor for s in dest_outer]
+                    source_outer = [s // factor for s in source_outer]
+                    dest_inner = source_inner = 1
+                    unit = width
+                    break
+        rows = product(outer_shape)
+        block = min(_BLOCK, max(32, 1 << max(row_len - 1, 1).bit_length()))
+        grid_x = min(-(-row_len // block), 1024)
+        grid_y = min(rows, 65535)
+        kernel = WRITE_SLICE_KERNELS[unit]
+        dest_extent = (flat_span(self._dest_shape, dest.strides) * self._unit) // unit
+        source_extent = (flat_span(shape, source.strides) * self._unit) // unit
+        kernel.launch(
+            (grid_x, grid_y), block, stream,
+            ((dest_ptr, dest_extent), (source_ptr, source_extent), rows, row_len,
+             pad8(outer_shape, 1), pad8(tuple(dest_outer), 0), pad8(tuple(source_outer), 0),
+             dest_inner, source_inner, dest_base),
+        )

@@ -1,0 +1,181 @@
+"""Benchmark harness: ``python scripts/bench.py [--only FAMILY ...] [--out DIR]``.
+
+Needs a GPU, torch and (optionally) CuPy. Each op family has a section module
+``scripts/bench_<family>.py`` with ``bench(ctx: Context) -> None`` that adds rows via
+``ctx.row(...)``. Every section is timed in the same process as a fresh measurement of
+the device-to-device copy bandwidth (the ceiling for memory-bound ops).
+
+Timing: CUDA events around each call after a warm-up, median of many runs; inputs larger
+than L2 are rotated (several input sets, used in turn) so L2 does not serve them; never
+zeros. Host time: a loop of ``plan.run`` calls measured with the wall clock, then one
+synchronise.
+
+Output: ``docs/benchmarks/<family>.md`` per section, and ``docs/BENCHMARKS.md`` rebuilt
+from all section files (so sections measured in separate runs stay side by side, each
+with its own device, date and versions).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib
+import os
+import pathlib
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+L2_ROTATE_BYTES = 256 << 20  # rotate input sets until they span this much (L2: 50-60 MB)
+
+
+@dataclass
+class Context:
+    """What a section needs: torch, the copy ceiling, timing helpers, the rows."""
+
+    family: str
+    torch: Any
+    copy_gbps: float = 0.0
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def time_gpu(self, fn: Callable[[int], None], sets: int = 1, warmup: int = 5,
+                 iters: int = 50) -> float:
+        """Median device time in µs of ``fn(i)`` (``i`` selects the rotated input set)."""
+        torch = self.torch
+        for i in range(warmup):
+            fn(i % sets)
+        torch.cuda.synchronize()
+        times = []
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        for i in range(iters):
+            start.record()
+            fn(i % sets)
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) * 1e3)
+        return statistics.median(times)
+
+    def time_host(self, fn: Callable[[], None], calls: int = 10000) -> float:
+        """Host µs per call: ``calls`` back-to-back calls by wall clock, then one sync."""
+        torch = self.torch
+        for _ in range(100):
+            fn()
+        torch.cuda.synchronize()
+        best = float("inf")
+        for _ in range(3):
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            t1 = time.perf_counter()
+            torch.cuda.synchronize()
+            best = min(best, (t1 - t0) / calls * 1e6)
+        return best
+
+    def sets_for(self, bytes_per_set: int) -> int:
+        """How many input sets to rotate so the working set exceeds L2."""
+        return max(1, min(8, -(-L2_ROTATE_BYTES // max(bytes_per_set, 1))))
+
+    def row(self, case: str, dtype: str, us: float, moved_bytes: int | None = None,
+            torch_us: float | None = None, note: str = "") -> None:
+        """One result row: µs, GB/s and % of copy bandwidth (if bytes given), ratio vs torch."""
+        gbps = moved_bytes / us / 1e3 if moved_bytes else None
+        self.rows.append({
+            "case": case, "dtype": dtype, "us": us, "gbps": gbps,
+            "pct_copy": (100 * gbps / self.copy_gbps) if gbps and self.copy_gbps else None,
+            "torch_us": torch_us,
+            "speedup": (torch_us / us) if torch_us else None, "note": note,
+        })
+
+
+def measure_copy_gbps(torch: Any) -> float:
+    """Device-to-device copy bandwidth (bytes read + written) with torch ``copy_``."""
+    nbytes = 1 << 30
+    src = torch.empty(nbytes // 4, dtype=torch.float32, device="cuda").uniform_()
+    dst = torch.empty_like(src)
+    ctx = Context("copy", torch)
+    us = ctx.time_gpu(lambda i: dst.copy_(src), warmup=3, iters=20)
+    return 2 * nbytes / us / 1e3
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "" if value is None else format(value, spec)
+
+
+def render(ctx: Context, device: str, versions: str) -> str:
+    today = datetime.date.today().isoformat()
+    lines = [f"## {ctx.family}", "",
+             f"{device}, {today}; {versions}; copy ceiling measured in the same run: "
+             f"{ctx.copy_gbps:.0f} GB/s.", ""]
+    lines.append("| case | dtype | µs | GB/s | % copy | torch µs | speed vs torch | note |")
+    lines.append("|---|---|---:|---:|---:|---:|---:|---|")
+    for r in ctx.rows:
+        lines.append(f"| {r['case']} | {r['dtype']} | {r['us']:.2f} | {_fmt(r['gbps'], '.0f')} | "
+                     f"{_fmt(r['pct_copy'], '.0f')} | {_fmt(r['torch_us'], '.2f')} | "
+                     f"{_fmt(r['speedup'], '.2f')}{'x' if r['speedup'] else ''} | {r['note']} |")
+    lines += [""] + [f"- {n}" for n in ctx.notes] + [""]
+    return "\n".join(lines)
+
+
+def rebuild_index(docs: pathlib.Path) -> None:
+    sections = sorted((docs / "benchmarks").glob("*.md"))
+    parts = ["# Benchmarks", "",
+             "Generated by `scripts/bench.py` (one section per op family, each measured on "
+             "the GPU named in it, with the copy bandwidth measured in the same run). "
+             "Speed vs torch > 1 means baracuda_numba is faster.", ""]
+    parts += [s.read_text() for s in sections]
+    (docs / "BENCHMARKS.md").write_text("\n".join(parts))
+
+
+def families() -> list[str]:
+    return sorted(p.stem.removeprefix("bench_") for p in (ROOT / "scripts").glob("bench_*.py"))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", nargs="*", default=None, help="families to run")
+    parser.add_argument("--out", default=str(ROOT / "docs"), help="docs folder to write")
+    options = parser.parse_args(argv)
+    import numba
+    import numba_cuda
+    import numpy
+    import torch
+
+    out = pathlib.Path(options.out)
+    (out / "benchmarks").mkdir(parents=True, exist_ok=True)
+    device = torch.cuda.get_device_name()
+    versions = (f"torch {torch.__version__}, numba {numba.__version__}, numba-cuda "
+                f"{numba_cuda.__version__}, numpy {numpy.__version__}, "
+                f"Python {platform.python_version()}")
+    try:
+        import cupy
+
+        versions += f", cupy {cupy.__version__}"
+    except ImportError:
+        pass
+    for family in options.only or families():
+        module = importlib.import_module(f"bench_{family}")
+        ctx = Context(family, torch)
+        ctx.copy_gbps = measure_copy_gbps(torch)
+        print(f"[{family}] copy ceiling {ctx.copy_gbps:.0f} GB/s", flush=True)
+        module.bench(ctx)
+        text = render(ctx, device, versions)
+        print(text, flush=True)
+        (out / "benchmarks" / f"{family}.md").write_text(text)
+        if os.environ.get("OUT"):
+            pathlib.Path(os.environ["OUT"], f"bench_{family}.md").write_text(text)
+    rebuild_index(out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,53 @@
+"""Shared test configuration: simulator choice, markers, the dtype x shape grid and the
+tolerance table (one place each).
+
+The simulator is chosen before Numba is imported: with no GPU, ``NUMBA_ENABLE_CUDASIM=1``.
+"""
+
+from __future__ import annotations
+
+from baracuda_numba._detect import use_simulator_without_gpu
+
+SIMULATOR = use_simulator_without_gpu()
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+from baracuda_numba.testing import TOLERANCE  # noqa: E402,F401  (re-exported for tests)
+from baracuda_numba.types import ElementKind  # noqa: E402
+
+#: Float kinds every numeric family covers.
+FLOAT_ELEMENTS = (ElementKind.F16, ElementKind.BF16, ElementKind.F32, ElementKind.F64)
+
+#: Lengths around the usual block sizes (n-1, n, n+1 of 32 and 256) and one odd length; the
+#: simulator (about 0.2 ms per thread) gets the warp edges only.
+EDGE_LENGTHS = (31, 32, 33, 7) if SIMULATOR else (31, 32, 33, 255, 256, 257, 1000)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    skip_gpu = pytest.mark.skip(reason="needs a GPU (running in the Numba CUDA simulator)")
+    skip_sim = pytest.mark.skip(reason="simulator-only test")
+    for item in items:
+        if SIMULATOR and "gpu" in item.keywords:
+            item.add_marker(skip_gpu)
+        if not SIMULATOR and "simulator" in item.keywords:
+            item.add_marker(skip_sim)
+
+
+@pytest.fixture
+def rng() -> np.random.Generator:
+    """Fresh, unseeded inputs every run (a correct kernel passes on any valid input)."""
+    return np.random.default_rng()
+
+
+def torch_or_skip():
+    """The torch module on a GPU machine with torch installed (else skip)."""
+    if SIMULATOR:
+        pytest.skip("needs a GPU")
+    return pytest.importorskip("torch")
+
+
+def cupy_or_skip():
+    if SIMULATOR:
+        pytest.skip("needs a GPU")
+    return pytest.importorskip("cupy")

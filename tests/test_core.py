@@ -1,0 +1,186 @@
+"""Core pieces: types, errors, array views, streams, driver fallbacks, launch paths, CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from conftest import SIMULATOR, torch_or_skip
+
+import baracuda_numba as bn
+from baracuda_numba.arrays import as_mut, as_ref, contiguous_strides, flat_span
+from baracuda_numba.errors import (
+    BaracudaError,
+    BufferTooSmall,
+    DriverError,
+    InvalidProblem,
+    MisalignedOperand,
+    Unsupported,
+    WorkspaceTooSmall,
+)
+from baracuda_numba.streams import stream_handle
+from baracuda_numba.testing import bf16_bits_to_f32, f32_to_bf16_bits, to_device
+from baracuda_numba.types import ElementKind, KernelSku, PlanPreference, ScanKind
+
+
+def test_element_kinds_match_upstream_widths():
+    widths = {ElementKind.F16: 2, ElementKind.BF16: 2, ElementKind.F32: 4, ElementKind.F64: 8,
+              ElementKind.COMPLEX32: 8, ElementKind.COMPLEX64: 16, ElementKind.S4: 1,
+              ElementKind.BOOL: 1, ElementKind.I64: 8, ElementKind.U32: 4}
+    for kind, width in widths.items():
+        assert kind.byte_width == width, kind
+    assert ElementKind.COMPLEX32.storage_dtype == np.complex64
+    assert ElementKind.COMPLEX64.storage_dtype == np.complex128
+    assert ElementKind.S4.storage_bits == 4 and ElementKind.S4.is_subbyte
+    assert ElementKind.from_dtype("torch.bfloat16") is ElementKind.BF16
+    assert ElementKind.from_dtype(np.dtype("float32")) is ElementKind.F32
+    assert int(ScanKind.LOG_CUMSUM_EXP) == 4
+    with pytest.raises(ValueError):
+        ElementKind.from_dtype("float128")
+
+
+def test_error_hierarchy():
+    for exc in (Unsupported, InvalidProblem, BufferTooSmall, MisalignedOperand,
+                WorkspaceTooSmall, DriverError):
+        assert issubclass(exc, BaracudaError)
+    assert issubclass(InvalidProblem, ValueError)
+    err = BufferTooSmall("P: x", 10, 3)
+    assert (err.needed, err.got) == (10, 3) and "needed 10" in str(err)
+    assert DriverError("cuX", 700).code == 700
+
+
+def test_frozen_dataclasses():
+    pref = PlanPreference()
+    assert pref.max_workspace_bytes is None and pref.prefer_backend is None
+    with pytest.raises(AttributeError):
+        pref.max_workspace_bytes = 3  # type: ignore[misc]
+    assert "precision_guarantee" in KernelSku.__dataclass_fields__
+
+
+def test_bf16_round_to_nearest_even():
+    values = np.array([1.0, 1.00390625, 1.01171875, -2.5, np.inf, -np.inf, 3.0e38],
+                      dtype=np.float32)
+    bits = f32_to_bf16_bits(values)
+    # 1 + 2^-8 is a tie between 1 and 1 + 2^-7: rounds to even (1.0); 1 + 3*2^-8 rounds up.
+    assert bf16_bits_to_f32(bits).tolist()[:4] == [1.0, 1.0, 1.015625, -2.5]
+    assert np.isinf(bf16_bits_to_f32(bits)[4:6]).all()
+    assert np.isnan(bf16_bits_to_f32(f32_to_bf16_bits(np.float32("nan"))))
+
+
+def test_views_shapes_strides_and_flat_span():
+    host = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    dev = to_device(host)
+    ref = as_ref(dev, "P", "x", ElementKind.F32, (2, 3, 4))
+    assert ref.shape == (2, 3, 4) and ref.strides == (12, 4, 1) and ref.is_contiguous()
+    assert contiguous_strides((2, 0, 3)) == (3, 3, 1)
+    assert flat_span((2, 3), (10, 2)) == 15 and flat_span((0, 3), (3, 1)) == 0
+    with pytest.raises(InvalidProblem, match="P: x has typestr '<f4'"):
+        as_ref(dev, "P", "x", ElementKind.F16)
+    with pytest.raises(InvalidProblem, match=r"P: x has shape \(2, 3, 4\)"):
+        as_ref(dev, "P", "x", ElementKind.F32, (2, 4, 3))
+    with pytest.raises(InvalidProblem, match="P: y cannot be used"):
+        as_ref(object(), "P", "y")
+
+
+def test_misaligned_strides_rejected():
+    class Fake:
+        __cuda_array_interface__ = {"shape": (4,), "typestr": "<f4", "data": (1024, False),
+                                    "strides": (6,), "version": 3}
+
+    with pytest.raises(MisalignedOperand, match="not multiples of the item size 4"):
+        as_ref(Fake(), "P", "x")
+
+
+def test_overlapping_output_rejected():
+    class Fake:
+        __cuda_array_interface__ = {"shape": (4, 4), "typestr": "<f4", "data": (1024, False),
+                                    "strides": (4, 4), "version": 3}
+
+    assert as_ref(Fake(), "P", "x").strides == (1, 1)  # fine as an input (it only reads)
+    with pytest.raises(InvalidProblem, match="overlap"):
+        as_mut(Fake(), "P", "y")
+
+
+def test_readonly_interface_rejected_as_output():
+    class Fake:
+        __cuda_array_interface__ = {"shape": (4,), "typestr": "<f4", "data": (1024, True),
+                                    "strides": None, "version": 3}
+
+    assert as_ref(Fake(), "P", "x").ptr == 1024
+    with pytest.raises(InvalidProblem, match="P: y is read-only"):
+        as_mut(Fake(), "P", "y")
+
+
+def test_stream_normalisation():
+    class Torchy:
+        cuda_stream = 1234
+
+    class Proto:
+        def __cuda_stream__(self):
+            return (0, 77)
+
+    assert stream_handle(None) == 0 and stream_handle(5) == 5
+    stream = Torchy()
+    assert stream_handle(stream) == 1234 and stream_handle(stream) == 1234
+    assert stream_handle(Proto()) == 77
+    with pytest.raises(TypeError, match="not a CUDA stream"):
+        stream_handle("nope")
+
+
+def test_workspace_checks():
+    from baracuda_numba.plans.base import Plan
+
+    plan = Plan(None, None, None, workspace_size=64)  # type: ignore[arg-type]
+    with pytest.raises(WorkspaceTooSmall):
+        plan.check_workspace(None)
+    with pytest.raises(WorkspaceTooSmall) as info:
+        plan.check_workspace(to_device(np.zeros(8, np.uint8)))
+    assert info.value.needed == 64 and info.value.got == 8
+    assert plan.check_workspace(to_device(np.zeros(64, np.uint8))) != 0
+    with pytest.raises(Unsupported, match="max_workspace_bytes"):
+        Plan(None, None, PlanPreference(max_workspace_bytes=8), workspace_size=64)  # type: ignore[arg-type]
+
+
+def test_package_import_is_lazy():
+    code = ("import sys, baracuda_numba; "
+            "print(any(m in sys.modules for m in ('numba', 'torch', 'cupy')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.stdout.strip() == "False", out.stderr
+
+
+def test_check_cli_runs_and_reports(tmp_path):
+    report = tmp_path / "check.json"
+    env = dict(os.environ)
+    result = subprocess.run([sys.executable, "-m", "baracuda_numba.check", "--plans",
+                             "write_slice", "--dtypes", "F16", "--json", str(report)],
+                            capture_output=True, text=True, env=env, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    first = result.stdout.splitlines()[0]
+    assert ("simulator" in first) == SIMULATOR
+    data = json.loads(report.read_text())
+    assert data["results"] and all(r["passed"] for r in data["results"])
+    assert all(r["dtype"] == "F16" for r in data["results"])
+
+
+def test_lazy_attributes():
+    assert bn.WriteSlicePlan.name == "WriteSlicePlan"
+    with pytest.raises(AttributeError):
+        bn.NoSuchThing  # noqa: B018
+
+
+@pytest.mark.gpu
+def test_torch_extraction_and_cpu_rejection():
+    torch = torch_or_skip()
+    t = torch.randn(3, 5, device="cuda", requires_grad=True)[:, ::2]
+    ref = as_ref(t, "P", "x", ElementKind.F32)
+    assert ref.ptr == t.data_ptr() and ref.strides == (5, 2) and ref.shape == (3, 3)
+    b = torch.zeros(2, 2, device="cuda", dtype=torch.bfloat16)
+    assert as_ref(b, "P", "x", ElementKind.BF16).typestr == "<V2"
+    with pytest.raises(InvalidProblem, match="CPU"):
+        as_ref(torch.zeros(2), "P", "x")
+    stream = torch.cuda.Stream()
+    assert stream_handle(stream) == stream.cuda_stream
