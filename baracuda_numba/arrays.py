@@ -192,7 +192,7 @@ def _extract_fake_cuda(obj: Any) -> _Extracted:  # simulator's device arrays
 _EXTRACTORS: dict[type, Callable[[Any], _Extracted]] = {}
 
 
-def _extractor_for(cls: type) -> Callable[[Any], _Extracted]:
+def _extractor_for(cls: type, obj: Any) -> Callable[[Any], _Extracted]:
     found = _EXTRACTORS.get(cls)
     if found is not None:
         return found
@@ -208,7 +208,7 @@ def _extractor_for(cls: type) -> Callable[[Any], _Extracted]:
         found = _extract_numpy
     elif module.startswith("numba") and hasattr(cls, "device_ctypes_pointer"):
         found = _extract_numba
-    elif hasattr(cls, "__cuda_array_interface__"):
+    elif hasattr(obj, "__cuda_array_interface__"):
         found = _extract_cai
     else:
         raise TypeError(f"{cls.__name__} is not a device array (no __cuda_array_interface__)")
@@ -220,42 +220,80 @@ def _fail(plan: str, arg: str, exc: type[Exception], rule: str) -> Exception:
     return exc(f"{plan}: {arg} {rule}")
 
 
+_ACCEPTED = {(kind, typestr) for kind in ElementKind for typestr in kind.typestrs}
+
+
 def _view(cls: type[TensorRef], obj: Any, plan: str, arg: str,
           element: ElementKind | None, expected_shape: tuple[int, ...] | None) -> TensorRef:
+    """The hot path of every ``run``: a handful of dict lookups and tuple compares; the
+    rare cases (TensorRef inputs, flat buffers, failures) branch off to slower code."""
     if isinstance(obj, TensorRef):
-        ref = obj
-        if cls is TensorMut and not isinstance(obj, TensorMut):
-            raise _fail(plan, arg, InvalidProblem, "is a read-only TensorRef; an output needs "
-                        "a writable array")
-    else:
-        try:
-            ptr, shape, strides, typestr, itemsize, readonly = _extractor_for(type(obj))(obj)
-        except _Misaligned as exc:
-            raise _fail(plan, arg, MisalignedOperand, str(exc)) from None
-        except (TypeError, InvalidProblem, Unsupported) as exc:
-            raise _fail(plan, arg, type(exc) if not isinstance(exc, TypeError)
-                        else InvalidProblem, f"cannot be used: {exc}") from None
-        if readonly and cls is TensorMut:
-            raise _fail(plan, arg, InvalidProblem, "is read-only; an output must be writable")
-        if strides is None:
-            strides = contiguous_strides(shape)
-        if itemsize and ptr % itemsize:
-            raise _fail(plan, arg, MisalignedOperand,
-                        f"pointer 0x{ptr:x} is not aligned to its item size {itemsize}")
-        ref = cls(ptr, shape, strides, typestr, itemsize, obj)
-    if element is not None and ref.typestr not in element.typestrs:
-        raise _fail(plan, arg, InvalidProblem,
-                    f"has typestr {ref.typestr!r}, which does not hold element {element.name} "
-                    f"(accepted: {', '.join(element.typestrs)})")
+        return _check_given_view(cls, obj, plan, arg, element, expected_shape)
+    try:
+        extractor = _EXTRACTORS.get(type(obj)) or _extractor_for(type(obj), obj)
+        ptr, shape, strides, typestr, itemsize, readonly = extractor(obj)
+    except _Misaligned as exc:
+        raise _fail(plan, arg, MisalignedOperand, str(exc)) from None
+    except (TypeError, InvalidProblem, Unsupported) as exc:
+        kind = InvalidProblem if isinstance(exc, TypeError) else type(exc)
+        raise _fail(plan, arg, kind, f"cannot be used: {exc}") from None
+    if strides is None:
+        strides = _contiguous_cached(shape)
+    if readonly and cls is TensorMut:
+        raise _fail(plan, arg, InvalidProblem, "is read-only; an output must be writable")
+    if ptr % itemsize:
+        raise _fail(plan, arg, MisalignedOperand,
+                    f"pointer 0x{ptr:x} is not aligned to its item size {itemsize}")
+    ref = cls(ptr, shape, strides, typestr, itemsize, obj)
+    if element is not None and (element, typestr) not in _ACCEPTED:
+        raise _wrong_element(ref, plan, arg, element)
+    if expected_shape is not None and shape != expected_shape:
+        ref = _as_flat_buffer(cls, ref, plan, arg, expected_shape)
+    _check_layout(cls, ref, plan, arg)
+    return ref
+
+
+def _check_given_view(cls: type[TensorRef], ref: TensorRef, plan: str, arg: str,
+                      element: ElementKind | None,
+                      expected_shape: tuple[int, ...] | None) -> TensorRef:
+    if cls is TensorMut and not isinstance(ref, TensorMut):
+        raise _fail(plan, arg, InvalidProblem, "is a read-only TensorRef; an output needs "
+                    "a writable array")
+    if element is not None and (element, ref.typestr) not in _ACCEPTED:
+        raise _wrong_element(ref, plan, arg, element)
     if expected_shape is not None and ref.shape != expected_shape:
         ref = _as_flat_buffer(cls, ref, plan, arg, expected_shape)
-    if any(s < 0 for s in ref.strides):
+    _check_layout(cls, ref, plan, arg)
+    return ref
+
+
+def _wrong_element(ref: TensorRef, plan: str, arg: str, element: ElementKind) -> Exception:
+    return _fail(plan, arg, InvalidProblem,
+                 f"has typestr {ref.typestr!r}, which does not hold element {element.name} "
+                 f"(accepted: {', '.join(element.typestrs)})")
+
+
+_CONTIGUOUS: dict[tuple[int, ...], tuple[int, ...]] = {}
+
+
+def _contiguous_cached(shape: tuple[int, ...]) -> tuple[int, ...]:
+    found = _CONTIGUOUS.get(shape)
+    if found is None:
+        if len(_CONTIGUOUS) > 4096:
+            _CONTIGUOUS.clear()
+        found = _CONTIGUOUS[shape] = contiguous_strides(shape)
+    return found
+
+
+def _check_layout(cls: type[TensorRef], ref: TensorRef, plan: str, arg: str) -> None:
+    """Strides must be non-negative; an output's must not make elements overlap."""
+    negative, overlapping = _layout_facts(ref.shape, ref.strides)
+    if negative:
         raise _fail(plan, arg, Unsupported, f"has negative strides {ref.strides}")
-    if cls is TensorMut and not _non_overlapping(ref.shape, ref.strides):
+    if overlapping and cls is TensorMut:
         raise _fail(plan, arg, InvalidProblem,
                     f"strides {ref.strides} for shape {ref.shape} make elements overlap; an "
                     "output must not alias itself")
-    return ref
 
 
 def _as_flat_buffer(cls: type[TensorRef], ref: TensorRef, plan: str, arg: str,
@@ -276,26 +314,29 @@ def _as_flat_buffer(cls: type[TensorRef], ref: TensorRef, plan: str, arg: str,
                 f"has shape {ref.shape}, but the descriptor requires {expected_shape}")
 
 
-_OVERLAP_CACHE: dict[tuple[tuple[int, ...], tuple[int, ...]], bool] = {}
+_LAYOUTS: dict[tuple[tuple[int, ...], tuple[int, ...]], tuple[bool, bool]] = {}
 
 
-def _non_overlapping(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
-    """True if no two in-bounds indices map to the same element (sufficient test: sorted by
-    stride, each stride reaches past everything the smaller ones address)."""
+def _layout_facts(shape: tuple[int, ...], strides: tuple[int, ...]) -> tuple[bool, bool]:
+    """(has a negative stride, may address one element twice), cached per layout.
+
+    The overlap test is sufficient, not necessary: sorted by stride, each axis's stride
+    must reach past everything the smaller axes address."""
     key = (shape, strides)
-    found = _OVERLAP_CACHE.get(key)
+    found = _LAYOUTS.get(key)
     if found is None:
-        axes = sorted((s, e) for e, s in zip(shape, strides) if e > 1)
+        negative = any(s < 0 for s in strides)
+        axes = sorted((abs(s), e) for e, s in zip(shape, strides) if e > 1)
         reach = 1
-        found = True
+        overlapping = False
         for stride, extent in axes:
             if stride < reach:
-                found = False
+                overlapping = True
                 break
             reach = stride * extent
-        if len(_OVERLAP_CACHE) > 4096:
-            _OVERLAP_CACHE.clear()
-        _OVERLAP_CACHE[key] = found
+        if len(_LAYOUTS) > 4096:
+            _LAYOUTS.clear()
+        found = _LAYOUTS[key] = (negative, overlapping)
     return found
 
 

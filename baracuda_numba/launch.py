@@ -30,6 +30,7 @@ import ctypes
 import os
 import struct
 import threading
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -40,6 +41,7 @@ from ._runtime import SIMULATOR
 from .driver import CU_ERROR_INVALID_CONTEXT, check, launch_kernel
 
 __all__ = [
+    "BoundLaunch",
     "Kernel",
     "compile_all_ptx",
     "flat",
@@ -172,10 +174,28 @@ class Kernel:
         """Compile (or load from Numba's disk cache) and resolve the CUfunction. Idempotent."""
         if SIMULATOR or self._function is not None:
             return self
-        compiled = self.dispatcher.compile(self.signature)
-        handle = compiled._codelibrary.get_cufunc().handle
+        dispatcher = self.dispatcher
+        compiled = dispatcher.compile(self.signature)
+        library = compiled._codelibrary
+        had_cubin = bool(getattr(library, "_cubin_cache", None))
+        handle = library.get_cufunc().handle
+        if not had_cubin:
+            # Numba saved this entry before linking, so a later process would re-link the
+            # PTX on load (~150 ms per kernel, H100 2026-11). Save it again with the cubin.
+            try:
+                dispatcher._cache.save_overload(self.signature, compiled)
+            except Exception:  # noqa: BLE001 - a cache we cannot write only costs speed
+                pass
         self._function = _as_cufunction(handle)
         return self
+
+    def bind(self, grid: int | tuple[int, ...], block: int | tuple[int, ...],
+             args: Sequence[Any], shared_bytes: int = 0) -> BoundLaunch:
+        """Fix every argument except the array pointers (pass ``(0, extent)`` for arrays);
+        the returned :class:`BoundLaunch` then launches with just a stream and pointers.
+
+        Plans cache bound launches per layout, so a repeated ``run`` packs nothing."""
+        return BoundLaunch(self, _dim3(grid), _dim3(block), tuple(args), shared_bytes)
 
     # -- launching -------------------------------------------------------------------
 
@@ -228,7 +248,77 @@ class Kernel:
         dispatcher = self.dispatcher
         if not SIMULATOR:
             dispatcher.compile(self.signature)
-        dispatcher[grid, block, numba_stream, shared_bytes](*converted)
+        with warnings.catch_warnings():
+            # Small problems get small grids on purpose; Numba's occupancy warning is noise.
+            warnings.filterwarnings("ignore", message=".*under-utilization.*")
+            dispatcher[grid, block, numba_stream, shared_bytes](*converted)
+
+
+class BoundLaunch:
+    """A launch of one kernel with grid, block and every non-pointer argument packed once.
+
+    ``bound(stream, pointer_0, pointer_1, ...)`` writes the array pointers (in argument
+    order) into its own parameter buffer and calls ``cuLaunchKernel``: a few hundred
+    nanoseconds of Python. The dispatcher path rebuilds the full argument list instead.
+    """
+
+    __slots__ = ("_args", "_array_positions", "_block", "_grid", "_kernel", "_lock", "_params",
+                 "_pointer_slots", "_pointers", "_pointers_address", "_shared")
+
+    def __init__(self, kernel: Kernel, grid: tuple[int, int, int], block: tuple[int, int, int],
+                 args: tuple[Any, ...], shared_bytes: int) -> None:
+        self._kernel = kernel
+        self._grid = grid
+        self._block = block
+        self._args = args
+        self._shared = shared_bytes
+        self._lock = threading.Lock()
+        self._array_positions = [i for i, (kind, _) in enumerate(kernel._kinds)
+                                 if kind == "array"]
+        self._params = ctypes.create_string_buffer(kernel._struct.size)
+        base = ctypes.addressof(self._params)
+        self._pointer_slots: list[Any] = []
+        if not SIMULATOR:
+            kernel.prepare()
+            values: list[Any] = []
+            slot = 0
+            for (kind, info), value in zip(kernel._kinds, args):
+                if kind == "array":
+                    extent = value[1]
+                    values += (0, 0, extent, info.itemsize, 0, extent, info.itemsize)
+                    self._pointer_slots.append(ctypes.c_uint64.from_buffer(self._params,
+                                                                           8 * (slot + 4)))
+                    slot += _ARRAY_SLOTS
+                elif kind == "tuple":
+                    values += value
+                    slot += len(value)
+                else:
+                    values.append(value)
+                    slot += 1
+            kernel._struct.pack_into(self._params, 0, *values)
+        self._pointers = (ctypes.c_void_p * kernel._slots)(*[base + 8 * i
+                                                              for i in range(kernel._slots)])
+        self._pointers_address = ctypes.addressof(self._pointers)
+
+    def __call__(self, stream: int, *pointers: int) -> None:
+        if SIMULATOR or _mode == "dispatcher":
+            args = list(self._args)
+            for position, pointer in zip(self._array_positions, pointers):
+                args[position] = (pointer, args[position][1])
+            self._kernel.launch(self._grid, self._block, stream, args, self._shared)
+            return
+        grid, block = self._grid, self._block
+        with self._lock:
+            for slot, pointer in zip(self._pointer_slots, pointers):
+                slot.value = pointer
+            code = launch_kernel(self._kernel._function, grid, block, self._shared, stream,
+                                 self._pointers_address)
+            if code == CU_ERROR_INVALID_CONTEXT:
+                cuda.current_context()
+                code = launch_kernel(self._kernel._function, grid, block, self._shared, stream,
+                                     self._pointers_address)
+        if code:
+            check(code, f"cuLaunchKernel({self._kernel.name})")
 
 
 def _dim3(dim: int | tuple[int, ...]) -> tuple[int, int, int]:

@@ -84,6 +84,19 @@ def nan_min(a, b):
 
 
 @cuda.jit(device=True, inline=True)
+def div_mod(value, extent):
+    """(value // extent, value % extent) for non-negative int64s; uses 32-bit unsigned
+    division when both fit (about 5x fewer instructions than 64-bit division)."""
+    if value < 4294967296 and extent < 4294967296:
+        small_value = uint32(value)
+        small_extent = uint32(extent)
+        quotient = small_value // small_extent
+        return int64(quotient), int64(small_value - quotient * small_extent)
+    quotient = value // extent
+    return quotient, value - quotient * extent
+
+
+@cuda.jit(device=True, inline=True)
 def strided_offset(linear, shape, strides):
     """Offset (elements) of row-major ``linear`` index in a tensor of ``shape``/``strides``
     (UniTuple(int64, 8), leading axes padded with extent 1)."""
@@ -92,8 +105,7 @@ def strided_offset(linear, shape, strides):
     for axis in range(MAX_RANK - 1, -1, -1):
         extent = shape[axis]
         if extent != 1:
-            coord = rest % extent
-            rest //= extent
+            rest, coord = div_mod(rest, extent)
             offset += coord * strides[axis]
     return offset
 
@@ -107,8 +119,7 @@ def strided_offset2(linear, shape, strides_a, strides_b):
     for axis in range(MAX_RANK - 1, -1, -1):
         extent = shape[axis]
         if extent != 1:
-            coord = rest % extent
-            rest //= extent
+            rest, coord = div_mod(rest, extent)
             offset_a += coord * strides_a[axis]
             offset_b += coord * strides_b[axis]
     return offset_a, offset_b

@@ -29,7 +29,8 @@ from ..arrays import TensorMut, TensorRef, as_mut, as_ref, contiguous_strides, f
 from ..driver import memcpy_2d_async, memcpy_dtod_async
 from ..errors import InvalidProblem, Unsupported
 from ..kernels.common import pad8
-from ..kernels.write_slice import WRITE_SLICE_KERNELS
+from ..kernels.write_slice import UNITS_IN_FLIGHT, WRITE_SLICE_KERNELS
+from ..launch import BoundLaunch
 from ..streams import stream_handle
 from ..types import (
     ArchSku,
@@ -134,10 +135,12 @@ class WriteSlicePlan(Plan):
                         desc.element, None, None, None, ArchSku.SM80, backend, guarantee)
         super().__init__(desc, sku, pref)
         self.force_kernel = False  # benchmarks/tests: take the kernel path even if contiguous
+        self._launches: dict[tuple[Any, ...], BoundLaunch] = {}
         if self._source_numel:
-            for width, kernel in WRITE_SLICE_KERNELS.items():
-                if width >= self._unit:
-                    kernel.prepare()
+            # The natural unit and the 16-byte unit cover aligned and unaligned layouts;
+            # other widths are prepared on first use (once per process).
+            WRITE_SLICE_KERNELS[self._unit].prepare()
+            WRITE_SLICE_KERNELS[16].prepare()
 
     def _driver_copy_layout(self) -> tuple[int, int, int, int, int] | None:
         """(dest offset bytes, row bytes, rows, dest pitch, source pitch) when the window is
@@ -182,19 +185,25 @@ class WriteSlicePlan(Plan):
                 memcpy_2d_async(dest.ptr + offset, dest_pitch, source.ptr, source_pitch,
                                 row_bytes, rows, handle)
             return
-        self._launch_rows(dest, source, handle)
+        key = (dest.strides, source.strides, dest.ptr % 16, source.ptr % 16)
+        bound = self._launches.get(key)
+        if bound is None:
+            if len(self._launches) >= 64:
+                self._launches.clear()
+            bound = self._launches[key] = self._bind_rows(dest, source)
+        bound(handle, dest.ptr, source.ptr)
 
-    def _launch_rows(self, dest: TensorRef, source: TensorRef, stream: int) -> None:
+    def _bind_rows(self, dest: TensorRef, source: TensorRef) -> BoundLaunch:
+        """The row-kernel launch for this layout: merge axes contiguous in both tensors,
+        widen the moved unit as far as alignment allows, size the grid."""
         unit = self._unit
-        shape = self._source_shape
-        dest_strides = dest.strides
-        source_strides = source.strides
-        dest_base = sum(s * st for s, st in zip(self._starts, dest_strides))
+        dest_base = sum(s * st for s, st in zip(self._starts, dest.strides))
+        shape, dest_strides, source_strides = _merge_axes(self._source_shape, dest.strides,
+                                                          source.strides)
         row_len = shape[-1]
         dest_inner, source_inner = dest_strides[-1], source_strides[-1]
         dest_outer, source_outer = list(dest_strides[:-1]), list(source_strides[:-1])
         outer_shape = shape[:-1]
-        dest_ptr, source_ptr = dest.ptr, source.ptr
         if (dest_inner == 1 or row_len == 1) and (source_inner == 1 or row_len == 1):
             # Widen the moved unit while every byte offset stays a multiple of it.
             outer_bytes = [s * unit for e, s in zip(outer_shape, dest_outer) if e > 1]
@@ -202,8 +211,9 @@ class WriteSlicePlan(Plan):
             for width in (16, 8, 4, 2):
                 if width <= unit:
                     break
-                if ((row_len * unit) % width == 0 and (dest_ptr + dest_base * unit) % width == 0
-                        and source_ptr % width == 0
+                if ((row_len * unit) % width == 0
+                        and (dest.ptr + dest_base * unit) % width == 0
+                        and source.ptr % width == 0
                         and all(b % width == 0 for b in outer_bytes)):
                     factor = width // unit
                     row_len //= factor
@@ -215,14 +225,32 @@ class WriteSlicePlan(Plan):
                     break
         rows = product(outer_shape)
         block = min(_BLOCK, max(32, 1 << max(row_len - 1, 1).bit_length()))
-        grid_x = min(-(-row_len // block), 1024)
+        grid_x = max(1, min(-(-row_len // (block * UNITS_IN_FLIGHT)), 1024))
         grid_y = min(rows, 65535)
-        kernel = WRITE_SLICE_KERNELS[unit]
         dest_extent = (flat_span(self._dest_shape, dest.strides) * self._unit) // unit
-        source_extent = (flat_span(shape, source.strides) * self._unit) // unit
-        kernel.launch(
-            (grid_x, grid_y), block, stream,
-            ((dest_ptr, dest_extent), (source_ptr, source_extent), rows, row_len,
-             pad8(outer_shape, 1), pad8(tuple(dest_outer), 0), pad8(tuple(source_outer), 0),
-             dest_inner, source_inner, dest_base),
+        source_extent = (flat_span(self._source_shape, source.strides) * self._unit) // unit
+        return WRITE_SLICE_KERNELS[unit].bind(
+            (grid_x, grid_y), block,
+            ((0, dest_extent), (0, source_extent), rows, row_len, pad8(outer_shape, 1),
+             pad8(tuple(dest_outer), 0), pad8(tuple(source_outer), 0), dest_inner,
+             source_inner, dest_base),
         )
+
+
+def _merge_axes(shape: tuple[int, ...], strides_a: tuple[int, ...],
+                strides_b: tuple[int, ...]) -> tuple[tuple[int, ...], ...]:
+    """Drop extent-1 axes and merge neighbours that are contiguous in both tensors
+    (``stride[i] == stride[i+1] * shape[i+1]``): the same elements, fewer axes."""
+    axes = [(e, a, b) for e, a, b in zip(shape, strides_a, strides_b) if e != 1]
+    if not axes:
+        return (1,), (1,), (1,)
+    merged = [axes[-1]]
+    for extent, a, b in reversed(axes[:-1]):
+        inner_extent, inner_a, inner_b = merged[-1]
+        if a == inner_a * inner_extent and b == inner_b * inner_extent:
+            merged[-1] = (extent * inner_extent, inner_a, inner_b)
+        else:
+            merged.append((extent, a, b))
+    merged.reverse()
+    return (tuple(m[0] for m in merged), tuple(m[1] for m in merged),
+            tuple(m[2] for m in merged))
