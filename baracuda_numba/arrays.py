@@ -160,8 +160,9 @@ def _torch_typestr(dtype: Any) -> tuple[str, int]:
 def _extract_torch(obj: Any) -> _Extracted:
     if not obj.is_cuda:
         raise InvalidProblem("tensor is on the CPU; a CUDA tensor is required")
-    typestr, itemsize = _torch_typestr(obj.dtype)
-    return obj.data_ptr(), tuple(obj.shape), obj.stride(), typestr, itemsize, False
+    typestr, itemsize = _TORCH_TYPESTR.get(obj.dtype) or _torch_typestr(obj.dtype)
+    # torch.Size is a tuple subclass: compares and hashes like the tuple it holds.
+    return obj.data_ptr(), obj.shape, obj.stride(), typestr, itemsize, False
 
 
 def _extract_cupy(obj: Any) -> _Extracted:

@@ -37,6 +37,44 @@ def _plans(torch):
     return out
 
 
+def _breakdown(ctx) -> None:
+    """Where a WriteSlice run's host time goes (torch tensors, kernel path)."""
+    from baracuda_numba.arrays import as_mut, as_ref
+    from baracuda_numba.driver import libcuda
+    from baracuda_numba.streams import stream_handle
+
+    torch = ctx.torch
+    dest = torch.randn(4, 8, 16, device="cuda").half()
+    source = torch.randn(4, 2, 8, device="cuda").half()
+    plan = WriteSlicePlan.select(WriteSliceDescriptor((4, 8, 16), (4, 2, 8),
+                                                      ((0, 4), (3, 5), (4, 12)), ElementKind.F16))
+    args = WriteSliceArgs(dest, source)
+    plan.run(args)
+    bound = next(iter(plan._launches.values()))
+    ptr_d, ptr_s = dest.data_ptr(), source.data_ptr()
+    kernel = bound._kernel
+    fn = libcuda().cuLaunchKernel
+    current = torch.cuda.current_stream()
+    rows = [
+        ("  breakdown: torch tensor attribute reads (is_cuda, dtype, data_ptr, shape, stride)",
+         lambda: (dest.is_cuda, dest.dtype, dest.data_ptr(), dest.shape, dest.stride())),
+        ("  breakdown: as_ref(torch tensor)", lambda: as_ref(source, "P", "x", ElementKind.F16,
+                                                            (4, 2, 8))),
+        ("  breakdown: as_mut(torch tensor)", lambda: as_mut(dest, "P", "x", ElementKind.F16,
+                                                            (4, 8, 16))),
+        ("  breakdown: plan.can_implement(args)", lambda: plan.can_implement(args)),
+        ("  breakdown: WriteSliceArgs(dest, source)", lambda: WriteSliceArgs(dest, source)),
+        ("  breakdown: stream_handle(torch stream)",
+         lambda: stream_handle(current)),
+        ("  breakdown: bound launch (pointers + cuLaunchKernel)", lambda: bound(0, ptr_d, ptr_s)),
+        ("  breakdown: bare ctypes cuLaunchKernel", lambda: fn(
+            kernel._function, 1, 1, 1, 32, 1, 1, 0, 0, bound._pointers_address, None)),
+        ("  breakdown: plan.run(args)", lambda: plan.run(args)),
+    ]
+    for label, fn_ in rows:
+        ctx.row(label, "f16", ctx.time_host(fn_, calls=5000))
+
+
 SELECT_SNIPPET = r"""
 import time
 t0 = time.perf_counter()
@@ -81,6 +119,7 @@ def bench(ctx) -> None:
         ctx.row(f"{name}, torch tensors, Numba dispatcher path", "f16",
                 ctx.time_host(factory(dest, source), calls=2000))
         set_launch_mode("direct")
+    _breakdown(ctx)
     with tempfile.TemporaryDirectory() as cache_dir:
         env = dict(os.environ, NUMBA_CACHE_DIR=cache_dir)
         for label in ("cold (empty Numba cache)", "warm (Numba disk cache)"):

@@ -5,7 +5,16 @@ Bytes moved = 2 x source bytes (read source, write the window of dest).
 
 from __future__ import annotations
 
-from baracuda_numba import ElementKind, WriteSliceArgs, WriteSliceDescriptor, WriteSlicePlan
+from baracuda_numba import (
+    BackendKind,
+    ElementKind,
+    PlanPreference,
+    WriteSliceArgs,
+    WriteSliceDescriptor,
+    WriteSlicePlan,
+)
+
+DRIVER_2D = PlanPreference(prefer_backend=BackendKind.DRIVER_COPY)
 
 DTYPES = ("float16", "bfloat16", "float32")
 
@@ -18,26 +27,24 @@ def _decode(ctx, dtype_name: str) -> None:
     cache = torch.randn(8, 32, 4096, 128, device="cuda").to(dtype)
     steps = [torch.randn(8, 32, 1, 128, device="cuda").to(dtype) for _ in range(4)]
     pos = 1234
-    plan = WriteSlicePlan.select(WriteSliceDescriptor(
+    desc = WriteSliceDescriptor(
         (8, 32, 4096, 128), (8, 32, 1, 128), ((0, 8), (0, 32), (pos, pos + 1), (0, 128)),
-        element))
+        element)
+    plan = WriteSlicePlan.select(desc)
+    plan_2d = WriteSlicePlan.select(desc, DRIVER_2D)
     args = [WriteSliceArgs(cache, s) for s in steps]
     moved = 2 * steps[0].numel() * steps[0].element_size()
     ours = ctx.time_gpu(lambda i: plan.run(args[i]), sets=4)
     theirs = ctx.time_gpu(lambda i: cache[:, :, pos:pos + 1].copy_(steps[i]), sets=4)
-    ctx.row("decode append [8,32,4096,128] pos 1234 (2-D copy)", dtype_name, ours, moved,
+    ctx.row("decode append [8,32,4096,128] pos 1234 (row kernel)", dtype_name, ours, moved,
             theirs)
-    plan.force_kernel = True
-    ours_k = ctx.time_gpu(lambda i: plan.run(args[i]), sets=4)
-    ctx.row("decode append, row kernel forced", dtype_name, ours_k, moved, theirs)
-    host_k = ctx.time_host(lambda: plan.run(WriteSliceArgs(cache, steps[0])))
-    plan.force_kernel = False
+    ours_2d = ctx.time_gpu(lambda i: plan_2d.run(args[i]), sets=4)
+    ctx.row("decode append, cuMemcpy2D (prefer DRIVER_COPY)", dtype_name, ours_2d, moved,
+            theirs)
     host_ours = ctx.time_host(lambda: plan.run(WriteSliceArgs(cache, steps[0])))
     host_torch = ctx.time_host(lambda: cache[:, :, pos:pos + 1].copy_(steps[0]))
     ctx.row("decode append: host µs per call (plan.run incl. args vs torch slice+copy_)",
             dtype_name, host_ours, None, host_torch)
-    ctx.row("decode append: host µs per call, row kernel forced", dtype_name, host_k, None,
-            host_torch)
 
 
 def _prefill(ctx, dtype_name: str) -> None:
@@ -48,18 +55,19 @@ def _prefill(ctx, dtype_name: str) -> None:
     dest = torch.empty(64, 32, 4096, 128, device="cuda", dtype=dtype)
     dest.view(torch.int16 if dtype.itemsize == 2 else torch.int32).random_(-1000, 1000)
     source = torch.randn(64, 32, 1024, 128, device="cuda").to(dtype)
-    plan = WriteSlicePlan.select(WriteSliceDescriptor(
+    desc = WriteSliceDescriptor(
         (64, 32, 4096, 128), (64, 32, 1024, 128), ((0, 64), (0, 32), (0, 1024), (0, 128)),
-        element))
+        element)
+    plan = WriteSlicePlan.select(desc)
+    plan_2d = WriteSlicePlan.select(desc, DRIVER_2D)
     moved = 2 * source.numel() * source.element_size()
     arg = WriteSliceArgs(dest, source)
     theirs = ctx.time_gpu(lambda i: dest[:, :, 0:1024].copy_(source), iters=20)
     ours = ctx.time_gpu(lambda i: plan.run(arg), iters=20)
-    ctx.row("prefill [64,32,4096,128] rows 0:1024 (2-D copy)", dtype_name, ours, moved,
+    ctx.row("prefill [64,32,4096,128] rows 0:1024 (row kernel)", dtype_name, ours, moved,
             theirs)
-    plan.force_kernel = True
-    ours_k = ctx.time_gpu(lambda i: plan.run(arg), iters=20)
-    ctx.row("prefill, row kernel forced", dtype_name, ours_k, moved, theirs)
+    ours_2d = ctx.time_gpu(lambda i: plan_2d.run(arg), iters=20)
+    ctx.row("prefill, cuMemcpy2D (prefer DRIVER_COPY)", dtype_name, ours_2d, moved, theirs)
 
 
 def bench(ctx) -> None:

@@ -11,6 +11,7 @@ from baracuda_numba import (
     BufferTooSmall,
     ElementKind,
     InvalidProblem,
+    PlanPreference,
     Unsupported,
     WriteSliceArgs,
     WriteSliceDescriptor,
@@ -42,11 +43,12 @@ def storage_shape(shape, element):
     return tuple(shape[:-1]) + (shape[-1] // 2,) if element.is_subbyte else tuple(shape)
 
 
-def run_case(dest_shape, ranges, element, rng, force_kernel=False):
+def run_case(dest_shape, ranges, element, rng, force_kernel=False, pref=None):
     source_shape = tuple(e - s for s, e in ranges)
     dest_host = random_values(storage_shape(dest_shape, element), element, rng)
     source_host = random_values(storage_shape(source_shape, element), element, rng)
-    plan = WriteSlicePlan.select(WriteSliceDescriptor(dest_shape, source_shape, ranges, element))
+    plan = WriteSlicePlan.select(WriteSliceDescriptor(dest_shape, source_shape, ranges, element),
+                                 pref)
     plan.force_kernel = force_kernel
     dest = to_device(dest_host)
     plan.run(WriteSliceArgs(dest, to_device(source_host)))
@@ -228,6 +230,16 @@ def test_readonly_dest_rejected(rng):
     with pytest.raises(InvalidProblem, match="read-only"):
         plan.run(WriteSliceArgs(frozen, to_device(np.ones((2, 6), np.float32))))
     bits_equal(frozen, dest_host)
+
+
+def test_driver_2d_copy_on_request(rng):
+    """One partial axis goes through cuMemcpy2D when the caller prefers driver copies."""
+    pref = PlanPreference(prefer_backend=BackendKind.DRIVER_COPY)
+    for element in (ElementKind.F16, ElementKind.COMPLEX64):
+        plan = run_case((2, 5, 4), ((0, 2), (3, 4), (0, 4)), element, rng, pref=pref)
+        assert plan.sku.backend is BackendKind.DRIVER_COPY
+    assert run_case((2, 5, 4), ((0, 2), (3, 4), (0, 4)), ElementKind.F16,
+                    rng).sku.backend is BackendKind.BESPOKE
 
 
 def test_sku_reports_path():
