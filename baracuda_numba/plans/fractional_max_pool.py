@@ -1,0 +1,455 @@
+"""``FractionalMaxPool2dPlan`` / ``FractionalMaxPool3dPlan``: fractional max pooling with
+saved indices, and a deterministic gather backward.
+
+Forward (``run_fw``): ``y[n,c,o] = max x[n,c, window(o)]`` and ``indices[n,c,o]`` = the
+argmax as an i64 linear offset into the whole *logical* input (row-major
+``[N, C, (D,) H, W]``, including the ``n``/``c`` offset, whatever the strides of ``x``;
+PyTorch stores per-plane offsets instead). Ties go to the first element in row-major
+window order; a NaN in the window wins (the first NaN). f16/bf16 compare in f32 (exact),
+f32/f64 in their own precision.
+
+Window placement (per ``(n, c)`` and axis, caller-supplied f32 samples ``alpha`` in
+``random_samples[n, c, axis]``, axes ``(h, w)`` / ``(d, h, w)``; the plan keeps no RNG
+state and ``seed`` is stored but unused):
+
+* ``FractionalPlacement.BARACUDA`` (default, upstream's formula):
+  ``start = clamp(floor(o*(in-k)/(out-1) + alpha), 0, in-k)``, ``out == 1``:
+  ``clamp(floor(alpha*(in-k)), 0, in-k)``. Evaluated *exactly* (upstream evaluates it in
+  f32, which differs by one at rare near-integer positions and beyond 2^24).
+* ``FractionalPlacement.TORCH``: ``torch.nn.functional.fractional_max_pool{2,3}d`` on CUDA
+  given the same samples (torch orders its 2-D samples ``(w, h)``; ours stay ``(h, w)``):
+  ``start = int((o + alpha)*step) - int(alpha*step)``, ``step = (in-k)/(out-1)`` in f32
+  (f64 for f64), last output at ``in-k``; clamped into the input.
+* Samples outside ``[0, 1)`` are clamped into it (NaN -> 0) before either formula (torch
+  would read out of bounds there).
+
+Backward (``run_bw``): ``dx[i] = sum dy[o]`` over outputs whose saved index is ``i``,
+computed as a gather (no atomics): deterministic, bit-stable, f32 accumulation for
+f16/bf16. Every element of ``dx`` is written, so ``dx`` needs no zeroing (upstream
+requires a zeroed ``dx``). Each input element looks only at the outputs whose window can
+contain it for any sample in ``[0, 1)`` (a closed-form range per axis: the backward needs
+no samples), so indices are validated for free: an index that does not point into its own
+output's window (the forward never writes one) is ignored, not scattered.
+
+Performance (H100, 2026-11-22): correct but not yet fast: about 0.4x PyTorch's forward
+and 0.1-0.55x its backward on the benchmark shapes; the kernels are instruction-bound
+(64-bit index arithmetic). See docs/notes/fractional_max_pool.md.
+
+Arrays: any strides (non-negative) for ``x``, ``y``, ``indices``, ``dy``, ``dx`` and
+``random_samples``; outputs must not overlap any other argument.
+
+Rejected before any launch: element not in {F16, BF16, F32, F64} (``Unsupported``);
+spatial extents or windows < 1, window larger than the input, negative batch/channels
+(``InvalidProblem``); extents >= 2^31 (``Unsupported``); wrong shapes, dtypes (indices
+must be int64, samples f32), overlapping outputs (``InvalidProblem``). ``batch == 0`` or
+``channels == 0`` is an empty problem: nothing is launched.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+from .._runtime import SIMULATOR
+from ..arrays import TensorRef, as_mut, as_ref, flat_span
+from ..errors import InvalidProblem, Unsupported
+from ..kernels.common import pad8
+from ..kernels.fractional_max_pool import (
+    FRACTIONAL_MAX_POOL_BW_KERNELS,
+    FRACTIONAL_MAX_POOL_ELEMENTS,
+    FRACTIONAL_MAX_POOL_FW_KERNELS,
+)
+from ..streams import stream_handle
+from ..types import (
+    ArchSku,
+    BackendKind,
+    ElementKind,
+    KernelSku,
+    MathPrecision,
+    OpCategory,
+    PlanPreference,
+    PoolKind,
+    PrecisionGuarantee,
+)
+from .base import Plan, fail
+
+__all__ = [
+    "FRACTIONAL_MAX_POOL_ELEMENTS",
+    "FractionalMaxPool2dBwArgs",
+    "FractionalMaxPool2dDescriptor",
+    "FractionalMaxPool2dFwArgs",
+    "FractionalMaxPool2dPlan",
+    "FractionalMaxPool3dBwArgs",
+    "FractionalMaxPool3dDescriptor",
+    "FractionalMaxPool3dFwArgs",
+    "FractionalMaxPool3dPlan",
+    "FractionalPlacement",
+]
+
+_MAX_EXTENT = (1 << 31) - 1  # placement arithmetic keeps o * (in - k) below 2^62
+
+# Threads per block: x along the innermost (w) axis, y over rows; each thread walks
+# _ROWS_PER_THREAD consecutive rows so that per-plane work (samples, column window) is done
+# once per run. 128 x 8: 2-D [32,64,128,128]->91x91 f32 fw 670 us / bw 1212 us vs 766 / 1369
+# at 256 x 8, 850 / 1504 at 256 x 4, 727 / 1307 at 256 x 16, 786 / 1407 at 512 x 8 (H100,
+# 2026-11-22; same ranking for bf16 and the 3-D case). The simulator runs one Python thread
+# per CUDA thread: tiny blocks there.
+_THREADS = 16 if SIMULATOR else 128
+_ROWS_PER_THREAD = 2 if SIMULATOR else 8
+_MAX_GRID_Y = 65535
+
+
+class FractionalPlacement(enum.Enum):
+    """Where the windows go (see the module docstring)."""
+
+    BARACUDA = 0
+    TORCH = 1
+
+
+def _check_extent(plan: str, name: str, value: Any, minimum: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        fail(plan, InvalidProblem, name, f"= {value!r} must be an int >= {minimum}")
+    if value > _MAX_EXTENT:
+        fail(plan, Unsupported, name, f"= {value} must be < 2^31")
+
+
+@dataclass(frozen=True, slots=True)
+class FractionalMaxPool2dDescriptor:
+    """x ``[batch, channels, h_in, w_in]`` -> y ``[batch, channels, h_out, w_out]`` with a
+    ``window_h x window_w`` window (``1 <= window <= in`` per axis)."""
+
+    batch: int
+    channels: int
+    h_in: int
+    w_in: int
+    window_h: int
+    window_w: int
+    h_out: int
+    w_out: int
+    element: ElementKind
+    seed: int = 0
+    placement: FractionalPlacement = FractionalPlacement.BARACUDA
+
+    @classmethod
+    def new(cls, batch: int, channels: int, h_in: int, w_in: int, window_h: int,
+            window_w: int, h_out: int, w_out: int,
+            element: ElementKind) -> FractionalMaxPool2dDescriptor:
+        """Upstream's constructor: ``seed = 0``, BARACUDA placement."""
+        return cls(batch, channels, h_in, w_in, window_h, window_w, h_out, w_out, element)
+
+    def with_seed(self, seed: int) -> FractionalMaxPool2dDescriptor:
+        """A copy with ``seed`` (stored, unused: the caller supplies the samples)."""
+        return dataclasses.replace(self, seed=seed)
+
+    def with_placement(self, placement: FractionalPlacement) -> FractionalMaxPool2dDescriptor:
+        return dataclasses.replace(self, placement=placement)
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        return (self.batch, self.channels, self.h_in, self.w_in)
+
+    @property
+    def output_shape(self) -> tuple[int, ...]:
+        return (self.batch, self.channels, self.h_out, self.w_out)
+
+    def _axes(self) -> tuple[tuple[str, int, int, int], ...]:
+        return (("h", self.h_in, self.window_h, self.h_out),
+                ("w", self.w_in, self.window_w, self.w_out))
+
+
+@dataclass(frozen=True, slots=True)
+class FractionalMaxPool3dDescriptor:
+    """x ``[batch, channels, d_in, h_in, w_in]`` -> y ``[batch, channels, d_out, h_out,
+    w_out]`` with a ``window_d x window_h x window_w`` window."""
+
+    batch: int
+    channels: int
+    d_in: int
+    h_in: int
+    w_in: int
+    window_d: int
+    window_h: int
+    window_w: int
+    d_out: int
+    h_out: int
+    w_out: int
+    element: ElementKind
+    seed: int = 0
+    placement: FractionalPlacement = FractionalPlacement.BARACUDA
+
+    @classmethod
+    def new(cls, batch: int, channels: int, d_in: int, h_in: int, w_in: int, window_d: int,
+            window_h: int, window_w: int, d_out: int, h_out: int, w_out: int,
+            element: ElementKind) -> FractionalMaxPool3dDescriptor:
+        """Upstream's constructor: ``seed = 0``, BARACUDA placement."""
+        return cls(batch, channels, d_in, h_in, w_in, window_d, window_h, window_w, d_out,
+                   h_out, w_out, element)
+
+    def with_seed(self, seed: int) -> FractionalMaxPool3dDescriptor:
+        """A copy with ``seed`` (stored, unused: the caller supplies the samples)."""
+        return dataclasses.replace(self, seed=seed)
+
+    def with_placement(self, placement: FractionalPlacement) -> FractionalMaxPool3dDescriptor:
+        return dataclasses.replace(self, placement=placement)
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        return (self.batch, self.channels, self.d_in, self.h_in, self.w_in)
+
+    @property
+    def output_shape(self) -> tuple[int, ...]:
+        return (self.batch, self.channels, self.d_out, self.h_out, self.w_out)
+
+    def _axes(self) -> tuple[tuple[str, int, int, int], ...]:
+        return (("d", self.d_in, self.window_d, self.d_out),
+                ("h", self.h_in, self.window_h, self.h_out),
+                ("w", self.w_in, self.window_w, self.w_out))
+
+
+@dataclass(frozen=True, slots=True)
+class FractionalMaxPool2dFwArgs:
+    """``x`` read; ``y`` and ``indices`` (int64) written; ``random_samples`` f32
+    ``[N, C, 2]`` (h, w)."""
+
+    x: Any
+    y: Any
+    indices: Any
+    random_samples: Any
+
+
+@dataclass(frozen=True, slots=True)
+class FractionalMaxPool2dBwArgs:
+    """``dy`` and the forward's ``indices`` read; every element of ``dx`` written."""
+
+    dy: Any
+    indices: Any
+    dx: Any
+
+
+@dataclass(frozen=True, slots=True)
+class FractionalMaxPool3dFwArgs:
+    """As the 2-D args, ``random_samples`` f32 ``[N, C, 3]`` (d, h, w)."""
+
+    x: Any
+    y: Any
+    indices: Any
+    random_samples: Any
+
+
+@dataclass(frozen=True, slots=True)
+class FractionalMaxPool3dBwArgs:
+    """As the 2-D args."""
+
+    dy: Any
+    indices: Any
+    dx: Any
+
+
+def _span_bytes(view: TensorRef) -> tuple[int, int]:
+    return view.ptr, view.ptr + flat_span(view.shape, view.strides) * view.itemsize
+
+
+def _check_disjoint(plan: str, outputs: dict[str, TensorRef], others: dict[str, TensorRef]) -> None:
+    """No output's memory range may meet another argument's (a read racing a write)."""
+    named = list(outputs.items()) + list(others.items())
+    for i, (out_name, out_view) in enumerate(outputs.items()):
+        lo, hi = _span_bytes(out_view)
+        if lo == hi:
+            continue
+        for name, view in named[i + 1:]:
+            other_lo, other_hi = _span_bytes(view)
+            if other_lo < hi and lo < other_hi:
+                fail(plan, InvalidProblem, out_name, f"overlaps {name} in memory; outputs "
+                     "must not share memory with any other argument")
+
+
+class _FractionalMaxPoolPlan(Plan):
+    """Shared by the 2-D and 3-D plans (2-D runs as 3-D with one depth slice)."""
+
+    name = "FractionalMaxPoolPlan"
+    _rank = 2
+    _pool_kind = PoolKind.FRACTIONAL_MAX_POOL2D
+
+    @classmethod
+    def select(cls, desc: Any, pref: PlanPreference | None = None) -> _FractionalMaxPoolPlan:
+        cls.check_element(desc.element, FRACTIONAL_MAX_POOL_ELEMENTS)
+        for field in ("batch", "channels"):
+            _check_extent(cls.name, field, getattr(desc, field), 0)
+        for axis, extent, window, out in desc._axes():
+            _check_extent(cls.name, f"{axis}_in", extent, 1)
+            _check_extent(cls.name, f"window_{axis}", window, 1)
+            _check_extent(cls.name, f"{axis}_out", out, 1)
+            if window > extent:
+                fail(cls.name, InvalidProblem, f"window_{axis}",
+                     f"= {window} must be <= {axis}_in = {extent} (the window must fit in "
+                     "the input)")
+        if not isinstance(desc.placement, FractionalPlacement):
+            fail(cls.name, InvalidProblem, "placement",
+                 f"= {desc.placement!r} is not a FractionalPlacement")
+        if not isinstance(desc.seed, int) or not 0 <= desc.seed < (1 << 64):
+            fail(cls.name, InvalidProblem, "seed", f"= {desc.seed!r} must be a u64")
+        return cls(desc, pref)
+
+    def __init__(self, desc: Any, pref: PlanPreference | None) -> None:
+        element = desc.element
+        precision = {ElementKind.F16: MathPrecision.F16, ElementKind.BF16: MathPrecision.BF16,
+                     ElementKind.F32: MathPrecision.F32, ElementKind.F64: MathPrecision.F64}
+        accumulator = ElementKind.F64 if element is ElementKind.F64 else ElementKind.F32
+        # Forward and gather backward are both free of atomics and fixed-order.
+        guarantee = PrecisionGuarantee(precision[element], accumulator,
+                                       bit_stable_on_same_hardware=True, deterministic=True)
+        sku = KernelSku(OpCategory.POOLING, int(self._pool_kind), element, ElementKind.I64,
+                        None, None, ArchSku.SM80, BackendKind.BESPOKE, guarantee)
+        super().__init__(desc, sku, pref)
+        axes = desc._axes()
+        if len(axes) == 2:
+            axes = (("d", 1, 1, 1),) + axes
+        (_, self._d_in, self._kd, self._d_out), (_, self._h_in, self._kh, self._h_out), \
+            (_, self._w_in, self._kw, self._w_out) = axes
+        self._input_shape = desc.input_shape
+        self._output_shape = desc.output_shape
+        self._samples_shape = (desc.batch, desc.channels, self._rank)
+        self._planes = desc.batch * desc.channels
+        self._dims = (desc.batch, desc.channels, self._d_in, self._h_in, self._w_in,
+                      self._d_out, self._h_out, self._w_out)
+        self._placement = desc.placement.value
+        self._windows = (self._kd, self._kh, self._kw, self._placement, 0, 0, 0, 0)
+        self.rows_per_thread = _ROWS_PER_THREAD  # tests/benchmarks may change these two
+        self.threads = _THREADS
+        self._fw_kernel = FRACTIONAL_MAX_POOL_FW_KERNELS[element]
+        self._bw_kernel = FRACTIONAL_MAX_POOL_BW_KERNELS[element]
+        if self._planes:
+            self._fw_kernel.prepare()
+            self._bw_kernel.prepare()
+
+    def _launch_shape(self, rows: int, cols: int) -> tuple[tuple[int, int], tuple[int, int]]:
+        """(grid, block): x covers the ``cols`` columns, y the ``rows`` rows in runs of
+        ``rows_per_thread`` (grid-strided beyond 65535 blocks)."""
+        block_x = min(32 if not SIMULATOR else 8, 1 << max(cols - 1, 0).bit_length())
+        block_y = max(1, self.threads // block_x)
+        groups = -(-rows // self.rows_per_thread)
+        grid = (-(-cols // block_x), max(1, min(-(-groups // block_y), _MAX_GRID_Y)))
+        return grid, (block_x, block_y)
+
+    def _samples(self, samples: Any) -> TensorRef:
+        return as_ref(samples, self.name, "random_samples", ElementKind.F32,
+                      self._samples_shape)
+
+    def _sample_strides(self, view: TensorRef) -> tuple[int, ...]:
+        axis_d = 0 if self._rank == 3 else -1
+        axis_h, axis_w = (1, 2) if self._rank == 3 else (0, 1)
+        return (view.strides[0], view.strides[1], view.strides[2], axis_d, axis_h, axis_w,
+                0, 0)
+
+    def _strides5(self, view: TensorRef) -> tuple[int, ...]:
+        strides = view.strides
+        if self._rank == 2:
+            strides = strides[:2] + (0,) + strides[2:]
+        return pad8(tuple(strides[::-1]), 0)[::-1]  # right-pad to 8
+
+    # -- forward ---------------------------------------------------------------------------
+
+    def can_implement_fw(self, args: Any) -> tuple[TensorRef, ...]:
+        """Views of x, y, indices, random_samples after every check on the arrays."""
+        element = self.descriptor.element
+        x = as_ref(args.x, self.name, "x", element, self._input_shape)
+        y = as_mut(args.y, self.name, "y", element, self._output_shape)
+        indices = as_mut(args.indices, self.name, "indices", ElementKind.I64,
+                         self._output_shape)
+        samples = self._samples(args.random_samples)
+        _check_disjoint(self.name, {"y": y, "indices": indices},
+                        {"x": x, "random_samples": samples})
+        return x, y, indices, samples
+
+    def run_fw(self, args: Any, stream: Any = None, workspace: Any = None) -> None:
+        """Write ``y`` and ``indices`` on ``stream`` (no host sync)."""
+        x, y, indices, samples = self.can_implement_fw(args)
+        handle = stream_handle(stream)
+        self.check_workspace(workspace)
+        if self._planes == 0:
+            return
+        grid, block = self._launch_shape(self._planes * self._d_out * self._h_out, self._w_out)
+        self._fw_kernel.launch(
+            grid, block, handle,
+            ((x.ptr, flat_span(x.shape, x.strides)), (y.ptr, flat_span(y.shape, y.strides)),
+             (indices.ptr, flat_span(indices.shape, indices.strides)),
+             (samples.ptr, flat_span(samples.shape, samples.strides)),
+             self._dims, self._strides5(x), self._strides5(y), self._strides5(indices),
+             self._sample_strides(samples), self._windows, self.rows_per_thread))
+
+    # -- backward --------------------------------------------------------------------------
+
+    def can_implement_bw(self, args: Any) -> tuple[TensorRef, ...]:
+        """Views of dy, indices, dx, random_samples after every check on the arrays."""
+        element = self.descriptor.element
+        dy = as_ref(args.dy, self.name, "dy", element, self._output_shape)
+        indices = as_ref(args.indices, self.name, "indices", ElementKind.I64,
+                         self._output_shape)
+        dx = as_mut(args.dx, self.name, "dx", element, self._input_shape)
+        _check_disjoint(self.name, {"dx": dx}, {"dy": dy, "indices": indices})
+        return dy, indices, dx
+
+    def run_bw(self, args: Any, stream: Any = None, workspace: Any = None) -> None:
+        """Write every element of ``dx`` on ``stream`` (no host sync, no zeroing needed)."""
+        dy, indices, dx = self.can_implement_bw(args)
+        handle = stream_handle(stream)
+        self.check_workspace(workspace)
+        if self._planes == 0:
+            return
+        grid, block = self._launch_shape(self._planes * self._d_in * self._h_in, self._w_in)
+        self._bw_kernel.launch(
+            grid, block, handle,
+            ((dy.ptr, flat_span(dy.shape, dy.strides)),
+             (indices.ptr, flat_span(indices.shape, indices.strides)),
+             (dx.ptr, flat_span(dx.shape, dx.strides)),
+             self._dims, self._strides5(dy), self._strides5(indices), self._strides5(dx),
+             self._windows, self.rows_per_thread))
+
+    # -- the Plan protocol -------------------------------------------------------------------
+
+    def can_implement(self, args: Any) -> tuple[TensorRef, ...]:
+        """Forward or backward checks, by the type of ``args``."""
+        if hasattr(args, "x"):
+            return self.can_implement_fw(args)
+        return self.can_implement_bw(args)
+
+    def run(self, args: Any, stream: Any = None, workspace: Any = None) -> None:
+        """``run_fw`` for forward args, ``run_bw`` for backward args."""
+        if hasattr(args, "x"):
+            self.run_fw(args, stream, workspace)
+        else:
+            self.run_bw(args, stream, workspace)
+
+
+class FractionalMaxPool2dPlan(_FractionalMaxPoolPlan):
+    """2-D fractional max pool; see the module docstring."""
+
+    name = "FractionalMaxPool2dPlan"
+    _rank = 2
+    _pool_kind = PoolKind.FRACTIONAL_MAX_POOL2D
+
+    @classmethod
+    def select(cls, desc: FractionalMaxPool2dDescriptor,
+               pref: PlanPreference | None = None) -> FractionalMaxPool2dPlan:
+        if not isinstance(desc, FractionalMaxPool2dDescriptor):
+            fail(cls.name, InvalidProblem, "desc",
+                 f"is a {type(desc).__name__}, not a FractionalMaxPool2dDescriptor")
+        return super().select(desc, pref)  # type: ignore[return-value]
+
+
+class FractionalMaxPool3dPlan(_FractionalMaxPoolPlan):
+    """3-D fractional max pool; see the module docstring."""
+
+    name = "FractionalMaxPool3dPlan"
+    _rank = 3
+    _pool_kind = PoolKind.FRACTIONAL_MAX_POOL3D
+
+    @classmethod
+    def select(cls, desc: FractionalMaxPool3dDescriptor,
+               pref: PlanPreference | None = None) -> FractionalMaxPool3dPlan:
+        if not isinstance(desc, FractionalMaxPool3dDescriptor):
+            fail(cls.name, InvalidProblem, "desc",
+                 f"is a {type(desc).__name__}, not a FractionalMaxPool3dDescriptor")
+        return super().select(desc, pref)  # type: ignore[return-value]
