@@ -327,7 +327,9 @@ def _layout_facts(shape: tuple[int, ...], strides: tuple[int, ...]) -> tuple[boo
     found = _LAYOUTS.get(key)
     if found is None:
         negative = any(s < 0 for s in strides)
-        axes = sorted((abs(s), e) for e, s in zip(shape, strides) if e > 1)
+        # An empty array addresses nothing (NumPy 2 gives empty arrays zero strides).
+        empty = any(e == 0 for e in shape)
+        axes = [] if empty else sorted((abs(s), e) for e, s in zip(shape, strides) if e > 1)
         reach = 1
         overlapping = False
         for stride, extent in axes:

@@ -51,7 +51,7 @@ __all__ = [
 ]
 
 _REGISTRY: list[Kernel] = []
-_DISPATCHERS: dict[Callable[..., Any], Any] = {}
+_DISPATCHERS: dict[tuple[Callable[..., Any], int | None], Any] = {}
 _mode = os.environ.get("BARACUDA_LAUNCH", "direct").strip().lower()
 if _mode not in ("direct", "dispatcher"):
     raise ValueError(f"BARACUDA_LAUNCH must be 'direct' or 'dispatcher', not {_mode!r}")
@@ -101,16 +101,21 @@ def compile_all_ptx(cc: tuple[int, int] = (9, 0),
     out = {}
     for kernel in registered_kernels():
         if only is None or only(kernel):
+            # max_registers is a ptxas option: PTX is the same with or without it.
             ptx, _ = cuda.compile_ptx(kernel.py_func, kernel.signature, cc=cc)
             out[kernel.name] = ptx
     return out
 
 
-def _dispatcher(py_func: Callable[..., Any]) -> Any:
-    found = _DISPATCHERS.get(py_func)
+def _dispatcher(py_func: Callable[..., Any], max_registers: int | None) -> Any:
+    key = (py_func, max_registers)
+    found = _DISPATCHERS.get(key)
     if found is None:
-        found = cuda.jit(cache=not SIMULATOR)(py_func)
-        _DISPATCHERS[py_func] = found
+        options: dict[str, Any] = {"cache": not SIMULATOR}
+        if max_registers is not None and not SIMULATOR:
+            options["max_registers"] = max_registers
+        found = cuda.jit(**options)(py_func)
+        _DISPATCHERS[key] = found
     return found
 
 
@@ -125,15 +130,18 @@ class Kernel:
     """One kernel function at one signature; see the module docstring for argument values.
 
     ``grid_stride=True`` declares that the kernel covers any problem with any grid (a
-    grid-stride loop), which lets simulator launches use a tiny grid.
+    grid-stride loop), which lets simulator launches use a tiny grid. ``max_registers``
+    caps registers per thread (occupancy) as ``cuda.jit(max_registers=...)`` does.
     """
 
     def __init__(self, name: str, py_func: Callable[..., Any], signature: Sequence[types.Type],
-                 *, grid_stride: bool = False, register: bool = True) -> None:
+                 *, grid_stride: bool = False, register: bool = True,
+                 max_registers: int | None = None) -> None:
         self.name = name
         self.py_func = py_func
         self.signature = tuple(signature)
         self.grid_stride = grid_stride
+        self.max_registers = max_registers
         self._kinds: list[tuple[str, Any]] = []
         fmt = "<"
         for argtype in self.signature:
@@ -167,7 +175,7 @@ class Kernel:
     @property
     def dispatcher(self) -> Any:
         if self._dispatcher_obj is None:
-            self._dispatcher_obj = _dispatcher(self.py_func)
+            self._dispatcher_obj = _dispatcher(self.py_func, self.max_registers)
         return self._dispatcher_obj
 
     def prepare(self) -> Kernel:
