@@ -1,0 +1,374 @@
+"""``RopePlan`` / ``RopeBackwardPlan``: rotary position embedding of ``[B, H, S, D]`` tensors.
+
+For pair ``i < R/2`` (``R = rotary_dim``, default ``head_dim``), ``θ = pos · base^(−2i/R)``::
+
+    y[a] = x[a]·cosθ − x[b]·sinθ,   y[b] = x[b]·cosθ + x[a]·sinθ      (forward)
+    dx   = the same with sinθ negated (rotation by −θ)                  (backward)
+
+with ``(a, b) = (2i, 2i+1)`` for ``RopePairing.INTERLEAVED`` (GPT-J, the upstream rule) and
+``(i, i + R/2)`` for ``RopePairing.HALF_SPLIT`` (NeoX/Llama ``rotate_half``). Features
+``R..D-1`` are copied unchanged. ``pos`` is ``positions[s]`` (i64 ``[S]``, shared by every
+sequence), ``positions[b, s]`` (i64 ``[B, S]``) or ``s`` when ``positions`` is None.
+
+Contract:
+
+* dtypes f16, bf16, f32 (θ, cos, sin and the rotation in f32 with accurate sincos; the
+  inverse frequency rounded once from f64) and f64 (all in f64, ``base`` as f64);
+* ``x``/``y`` (``dy``/``dx``) of shape ``[B, H, S, D]``, innermost stride 1, every other
+  stride free (q/k views sliced out of a fused qkv tensor work without a copy); ``y`` may
+  be ``x`` itself (in place); a ``y`` that partly overlaps ``x`` is rejected;
+* ``head_dim`` even, ``rotary_dim`` even and ``<= head_dim``, ``base`` finite and > 0.
+
+Rejections (before any launch): ``InvalidProblem`` for bad extents, odd head/rotary dims,
+bad base, shape/positions mismatches, innermost stride != 1, partial overlap, backward
+descriptor != forward descriptor; ``Unsupported`` for other element kinds.
+Deterministic and bit-stable: each output element is computed by one thread, and every
+memory layout (``kernels/rope.py``: the widest unit the pointers, strides and rotary dim
+allow, picked per call and cached) produces the same bits.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from ..arrays import TensorMut, TensorRef, as_mut, as_ref, flat_span
+from ..errors import InvalidProblem
+from ..kernels.rope import ROPE_ELEMENTS, ROPE_KERNELS
+from ..streams import stream_handle
+from ..types import (
+    ArchSku,
+    AttentionKind,
+    BackendKind,
+    ElementKind,
+    KernelSku,
+    MathPrecision,
+    OpCategory,
+    PlanPreference,
+    PrecisionGuarantee,
+    RopePairing,
+)
+from .base import Plan, fail
+
+__all__ = [
+    "ROPE_DEFAULT_BASE",
+    "ROPE_ELEMENTS",
+    "RopeArgs",
+    "RopeBackwardArgs",
+    "RopeBackwardDescriptor",
+    "RopeBackwardPlan",
+    "RopeDescriptor",
+    "RopePlan",
+]
+
+ROPE_DEFAULT_BASE = 10000.0
+
+# Launch shape: blocks of 256 threads, the row's items along x and consecutive rows along y
+# (neighbouring rows are neighbours in memory); grid.y capped at _ROW_BLOCKS blocks so a
+# thread walks several rows and its inverse frequencies are amortised; each thread rotates
+# _HEADS_PER_THREAD heads per row, amortising one sincos. Measurements: docs/notes/rope.md.
+# H100, 2026-11-22, [8,32,2048,128] f16 forward (µs, harness timing): half_split4 117.0 at
+# 2048 row blocks vs 123.6 at 8192 (16 heads/thread); interleaved4 114.9 vs 113.5; f32 within
+# 2%; 32 heads/thread was up to 15% slower for half-split, 8 up to 13% slower for
+# interleaved.
+_BLOCK = 256
+_ROW_BLOCKS = 2048
+_HEADS_PER_THREAD = 16
+
+
+@dataclass(frozen=True, slots=True)
+class RopeDescriptor:
+    """``[B, H, S, D]`` extents, rotary ``base``, element kind, pair layout and the number of
+    rotated features ``rotary_dim`` (None: all of ``head_dim``)."""
+
+    batch_size: int
+    num_heads: int
+    seq_len: int
+    head_dim: int
+    base: float = field(default=ROPE_DEFAULT_BASE, kw_only=True)
+    element: ElementKind = field(kw_only=True)
+    pairing: RopePairing = field(default=RopePairing.INTERLEAVED, kw_only=True)
+    rotary_dim: int | None = field(default=None, kw_only=True)
+
+
+@dataclass(frozen=True, slots=True)
+class RopeBackwardDescriptor:
+    """Same fields as :class:`RopeDescriptor`; they must match the forward call."""
+
+    batch_size: int
+    num_heads: int
+    seq_len: int
+    head_dim: int
+    base: float = field(default=ROPE_DEFAULT_BASE, kw_only=True)
+    element: ElementKind = field(kw_only=True)
+    pairing: RopePairing = field(default=RopePairing.INTERLEAVED, kw_only=True)
+    rotary_dim: int | None = field(default=None, kw_only=True)
+
+    @classmethod
+    def of(cls, forward: RopeDescriptor) -> RopeBackwardDescriptor:
+        """The backward descriptor matching ``forward``."""
+        return cls(**{f.name: getattr(forward, f.name) for f in fields(forward)})
+
+
+@dataclass(frozen=True, slots=True)
+class RopeArgs:
+    """``x`` is read, ``y`` written (may be ``x``); ``positions`` i64 ``[S]``/``[B, S]``."""
+
+    x: Any
+    y: Any
+    positions: Any = None
+
+
+@dataclass(frozen=True, slots=True)
+class RopeBackwardArgs:
+    """``dy`` is read, ``dx`` written (may be ``dy``); ``positions`` as in the forward."""
+
+    dy: Any
+    dx: Any
+    positions: Any = None
+
+
+class _RopeBase(Plan):
+    """Validation and launch shared by the forward and backward plans."""
+
+    _inverse = 0
+    _in_name = "x"
+    _out_name = "y"
+
+    @classmethod
+    def _check(cls, desc: Any) -> None:
+        extents = ("batch_size", "num_heads", "seq_len", "head_dim")
+        for name in extents:
+            value = getattr(desc, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                fail(cls.name, InvalidProblem, f"desc.{name}",
+                     f"= {value!r} must be a non-negative int")
+        cls.check_element(desc.element, ROPE_ELEMENTS)
+        if desc.head_dim % 2:
+            fail(cls.name, InvalidProblem, "desc.head_dim",
+                 f"= {desc.head_dim} must be even (features are rotated in pairs)")
+        base = desc.base
+        if (not isinstance(base, (int, float)) or isinstance(base, bool)
+                or not math.isfinite(base) or base <= 0):
+            fail(cls.name, InvalidProblem, "desc.base", f"= {base!r} must be finite and > 0")
+        if not isinstance(desc.pairing, RopePairing):
+            fail(cls.name, InvalidProblem, "desc.pairing",
+                 f"= {desc.pairing!r} is not a RopePairing")
+        rotary = desc.rotary_dim
+        if rotary is not None:
+            if not isinstance(rotary, int) or isinstance(rotary, bool):
+                fail(cls.name, InvalidProblem, "desc.rotary_dim", f"= {rotary!r} must be an int")
+            if rotary < 0 or rotary % 2 or rotary > desc.head_dim:
+                fail(cls.name, InvalidProblem, "desc.rotary_dim",
+                     f"= {rotary} must be even and 0 <= rotary_dim <= head_dim = "
+                     f"{desc.head_dim}")
+
+    def __init__(self, desc: Any, pref: PlanPreference | None) -> None:
+        element = desc.element
+        f64 = element is ElementKind.F64
+        guarantee = PrecisionGuarantee(MathPrecision.F64 if f64 else MathPrecision.F32,
+                                       ElementKind.F64 if f64 else ElementKind.F32,
+                                       bit_stable_on_same_hardware=True, deterministic=True)
+        sku = KernelSku(OpCategory.ATTENTION, int(AttentionKind.ROPE), element, None,
+                        desc.pairing.name.lower(), None, ArchSku.SM80, BackendKind.BESPOKE,
+                        guarantee)
+        super().__init__(desc, sku, pref)
+        batch, heads, seq, dim = desc.batch_size, desc.num_heads, desc.seq_len, desc.head_dim
+        rotary = dim if desc.rotary_dim is None else desc.rotary_dim
+        self._shape = (batch, heads, seq, dim)
+        self._rotary = rotary
+        self._empty = batch * heads * seq * dim == 0
+        self._half_split = desc.pairing is RopePairing.HALF_SPLIT
+        self._rows = batch * seq
+        #: benchmarks may change these (call ``retune()`` after changing them)
+        self.heads_per_thread = min(heads, _HEADS_PER_THREAD) or 1
+        self.row_blocks = _ROW_BLOCKS
+        self.force_pairs = False  # tests: take the element path even when units would do
+        self._spans: dict[tuple[int, ...], int] = {}
+        self._launches: dict[tuple, tuple] = {}
+        self._itemsize = element.byte_width
+        self._log2_base = math.log2(desc.base)
+        self._kernels = {layout: kernel for (kind, layout), kernel in ROPE_KERNELS.items()
+                         if kind is element}
+        if not self._empty:
+            for kernel in self._kernels.values():
+                kernel.prepare()
+
+    def can_implement(self, args: Any) -> tuple[TensorRef, TensorMut, TensorRef | None]:
+        """Views of the input, the output and the positions after every array check."""
+        name = self.name
+        element = self.descriptor.element
+        source, dest, positions = self._unpack_args(args)
+        shape = self._shape
+        x = as_ref(source, name, self._in_name, element, shape)
+        y = as_mut(dest, name, self._out_name, element, shape)
+        if shape[3] > 1 and not self._empty:  # an empty view's strides mean nothing
+            if x.strides[3] != 1:
+                fail(name, InvalidProblem, f"{self._in_name}.strides[3]",
+                     f"= {x.strides[3]} must be 1 (pairs are read along the feature axis)")
+            if y.strides[3] != 1:
+                fail(name, InvalidProblem, f"{self._out_name}.strides[3]",
+                     f"= {y.strides[3]} must be 1 (pairs are written along the feature axis)")
+        if (x.ptr != y.ptr or x.strides != y.strides) and not self._empty:
+            x_end = x.ptr + self._span(x.strides)
+            y_end = y.ptr + self._span(y.strides)
+            if x.ptr < y_end and y.ptr < x_end:
+                fail(name, InvalidProblem, self._out_name,
+                     f"overlaps {self._in_name} without being the same view (in place needs "
+                     "the same pointer and strides)")
+        pos = None
+        if positions is not None:
+            pos = as_ref(positions, name, "positions", ElementKind.I64)
+            if pos.shape != (shape[2],) and pos.shape != (shape[0], shape[2]):
+                fail(name, InvalidProblem, "positions",
+                     f"has shape {pos.shape}; it must be [S] = ({shape[2]},) or [B, S] = "
+                     f"({shape[0]}, {shape[2]})")
+        return x, y, pos
+
+    def retune(self) -> None:
+        """Forget cached launch configurations (after changing the tuning attributes)."""
+        self._launches.clear()
+
+    def _span(self, strides: tuple[int, ...]) -> int:
+        """Bytes from the first to one past the last element of a view with ``strides``."""
+        span = self._spans.get(strides)
+        if span is None:
+            span = flat_span(self._shape, strides) * self._itemsize
+            if len(self._spans) > 64:
+                self._spans.clear()
+            self._spans[strides] = span
+        return span
+
+    def run(self, args: Any, stream: Any = None, workspace: Any = None) -> None:
+        """Rotate on ``stream`` (no host synchronisation)."""
+        x, y, pos = self.can_implement(args)
+        handle = stream_handle(stream)
+        if self._empty:
+            return
+        x_ptr, y_ptr = x.ptr, y.ptr
+        if pos is None:
+            key = (x.strides, y.strides, (x_ptr | y_ptr) & 15, x_ptr == y_ptr, None)
+        else:
+            key = (x.strides, y.strides, (x_ptr | y_ptr) & 15, x_ptr == y_ptr, pos.strides,
+                   len(pos.shape))
+        launch = self._launches.get(key)
+        if launch is None:
+            launch = self._configure(x, y, pos)
+            if len(self._launches) > 64:
+                self._launches.clear()
+            self._launches[key] = launch
+        kernel, grid, block, x_extent, y_extent, pos_extent, rest = launch
+        if kernel is None:  # in place with nothing to rotate
+            return
+        kernel.launch(grid, block, handle,
+                      ((x_ptr, x_extent), (y_ptr, y_extent),
+                       (0 if pos is None else pos.ptr, pos_extent)) + rest)
+
+    def _layout(self, x: TensorRef, y: TensorMut) -> tuple[str, int]:
+        """The widest layout the arrays allow: (layout name, elements per memory unit)."""
+        kernels = self._kernels
+        rotary, dim = self._rotary, self._shape[3]
+        half = self._half_split
+        pointers = x.ptr | y.ptr
+        outer = 0
+        for stride in x.strides[:3] + y.strides[:3]:
+            outer |= stride
+        if not self.force_pairs:
+            for width in (4, 2):
+                layout = ("half_split" if half else "interleaved") + ("4" if width == 4 else "")
+                if (layout in kernels and pointers % (width * self._itemsize) == 0
+                        and outer % width == 0 and (dim - rotary) % width == 0
+                        and rotary % (2 * width if half else width) == 0):
+                    return layout, width
+        return "pairs", 1
+
+    def _configure(self, x: TensorRef, y: TensorMut, pos: TensorRef | None) -> tuple:
+        """Kernel, launch shape and every argument but the pointers, for one layout of the
+        arrays (cached per strides / alignment / in-place / positions layout)."""
+        batch, heads, seq, dim = self._shape
+        rotary = self._rotary
+        in_place = x.ptr == y.ptr and x.strides == y.strides
+        layout, width = self._layout(x, y)
+        kernel = self._kernels[layout]
+        if width == 1:
+            items, rot_items, copy_offset = dim // 2, rotary // 2, rotary
+            pair_step, partner = (1, rotary // 2) if self._half_split else (2, 1)
+        elif self._half_split:  # an item: a unit from each half
+            rot_items = partner = rotary // (2 * width)
+            items = rot_items + (dim - rotary) // width
+            copy_offset, pair_step = rotary // width, 1
+        else:  # an item: one unit of width / 2 pairs
+            items, rot_items, copy_offset = dim // width, rotary // width, rotary // width
+            pair_step, partner = 1, 0
+        if in_place:
+            items = rot_items  # the copied features are already there
+            if items == 0:
+                return (None,) * 7
+        hpt = self.heads_per_thread
+        work = items * (-(-heads // hpt))
+        block_x = min(_BLOCK, max(32, 1 << (items - 1).bit_length()))
+        block_y = max(1, min(_BLOCK // block_x, self._rows))
+        grid = (min(-(-work // block_x), 65535),
+                min(-(-self._rows // block_y), self.row_blocks, 65535))
+        if pos is None:
+            pos_extent, pos_b, pos_s, has_pos = 0, 0, 0, 0
+        else:
+            pos_extent = flat_span(pos.shape, pos.strides)
+            pos_b, pos_s = pos.strides if len(pos.shape) == 2 else (0, pos.strides[0])
+            has_pos = 1
+        x_extent = -(-flat_span(x.shape, x.strides) // width)
+        y_extent = -(-flat_span(y.shape, y.strides) // width)
+        xs = tuple(stride // width for stride in x.strides[:3])
+        ys = tuple(stride // width for stride in y.strides[:3])
+        params = ((self._rows, seq, heads, hpt, items, rot_items, pair_step, partner,
+                   copy_offset) + xs + ys + (pos_b, pos_s, has_pos, rotary, self._inverse))
+        return (kernel, grid, (block_x, block_y), x_extent, y_extent, pos_extent,
+                (params, self._log2_base))
+
+
+class RopePlan(_RopeBase):
+    """Forward rotation; see the module docstring."""
+
+    name = "RopePlan"
+
+    @staticmethod
+    def _unpack_args(args: RopeArgs) -> tuple[Any, Any, Any]:
+        return args.x, args.y, args.positions
+
+    @classmethod
+    def select(cls, desc: RopeDescriptor, pref: PlanPreference | None = None) -> RopePlan:
+        if not isinstance(desc, RopeDescriptor):
+            fail(cls.name, InvalidProblem, "desc", f"is a {type(desc).__name__}, not a "
+                 "RopeDescriptor")
+        cls._check(desc)
+        return cls(desc, pref)
+
+
+class RopeBackwardPlan(_RopeBase):
+    """Backward (rotation by −θ); no saved tensors. ``forward``, if given, must describe the
+    same problem."""
+
+    name = "RopeBackwardPlan"
+    _inverse = 1
+    _in_name = "dy"
+    _out_name = "dx"
+
+    @staticmethod
+    def _unpack_args(args: RopeBackwardArgs) -> tuple[Any, Any, Any]:
+        return args.dy, args.dx, args.positions
+
+    @classmethod
+    def select(cls, desc: RopeBackwardDescriptor, pref: PlanPreference | None = None, *,
+               forward: RopeDescriptor | None = None) -> RopeBackwardPlan:
+        if not isinstance(desc, RopeBackwardDescriptor):
+            fail(cls.name, InvalidProblem, "desc", f"is a {type(desc).__name__}, not a "
+                 "RopeBackwardDescriptor")
+        cls._check(desc)
+        if forward is not None:
+            for f in fields(RopeDescriptor):
+                mine, theirs = getattr(desc, f.name), getattr(forward, f.name)
+                if mine != theirs:
+                    fail(cls.name, InvalidProblem, f"desc.{f.name}",
+                         f"= {mine!r} must match the forward descriptor's {theirs!r}")
+        return cls(desc, pref)

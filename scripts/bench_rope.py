@@ -1,0 +1,214 @@
+"""Benchmark section ``rope``: RopePlan / RopeBackwardPlan against PyTorch.
+
+Large shape [8, 32, 2048, 128] (f16/bf16/f32 x both pairings x forward/backward): bytes
+moved = x read once + y written once; % of the copy ceiling measured in the same run;
+compared with ``torch.compile`` (default mode) of the eager formula with precomputed
+cos/sin tables (the usual model code), and with that formula run eagerly.
+Decode shape [64, 32, 1, 128] with positions [64, 1]: device time and host time per
+``run`` against the host time of one PyTorch elementwise op (``torch.add(a, a, out=b)``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from baracuda_numba.plans.rope import (
+    RopeArgs,
+    RopeBackwardArgs,
+    RopeBackwardDescriptor,
+    RopeBackwardPlan,
+    RopeDescriptor,
+    RopePlan,
+)
+from baracuda_numba.types import ElementKind, RopePairing
+
+LARGE = (8, 32, 2048, 128)
+DECODE = (64, 32, 1, 128)
+BASE = 10000.0
+DTYPES = (("float16", ElementKind.F16), ("bfloat16", ElementKind.BF16),
+          ("float32", ElementKind.F32))
+
+
+def rope_interleaved(x: Any, cos: Any, sin: Any) -> Any:
+    import torch
+
+    xf = x.float()
+    a, b = xf[..., 0::2], xf[..., 1::2]
+    return torch.stack((a * cos - b * sin, b * cos + a * sin), -1).flatten(-2).to(x.dtype)
+
+
+def rope_half_split(x: Any, cos: Any, sin: Any) -> Any:
+    import torch
+
+    xf = x.float()
+    half = xf.shape[-1] // 2
+    a, b = xf[..., :half], xf[..., half:]
+    return torch.cat((a * cos - b * sin, b * cos + a * sin), -1).to(x.dtype)
+
+
+EAGER = {RopePairing.INTERLEAVED: rope_interleaved, RopePairing.HALF_SPLIT: rope_half_split}
+
+
+def tables(torch: Any, positions: Any, dim: int) -> tuple[Any, Any]:
+    """cos/sin [..., D/2] in f32 from an f64-rounded inv_freq (the kernel's convention)."""
+    pairs = torch.arange(dim // 2, device="cuda", dtype=torch.float64)
+    inv_freq = (BASE ** (-(2.0 * pairs) / dim)).float()
+    theta = positions.float()[..., None] * inv_freq
+    return theta.cos(), theta.sin()
+
+
+def bench(ctx: Any) -> None:
+    torch = ctx.torch
+    compiled = {}
+    for pairing, fn in EAGER.items():
+        try:
+            compiled[pairing] = torch.compile(fn)
+        except Exception as exc:  # record, keep going
+            ctx.notes.append(f"torch.compile({fn.__name__}) failed: {exc!r}")
+    _large(ctx, torch, compiled)
+    _decode(ctx, torch, compiled)
+    _host_breakdown(ctx, torch)
+    _tuning(ctx, torch)
+
+
+def _time_torch(ctx: Any, fn: Any, xs: list[Any], cos: Any, sin: Any) -> float | None:
+    try:
+        fn(xs[0], cos, sin)
+        return ctx.time_gpu(lambda i: fn(xs[i], cos, sin), sets=len(xs))
+    except Exception as exc:
+        ctx.notes.append(f"torch timing failed: {type(exc).__name__}: {str(exc)[:200]}")
+        return None
+
+
+def _large(ctx: Any, torch: Any, compiled: dict) -> None:
+    batch, heads, seq, dim = LARGE
+    cos, sin = tables(torch, torch.arange(seq, device="cuda"), dim)  # [S, D/2]
+    for name, element in DTYPES:
+        dtype = getattr(torch, name)
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        moved = 2 * batch * heads * seq * dim * itemsize
+        sets = ctx.sets_for(moved)
+        xs = [torch.randn(LARGE, device="cuda", dtype=dtype) for _ in range(sets)]
+        ys = [torch.empty_like(x) for x in xs]
+        for pairing in RopePairing:
+            desc = RopeDescriptor(*LARGE, element=element, pairing=pairing)
+            forward = RopePlan.select(desc)
+            backward = RopeBackwardPlan.select(RopeBackwardDescriptor.of(desc), forward=desc)
+            fwd_args = [RopeArgs(x, y) for x, y in zip(xs, ys)]
+            bwd_args = [RopeBackwardArgs(x, y) for x, y in zip(xs, ys)]
+            us_fwd = ctx.time_gpu(lambda i, a=fwd_args, p=forward: p.run(a[i]), sets=sets)
+            us_bwd = ctx.time_gpu(lambda i, a=bwd_args, p=backward: p.run(a[i]), sets=sets)
+            eager = _time_torch(ctx, EAGER[pairing], xs, cos, sin)
+            fused = _time_torch(ctx, compiled[pairing], xs, cos, sin) \
+                if pairing in compiled else None
+            fused_bwd = _time_torch(ctx, compiled[pairing], xs, cos, -sin) \
+                if pairing in compiled else None
+            label = pairing.name.lower()
+            eager_note = f"eager {eager:.0f} µs" if eager else "eager n/a"
+            ctx.row(f"fwd {list(LARGE)} {label}", name, us_fwd, moved, fused,
+                    f"vs torch.compile; {eager_note}")
+            ctx.row(f"bwd {list(LARGE)} {label}", name, us_bwd, moved, fused_bwd,
+                    "vs torch.compile (sin negated)")
+        del xs, ys
+        torch.cuda.empty_cache()
+
+
+def _tuning(ctx: Any, torch: Any) -> None:
+    """Launch-shape sweep (heads per batch, heads per thread, row blocks), f16 and f32."""
+    from baracuda_numba.kernels.rope import HEAD_BATCH, ROPE_BATCH, ROPE_KERNELS, build_rope_kernel
+
+    regs = []
+    for (element, layout), kernel in ROPE_KERNELS.items():
+        compiled = kernel.prepare().dispatcher.overloads.get(kernel.signature)
+        if compiled is not None:
+            regs.append(f"{element.name}/{layout}: {compiled.regs_per_thread}")
+    ctx.notes.append("registers per thread: " + ", ".join(regs))
+    batch, heads, seq, dim = LARGE
+    for name, element in (("float16", ElementKind.F16), ("float32", ElementKind.F32)):
+        dtype = getattr(torch, name)
+        moved = 2 * batch * heads * seq * dim * torch.empty((), dtype=dtype).element_size()
+        sets = ctx.sets_for(moved)
+        xs = [torch.randn(LARGE, device="cuda", dtype=dtype) for _ in range(sets)]
+        ys = [torch.empty_like(x) for x in xs]
+        args = [RopeArgs(x, y) for x, y in zip(xs, ys)]
+        for pairing in RopePairing:
+            plan = RopePlan.select(RopeDescriptor(*LARGE, element=element, pairing=pairing))
+            layout, _ = plan._layout(*plan.can_implement(args[0])[:2])
+            default = plan._kernels[layout]
+            results = [f"layout {layout}"]
+            for head_batch in (4, 8, 16):
+                table_batch = ROPE_BATCH.get((element, layout), HEAD_BATCH)
+                plan._kernels[layout] = default if head_batch == table_batch else \
+                    build_rope_kernel(element, layout, head_batch, register=False).prepare()
+                for hpt, rows in ((8, 2048), (16, 2048), (16, 8192), (32, 8192), (32, 65535)):
+                    if hpt < head_batch:
+                        continue
+                    plan.heads_per_thread, plan.row_blocks = hpt, rows
+                    plan.retune()
+                    us = ctx.time_gpu(lambda i, p=plan, a=args: p.run(a[i]), sets=sets)
+                    results.append(f"batch={head_batch}/hpt={hpt}/rows={rows}: {us:.1f}")
+            plan._kernels[layout] = default
+            plan.heads_per_thread, plan.row_blocks = 16, 2048
+            plan.force_pairs = True
+            plan.retune()
+            us = ctx.time_gpu(lambda i, p=plan, a=args: p.run(a[i]), sets=sets)
+            results.append(f"element path: {us:.1f}")
+            ctx.notes.append(f"tuning {name} {pairing.name.lower()} fwd µs "
+                             f"({moved / 1e6:.0f} MB moved): " + "; ".join(results))
+        del xs, ys, args  # noqa: F821
+        torch.cuda.empty_cache()
+
+
+def _host_breakdown(ctx: Any, torch: Any) -> None:
+    """Where the host time of one decode-shape run goes."""
+    from baracuda_numba.arrays import as_ref
+
+    x = torch.randn(DECODE, device="cuda", dtype=torch.float16)
+    y = torch.empty_like(x)
+    positions = torch.zeros(DECODE[0], DECODE[2], dtype=torch.int64, device="cuda")
+    plan = RopePlan.select(RopeDescriptor(*DECODE, element=ElementKind.F16))
+    args = RopeArgs(x, y, positions)
+    parts = {
+        "as_ref(x)": lambda: as_ref(x, "bench", "x", ElementKind.F16, DECODE),
+        "can_implement": lambda: plan.can_implement(args),
+        "run": lambda: plan.run(args),
+        "torch.add": lambda: torch.add(x, x, out=y),
+    }
+    ctx.notes.append("decode host µs/call: " + "; ".join(
+        f"{label} {ctx.time_host(fn, calls=5000):.2f}" for label, fn in parts.items()))
+
+
+def _decode(ctx: Any, torch: Any, compiled: dict) -> None:
+    batch, heads, seq, dim = DECODE
+    positions = torch.randint(0, 4096, (batch, seq), device="cuda")
+    sets = 8
+    a = torch.randn(DECODE, device="cuda", dtype=torch.float16)
+    b = torch.empty_like(a)
+    torch_host = ctx.time_host(lambda: torch.add(a, a, out=b))
+    ctx.notes.append(f"decode: host time of one torch.add(a, a, out=b) on {list(DECODE)} "
+                     f"f16: {torch_host:.2f} µs (the 1.5x target: {1.5 * torch_host:.2f} µs)")
+    for name, element in DTYPES:
+        dtype = getattr(torch, name)
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        moved = 2 * batch * heads * seq * dim * itemsize + batch * seq * 8
+        xs = [torch.randn(DECODE, device="cuda", dtype=dtype) for _ in range(sets)]
+        ys = [torch.empty_like(x) for x in xs]
+        cos, sin = tables(torch, positions, dim)  # [B, S, D/2]
+        cos, sin = cos[:, None], sin[:, None]
+        for pairing in RopePairing:
+            desc = RopeDescriptor(*DECODE, element=element, pairing=pairing)
+            plan = RopePlan.select(desc)
+            args = [RopeArgs(x, y, positions) for x, y in zip(xs, ys)]
+            us = ctx.time_gpu(lambda i, a=args, p=plan: p.run(a[i]), sets=sets)
+            host = ctx.time_host(lambda a=args, p=plan: p.run(a[0]))
+            eager = _time_torch(ctx, EAGER[pairing], xs, cos, sin)
+            fused = None
+            if name == "float16" and pairing in compiled:
+                fused = _time_torch(ctx, compiled[pairing], xs, cos, sin)
+            note = f"host {host:.2f} µs/run = {host / torch_host:.2f}x torch.add"
+            if eager is not None:
+                note += f"; torch eager {eager:.1f} µs"
+            if fused is not None:
+                note += "; torch µs column = torch.compile"
+            ctx.row(f"fwd decode {list(DECODE)} pos[B,1] {pairing.name.lower()}", name, us,
+                    moved, fused or eager, note)
