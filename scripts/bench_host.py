@@ -1,9 +1,8 @@
-"""Host overhead (issue 3): µs of host time per ``plan.run`` at a tiny shape.
-
-A loop of 10,000 calls timed by wall clock, then one synchronise; next to one PyTorch op,
-a bare Numba-dispatcher launch of an empty kernel, and the same plan through the Numba
-dispatcher path. Also: ``select`` time in a fresh process, cold (empty Numba cache) and
-warm (kernel in Numba's on-disk cache).
+"""Host overhead (issues 3 and 8): µs of host time per ``plan.run`` at a tiny shape, for
+every plan, with torch tensors and CuPy arrays; next to one PyTorch op, a bare
+Numba-dispatcher launch of an empty kernel, the Numba-dispatcher path of our own plans,
+and the functional / ``torch.library`` layers. Also ``select`` time in a fresh process,
+cold (empty Numba cache) and warm (kernel in Numba's on-disk cache).
 """
 
 from __future__ import annotations
@@ -15,7 +14,7 @@ import tempfile
 
 from numba import cuda
 
-from baracuda_numba import ElementKind, WriteSliceArgs, WriteSliceDescriptor, WriteSlicePlan
+import baracuda_numba as bn
 from baracuda_numba.launch import set_launch_mode
 
 
@@ -24,55 +23,77 @@ def _empty(a, b):
     pass
 
 
-def _plans(torch):
-    """(name, tiny plan runner factory) for every plan family available."""
-    out = []
-    box = WriteSlicePlan.select(WriteSliceDescriptor((4, 8, 16), (4, 2, 8),
-                                                     ((0, 4), (3, 5), (4, 12)), ElementKind.F16))
-
-    def write_slice(dest, source):
-        return lambda: box.run(WriteSliceArgs(dest, source))
-
-    out.append(("WriteSlicePlan (kernel path, 2 arrays)", (4, 8, 16), (4, 2, 8), write_slice))
-    return out
+def host_row(ctx, label: str, dtype: str, fn, calls: int = 10000) -> float:
+    """A host-time row; the note keeps the plain loop figure (device-bound if the kernel
+    takes longer on the GPU than the call takes on the host)."""
+    us = ctx.time_host(fn, calls=calls)
+    ctx.row(label, dtype, us, note=f"{calls}-call loop: {ctx.last_host_loop_us:.1f} µs/call")
+    return us
 
 
-def _breakdown(ctx) -> None:
-    """Where a WriteSlice run's host time goes (torch tensors, kernel path)."""
-    from baracuda_numba.arrays import as_mut, as_ref
-    from baracuda_numba.driver import libcuda
-    from baracuda_numba.streams import stream_handle
+def _cases(torch):
+    """(label, runner factory(make_array) -> zero-arg callable) for every plan."""
+    E = bn.ElementKind
+    f32 = E.F32
+    cases = []
 
-    torch = ctx.torch
-    dest = torch.randn(4, 8, 16, device="cuda").half()
-    source = torch.randn(4, 2, 8, device="cuda").half()
-    plan = WriteSlicePlan.select(WriteSliceDescriptor((4, 8, 16), (4, 2, 8),
-                                                      ((0, 4), (3, 5), (4, 12)), ElementKind.F16))
-    args = WriteSliceArgs(dest, source)
-    plan.run(args)
-    bound = next(iter(plan._launches.values()))
-    ptr_d, ptr_s = dest.data_ptr(), source.data_ptr()
-    kernel = bound._kernel
-    fn = libcuda().cuLaunchKernel
-    current = torch.cuda.current_stream()
-    rows = [
-        ("  breakdown: torch tensor attribute reads (is_cuda, dtype, data_ptr, shape, stride)",
-         lambda: (dest.is_cuda, dest.dtype, dest.data_ptr(), dest.shape, dest.stride())),
-        ("  breakdown: as_ref(torch tensor)", lambda: as_ref(source, "P", "x", ElementKind.F16,
-                                                            (4, 2, 8))),
-        ("  breakdown: as_mut(torch tensor)", lambda: as_mut(dest, "P", "x", ElementKind.F16,
-                                                            (4, 8, 16))),
-        ("  breakdown: plan.can_implement(args)", lambda: plan.can_implement(args)),
-        ("  breakdown: WriteSliceArgs(dest, source)", lambda: WriteSliceArgs(dest, source)),
-        ("  breakdown: stream_handle(torch stream)",
-         lambda: stream_handle(current)),
-        ("  breakdown: bound launch (pointers + cuLaunchKernel)", lambda: bound(0, ptr_d, ptr_s)),
-        ("  breakdown: bare ctypes cuLaunchKernel", lambda: fn(
-            kernel._function, 1, 1, 1, 32, 1, 1, 0, 0, bound._pointers_address, None)),
-        ("  breakdown: plan.run(args)", lambda: plan.run(args)),
-    ]
-    for label, fn_ in rows:
-        ctx.row(label, "f16", ctx.time_host(fn_, calls=5000))
+    ws = bn.WriteSlicePlan.select(bn.WriteSliceDescriptor((4, 8, 16), (4, 2, 8),
+                                                          ((0, 4), (3, 5), (4, 12)), f32))
+
+    def write_slice(arr):
+        dest, source = arr((4, 8, 16)), arr((4, 2, 8))
+        return lambda: ws.run(bn.WriteSliceArgs(dest, source))
+
+    cases.append(("WriteSlicePlan (kernel path; dest, source)", write_slice))
+
+    scan = bn.ScanPlan.select(bn.ScanDescriptor(bn.ScanKind.CUMSUM, (4, 64), 1, element=f32))
+
+    def scan_fw(arr):
+        x, y = arr((4, 64)), arr((4, 64))
+        return lambda: scan.run(bn.ScanArgs(x, y))
+
+    cases.append(("ScanPlan cumsum (x, y)", scan_fw))
+    scan_bw = bn.ScanBackwardPlan.select(bn.ScanBackwardDescriptor(
+        bn.ScanKind.CUMPROD, (4, 64), 1, element=f32))
+
+    def scan_back(arr):
+        dy, dx, x, y = (arr((4, 64)) for _ in range(4))
+        return lambda: scan_bw.run(bn.ScanBackwardArgs(dy, dx, x, y))
+
+    cases.append(("ScanBackwardPlan cumprod (dy, dx, x, y)", scan_back))
+    red = bn.ReducePlan.select(bn.ReduceDescriptor(bn.ReduceKind.SUM, (4, 64), 1, f32))
+
+    def reduce_fw(arr):
+        x, y = arr((4, 64)), arr((4, 1))
+        return lambda: red.run(bn.ReduceArgs(x, y))
+
+    cases.append(("ReducePlan sum (x, y)", reduce_fw))
+    red_bw = bn.ReduceBackwardPlan.select(bn.ReduceBackwardDescriptor(
+        bn.ReduceKind.VAR, (4, 64), 1, f32))
+
+    def reduce_back(arr):
+        dy, dx, x, y = arr((4, 1)), arr((4, 64)), arr((4, 64)), arr((4, 1))
+        return lambda: red_bw.run(bn.ReduceBackwardArgs(dy, dx, x, y))
+
+    cases.append(("ReduceBackwardPlan var (dy, dx, x, y)", reduce_back))
+    rope = bn.RopePlan.select(bn.RopeDescriptor(64, 32, 1, 128, element=f32))
+
+    def rope_fw(arr):
+        x, y = arr((64, 32, 1, 128)), arr((64, 32, 1, 128))
+        positions = arr((1,), "int64")
+        return lambda: rope.run(bn.RopeArgs(x, y, positions))
+
+    cases.append(("RopePlan decode [64,32,1,128] (x, y, positions)", rope_fw))
+    fmp = bn.FractionalMaxPool2dPlan.select(bn.FractionalMaxPool2dDescriptor.new(
+        2, 3, 9, 9, 2, 2, 5, 5, f32))
+
+    def fmp_fw(arr):
+        x, y = arr((2, 3, 9, 9)), arr((2, 3, 5, 5))
+        indices, samples = arr((2, 3, 5, 5), "int64"), arr((2, 3, 2))
+        return lambda: fmp.run_fw(bn.FractionalMaxPool2dFwArgs(x, y, indices, samples))
+
+    cases.append(("FractionalMaxPool2dPlan fw (x, y, indices, samples)", fmp_fw))
+    return cases
 
 
 SELECT_SNIPPET = r"""
@@ -92,12 +113,12 @@ print(f"{(t1 - t0) * 1e3:.1f} {(t2 - t1) * 1e3:.1f}")
 def bench(ctx) -> None:
     torch = ctx.torch
     x = torch.randn(64, device="cuda")
-    ctx.row("one PyTorch op (x.add_(1.0)), torch tensor", "f32", ctx.time_host(lambda: x.add_(1.0)))
+    host_row(ctx, "one PyTorch op (x.add_(1.0)), torch tensor", "f32", lambda: x.add_(1.0))
     a = torch.empty(16, device="cuda", dtype=torch.float16)
     b = torch.empty(16, device="cuda", dtype=torch.float16)
     _empty[1, 32](a, b)
-    ctx.row("bare Numba dispatcher launch, empty kernel, 2 torch tensors", "f16",
-            ctx.time_host(lambda: _empty[1, 32](a, b), calls=2000))
+    host_row(ctx, "bare Numba dispatcher launch, empty kernel, 2 torch tensors", "f16",
+             lambda: _empty[1, 32](a, b), calls=2000)
     try:
         import cupy as cp
     except ImportError:
@@ -105,21 +126,25 @@ def bench(ctx) -> None:
     if cp is not None:
         ca, cb = cp.empty(16, cp.float16), cp.empty(16, cp.float16)
         _empty[1, 32](ca, cb)
-        ctx.row("bare Numba dispatcher launch, empty kernel, 2 CuPy arrays", "f16",
-                ctx.time_host(lambda: _empty[1, 32](ca, cb), calls=2000))
-    for name, dest_shape, source_shape, factory in _plans(torch):
-        dest = torch.randn(*dest_shape, device="cuda").half()
-        source = torch.randn(*source_shape, device="cuda").half()
-        ctx.row(f"{name}, torch tensors", "f16", ctx.time_host(factory(dest, source)))
+        host_row(ctx, "bare Numba dispatcher launch, empty kernel, 2 CuPy arrays", "f16",
+                 lambda: _empty[1, 32](ca, cb), calls=2000)
+
+    def torch_array(shape, dtype="float32"):
+        return torch.rand(*shape, device="cuda").to(getattr(torch, dtype))
+
+    for label, factory in _cases(torch):
+        host_row(ctx, f"{label}, torch tensors", "f32", factory(torch_array))
         if cp is not None:
-            cdest = cp.asarray(dest)
-            csource = cp.asarray(source)
-            ctx.row(f"{name}, CuPy arrays", "f16", ctx.time_host(factory(cdest, csource)))
-        set_launch_mode("dispatcher")
-        ctx.row(f"{name}, torch tensors, Numba dispatcher path", "f16",
-                ctx.time_host(factory(dest, source), calls=2000))
-        set_launch_mode("direct")
-    _breakdown(ctx)
+            host_row(ctx, f"{label}, CuPy arrays", "f32",
+                     factory(lambda shape, dtype="float32": cp.asarray(torch_array(shape,
+                                                                                   dtype))))
+    set_launch_mode("dispatcher")
+    label, factory = _cases(torch)[1]
+    host_row(ctx, f"{label}, torch tensors, Numba dispatcher path", "f32",
+             factory(torch_array), calls=2000)
+    set_launch_mode("direct")
+    _functional(ctx, torch)
+    _breakdown(ctx, torch)
     with tempfile.TemporaryDirectory() as cache_dir:
         env = dict(os.environ, NUMBA_CACHE_DIR=cache_dir)
         for label in ("cold (empty Numba cache)", "warm (Numba disk cache)"):
@@ -127,7 +152,72 @@ def bench(ctx) -> None:
                                  capture_output=True, text=True, check=True).stdout.split()
             ctx.notes.append(f"fresh process, WriteSlicePlan.select {label}: import and "
                              f"context {out[0]} ms, select {out[1]} ms (compiles or loads "
-                             "the 2- and 16-byte row kernels)")
-    ctx.notes.append("host rows: µs per call, best of 3 loops of 10,000 calls (2,000 for the "
-                     "dispatcher rows), wall clock then one synchronise; the µs column is "
-                     "host time, not device time.")
+                             "the natural-width and 16-byte row kernels)")
+    ctx.notes.append("host rows: the µs column is host time per call, the smaller of (a) "
+                     "the median over bursts of 100 calls started on an idle GPU and (b) "
+                     "the plain loop in the note (10,000 calls, wall clock, then one "
+                     "synchronise), which becomes device-bound when the kernel is longer on "
+                     "the GPU than the call on the host.")
+
+
+def _functional(ctx, torch) -> None:
+    from baracuda_numba import ops
+
+    x = torch.rand(4, 64, device="cuda")
+    scan = bn.ScanPlan.select(bn.ScanDescriptor(bn.ScanKind.CUMSUM, (4, 64), 1,
+                                                element=bn.ElementKind.F32))
+    y = torch.empty_like(x)
+    plan_us = host_row(ctx, "cumsum: ScanPlan.run with preallocated y (torch)", "f32",
+                       lambda: scan.run(bn.ScanArgs(x, y)))
+    fn_us = host_row(ctx, "cumsum: ops.cumsum(x, 1) (allocates y, current stream)", "f32",
+                     lambda: ops.cumsum(x, 1))
+    ctx.notes.append(f"functional / plan.run host ratio (cumsum): {fn_us / plan_us:.2f}")
+    try:
+        import baracuda_numba.torch as bt
+
+        host_row(ctx, "cumsum: baracuda_numba.torch.cumsum (torch.library custom op)", "f32",
+                 lambda: bt.cumsum(x, 1), calls=3000)
+    except Exception as exc:  # noqa: BLE001 - report, don't fail the benchmark
+        ctx.notes.append(f"torch custom op not measured: {exc}")
+    host_row(ctx, "cumsum: torch.cumsum(x, 1)", "f32", lambda: torch.cumsum(x, 1))
+
+
+def _breakdown(ctx, torch) -> None:
+    """Where a WriteSlice run's host time goes (torch tensors, kernel path)."""
+    from baracuda_numba.arrays import as_mut, as_ref
+    from baracuda_numba.driver import libcuda
+    from baracuda_numba.streams import stream_handle
+
+    E = bn.ElementKind
+    dest = torch.randn(4, 8, 16, device="cuda").half()
+    source = torch.randn(4, 2, 8, device="cuda").half()
+    plan = bn.WriteSlicePlan.select(bn.WriteSliceDescriptor((4, 8, 16), (4, 2, 8),
+                                                            ((0, 4), (3, 5), (4, 12)), E.F16))
+    args = bn.WriteSliceArgs(dest, source)
+    plan.run(args)
+    bound = next(iter(plan._launches.values()))
+    ptr_d, ptr_s = dest.data_ptr(), source.data_ptr()
+    kernel = bound._kernel
+    launch = libcuda().cuLaunchKernel
+    current = torch.cuda.current_stream()
+    rows = [
+        ("  breakdown: torch tensor attribute reads (is_cuda, dtype, data_ptr, shape, stride)",
+         lambda: (dest.is_cuda, dest.dtype, dest.data_ptr(), dest.shape, dest.stride())),
+        ("  breakdown: as_ref(torch tensor)",
+         lambda: as_ref(source, "P", "x", E.F16, (4, 2, 8))),
+        ("  breakdown: as_mut(torch tensor)",
+         lambda: as_mut(dest, "P", "x", E.F16, (4, 8, 16))),
+        ("  breakdown: plan.can_implement(args)", lambda: plan.can_implement(args)),
+        ("  breakdown: WriteSliceArgs(dest, source)", lambda: bn.WriteSliceArgs(dest, source)),
+        ("  breakdown: stream_handle(torch stream)", lambda: stream_handle(current)),
+        ("  breakdown: bound launch (pointers + cuLaunchKernel)",
+         lambda: bound(0, ptr_d, ptr_s)),
+        ("  breakdown: bare ctypes cuLaunchKernel",
+         lambda: launch(kernel._function, 1, 1, 1, 32, 1, 1, 0, 0, bound._pointers_address,
+                        None)),
+        ("  breakdown: plan.run(args)", lambda: plan.run(args)),
+    ]
+    for label, fn in rows:
+        host_row(ctx, label, "f16", fn, calls=5000)
+    ctx.row("  device time of that WriteSlice kernel (CUDA events)", "f16",
+            ctx.time_gpu(lambda i: plan.run(args)))

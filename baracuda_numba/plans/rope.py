@@ -186,7 +186,7 @@ class _RopeBase(Plan):
         self.row_blocks = _ROW_BLOCKS
         self.force_pairs = False  # tests: take the element path even when units would do
         self._spans: dict[tuple[int, ...], int] = {}
-        self._launches: dict[tuple, tuple] = {}
+        self._launches: dict[tuple, Any] = {}
         self._itemsize = element.byte_width
         self._log2_base = math.log2(desc.base)
         self._kernels = {layout: kernel for (kind, layout), kernel in ROPE_KERNELS.items()
@@ -258,12 +258,8 @@ class _RopeBase(Plan):
             if len(self._launches) > 64:
                 self._launches.clear()
             self._launches[key] = launch
-        kernel, grid, block, x_extent, y_extent, pos_extent, rest = launch
-        if kernel is None:  # in place with nothing to rotate
-            return
-        kernel.launch(grid, block, handle,
-                      ((x_ptr, x_extent), (y_ptr, y_extent),
-                       (0 if pos is None else pos.ptr, pos_extent)) + rest)
+        if launch is not None:  # None: in place with nothing to rotate
+            launch(handle, x_ptr, y_ptr, 0 if pos is None else pos.ptr)
 
     def _layout(self, x: TensorRef, y: TensorMut) -> tuple[str, int]:
         """The widest layout the arrays allow: (layout name, elements per memory unit)."""
@@ -283,9 +279,10 @@ class _RopeBase(Plan):
                     return layout, width
         return "pairs", 1
 
-    def _configure(self, x: TensorRef, y: TensorMut, pos: TensorRef | None) -> tuple:
-        """Kernel, launch shape and every argument but the pointers, for one layout of the
-        arrays (cached per strides / alignment / in-place / positions layout)."""
+    def _configure(self, x: TensorRef, y: TensorMut, pos: TensorRef | None) -> Any:
+        """The bound launch (kernel, launch shape and every argument but the pointers) for
+        one layout of the arrays (cached per strides / alignment / in-place / positions
+        layout); None when there is nothing to do."""
         batch, heads, seq, dim = self._shape
         rotary = self._rotary
         in_place = x.ptr == y.ptr and x.strides == y.strides
@@ -304,7 +301,7 @@ class _RopeBase(Plan):
         if in_place:
             items = rot_items  # the copied features are already there
             if items == 0:
-                return (None,) * 7
+                return None
         hpt = self.heads_per_thread
         work = items * (-(-heads // hpt))
         block_x = min(_BLOCK, max(32, 1 << (items - 1).bit_length()))
@@ -323,8 +320,9 @@ class _RopeBase(Plan):
         ys = tuple(stride // width for stride in y.strides[:3])
         params = ((self._rows, seq, heads, hpt, items, rot_items, pair_step, partner,
                    copy_offset) + xs + ys + (pos_b, pos_s, has_pos, rotary, self._inverse))
-        return (kernel, grid, (block_x, block_y), x_extent, y_extent, pos_extent,
-                (params, self._log2_base))
+        return kernel.bind(grid, (block_x, block_y),
+                           ((0, x_extent), (0, y_extent), (0, pos_extent), params,
+                            self._log2_base))
 
 
 class RopePlan(_RopeBase):
