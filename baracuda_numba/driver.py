@@ -23,6 +23,7 @@ __all__ = [
     "check",
     "launch_kernel",
     "libcuda",
+    "load_function",
     "memcpy_2d_async",
     "memcpy_dtod_async",
     "memset_d8_async",
@@ -58,6 +59,8 @@ def libcuda() -> ctypes.CDLL:
     lib.cuMemcpy2DAsync_v2.argtypes = [ctypes.POINTER(_Memcpy2D), _ptr]
     lib.cuMemsetD8Async.argtypes = [_u64, ctypes.c_ubyte, _size_t, _ptr]
     lib.cuGetErrorName.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
+    lib.cuModuleLoadData.argtypes = [ctypes.POINTER(_ptr), ctypes.c_char_p]
+    lib.cuModuleGetFunction.argtypes = [ctypes.POINTER(_ptr), _ptr, ctypes.c_char_p]
     return lib
 
 
@@ -106,6 +109,21 @@ def memset_d8_async(dst: int, value: int, nbytes: int, stream: int) -> None:
         ctypes.memset(dst, value, nbytes)
         return
     check(libcuda().cuMemsetD8Async(dst, value, nbytes, stream), "cuMemsetD8Async")
+
+
+_modules: list[int] = []  # loaded modules stay loaded for the life of the process
+
+
+def load_function(cubin: bytes, name: bytes) -> int:
+    """Load ``cubin`` into the current context and return its function ``name``."""
+    lib = libcuda()
+    module = _ptr()
+    check(lib.cuModuleLoadData(ctypes.byref(module), cubin), "cuModuleLoadData")
+    function = _ptr()
+    check(lib.cuModuleGetFunction(ctypes.byref(function), module, name),
+          "cuModuleGetFunction")
+    _modules.append(module.value or 0)
+    return function.value or 0
 
 
 def launch_kernel(function: int, grid: tuple[int, int, int], block: tuple[int, int, int],

@@ -99,14 +99,17 @@ def _cases(torch):
 SELECT_SNIPPET = r"""
 import time
 t0 = time.perf_counter()
-from baracuda_numba import ElementKind, WriteSliceArgs, WriteSliceDescriptor, WriteSlicePlan
+import baracuda_numba as bn
 from numba import cuda
 cuda.current_context()  # CUDA context creation is the process's cost, not select's
 t1 = time.perf_counter()
-WriteSlicePlan.select(WriteSliceDescriptor((4, 8, 16), (4, 2, 8), ((0, 4), (3, 5), (4, 12)),
-                                           ElementKind.F16))
+bn.WriteSlicePlan.select(bn.WriteSliceDescriptor((4, 8, 16), (4, 2, 8),
+                                                 ((0, 4), (3, 5), (4, 12)), bn.ElementKind.F16))
 t2 = time.perf_counter()
-print(f"{(t1 - t0) * 1e3:.1f} {(t2 - t1) * 1e3:.1f}")
+bn.ScanPlan.select(bn.ScanDescriptor(bn.ScanKind.CUMSUM, (64, 4096), 1,
+                                     element=bn.ElementKind.BF16))
+t3 = time.perf_counter()
+print(f"{(t1 - t0) * 1e3:.1f} {(t2 - t1) * 1e3:.1f} {(t3 - t2) * 1e3:.1f}")
 """
 
 
@@ -146,13 +149,13 @@ def bench(ctx) -> None:
     _functional(ctx, torch)
     _breakdown(ctx, torch)
     with tempfile.TemporaryDirectory() as cache_dir:
-        env = dict(os.environ, NUMBA_CACHE_DIR=cache_dir)
+        env = dict(os.environ, NUMBA_CACHE_DIR=cache_dir, BARACUDA_CACHE_DIR=cache_dir)
         for label in ("cold (empty Numba cache)", "warm (Numba disk cache)"):
             out = subprocess.run([sys.executable, "-c", SELECT_SNIPPET], env=env,
                                  capture_output=True, text=True, check=True).stdout.split()
-            ctx.notes.append(f"fresh process, WriteSlicePlan.select {label}: import and "
-                             f"context {out[0]} ms, select {out[1]} ms (compiles or loads "
-                             "the natural-width and 16-byte row kernels)")
+            ctx.notes.append(f"fresh process, {label}: import + CUDA context {out[0]} ms; "
+                             f"WriteSlicePlan.select {out[1]} ms (natural-width and 16-byte "
+                             f"row kernels); then ScanPlan.select (bf16 cumsum) {out[2]} ms")
     ctx.notes.append("host rows: the µs column is host time per call, the smaller of (a) "
                      "the median over bursts of 100 calls started on an idle GPU and (b) "
                      "the plain loop in the note (10,000 calls, wall clock, then one "

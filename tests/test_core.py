@@ -184,3 +184,29 @@ def test_torch_extraction_and_cpu_rejection():
         as_ref(torch.zeros(2), "P", "x")
     stream = torch.cuda.Stream()
     assert stream_handle(stream) == stream.cuda_stream
+
+
+CUBIN_SNIPPET = r"""
+import numpy as np
+from numba import cuda
+import baracuda_numba as bn
+dest = cuda.to_device(np.zeros((4, 8), np.float32))
+plan = bn.WriteSlicePlan.select(bn.WriteSliceDescriptor((4, 8), (2, 3), ((1, 3), (2, 5)),
+                                                        bn.ElementKind.F32))
+plan.run(bn.WriteSliceArgs(dest, cuda.to_device(np.full((2, 3), 7, np.float32))))
+out = dest.copy_to_host()
+assert (out[1:3, 2:5] == 7).all() and out.sum() == 42, out
+print("ok")
+"""
+
+
+@pytest.mark.gpu
+def test_cubin_cache_round_trip(tmp_path):
+    """A second process loads the kernels from the package's cubin cache and still runs
+    them correctly."""
+    env = dict(os.environ, BARACUDA_CACHE_DIR=str(tmp_path))
+    for attempt in range(2):
+        result = subprocess.run([sys.executable, "-c", CUBIN_SNIPPET], env=env,
+                                capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0 and "ok" in result.stdout, result.stderr
+        assert list(tmp_path.glob("*.cubin")), f"attempt {attempt}: nothing cached"
