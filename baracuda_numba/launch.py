@@ -209,7 +209,7 @@ class Kernel:
             handle = library.get_cufunc().handle
             self._function = _as_cufunction(handle)
             if path is not None:
-                _write_cubin(path, library._entry_name.encode(), library.get_cubin(cc=cc))
+                _write_cubin(path, library, cc)
         return self
 
     def bind(self, grid: int | tuple[int, ...], block: int | tuple[int, ...],
@@ -385,13 +385,18 @@ def _cubin_path(kernel: Kernel, cc: tuple[int, int]) -> pathlib.Path | None:
     return root / f"{key}.cubin"
 
 
-def _write_cubin(path: pathlib.Path, entry_name: bytes, cubin: bytes) -> None:
-    """Atomic write of ``entry name NUL cubin`` (a concurrent reader sees all or nothing)."""
+def _write_cubin(path: pathlib.Path, library: Any, cc: tuple[int, int]) -> None:
+    """Atomic write of ``entry name NUL cubin`` (a concurrent reader sees all or nothing).
+    A cache that cannot be written only costs the next process a compile."""
     temporary = path.with_suffix(f".{os.getpid()}.tmp")
     try:
-        temporary.write_bytes(entry_name + b"\0" + bytes(cubin))
+        cubin = library.get_cubin(cc=cc)
+        image = getattr(cubin, "code", cubin)  # cuda.core ObjectCode or raw bytes
+        if not isinstance(image, (bytes, bytearray)):
+            return
+        temporary.write_bytes(library._entry_name.encode() + b"\0" + bytes(image))
         os.replace(temporary, path)
-    except OSError:
+    except Exception:  # noqa: BLE001
         temporary.unlink(missing_ok=True)
 
 
