@@ -221,37 +221,48 @@ def _fail(plan: str, arg: str, exc: type[Exception], rule: str) -> Exception:
     return exc(f"{plan}: {arg} {rule}")
 
 
-_ACCEPTED = {(kind, typestr) for kind in ElementKind for typestr in kind.typestrs}
+# Per kind, the accepted typestrs as a frozenset attribute: a string-keyed set lookup on
+# the hot path (hashing an Enum member costs a Python-level call).
+for _kind in ElementKind:
+    _kind._accepts = frozenset(_kind.typestrs)  # type: ignore[attr-defined]
 
 
 def _view(cls: type[TensorRef], obj: Any, plan: str, arg: str,
           element: ElementKind | None, expected_shape: tuple[int, ...] | None) -> TensorRef:
-    """The hot path of every ``run``: a handful of dict lookups and tuple compares; the
-    rare cases (TensorRef inputs, flat buffers, failures) branch off to slower code."""
+    """The hot path of every ``run``: one extractor call, two cached dict lookups and one
+    combined test; anything unusual (TensorRef inputs, flat buffers, every failure) goes
+    to :func:`_view_checked`, which redoes the checks one by one with their messages."""
     if isinstance(obj, TensorRef):
         return _check_given_view(cls, obj, plan, arg, element, expected_shape)
     try:
-        extractor = _EXTRACTORS.get(type(obj)) or _extractor_for(type(obj), obj)
-        ptr, shape, strides, typestr, itemsize, readonly = extractor(obj)
+        ptr, shape, strides, typestr, itemsize, readonly = (
+            _EXTRACTORS.get(type(obj)) or _extractor_for(type(obj), obj))(obj)
     except _Misaligned as exc:
         raise _fail(plan, arg, MisalignedOperand, str(exc)) from None
     except (TypeError, InvalidProblem, Unsupported) as exc:
         kind = InvalidProblem if isinstance(exc, TypeError) else type(exc)
         raise _fail(plan, arg, kind, f"cannot be used: {exc}") from None
     if strides is None:
-        strides = _contiguous_cached(shape)
+        strides = _CONTIGUOUS.get(shape) or _contiguous_cached(shape)
+    negative, overlapping = _LAYOUTS.get((shape, strides)) or _layout_facts(shape, strides)
+    if (readonly or negative or ptr % itemsize or (overlapping and cls is TensorMut)
+            or (element is not None and typestr not in element._accepts)  # type: ignore[attr-defined]
+            or (expected_shape is not None and shape != expected_shape)):
+        return _view_checked(cls, TensorRef(ptr, shape, strides, typestr, itemsize, obj),
+                             readonly, plan, arg, element, expected_shape)
+    return cls(ptr, shape, strides, typestr, itemsize, obj)
+
+
+def _view_checked(cls: type[TensorRef], ref: TensorRef, readonly: bool, plan: str, arg: str,
+                  element: ElementKind | None,
+                  expected_shape: tuple[int, ...] | None) -> TensorRef:
     if readonly and cls is TensorMut:
         raise _fail(plan, arg, InvalidProblem, "is read-only; an output must be writable")
-    if ptr % itemsize:
+    if ref.ptr % ref.itemsize:
         raise _fail(plan, arg, MisalignedOperand,
-                    f"pointer 0x{ptr:x} is not aligned to its item size {itemsize}")
-    ref = cls(ptr, shape, strides, typestr, itemsize, obj)
-    if element is not None and (element, typestr) not in _ACCEPTED:
-        raise _wrong_element(ref, plan, arg, element)
-    if expected_shape is not None and shape != expected_shape:
-        ref = _as_flat_buffer(cls, ref, plan, arg, expected_shape)
-    _check_layout(cls, ref, plan, arg)
-    return ref
+                    f"pointer 0x{ref.ptr:x} is not aligned to its item size {ref.itemsize}")
+    ref = cls(ref.ptr, ref.shape, ref.strides, ref.typestr, ref.itemsize, ref.owner)
+    return _check_given_view(cls, ref, plan, arg, element, expected_shape)
 
 
 def _check_given_view(cls: type[TensorRef], ref: TensorRef, plan: str, arg: str,
@@ -260,7 +271,7 @@ def _check_given_view(cls: type[TensorRef], ref: TensorRef, plan: str, arg: str,
     if cls is TensorMut and not isinstance(ref, TensorMut):
         raise _fail(plan, arg, InvalidProblem, "is a read-only TensorRef; an output needs "
                     "a writable array")
-    if element is not None and (element, ref.typestr) not in _ACCEPTED:
+    if element is not None and ref.typestr not in element._accepts:  # type: ignore[attr-defined]
         raise _wrong_element(ref, plan, arg, element)
     if expected_shape is not None and ref.shape != expected_shape:
         ref = _as_flat_buffer(cls, ref, plan, arg, expected_shape)

@@ -127,7 +127,9 @@ def load_function(cubin: bytes, name: bytes) -> int:
 
 
 def launch_kernel(function: int, grid: tuple[int, int, int], block: tuple[int, int, int],
-                  shared_bytes: int, stream: int, params: int) -> int:
-    """``cuLaunchKernel``; returns the raw ``CUresult`` (the caller decides how to retry)."""
+                  shared_bytes: int, stream: int, params: int | None,
+                  extra: int | None = None) -> int:
+    """``cuLaunchKernel`` with either ``params`` (a ``void*[]`` of parameter pointers) or
+    ``extra`` (a ``CU_LAUNCH_PARAM_BUFFER_*`` list); returns the raw ``CUresult``."""
     return libcuda().cuLaunchKernel(function, grid[0], grid[1], grid[2], block[0], block[1],
-                                    block[2], shared_bytes, stream, params, None)
+                                    block[2], shared_bytes, stream, params, extra)

@@ -127,6 +127,16 @@ _SLOT_FORMATS = {
     types.float64: "d", types.float32: "f4x", types.boolean: "?7x",
 }
 _ARRAY_SLOTS = 7  # meminfo, parent, nitems, itemsize, data, shape[0], strides[0]
+# Natural-alignment formats: the kernel's parameter block laid out as a C struct, for
+# launches that pass every parameter in one buffer (cuLaunchKernel's ``extra``).
+_PACKED_FORMATS = {
+    types.int64: "q", types.uint64: "Q", types.int32: "i", types.uint32: "I",
+    types.float64: "d", types.float32: "f",
+}
+#: Pass parameters as one packed buffer (default) rather than one pointer per parameter:
+#: the driver then copies one block instead of handling each of the ~40-70 scalars a
+#: flattened Numba signature has.
+PARAM_BUFFER = os.environ.get("BARACUDA_PARAM_BUFFER", "1") != "0"
 
 
 class Kernel:
@@ -161,6 +171,20 @@ class Kernel:
                 fmt += _SLOT_FORMATS[argtype]
         self._struct = struct.Struct(fmt)
         self._slots = self._struct.size // 8
+        packed = "@"
+        self._packed_pointer_offsets: list[int] = []
+        self._packable = True
+        for argtype in self.signature:
+            if isinstance(argtype, types.Array):
+                self._packed_pointer_offsets.append(struct.calcsize(packed + "qqqq"))
+                packed += "q" * _ARRAY_SLOTS
+            elif isinstance(argtype, types.UniTuple) and argtype.dtype in _PACKED_FORMATS:
+                packed += _PACKED_FORMATS[argtype.dtype] * argtype.count
+            elif argtype in _PACKED_FORMATS:
+                packed += _PACKED_FORMATS[argtype]
+            else:
+                self._packable = False
+        self._packed = struct.Struct(packed)
         self._params = ctypes.create_string_buffer(self._struct.size)
         base = ctypes.addressof(self._params)
         self._pointers = (ctypes.c_void_p * self._slots)(*[base + 8 * i
@@ -281,15 +305,18 @@ class BoundLaunch:
     """A launch of one kernel with grid, block and every non-pointer argument packed once.
 
     ``bound(stream, pointer_0, pointer_1, ...)`` writes the array pointers (in argument
-    order) into its own parameter buffer and calls ``cuLaunchKernel``: a few hundred
-    nanoseconds of Python. The dispatcher path rebuilds the full argument list instead.
+    order) into its own parameter block and calls ``cuLaunchKernel``. By default the block
+    is passed whole through ``extra`` (``CU_LAUNCH_PARAM_BUFFER_POINTER``); with
+    ``packed=False`` as one pointer per parameter. The dispatcher path rebuilds the full
+    argument list instead.
     """
 
-    __slots__ = ("_args", "_array_positions", "_block", "_grid", "_kernel", "_lock", "_params",
-                 "_pointer_slots", "_pointers", "_pointers_address", "_shared")
+    __slots__ = ("_args", "_array_positions", "_block", "_extra", "_grid", "_kernel",
+                 "_keepalive", "_lock", "_params_address", "_pointer_slots", "_shared",
+                 "_use_extra")
 
     def __init__(self, kernel: Kernel, grid: tuple[int, int, int], block: tuple[int, int, int],
-                 args: tuple[Any, ...], shared_bytes: int) -> None:
+                 args: tuple[Any, ...], shared_bytes: int, packed: bool | None = None) -> None:
         self._kernel = kernel
         self._grid = grid
         self._block = block
@@ -298,30 +325,52 @@ class BoundLaunch:
         self._lock = threading.Lock()
         self._array_positions = [i for i, (kind, _) in enumerate(kernel._kinds)
                                  if kind == "array"]
-        self._params = ctypes.create_string_buffer(kernel._struct.size)
-        base = ctypes.addressof(self._params)
         self._pointer_slots: list[Any] = []
-        if not SIMULATOR:
-            kernel.prepare()
-            values: list[Any] = []
+        self._use_extra = (PARAM_BUFFER if packed is None else packed) and kernel._packable
+        self._extra = None
+        self._params_address = None
+        self._keepalive: tuple[Any, ...] = ()
+        if SIMULATOR:
+            return
+        kernel.prepare()
+        values: list[Any] = []
+        for (kind, info), value in zip(kernel._kinds, args):
+            if kind == "array":
+                extent = value[1]
+                values += (0, 0, extent, info.itemsize, 0, extent, info.itemsize)
+            elif kind == "tuple":
+                values += value
+            else:
+                values.append(value)
+        if self._use_extra:
+            layout = kernel._packed
+            buffer = ctypes.create_string_buffer(max(layout.size, 8))
+            layout.pack_into(buffer, 0, *values)
+            offsets = kernel._packed_pointer_offsets
+            size = ctypes.c_size_t(layout.size)
+            extra = (ctypes.c_void_p * 5)(1, ctypes.addressof(buffer), 2,
+                                          ctypes.addressof(size), 0)
+            self._extra = ctypes.addressof(extra)
+            self._keepalive = (buffer, size, extra)
+        else:
+            layout = kernel._struct
+            buffer = ctypes.create_string_buffer(layout.size)
+            layout.pack_into(buffer, 0, *values)
+            offsets = []
             slot = 0
-            for (kind, info), value in zip(kernel._kinds, args):
+            for kind, info in kernel._kinds:
                 if kind == "array":
-                    extent = value[1]
-                    values += (0, 0, extent, info.itemsize, 0, extent, info.itemsize)
-                    self._pointer_slots.append(ctypes.c_uint64.from_buffer(self._params,
-                                                                           8 * (slot + 4)))
+                    offsets.append(8 * (slot + 4))
                     slot += _ARRAY_SLOTS
-                elif kind == "tuple":
-                    values += value
-                    slot += len(value)
                 else:
-                    values.append(value)
-                    slot += 1
-            kernel._struct.pack_into(self._params, 0, *values)
-        self._pointers = (ctypes.c_void_p * kernel._slots)(*[base + 8 * i
-                                                              for i in range(kernel._slots)])
-        self._pointers_address = ctypes.addressof(self._pointers)
+                    slot += info if kind == "tuple" else 1
+            base = ctypes.addressof(buffer)
+            pointers = (ctypes.c_void_p * kernel._slots)(*[base + 8 * i
+                                                           for i in range(kernel._slots)])
+            self._params_address = ctypes.addressof(pointers)
+            self._keepalive = (buffer, pointers)
+        self._pointer_slots = [ctypes.c_uint64.from_buffer(buffer, offset)
+                               for offset in offsets]
 
     def __call__(self, stream: int, *pointers: int) -> None:
         if SIMULATOR or _mode == "dispatcher":
@@ -335,11 +384,11 @@ class BoundLaunch:
             for slot, pointer in zip(self._pointer_slots, pointers):
                 slot.value = pointer
             code = launch_kernel(self._kernel._function, grid, block, self._shared, stream,
-                                 self._pointers_address)
+                                 self._params_address, self._extra)
             if code == CU_ERROR_INVALID_CONTEXT:
                 cuda.current_context()
                 code = launch_kernel(self._kernel._function, grid, block, self._shared, stream,
-                                     self._pointers_address)
+                                     self._params_address, self._extra)
         if code:
             check(code, f"cuLaunchKernel({self._kernel.name})")
 

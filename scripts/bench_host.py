@@ -15,7 +15,7 @@ import tempfile
 from numba import cuda
 
 import baracuda_numba as bn
-from baracuda_numba.launch import set_launch_mode
+from baracuda_numba.launch import BoundLaunch, set_launch_mode
 
 
 @cuda.jit
@@ -201,6 +201,7 @@ def _breakdown(ctx, torch) -> None:
     bound = next(iter(plan._launches.values()))
     ptr_d, ptr_s = dest.data_ptr(), source.data_ptr()
     kernel = bound._kernel
+    per_param = BoundLaunch(kernel, bound._grid, bound._block, bound._args, 0, packed=False)
     launch = libcuda().cuLaunchKernel
     current = torch.cuda.current_stream()
     rows = [
@@ -213,11 +214,12 @@ def _breakdown(ctx, torch) -> None:
         ("  breakdown: plan.can_implement(args)", lambda: plan.can_implement(args)),
         ("  breakdown: WriteSliceArgs(dest, source)", lambda: bn.WriteSliceArgs(dest, source)),
         ("  breakdown: stream_handle(torch stream)", lambda: stream_handle(current)),
-        ("  breakdown: bound launch (pointers + cuLaunchKernel)",
+        ("  breakdown: bound launch, one parameter buffer (default)",
          lambda: bound(0, ptr_d, ptr_s)),
-        ("  breakdown: bare ctypes cuLaunchKernel",
-         lambda: launch(kernel._function, 1, 1, 1, 32, 1, 1, 0, 0, bound._pointers_address,
-                        None)),
+        ("  breakdown: bound launch, one pointer per parameter",
+         lambda: per_param(0, ptr_d, ptr_s)),
+        ("  breakdown: bare ctypes cuLaunchKernel with the parameter buffer",
+         lambda: launch(kernel._function, 1, 1, 1, 32, 1, 1, 0, 0, None, bound._extra)),
         ("  breakdown: plan.run(args)", lambda: plan.run(args)),
     ]
     for label, fn in rows:
