@@ -1,0 +1,435 @@
+"""``ScanPlan`` / ``ScanBackwardPlan``: inclusive prefix scans along one axis.
+
+Kinds (``ScanKind``): Cumsum, Cumprod, Cummax, Cummin, LogCumsumExp; ``reverse=True``
+scans from the end. Rank 1..8, any axis, any non-negative input strides (0-stride
+broadcast included); outputs must not overlap themselves. Empty tensors are a no-op.
+
+Element kinds: F16, BF16, F32, F64 for every kind, plus I32 and I64 (wrapping arithmetic,
+as torch with ``dtype=`` the input's) for Cumsum, Cumprod, Cummax and Cummin. Halves
+accumulate in f32 end to end and round once per output.
+
+Semantics decided here (issue 4): Cummax/Cummin propagate NaN; the optional ``indices``
+output (int64) holds torch.cummax's index choice (the last index among equal winners,
+the last NaN once a NaN is seen); LogCumsumExp of an all -inf prefix is -inf and +inf
+absorbs. Backward: Cumsum is a reversed Cumsum of ``dy``; Cumprod is the exact gradient
+with zeros in ``x`` (no division by ``x``); LogCumsumExp is computed with exponents <= 0
+(``dx = 0`` where ``x = -inf``); Cummax/Cummin send each ``dy[i]`` to the *first*
+occurrence of the running winner at ``i`` (the seed's rule; torch's autograd uses the
+last, so the two differ on ties only).
+
+Saved tensors for ``ScanBackwardArgs``: Cumsum none; Cumprod ``x`` and ``y``;
+Cummax/Cummin ``x``; LogCumsumExp ``x`` and ``y``. ``dx`` must not overlap ``dy``, ``x``
+or ``y``. A missing saved tensor is ``InvalidProblem``.
+
+Kernels (``kernels/scan.py``): the *rows* kernel when the output's scan axis is
+contiguous (block-level tile scan), else the *lines* kernel (one thread per line,
+consecutive threads on the output's smallest-stride outer axis). Problems with few, long
+lines are split over blocks in two phases through a workspace of ``workspace_size``
+bytes; pass one to ``run`` to enable the split (with ``workspace=None`` ``run`` takes the
+unsplit path: same result up to the order of the f32/f64 additions). Results are
+deterministic and bit-stable for a given layout and workspace choice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .._runtime import SIMULATOR
+from ..arrays import TensorRef, as_mut, as_ref, flat_span
+from ..errors import InvalidProblem, WorkspaceTooSmall
+from ..kernels.common import pad8
+from ..kernels.scan import (
+    CODE_CUMMAX_FIRST_FLAG,
+    CODE_CUMMIN_FIRST_FLAG,
+    CODE_CUMSUM,
+    CODE_EXTREMUM_BACKWARD,
+    ROWS_BLOCK,
+    SCAN_BACKWARD_ELEMENTS,
+    SCAN_FORWARD_ELEMENTS,
+    SCAN_KERNELS,
+    ScanKernels,
+)
+from ..streams import stream_handle
+from ..types import (
+    ArchSku,
+    BackendKind,
+    ElementKind,
+    KernelSku,
+    MathPrecision,
+    OpCategory,
+    PlanPreference,
+    PrecisionGuarantee,
+    ScanKind,
+)
+from .base import Plan, fail, product
+
+__all__ = [
+    "ScanArgs",
+    "ScanBackwardArgs",
+    "ScanBackwardDescriptor",
+    "ScanBackwardPlan",
+    "ScanDescriptor",
+    "ScanPlan",
+]
+
+# Work sizing. The H100 holds 132 SMs x 2048 threads = 270K resident threads.
+_TARGET_THREADS = 1 << 18  # lines kernel: split lines into chunks until this many threads
+_TARGET_BLOCKS = 2048  # rows kernel: split few long lines until this many blocks
+_MIN_CHUNK = 16  # lines kernel: elements per thread chunk at least this
+# lines kernel threads per block: 1024 ran out of registers (CUDA_ERROR_LAUNCH_OUT_OF_
+# RESOURCES, H100, 2026-11); 256 always launches (255 registers x 256 = 65K)
+_LINES_BLOCK = 256
+_MAX_GRID = 1 << 20
+_ROWS_MIN_EXTENT = 64  # shorter contiguous lines go to the lines kernel
+_SIM_GRID = 2  # simulator: every kernel loops over its work with a grid-stride loop
+
+
+@dataclass(frozen=True, slots=True)
+class ScanDescriptor:
+    """Scan ``kind`` along ``scan_axis`` of a tensor of ``input_shape``; ``reverse`` scans
+    from the end. ``element`` is keyword-only."""
+
+    kind: ScanKind
+    input_shape: tuple[int, ...]
+    scan_axis: int
+    reverse: bool = False
+    element: ElementKind = field(kw_only=True)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "input_shape", tuple(self.input_shape))
+
+
+@dataclass(frozen=True, slots=True)
+class ScanBackwardDescriptor:
+    """The backward of the forward scan with the same fields."""
+
+    kind: ScanKind
+    input_shape: tuple[int, ...]
+    scan_axis: int
+    reverse: bool = False
+    element: ElementKind = field(kw_only=True)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "input_shape", tuple(self.input_shape))
+
+
+@dataclass(frozen=True, slots=True)
+class ScanArgs:
+    """``x`` is read, ``y`` written; ``indices`` (int64, Cummax/Cummin only) optional."""
+
+    x: Any
+    y: Any
+    indices: Any = None
+
+
+@dataclass(frozen=True, slots=True)
+class ScanBackwardArgs:
+    """``dy`` is read, ``dx`` written; ``x``/``y`` are the saved forward input/output."""
+
+    dy: Any
+    dx: Any
+    x: Any = None
+    y: Any = None
+
+
+_NEEDS_X = (ScanKind.CUMPROD, ScanKind.CUMMAX, ScanKind.CUMMIN, ScanKind.LOG_CUMSUM_EXP)
+_NEEDS_Y = (ScanKind.CUMPROD, ScanKind.LOG_CUMSUM_EXP)
+
+
+class _Geometry:
+    """Descriptor-only launch sizing: lines, extent, and the segment splits of each
+    kernel with the workspace they need."""
+
+    def __init__(self, shape: tuple[int, ...], axis: int, kernels: ScanKernels,
+                 max_workspace: int | None) -> None:
+        self.shape = shape
+        self.axis = axis
+        self.extent = shape[axis]
+        self.outer_shape = shape[:axis] + shape[axis + 1:]
+        self.lines = product(self.outer_shape)
+        self.numel = self.lines * self.extent
+        lines, extent = self.lines, self.extent
+        # rows kernel: one block per line; few long lines are split into segments
+        tile = ROWS_BLOCK * kernels.items
+        rows_nseg = 1
+        if lines and lines < _TARGET_BLOCKS and extent >= 8 * tile:
+            rows_nseg = min(-(-_TARGET_BLOCKS // lines), extent // (4 * tile))
+        # lines kernel: a block is (lanes x chunks); a line is split into up to 32 chunks
+        if SIMULATOR:
+            lanes = 8 if lines >= 8 else max(1, lines)
+            chunks = max(1, min(4, extent // 4))
+        elif lines >= _TARGET_THREADS // 2:
+            lanes, chunks = _LINES_BLOCK, 1
+        else:
+            lanes = 32
+            chunks = max(1, min(_LINES_BLOCK // lanes, -(-_TARGET_THREADS // max(lines, 1)),
+                                extent // _MIN_CHUNK))
+        lines_nseg = 1
+        if lines and lines * chunks < _TARGET_THREADS // 4 and extent >= 64 * chunks * 4:
+            lines_nseg = min(-(-_TARGET_THREADS // (lines * chunks)),
+                             extent // (64 * chunks))
+        if SIMULATOR and lines and extent >= 2 * tile:
+            rows_nseg = 2  # exercise the two-phase paths on tiny shapes
+        if SIMULATOR and lines and extent >= 64:
+            lines_nseg = 2
+        self.lanes, self.chunks = lanes, chunks
+        self.rows_nseg, self.lines_nseg = max(1, rows_nseg), max(1, lines_nseg)
+        self.acc_bytes = kernels.acc_bytes
+
+        def workspace(nseg: int) -> int:
+            return 0 if nseg == 1 else self._workspace_layout(lines * nseg)[2]
+
+        if max_workspace is not None:
+            if workspace(self.rows_nseg) > max_workspace:
+                self.rows_nseg = 1
+            if workspace(self.lines_nseg) > max_workspace:
+                self.lines_nseg = 1
+        self.workspace_size = max(workspace(self.rows_nseg), workspace(self.lines_nseg))
+
+    def _workspace_layout(self, entries: int) -> tuple[int, int, int]:
+        """(offset of ws_a, offset of ws_b, total bytes) for ``entries`` states: the
+        accumulators, then 8 bytes per entry for the second half of the state (an int64
+        index forward, an accumulator backward)."""
+        a_bytes = (entries * self.acc_bytes + 15) // 16 * 16
+        return 0, a_bytes, a_bytes + 8 * entries
+
+
+def _sku(kind: ScanKind, element: ElementKind) -> KernelSku:
+    if element is ElementKind.F64:
+        math_precision, accumulator = MathPrecision.F64, ElementKind.F64
+    elif element in (ElementKind.I32, ElementKind.I64):
+        math_precision, accumulator = MathPrecision.INT64, element
+    else:
+        math_precision, accumulator = MathPrecision.F32, ElementKind.F32
+    guarantee = PrecisionGuarantee(math_precision, accumulator,
+                                   bit_stable_on_same_hardware=True, deterministic=True)
+    return KernelSku(OpCategory.SCAN, int(kind), element, None, None, None, ArchSku.SM80,
+                     BackendKind.BESPOKE, guarantee)
+
+
+def _overlaps(a: TensorRef, b: TensorRef) -> bool:
+    """Whether the byte ranges spanned by two views intersect."""
+    span_a = flat_span(a.shape, a.strides) * a.itemsize
+    span_b = flat_span(b.shape, b.strides) * b.itemsize
+    if span_a == 0 or span_b == 0:
+        return False
+    return a.ptr < b.ptr + span_b and b.ptr < a.ptr + span_a
+
+
+class _ScanLauncher(Plan):
+    """What the two plans share: descriptor checks, geometry and the launch."""
+
+    _elements: dict[ScanKind, tuple[ElementKind, ...]] = {}
+
+    @classmethod
+    def _check(cls, desc: Any) -> None:
+        if not isinstance(desc.kind, ScanKind):
+            fail(cls.name, InvalidProblem, "kind", f"= {desc.kind!r} is not a ScanKind")
+        cls.check_rank(desc.input_shape, "input_shape")
+        rank = len(desc.input_shape)
+        axis = desc.scan_axis
+        if not isinstance(axis, int) or not 0 <= axis < rank:
+            fail(cls.name, InvalidProblem, "scan_axis",
+                 f"= {axis!r} must be in 0..{rank - 1} for rank {rank}")
+        cls.check_element(desc.element, cls._elements[desc.kind])
+
+    def _setup(self, desc: Any, pref: PlanPreference | None, backward: bool) -> None:
+        element = desc.element
+        self._forward = SCAN_KERNELS[(False, element)]
+        self._backward = SCAN_KERNELS[(True, element)] if backward else None
+        main = self._backward if backward and desc.kind is not ScanKind.CUMSUM \
+            else self._forward
+        self._main = main
+        max_ws = (pref or PlanPreference()).max_workspace_bytes
+        self._geometry = _Geometry(desc.input_shape, desc.scan_axis, main, max_ws)
+        super().__init__(desc, _sku(desc.kind, element), pref, self._geometry.workspace_size)
+        if self._geometry.numel:
+            for kernels in {id(k): k for k in (self._forward, self._backward) if k}.values():
+                kernels.rows.prepare()
+                kernels.lines.prepare()
+
+    @property
+    def workspace_size(self) -> int:
+        """Bytes of scratch that enable the split path for few long lines (0: never
+        split). Optional: ``run(..., workspace=None)`` takes the unsplit path."""
+        return self._workspace_size
+
+    def _workspace_ptr(self, workspace: Any) -> int | None:
+        if workspace is None or self._workspace_size == 0:
+            return None
+        view = as_ref(workspace, self.name, "workspace")
+        nbytes = view.numel * view.itemsize
+        if nbytes < self._workspace_size or not view.is_contiguous():
+            raise WorkspaceTooSmall(f"{self.name}: workspace must be a contiguous buffer",
+                                    self._workspace_size, nbytes)
+        return view.ptr
+
+    def _launch(self, kernels: ScanKernels, code: int, reverse: bool,
+                ins: tuple[TensorRef, ...], out: TensorRef, indices: TensorRef | None,
+                stream: int, workspace: int | None) -> None:
+        geo = self._geometry
+        axis = geo.axis
+        shape = geo.shape
+        operands = list(ins) + [ins[-1]] * (3 - len(ins)) + [out]
+        if indices is not None:
+            operands.append(indices)
+        # Outer axes ordered by the output's stride, largest first, so consecutive lines
+        # (consecutive threads of the lines kernel) are neighbours in the output.
+        outer_axes = [a for a in range(len(shape)) if a != axis]
+        outer_axes.sort(key=lambda a: -out.strides[a])
+        outer_shape = pad8(tuple(shape[a] for a in outer_axes), 1)
+
+        def outer(view: TensorRef | None) -> tuple[int, ...]:
+            if view is None:
+                return (0,) * 8
+            return pad8(tuple(view.strides[a] for a in outer_axes), 0)
+
+        def flat(view: TensorRef | None) -> tuple[int, int]:
+            if view is None:
+                return (0, 0)
+            return (view.ptr, flat_span(shape, view.strides))
+
+        in0, in1, in2 = operands[0], operands[1], operands[2]
+        use_rows = geo.extent >= _ROWS_MIN_EXTENT and out.strides[axis] == 1
+        kernel = kernels.rows if use_rows else kernels.lines
+        nseg = geo.rows_nseg if use_rows else geo.lines_nseg
+        if workspace is None:
+            nseg = 1
+        seg_len = -(-geo.extent // nseg)
+        if nseg > 1:
+            offset_a, offset_b, _ = geo._workspace_layout(geo.lines * nseg)
+            entries = geo.lines * nseg
+            ws_a = (workspace + offset_a, entries)
+            ws_b = (workspace + offset_b, entries)
+        else:
+            ws_a = ws_b = (0, 0)
+        args = [flat(in0), flat(in1), flat(in2), flat(out), flat(indices), ws_a, ws_b,
+                geo.lines, geo.extent, seg_len, nseg, 0, outer_shape, outer(in0),
+                outer(in1), outer(in2), outer(out), outer(indices), in0.strides[axis],
+                in1.strides[axis], in2.strides[axis], out.strides[axis],
+                indices.strides[axis] if indices is not None else 0, reverse,
+                indices is not None, code]
+        if use_rows:
+            block: int | tuple[int, int] = ROWS_BLOCK
+            work = geo.lines * nseg
+        else:
+            block = (geo.lanes, geo.chunks)
+            work = -(-geo.lines // geo.lanes) * nseg
+            args.append(-(-seg_len // geo.chunks))
+        grid = min(work, _SIM_GRID if SIMULATOR else _MAX_GRID)
+        if nseg > 1:
+            args[11] = 1
+            kernel.launch(grid, block, stream, args)
+            args[11] = 2
+        kernel.launch(grid, block, stream, args)
+
+
+class ScanPlan(_ScanLauncher):
+    """See the module docstring."""
+
+    name = "ScanPlan"
+    _elements = SCAN_FORWARD_ELEMENTS
+
+    @classmethod
+    def select(cls, desc: ScanDescriptor, pref: PlanPreference | None = None) -> ScanPlan:
+        cls._check(desc)
+        return cls(desc, pref)
+
+    def __init__(self, desc: ScanDescriptor, pref: PlanPreference | None) -> None:
+        self._setup(desc, pref, backward=False)
+
+    def can_implement(self, args: ScanArgs) -> tuple[TensorRef, TensorRef, TensorRef | None]:
+        """Views of ``x``, ``y`` and ``indices`` after checking dtype, shape and layout."""
+        desc = self.descriptor
+        shape = desc.input_shape
+        x = as_ref(args.x, self.name, "x", desc.element, shape)
+        y = as_mut(args.y, self.name, "y", desc.element, shape)
+        indices = None
+        if args.indices is not None:
+            if desc.kind not in (ScanKind.CUMMAX, ScanKind.CUMMIN):
+                fail(self.name, InvalidProblem, "indices",
+                     f"is only produced by Cummax/Cummin, not {desc.kind.name}")
+            indices = as_mut(args.indices, self.name, "indices", ElementKind.I64, shape)
+            if _overlaps(indices, y) or _overlaps(indices, x):
+                fail(self.name, InvalidProblem, "indices", "must not overlap x or y")
+        return x, y, indices
+
+    def run(self, args: ScanArgs, stream: Any = None, workspace: Any = None) -> None:
+        """Write the scan of ``x`` to ``y`` (and ``indices``) on ``stream``; no host sync."""
+        x, y, indices = self.can_implement(args)
+        handle = stream_handle(stream)
+        ws = self._workspace_ptr(workspace)
+        if self._geometry.numel == 0:
+            return
+        desc = self.descriptor
+        self._launch(self._forward, int(desc.kind), desc.reverse, (x,), y, indices, handle,
+                     ws)
+
+
+class ScanBackwardPlan(_ScanLauncher):
+    """See the module docstring."""
+
+    name = "ScanBackwardPlan"
+    _elements = SCAN_BACKWARD_ELEMENTS
+
+    @classmethod
+    def select(cls, desc: ScanBackwardDescriptor,
+               pref: PlanPreference | None = None) -> ScanBackwardPlan:
+        cls._check(desc)
+        return cls(desc, pref)
+
+    def __init__(self, desc: ScanBackwardDescriptor, pref: PlanPreference | None) -> None:
+        self._setup(desc, pref, backward=True)
+
+    def can_implement(self, args: ScanBackwardArgs
+                      ) -> tuple[TensorRef, TensorRef, TensorRef | None, TensorRef | None]:
+        """Views of ``dy``, ``dx``, ``x``, ``y``; the saved tensors the kind needs must be
+        given (InvalidProblem naming the missing one)."""
+        desc = self.descriptor
+        shape, element, kind = desc.input_shape, desc.element, desc.kind
+        dy = as_ref(args.dy, self.name, "dy", element, shape)
+        dx = as_mut(args.dx, self.name, "dx", element, shape)
+        x = y = None
+        if kind in _NEEDS_X:
+            if args.x is None:
+                fail(self.name, InvalidProblem, "x",
+                     f"(the saved forward input) is required for {kind.name} backward")
+            x = as_ref(args.x, self.name, "x", element, shape)
+        if kind in _NEEDS_Y:
+            if args.y is None:
+                fail(self.name, InvalidProblem, "y",
+                     f"(the saved forward output) is required for {kind.name} backward")
+            y = as_ref(args.y, self.name, "y", element, shape)
+        for arg, view in (("dy", dy), ("x", x), ("y", y)):
+            if view is not None and (arg != "dy" or kind is not ScanKind.CUMSUM) \
+                    and _overlaps(dx, view):
+                fail(self.name, InvalidProblem, "dx", f"must not overlap {arg}")
+        return dy, dx, x, y
+
+    def run(self, args: ScanBackwardArgs, stream: Any = None, workspace: Any = None) -> None:
+        """Write the gradient of the forward scan to ``dx`` on ``stream``; no host sync."""
+        dy, dx, x, y = self.can_implement(args)
+        handle = stream_handle(stream)
+        ws = self._workspace_ptr(workspace)
+        if self._geometry.numel == 0:
+            return
+        desc = self.descriptor
+        kind = desc.kind
+        backward_reverse = not desc.reverse
+        if kind is ScanKind.CUMSUM:
+            self._launch(self._forward, CODE_CUMSUM, backward_reverse, (dy,), dx, None,
+                         handle, ws)
+            return
+        assert self._backward is not None and x is not None
+        if kind in (ScanKind.CUMMAX, ScanKind.CUMMIN):
+            # pre-pass: dx <- 1 at records of the forward scan (first occurrence), else 0
+            flag = CODE_CUMMAX_FIRST_FLAG if kind is ScanKind.CUMMAX \
+                else CODE_CUMMIN_FIRST_FLAG
+            self._launch(self._forward, flag, desc.reverse, (x,), dx, None, handle, ws)
+            self._launch(self._backward, CODE_EXTREMUM_BACKWARD, backward_reverse,
+                         (dy, dx, dx), dx, None, handle, ws)
+            return
+        assert y is not None
+        self._launch(self._backward, int(kind), backward_reverse, (dy, x, y), dx, None,
+                     handle, ws)

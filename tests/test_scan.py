@@ -1,0 +1,616 @@
+"""ScanPlan / ScanBackwardPlan against NumPy float64 references (and torch on a GPU).
+
+Error bounds: the output rounding of ``TOLERANCE[element]`` plus the classical bound of
+the accumulation, ``2 * n * u_acc * scale``, where ``scale`` is the same reference taken
+over absolute values (sum of |terms|), ``n`` the scan extent and ``u_acc`` the unit
+roundoff of the accumulator (f32 for halves). Cummax/Cummin values and indices are exact.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import EDGE_LENGTHS, FLOAT_ELEMENTS, SIMULATOR, torch_or_skip
+
+from baracuda_numba.errors import BufferTooSmall, InvalidProblem, Unsupported
+from baracuda_numba.plans.scan import (
+    ScanArgs,
+    ScanBackwardArgs,
+    ScanBackwardDescriptor,
+    ScanBackwardPlan,
+    ScanDescriptor,
+    ScanPlan,
+)
+from baracuda_numba.testing import TOLERANCE, from_storage, poisoned, random_values, to_storage
+from baracuda_numba.types import ElementKind, ScanKind
+
+INT_ELEMENTS = (ElementKind.I32, ElementKind.I64)
+KINDS = tuple(ScanKind)
+EXTREMA = (ScanKind.CUMMAX, ScanKind.CUMMIN)
+
+# -- NumPy references ------------------------------------------------------------------
+
+
+def _lines(values: np.ndarray, axis: int, reverse: bool) -> np.ndarray:
+    """View with the scan axis last, in scan order."""
+    moved = np.moveaxis(values, axis, -1)
+    return moved[..., ::-1] if reverse else moved
+
+
+def _unlines(values: np.ndarray, axis: int, reverse: bool) -> np.ndarray:
+    return np.moveaxis(values[..., ::-1] if reverse else values, -1, axis)
+
+
+def _running_winner(x: np.ndarray, is_max: bool, later_wins: bool) -> np.ndarray:
+    """Scan index of the running winner at each step (NaN dominates; ties to the later
+    or to the first occurrence)."""
+    index = np.zeros(x.shape, dtype=np.int64)
+    value = x[..., 0].copy()
+    current = np.zeros(x.shape[:-1], dtype=np.int64)
+    for s in range(x.shape[-1]):
+        v = x[..., s]
+        nan_v, nan_acc = np.isnan(v), np.isnan(value)
+        with np.errstate(invalid="ignore"):
+            if later_wins:
+                better = (v >= value) if is_max else (v <= value)
+                take = nan_v | (~nan_acc & better)
+            else:
+                better = (v > value) if is_max else (v < value)
+                take = (nan_v & ~nan_acc) | (~nan_acc & ~nan_v & better)
+        if s == 0:
+            take = np.ones_like(take)
+        value = np.where(take, v, value)
+        current = np.where(take, s, current)
+        index[..., s] = current
+    return index
+
+
+def reference_forward(kind: ScanKind, x: np.ndarray, axis: int, reverse: bool):
+    """(y, indices or None, scale) in float64 (int64 for integers, wrapping)."""
+    lines = _lines(x, axis, reverse)
+    n = lines.shape[-1]
+    indices = None
+    if kind is ScanKind.CUMSUM:
+        y, scale = np.cumsum(lines, -1), np.cumsum(np.abs(lines), -1)
+    elif kind is ScanKind.CUMPROD:
+        with np.errstate(over="ignore", invalid="ignore"):
+            y = np.cumprod(lines, -1)
+        scale = np.nan_to_num(np.abs(y), posinf=0)
+    elif kind in EXTREMA:
+        winner = _running_winner(lines, kind is ScanKind.CUMMAX, later_wins=True)
+        y = np.take_along_axis(lines, winner, -1)
+        indices = (n - 1 - winner) if reverse else winner
+        scale = np.zeros_like(y, dtype=np.float64)
+    else:
+        with np.errstate(invalid="ignore"):
+            y = np.logaddexp.accumulate(lines, -1) if n else lines.copy()
+        # each logaddexp step is relative to |y| + 1 (log1p/exp of an O(1) argument)
+        scale = np.abs(np.nan_to_num(y, posinf=0, neginf=0)) + 1
+    out_indices = None if indices is None else _unlines(indices, axis, reverse)
+    return _unlines(y, axis, reverse), out_indices, _unlines(scale, axis, reverse)
+
+
+def reference_backward(kind: ScanKind, x, y, dy, axis: int, reverse: bool):
+    """(dx, scale) in float64, from the definitions (O(n^2), small n only). ``y`` is the
+    saved forward output as passed to the plan."""
+    lx, ly, ldy = (_lines(a, axis, reverse) if a is not None else None for a in (x, y, dy))
+    n = ldy.shape[-1]
+    dx = np.zeros(ldy.shape)
+    scale = np.zeros(ldy.shape)
+    if kind is ScanKind.CUMSUM:
+        dx = np.cumsum(ldy[..., ::-1], -1)[..., ::-1]
+        scale = np.cumsum(np.abs(ldy[..., ::-1]), -1)[..., ::-1]
+    elif kind is ScanKind.CUMPROD:
+        for j in range(n):
+            others = lx.copy()
+            others[..., j] = 1
+            partial = np.cumprod(others, -1)
+            dx[..., j] = np.sum((ldy * partial)[..., j:], -1)
+            scale[..., j] = np.sum(np.abs(ldy * partial)[..., j:], -1)
+    elif kind is ScanKind.LOG_CUMSUM_EXP:
+        for j in range(n):
+            with np.errstate(invalid="ignore", over="ignore"):
+                weight = np.exp(lx[..., j:j + 1] - ly[..., j:])
+            weight = np.where(np.isneginf(lx[..., j:j + 1]), 0.0, weight)
+            dx[..., j] = np.sum(ldy[..., j:] * weight, -1)
+            scale[..., j] = np.sum(np.abs(ldy[..., j:]) * weight, -1)
+    else:
+        winner = _running_winner(lx, kind is ScanKind.CUMMAX, later_wins=False)
+        for j in range(n):
+            hit = winner == j
+            dx[..., j] = np.sum(np.where(hit, ldy, 0.0), -1)
+            scale[..., j] = np.sum(np.where(hit, np.abs(ldy), 0.0), -1)
+    return _unlines(dx, axis, reverse), _unlines(scale, axis, reverse)
+
+
+def check_close(got: np.ndarray, expected: np.ndarray, scale: np.ndarray,
+                element: ElementKind, extent: int, what: str) -> None:
+    """NaN and inf positions must match exactly; finite values within the bound of the
+    module docstring."""
+    got = np.asarray(got, dtype=np.float64)
+    expected = np.asarray(expected, dtype=np.float64)
+    assert got.shape == expected.shape, f"{what}: shape {got.shape} != {expected.shape}"
+    rtol, atol = TOLERANCE[element]
+    u_acc = 2.0 ** -53 if element is ElementKind.F64 else 2.0 ** -24
+    if element in INT_ELEMENTS:
+        u_acc = 0.0
+    bound = atol + rtol * np.abs(expected) + 2 * max(extent, 1) * u_acc * scale
+    nan_g, nan_e = np.isnan(got), np.isnan(expected)
+    bad = nan_g != nan_e
+    inf_e = np.isinf(expected)
+    bad |= inf_e & (got != expected)
+    bad |= np.isinf(got) & ~inf_e
+    finite = ~(nan_g | nan_e | inf_e | np.isinf(got))
+    with np.errstate(invalid="ignore"):
+        bad |= finite & (np.abs(got - expected) > bound)
+    if bad.any():
+        where = np.argwhere(bad)[:8]
+        rows = "\n".join(f"  at {tuple(int(i) for i in idx)}: got {got[tuple(idx)]!r}, "
+                         f"expected {expected[tuple(idx)]!r}, bound {bound[tuple(idx)]!r}"
+                         for idx in where)
+        raise AssertionError(f"{what}: {int(bad.sum())} of {bad.size} differ; first:\n{rows}")
+
+
+def rounded(values: np.ndarray, element: ElementKind) -> np.ndarray:
+    """float64 values rounded to ``element`` (overflow to inf, as the device rounds)."""
+    with np.errstate(over="ignore"):
+        return from_storage(to_storage(values, element), element)
+
+
+def distinct_inputs(shape, element, rng) -> np.ndarray:
+    """Random values with no ties along the last axis (torch's autograd sends a tied
+    winner's gradient to the last occurrence, the seed's rule to the first)."""
+    pool = np.unique(from_storage(to_storage(rng.uniform(-4, 4, 1 << 16), element), element))
+    lines = [rng.choice(pool, shape[-1], replace=False) for _ in range(int(np.prod(shape[:-1])))]
+    return to_storage(np.array(lines).reshape(shape), element)
+
+
+# -- running the plans -----------------------------------------------------------------
+
+
+def device(host: np.ndarray):
+    """The array the plans read: in the simulator the NumPy array itself (so strided and
+    broadcast views keep their strides), on a GPU a torch tensor with the same strides."""
+    if SIMULATOR:
+        return host
+    torch = torch_or_skip()
+    if host.dtype == np.uint16:  # bf16 storage
+        base = torch.from_numpy(np.ascontiguousarray(host).view(np.int16)).cuda()
+        return base.view(torch.bfloat16)
+    if host.strides and 0 in host.strides:
+        contiguous = torch.from_numpy(np.array(host[_base_index(host)])).cuda()
+        return contiguous.expand(host.shape) if contiguous.dim() == host.ndim else contiguous
+    return torch.from_numpy(np.ascontiguousarray(host)).cuda()
+
+
+def _base_index(host: np.ndarray):
+    return tuple(slice(0, 1) if s == 0 else slice(None) for s in host.strides)
+
+
+def host(array) -> np.ndarray:
+    if isinstance(array, np.ndarray):
+        return array.copy()
+    torch = torch_or_skip()
+    if array.dtype == torch.bfloat16:
+        return array.view(torch.int16).cpu().numpy().view(np.uint16)
+    return array.detach().cpu().numpy()
+
+
+def inputs(shape, element, rng, kind=None, low=-2.0, high=2.0):
+    values = random_values(shape, element, rng, low, high)
+    if kind is ScanKind.CUMPROD and element.is_float:
+        # products of n factors stay O(1): factors near +-1
+        values = to_storage(rng.choice([-1, 1], size=shape) * rng.uniform(0.8, 1.25, shape),
+                            element)
+    if kind is ScanKind.CUMPROD and not element.is_float:
+        values = rng.integers(-3, 4, size=shape).astype(element.storage_dtype)
+    return values
+
+
+def run_forward(kind, x_host, axis, reverse, element, with_indices=False, workspace=False):
+    shape = x_host.shape
+    plan = ScanPlan.select(ScanDescriptor(kind, shape, axis, reverse, element=element))
+    y = device(poisoned(shape, element))
+    indices = device(poisoned(shape, ElementKind.I64)) if with_indices else None
+    ws = None
+    if workspace and plan.workspace_size:
+        ws = device(np.zeros(plan.workspace_size, dtype=np.uint8))
+    plan.run(ScanArgs(device(x_host), y, indices), workspace=ws)
+    return plan, host(y), (host(indices) if with_indices else None)
+
+
+def check_forward(kind, x_host, axis, reverse, element, with_indices=False, workspace=False):
+    plan, y, indices = run_forward(kind, x_host, axis, reverse, element, with_indices,
+                                   workspace)
+    x = from_storage(x_host, element)
+    expected, expected_indices, scale = reference_forward(kind, x, axis, reverse)
+    if element in INT_ELEMENTS:
+        expected = expected.astype(np.int64).astype(element.storage_dtype).astype(np.int64)
+    elif element is not ElementKind.F64:
+        # the kernel rounds each output once; compare with the rounded reference
+        expected = rounded(expected, element)
+    check_close(from_storage(y, element), expected, scale, element, x.shape[axis],
+                f"{kind.name} {element.name} {x.shape} axis={axis} reverse={reverse}")
+    if with_indices:
+        np.testing.assert_array_equal(indices, expected_indices)
+    return plan
+
+
+def run_backward(kind, dy_host, x_host, y_host, axis, reverse, element, workspace=False):
+    shape = dy_host.shape
+    plan = ScanBackwardPlan.select(ScanBackwardDescriptor(kind, shape, axis, reverse,
+                                                          element=element))
+    dx = device(poisoned(shape, element))
+    ws = None
+    if workspace and plan.workspace_size:
+        ws = device(np.zeros(plan.workspace_size, dtype=np.uint8))
+    saved_x = device(x_host) if kind is not ScanKind.CUMSUM else None
+    saved_y = device(y_host) if kind in (ScanKind.CUMPROD, ScanKind.LOG_CUMSUM_EXP) else None
+    plan.run(ScanBackwardArgs(device(dy_host), dx, saved_x, saved_y), workspace=ws)
+    return host(dx)
+
+
+def check_backward(kind, shape, axis, reverse, element, rng, x_host=None, workspace=False):
+    if x_host is None:
+        x_host = inputs(shape, element, rng, kind)
+    dy_host = random_values(shape, element, rng)
+    _, y_host, _ = run_forward(kind, x_host, axis, reverse, element)
+    dx = run_backward(kind, dy_host, x_host, y_host, axis, reverse, element, workspace)
+    x, y, dy = (from_storage(a, element) for a in (x_host, y_host, dy_host))
+    expected, scale = reference_backward(kind, x, y, dy, axis, reverse)
+    if element is not ElementKind.F64:
+        expected = rounded(expected, element)
+    n = shape[axis]
+    if kind is ScanKind.LOG_CUMSUM_EXP:
+        # y is the saved half-precision output: exp(x - y) carries its rounding
+        scale = scale * (1 + TOLERANCE[element][0] / 2.0 ** -24 / max(n, 1))
+    check_close(from_storage(dx, element), expected, scale, element, n + 2,
+                f"{kind.name} backward {element.name} {shape} axis={axis} reverse={reverse}")
+
+
+# -- simulator-sized tests (also run on the GPU) ---------------------------------------
+
+ROWS_SHAPE = ((1, 150), 1)  # contiguous scan axis, two tiles: the rows kernel
+LINES_SHAPE = ((33, 5), 0)  # outer scan axis: the lines kernel, 4 chunks per line
+
+
+@pytest.mark.parametrize("element", FLOAT_ELEMENTS + INT_ELEMENTS, ids=lambda e: e.name)
+@pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.name)
+def test_forward_lines(kind, element, rng):
+    if kind is ScanKind.LOG_CUMSUM_EXP and element in INT_ELEMENTS:
+        pytest.skip("LogCumsumExp is float-only")
+    shape, axis = LINES_SHAPE
+    for reverse in (False, True):
+        check_forward(kind, inputs(shape, element, rng, kind), axis, reverse, element,
+                      with_indices=kind in EXTREMA)
+
+
+ROWS_CASES = [(k, ElementKind.F32) for k in KINDS] + [
+    (ScanKind.CUMSUM, ElementKind.F16), (ScanKind.CUMMAX, ElementKind.BF16),
+    (ScanKind.LOG_CUMSUM_EXP, ElementKind.F64), (ScanKind.CUMPROD, ElementKind.I32),
+    (ScanKind.CUMMIN, ElementKind.I64)]
+
+
+@pytest.mark.parametrize("kind,element", ROWS_CASES, ids=lambda v: getattr(v, "name", v))
+def test_forward_rows(kind, element, rng):
+    shape, axis = ROWS_SHAPE
+    reverse = bool(rng.integers(0, 2))
+    check_forward(kind, inputs(shape, element, rng, kind), axis, reverse, element,
+                  with_indices=kind in EXTREMA)
+
+
+@pytest.mark.parametrize("element", FLOAT_ELEMENTS, ids=lambda e: e.name)
+@pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.name)
+def test_backward_lines(kind, element, rng):
+    shape, axis = LINES_SHAPE
+    for reverse in (False, True):
+        check_backward(kind, shape, axis, reverse, element, rng)
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.name)
+def test_backward_rows(kind, rng):
+    shape, axis = ROWS_SHAPE
+    check_backward(kind, shape, axis, bool(rng.integers(0, 2)), ElementKind.F32, rng)
+
+
+@pytest.mark.parametrize("length", EDGE_LENGTHS)
+def test_lengths_around_warp_edges(length, rng):
+    # rank 1 along its only axis (rows kernel from 64 on, lines kernel below)
+    check_forward(ScanKind.CUMSUM, inputs((length,), ElementKind.F32, rng), 0, False,
+                  ElementKind.F32)
+    check_forward(ScanKind.CUMMAX, inputs((3, length), ElementKind.BF16, rng), 1, True,
+                  ElementKind.BF16, with_indices=True)
+
+
+def test_split_paths_with_workspace(rng):
+    # few long lines: the two-phase split over blocks (needs the workspace), rows kernel
+    # forward and lines kernel forward and backward
+    for shape, axis in (((1, 260), 1), ((70, 2), 0)):
+        plan = check_forward(ScanKind.CUMMAX, inputs(shape, ElementKind.F32, rng), axis,
+                             False, ElementKind.F32, with_indices=True, workspace=True)
+        assert plan.workspace_size > 0 or not SIMULATOR  # GPU thresholds are larger
+    check_forward(ScanKind.CUMSUM, inputs((70, 2), ElementKind.F16, rng), 0, True,
+                  ElementKind.F16, workspace=True)
+    for kind in (ScanKind.LOG_CUMSUM_EXP, ScanKind.CUMMIN):
+        check_backward(kind, (70, 2), 0, True, ElementKind.F32, rng, workspace=True)
+
+
+def test_special_values_extrema(rng):
+    # NaN propagates and its index is the last NaN; ties pick the last index; +-inf
+    values = np.array([[1.0, 3.0, 3.0, np.nan, 5.0, np.nan, -np.inf, 7.0],
+                       [-np.inf, -np.inf, 2.0, 2.0, np.inf, 1.0, np.inf, 0.0],
+                       [0.0, -0.0, 0.0, -1.0, -1.0, -1.0, 2.0, 2.0]])
+    for element in (ElementKind.F32, ElementKind.F16):
+        x = to_storage(values, element)
+        for kind in EXTREMA:
+            for reverse in (False, True):
+                check_forward(kind, x, 1, reverse, element, with_indices=True)
+                check_backward(kind, x.shape, 1, reverse, element, rng, x_host=x)
+    ints = np.array([[5, 5, 2, 7, 7, -3, 7, 1]], dtype=np.int32)
+    for kind in EXTREMA:
+        check_forward(kind, ints, 1, False, ElementKind.I32, with_indices=True)
+
+
+def test_special_values_log_cumsum_exp(rng):
+    values = np.array([[-np.inf, -np.inf, 0.5, -np.inf, 80.0, -3.0],
+                       [-np.inf, -np.inf, -np.inf, -np.inf, -np.inf, 1.0],
+                       [1.0, np.inf, 2.0, np.inf, -np.inf, 0.0],
+                       [1.0, np.nan, 2.0, 3.0, 4.0, 5.0]])
+    for element in (ElementKind.F32, ElementKind.BF16):
+        x = to_storage(values, element)
+        for reverse in (False, True):
+            check_forward(ScanKind.LOG_CUMSUM_EXP, x, 1, reverse, element)
+        check_backward(ScanKind.LOG_CUMSUM_EXP, x[:2].shape, 1, False, element, rng,
+                       x_host=x[:2])
+
+
+def test_cumprod_backward_with_zeros(rng):
+    values = np.array([[2.0, 0.0, 3.0, -1.5, 0.0, 0.5],
+                       [0.0, 1.5, -2.0, 0.75, 1.0, 2.0],
+                       [1.25, -0.5, 2.0, 1.0, 0.5, 0.0]])
+    for element in (ElementKind.F32, ElementKind.F64, ElementKind.BF16):
+        x = to_storage(values, element)
+        for reverse in (False, True):
+            check_backward(ScanKind.CUMPROD, x.shape, 1, reverse, element, rng, x_host=x)
+            check_backward(ScanKind.CUMPROD, x.T.shape, 0, reverse, element, rng,
+                           x_host=np.ascontiguousarray(x.T))
+
+
+def test_integer_wraparound():
+    big = np.array([[2**31 - 5, 10, 2**31 - 1, -7]], dtype=np.int64)
+    x = big.astype(np.int32) if not SIMULATOR else np.array([[7, -3, 2, 9]], np.int32)
+    # the simulator runs NumPy scalars, which warn on overflow; the GPU test wraps
+    check_forward(ScanKind.CUMSUM, x, 1, False, ElementKind.I32)
+    check_forward(ScanKind.CUMPROD, x, 1, True, ElementKind.I32)
+    check_forward(ScanKind.CUMSUM, big if not SIMULATOR else x.astype(np.int64), 1, False,
+                  ElementKind.I64)
+
+
+def test_strided_broadcast_rank1_rank8_axis_len1_empty(rng):
+    # a transposed (strided) input and a 0-stride broadcast input
+    base = inputs((6, 9), ElementKind.F32, rng)
+    check_forward(ScanKind.CUMSUM, base.T, 0, False, ElementKind.F32)
+    check_forward(ScanKind.CUMSUM, base[::2, ::3], 1, True, ElementKind.F32)
+    row = inputs((1, 7), ElementKind.F32, rng)
+    broadcast = np.broadcast_to(row, (5, 7))
+    check_forward(ScanKind.CUMSUM, broadcast, 1, False, ElementKind.F32)
+    check_forward(ScanKind.CUMMAX, broadcast, 0, False, ElementKind.F32, with_indices=True)
+    # rank 1 and rank 8, every axis of a rank-8 shape (lines kernel: short extents)
+    check_forward(ScanKind.CUMPROD, inputs((9,), ElementKind.F64, rng, ScanKind.CUMPROD),
+                  0, True, ElementKind.F64)
+    shape8 = (2, 1, 3, 1, 2, 2, 1, 3)
+    x8 = inputs(shape8, ElementKind.F32, rng)
+    for axis in range(8):
+        check_forward(ScanKind.LOG_CUMSUM_EXP, x8, axis, axis % 2 == 1, ElementKind.F32)
+    check_backward(ScanKind.CUMMIN, shape8, 5, False, ElementKind.F32, rng)
+    # a scan axis of length 1 is a copy (and its gradient dy)
+    check_forward(ScanKind.LOG_CUMSUM_EXP, inputs((4, 1), ElementKind.F16, rng), 1, False,
+                  ElementKind.F16)
+    check_backward(ScanKind.CUMPROD, (4, 1), 1, False, ElementKind.F32, rng)
+    # empty tensors: no launch, nothing written
+    for shape in ((0, 5), (5, 0)):
+        plan = ScanPlan.select(ScanDescriptor(ScanKind.CUMSUM, shape, 1,
+                                              element=ElementKind.F32))
+        # NumPy gives empty arrays strides (0, 0), which arrays.py reads as self-overlap;
+        # give the empty output row-major strides as torch does
+        out = np.lib.stride_tricks.as_strided(np.full(5, np.nan, np.float32), shape,
+                                              (4 * max(shape[1], 1), 4))
+        plan.run(ScanArgs(device(np.zeros(shape, np.float32)), device(out)))
+        assert plan.workspace_size == 0
+
+
+def test_plan_reports_truthful_sku():
+    plan = ScanPlan.select(ScanDescriptor(ScanKind.CUMMAX, (4, 8), 1, element=ElementKind.BF16))
+    guarantee = plan.precision_guarantee
+    assert guarantee.accumulator is ElementKind.F32
+    assert guarantee.deterministic and guarantee.bit_stable_on_same_hardware
+    assert plan.sku.op == int(ScanKind.CUMMAX)
+    plan64 = ScanBackwardPlan.select(ScanBackwardDescriptor(ScanKind.CUMSUM, (4, 8), 0,
+                                                            element=ElementKind.F64))
+    assert plan64.precision_guarantee.accumulator is ElementKind.F64
+
+
+# -- rejections: raised before anything is written --------------------------------------
+
+
+def _select_raises(exc, **overrides):
+    fields = dict(kind=ScanKind.CUMSUM, input_shape=(4, 6), scan_axis=1, reverse=False,
+                  element=ElementKind.F32)
+    fields.update(overrides)
+    with pytest.raises(exc) as info:
+        ScanPlan.select(ScanDescriptor(**fields))
+    assert str(info.value).startswith("ScanPlan: ")
+    with pytest.raises(exc):
+        ScanBackwardPlan.select(ScanBackwardDescriptor(**fields))
+
+
+def test_descriptor_rejections():
+    _select_raises(Unsupported, input_shape=(1,) * 9, scan_axis=0)
+    _select_raises(InvalidProblem, scan_axis=2)
+    _select_raises(InvalidProblem, scan_axis=-1)
+    _select_raises(InvalidProblem, input_shape=(4, -6))
+    _select_raises(InvalidProblem, input_shape=())
+    _select_raises(Unsupported, kind=ScanKind.LOG_CUMSUM_EXP, element=ElementKind.I32)
+    _select_raises(Unsupported, element=ElementKind.U8)
+    with pytest.raises(Unsupported):  # integer gradients do not exist
+        ScanBackwardPlan.select(ScanBackwardDescriptor(ScanKind.CUMSUM, (4, 6), 1,
+                                                       element=ElementKind.I32))
+
+
+def test_argument_rejections_write_nothing(rng):
+    shape = (4, 6)
+    element = ElementKind.F32
+    x = inputs(shape, element, rng)
+    plan = ScanPlan.select(ScanDescriptor(ScanKind.CUMMAX, shape, 1, element=element))
+    y = device(poisoned(shape, element))
+    cases = [
+        (InvalidProblem, ScanArgs(device(x.astype(np.float64)), y)),  # dtype mismatch
+        (InvalidProblem, ScanArgs(device(x[:, :5]), y)),  # shape mismatch
+        (BufferTooSmall, ScanArgs(device(x.reshape(-1)[:20].copy()), y)),  # flat, too small
+        (InvalidProblem, ScanArgs(device(x), y, device(poisoned(shape, ElementKind.I32)))),
+    ]
+    for exc, args in cases:
+        with pytest.raises(exc):
+            plan.run(args)
+    with pytest.raises(InvalidProblem):  # indices only for Cummax/Cummin
+        ScanPlan.select(ScanDescriptor(ScanKind.CUMSUM, shape, 1, element=element)).run(
+            ScanArgs(device(x), y, device(poisoned(shape, ElementKind.I64))))
+    assert np.isnan(host(y)).all()
+    for kind, missing in ((ScanKind.CUMPROD, "x"), (ScanKind.CUMPROD, "y"),
+                          (ScanKind.CUMMAX, "x"), (ScanKind.LOG_CUMSUM_EXP, "y")):
+        bplan = ScanBackwardPlan.select(ScanBackwardDescriptor(kind, shape, 1,
+                                                               element=element))
+        dx = device(poisoned(shape, element))
+        saved = {"x": device(x), "y": device(x)}
+        saved[missing] = None
+        with pytest.raises(InvalidProblem, match=f"ScanBackwardPlan: {missing} "):
+            bplan.run(ScanBackwardArgs(device(x), dx, saved["x"], saved["y"]))
+        assert np.isnan(host(dx)).all()
+    # dx overlapping a saved input
+    bplan = ScanBackwardPlan.select(ScanBackwardDescriptor(ScanKind.CUMMAX, shape, 1,
+                                                           element=element))
+    shared = device(x.copy())
+    with pytest.raises(InvalidProblem, match="overlap"):
+        bplan.run(ScanBackwardArgs(device(x), shared, shared))
+
+
+# -- GPU only: torch forward and autograd, large shapes -----------------------------------
+
+def _torch_forward(torch, kind, x, axis, reverse):
+    if reverse:
+        x = x.flip(axis)
+    indices = None
+    if kind is ScanKind.CUMSUM:
+        y = torch.cumsum(x, axis, dtype=x.dtype)
+    elif kind is ScanKind.CUMPROD:
+        y = torch.cumprod(x, axis, dtype=x.dtype)
+    elif kind is ScanKind.CUMMAX:
+        y, indices = torch.cummax(x, axis)
+    elif kind is ScanKind.CUMMIN:
+        y, indices = torch.cummin(x, axis)
+    else:
+        y = torch.logcumsumexp(x, axis)
+    if reverse:
+        y = y.flip(axis)
+        if indices is not None:
+            indices = (x.shape[axis] - 1 - indices).flip(axis)
+    return y, indices
+
+
+GPU_SHAPES = [((64, 1000), 1), ((1000, 64), 0), ((7, 4099), 1), ((3, 300, 5), 1),
+              ((2, 70000), 1), ((20000, 3), 0)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("element", FLOAT_ELEMENTS + INT_ELEMENTS, ids=lambda e: e.name)
+@pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.name)
+def test_gpu_forward_against_torch(kind, element, rng):
+    torch = torch_or_skip()
+    if kind is ScanKind.LOG_CUMSUM_EXP and element in INT_ELEMENTS:
+        pytest.skip("LogCumsumExp is float-only")
+    for shape, axis in GPU_SHAPES:
+        reverse = bool(rng.integers(0, 2))
+        x_host = inputs(shape, element, rng, kind)
+        if kind in EXTREMA and element.is_float:
+            x_host = to_storage(np.round(from_storage(x_host, element) * 4) / 4, element)
+        if kind is ScanKind.CUMPROD and element.is_float:
+            # factors +-(1 +- 2^-7): products of 70000 stay far inside every range (near
+            # the overflow threshold a parallel and a sequential product may differ by
+            # finite vs inf, both right to rounding)
+            x_host = to_storage(rng.choice([-1, 1], size=shape) * (
+                1 + rng.choice([-1, 0, 1], size=shape) / 128), element)
+        for workspace in (False, True):
+            _, y, indices = run_forward(kind, x_host, axis, reverse, element,
+                                        with_indices=kind in EXTREMA, workspace=workspace)
+            expected, expected_indices = _torch_forward(torch, kind, device(x_host), axis,
+                                                        reverse)
+            what = f"{kind.name} {element.name} {shape} axis={axis} reverse={reverse}"
+            if element in INT_ELEMENTS or kind in EXTREMA:
+                np.testing.assert_array_equal(from_storage(y, element),
+                                              from_storage(host(expected), element), what)
+            else:
+                x = from_storage(x_host, element)
+                ref, _, scale = reference_forward(kind, x, axis, reverse)
+                # torch rounds too: allow our bound around the float64 reference for both
+                check_close(from_storage(y, element), rounded(ref, element), scale, element,
+                            shape[axis], what)
+                # torch itself, for the record: its half kernels round the running value
+                # to half at every step, so it gets the bound of a half accumulator
+                torch_scale = scale * 4
+                torch_got = from_storage(host(expected), element)
+                torch_ref = rounded(ref, element)
+                if element in (ElementKind.F16, ElementKind.BF16):
+                    torch_scale = scale * TOLERANCE[element][0] / 2.0 ** -24
+                    # ... and overflows early near the top of the range (Cumprod)
+                    near_max = np.abs(ref) > 0.25 * float(np.finfo(np.float16).max) \
+                        if element is ElementKind.F16 else np.zeros(ref.shape, bool)
+                    torch_got = np.where(near_max, 0.0, torch_got)
+                    torch_ref = np.where(near_max, 0.0, torch_ref)
+                check_close(torch_got, torch_ref, torch_scale, element, shape[axis],
+                            "torch " + what)
+            if indices is not None:
+                np.testing.assert_array_equal(indices, host(expected_indices),
+                                              "indices " + what)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("element", FLOAT_ELEMENTS, ids=lambda e: e.name)
+@pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.name)
+def test_gpu_backward_against_autograd(kind, element, rng):
+    torch = torch_or_skip()
+    for shape, axis in [((16, 300), 1), ((300, 16), 0), ((2, 1500), 1)]:
+        reverse = bool(rng.integers(0, 2))
+        x_host = inputs(shape, element, rng, kind)
+        if kind in EXTREMA:
+            x_host = np.moveaxis(distinct_inputs(np.moveaxis(np.empty(shape), axis, -1).shape,
+                                                 element, rng), -1, axis)
+        dy_host = random_values(shape, element, rng)
+        _, y_host, _ = run_forward(kind, x_host, axis, reverse, element)
+        dx = run_backward(kind, dy_host, x_host, y_host, axis, reverse, element)
+        x_t = device(x_host).double().requires_grad_()
+        y_t, _ = _torch_forward(torch, kind, x_t, axis, reverse)
+        y_t.backward(device(dy_host).double())
+        expected = x_t.grad.cpu().numpy()  # float64 autograd (extrema: inputs without ties)
+        x, y, dy = (from_storage(a, element) for a in (x_host, y_host, dy_host))
+        _, scale = reference_backward(kind, x, y, dy, axis, reverse)
+        if kind is ScanKind.LOG_CUMSUM_EXP and element in (ElementKind.F16, ElementKind.BF16):
+            scale = scale * (1 + TOLERANCE[element][0] / 2.0 ** -24 / shape[axis])
+        check_close(from_storage(dx, element), rounded(expected, element), scale, element,
+                    shape[axis] + 2, f"{kind.name} backward {element.name} {shape}")
+
+
+@pytest.mark.gpu
+def test_gpu_more_than_2_pow_31_elements():
+    torch = torch_or_skip()
+    # f16 values in {-1, 0, 1}: every partial sum is an exact small integer in f32, so the
+    # result equals torch's f32 cumsum rounded to f16 exactly.
+    for shape, axis in (((4, (1 << 29) + 3), 0), (((1 << 21) + 1, 1024), 1)):
+        x = torch.randint(-1, 2, shape, device="cuda", dtype=torch.int8).half()
+        plan = ScanPlan.select(ScanDescriptor(ScanKind.CUMSUM, shape, axis,
+                                              element=ElementKind.F16))
+        y = torch.full_like(x, float("nan"))
+        plan.run(ScanArgs(x, y))
+        expected = torch.cumsum(x.float(), axis).half()
+        assert torch.equal(y, expected), shape
+        del x, y, expected
+        torch.cuda.empty_cache()
