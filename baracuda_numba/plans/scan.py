@@ -244,6 +244,7 @@ class _ScanLauncher(Plan):
         max_ws = (pref or PlanPreference()).max_workspace_bytes
         self._geometry = _Geometry(desc.input_shape, desc.scan_axis, main, max_ws)
         super().__init__(desc, _sku(desc.kind, element), pref, self._geometry.workspace_size)
+        self._bound: dict[Any, tuple[list[Any], int, int]] = {}
         if self._geometry.numel:
             for kernels in {id(k): k for k in (self._forward, self._backward) if k}.values():
                 kernels.rows.prepare()
@@ -268,12 +269,33 @@ class _ScanLauncher(Plan):
     def _launch(self, kernels: ScanKernels, code: int, reverse: bool,
                 ins: tuple[TensorRef, ...], out: TensorRef, indices: TensorRef | None,
                 stream: int, workspace: int | None) -> None:
+        """Launch through bound launches cached per layout: per call only pointers move."""
+        operands = list(ins) + [ins[-1]] * (3 - len(ins)) + [out]
+        key = (id(kernels), code, reverse, tuple(v.strides for v in operands),
+               None if indices is None else indices.strides, workspace is None)
+        cache = self._bound
+        found = cache.get(key)
+        if found is None:
+            found = self._bind(kernels, code, reverse, operands, indices, workspace is not None)
+            if len(cache) >= 64:
+                cache.clear()
+            cache[key] = found
+        launches, offset_a, offset_b = found
+        ws_a = workspace + offset_a if workspace is not None and offset_a >= 0 else 0
+        ws_b = workspace + offset_b if workspace is not None and offset_b >= 0 else 0
+        pointers = (operands[0].ptr, operands[1].ptr, operands[2].ptr, out.ptr,
+                    0 if indices is None else indices.ptr, ws_a, ws_b)
+        for bound in launches:
+            bound(stream, *pointers)
+
+    def _bind(self, kernels: ScanKernels, code: int, reverse: bool,
+              operands: list[TensorRef], indices: TensorRef | None,
+              with_workspace: bool) -> tuple[list[Any], int, int]:
+        """Kernel choice, geometry and every argument but the pointers for one layout."""
         geo = self._geometry
         axis = geo.axis
         shape = geo.shape
-        operands = list(ins) + [ins[-1]] * (3 - len(ins)) + [out]
-        if indices is not None:
-            operands.append(indices)
+        in0, in1, in2, out = operands
         # Outer axes ordered by the output's stride, largest first, so consecutive lines
         # (consecutive threads of the lines kernel) are neighbours in the output.
         outer_axes = [a for a in range(len(shape)) if a != axis]
@@ -288,20 +310,19 @@ class _ScanLauncher(Plan):
         def flat(view: TensorRef | None) -> tuple[int, int]:
             if view is None:
                 return (0, 0)
-            return (view.ptr, flat_span(shape, view.strides))
+            return (0, flat_span(shape, view.strides))
 
-        in0, in1, in2 = operands[0], operands[1], operands[2]
         use_rows = geo.extent >= _ROWS_MIN_EXTENT and out.strides[axis] == 1
         kernel = kernels.rows if use_rows else kernels.lines
         nseg = geo.rows_nseg if use_rows else geo.lines_nseg
-        if workspace is None:
+        if not with_workspace:
             nseg = 1
         seg_len = -(-geo.extent // nseg)
+        offset_a = offset_b = -1
         if nseg > 1:
             offset_a, offset_b, _ = geo._workspace_layout(geo.lines * nseg)
             entries = geo.lines * nseg
-            ws_a = (workspace + offset_a, entries)
-            ws_b = (workspace + offset_b, entries)
+            ws_a = ws_b = (0, entries)
         else:
             ws_a = ws_b = (0, 0)
         args = [flat(in0), flat(in1), flat(in2), flat(out), flat(indices), ws_a, ws_b,
@@ -318,11 +339,11 @@ class _ScanLauncher(Plan):
             work = -(-geo.lines // geo.lanes) * nseg
             args.append(-(-seg_len // geo.chunks))
         grid = min(work, _SIM_GRID if SIMULATOR else _MAX_GRID)
-        if nseg > 1:
-            args[11] = 1
-            kernel.launch(grid, block, stream, args)
-            args[11] = 2
-        kernel.launch(grid, block, stream, args)
+        launches = []
+        for phase in ((1, 2) if nseg > 1 else (0,)):
+            args[11] = phase
+            launches.append(kernel.bind(grid, block, tuple(args)))
+        return launches, offset_a, offset_b
 
 
 class ScanPlan(_ScanLauncher):
