@@ -114,7 +114,9 @@ def _dispatcher(py_func: Callable[..., Any], max_registers: int | None) -> Any:
     key = (py_func, max_registers)
     found = _DISPATCHERS.get(key)
     if found is None:
-        options: dict[str, Any] = {"cache": not SIMULATOR}
+        # Numba's disk-cache key ignores max_registers (a capped kernel would load the
+        # uncapped build), so capped kernels rely on this package's cubin cache alone.
+        options: dict[str, Any] = {"cache": not SIMULATOR and max_registers is None}
         if max_registers is not None and not SIMULATOR:
             options["max_registers"] = max_registers
         found = cuda.jit(**options)(py_func)

@@ -3,7 +3,10 @@ against torch.nn.functional.fractional_max_pool{2,3}d (forward, given samples) a
 aten's fractional_max_pool{2,3}d_backward (atomics; includes zeroing grad_input).
 
 Bytes counted as the minimum traffic: forward x + y + indices (i64), backward
-dy + indices + dx. ``FMP_TUNE=1`` adds rows for the unstaged path.
+dy + indices + dx. The plain rows use the default (fast, contiguous) kernels.
+``FMP_TUNE=1`` adds the other fast forward variant (looped / unrolled window), the
+general (any-stride, 64-bit, gather-backward) kernels on the same arrays, and the zero
+fill alone.
 """
 
 from __future__ import annotations
@@ -80,7 +83,8 @@ def _bench_one(ctx, label, shape_in, windows, shape_out, dtype_name, tune) -> No
     ctx.row(f"{label} fw", dtype_name, us, fw_bytes, torch_fw_us)
     bw = [bw_args(dy, idx, dx) for dy in dys]
     us = ctx.time_gpu(lambda i: plan.run_bw(bw[i]), sets)
-    ctx.row(f"{label} bw", dtype_name, us, bw_bytes, torch_bw_us, "deterministic, no zeroing")
+    ctx.row(f"{label} bw", dtype_name, us, bw_bytes, torch_bw_us,
+            "deterministic, zero fill included")
 
     # TORCH placement: the same windows as torch (checked before timing)
     plan_t, _, _ = _plan(shape_in, windows, shape_out, element, fmp.FractionalPlacement.TORCH)
@@ -104,15 +108,23 @@ def _bench_one(ctx, label, shape_in, windows, shape_out, dtype_name, tune) -> No
     ctx.row(f"{label} bw TORCH placement", dtype_name, us, bw_bytes, torch_bw_us,
             "matches torch" if close else "MISMATCH vs torch")
 
-    if tune:  # launch-shape variants of the same kernels, for the notes
-        for threads, rows in ((128, 8), (256, 4), (256, 16), (512, 8)):
-            plan.threads, plan.rows_per_thread = threads, rows
-            us = ctx.time_gpu(lambda i: plan.run_fw(fw[i]), sets)
-            ctx.row(f"{label} fw {threads} threads x {rows} rows", dtype_name, us, fw_bytes,
-                    torch_fw_us, "tuning")
-            us = ctx.time_gpu(lambda i: plan.run_bw(bw[i]), sets)
-            ctx.row(f"{label} bw {threads} threads x {rows} rows", dtype_name, us, bw_bytes,
-                    torch_bw_us, "tuning")
+    if tune:  # variants of the same computation, for the notes
+        plan.unrolled_window = not plan.unrolled_window
+        us = ctx.time_gpu(lambda i: plan.run_fw(fw[i]), sets)
+        ctx.row(f"{label} fw {'unrolled' if plan.unrolled_window else 'looped'} window", dtype_name,
+                us, fw_bytes, torch_fw_us, "tuning")
+        plan.unrolled_window = not plan.unrolled_window
+        plan.fast = False
+        us = ctx.time_gpu(lambda i: plan.run_fw(fw[i]), sets)
+        ctx.row(f"{label} fw general kernel", dtype_name, us, fw_bytes, torch_fw_us,
+                "any strides, 64-bit")
+        us = ctx.time_gpu(lambda i: plan.run_bw(bw[i]), sets)
+        ctx.row(f"{label} bw general kernel", dtype_name, us, bw_bytes, torch_bw_us,
+                "gather, any strides, 64-bit")
+        plan.fast = True
+        us = ctx.time_gpu(lambda i: dx.zero_(), sets)
+        ctx.row(f"{label} dx zero fill alone (torch)", dtype_name, us, n_in * item, None,
+                "part of the fast bw")
 
 
 def bench(ctx) -> None:

@@ -116,6 +116,21 @@ def make_plan(shape_in, windows, shape_out, element, placement=BARACUDA):
     return plan, FractionalMaxPool3dFwArgs, FractionalMaxPool3dBwArgs
 
 
+PATH_NAMES = ("fast", "fast-alt", "general")
+
+
+def set_path(plan, path):
+    """``fast``: the plan's default fast kernels; ``fast-alt``: the looped instead of the
+    unrolled forward window; ``general``: the any-stride 64-bit kernels (gather backward),
+    forced on contiguous arrays."""
+    assert plan.fast  # every test shape qualifies for the fast kernels
+    if path == "fast-alt":
+        plan.unrolled_window = not plan.unrolled_window
+    elif path == "general":
+        plan.fast = False
+    return plan
+
+
 def transposed_device(host: np.ndarray):
     """A device view of ``host`` with its last two axes swapped (non-contiguous)."""
     if SIMULATOR:
@@ -129,11 +144,13 @@ def samples_for(rng, batch, channels, rank):
 
 
 def run_and_check(rng, shape_in, windows, shape_out, element, placement=BARACUDA,
-                  x_host=None, samples=None, rows_per_thread=None):
+                  x_host=None, samples=None, rows_per_thread=None, path="fast"):
     """Forward + backward on fresh inputs against the references; returns the device
     arrays (for further checks). ``rows_per_thread`` overrides the plan's run length (3
-    makes runs straddle depth and plane boundaries)."""
+    makes runs straddle depth and plane boundaries); ``path`` picks the kernels (see
+    ``set_path``)."""
     plan, fw_args, bw_args = make_plan(shape_in, windows, shape_out, element, placement)
+    set_path(plan, path)
     if rows_per_thread is not None:
         plan.rows_per_thread = rows_per_thread
     batch, channels = shape_in[:2]
@@ -172,6 +189,8 @@ SIM_CASES = [
     ((1, 1, 3, 70), (2, 3), (2, 47)),  # wider than the simulator's grid: x grid-stride
     ((1, 1, 6, 13), (2, 6), (3, 5)),  # window rows longer than one 4-wide pass
     ((1, 1, 5, 6), (2, 2), (9, 11)),  # more outputs than start positions: long ranges
+    ((1, 2, 8, 9), (3, 3), (5, 6)),  # the unrolled fast windows (kernels.FAST_WINDOWS)
+    ((1, 1, 5, 6, 7), (3, 3, 3), (3, 4, 4)),
 ]
 GPU_CASES = SIM_CASES + [
     ((2, 3, 33, 257), (3, 3), (23, 181)),
@@ -181,25 +200,31 @@ GPU_CASES = SIM_CASES + [
 ]
 
 
+PATHS = pytest.mark.parametrize("path", PATH_NAMES)
+
+
+@PATHS
 @pytest.mark.parametrize("rows", (None, 3), ids=("rows-default", "rows-3"))
 @pytest.mark.parametrize("element", FLOAT_ELEMENTS, ids=lambda e: e.name)
 @pytest.mark.parametrize("case", SIM_CASES if SIMULATOR else GPU_CASES,
                          ids=lambda c: "x".join(map(str, c[0])))
-def test_forward_backward_match_reference(rng, element, case, rows):
-    run_and_check(rng, *case, element, rows_per_thread=rows)
+def test_forward_backward_match_reference(rng, element, case, rows, path):
+    run_and_check(rng, *case, element, rows_per_thread=rows, path=path)
 
 
+@PATHS
 @pytest.mark.parametrize("rows", (None, 3), ids=("rows-default", "rows-3"))
 @pytest.mark.parametrize("element", (ElementKind.F32, ElementKind.F64), ids=lambda e: e.name)
-@pytest.mark.parametrize("case", SIM_CASES[:1] if SIMULATOR else GPU_CASES,
+@pytest.mark.parametrize("case", SIM_CASES[:2] if SIMULATOR else GPU_CASES,
                          ids=lambda c: "x".join(map(str, c[0])))
-def test_torch_placement_matches_reference(rng, element, case, rows):
-    run_and_check(rng, *case, element, placement=TORCH, rows_per_thread=rows)
+def test_torch_placement_matches_reference(rng, element, case, rows, path):
+    run_and_check(rng, *case, element, placement=TORCH, rows_per_thread=rows, path=path)
 
 
+@PATHS
 @pytest.mark.parametrize("rows", (None, 3), ids=("rows-default", "rows-3"))
 @pytest.mark.parametrize("element", (ElementKind.F32, ElementKind.BF16), ids=lambda e: e.name)
-def test_ties_nan_and_inf(rng, element, rows):
+def test_ties_nan_and_inf(rng, element, rows, path):
     shape_in, windows, shape_out = (1, 2, 8, 9), (3, 2), (5, 6)
     # few distinct values: many ties; sprinkle NaN and +-inf
     values = rng.integers(-2, 3, size=shape_in).astype(np.float64)
@@ -208,27 +233,168 @@ def test_ties_nan_and_inf(rng, element, rows):
     flat[rng.choice(flat.size, 6, replace=False)] = np.inf
     flat[rng.choice(flat.size, 6, replace=False)] = -np.inf
     run_and_check(rng, shape_in, windows, shape_out, element,
-                  x_host=to_storage(values, element), rows_per_thread=rows)
+                  x_host=to_storage(values, element), rows_per_thread=rows, path=path)
 
 
-def test_all_equal_and_all_minus_inf_pick_the_first(rng):
+@PATHS
+def test_all_equal_and_all_minus_inf_pick_the_first(rng, path):
     shape_in, windows, shape_out = (1, 1, 5, 5), (2, 3), (3, 2)
     for fill in (1.5, -np.inf):
         run_and_check(rng, shape_in, windows, shape_out, ElementKind.F32,
-                      x_host=np.full(shape_in, fill, dtype=np.float32))
+                      x_host=np.full(shape_in, fill, dtype=np.float32), path=path)
 
 
-def test_window_equal_to_input_and_out_one(rng):
-    run_and_check(rng, (1, 2, 4, 5), (4, 5), (1, 1), ElementKind.F32)  # one window: all
-    run_and_check(rng, (1, 1, 4, 6), (4, 2), (3, 1), ElementKind.F64)  # ms = 0 with out > 1
+@PATHS
+def test_window_equal_to_input_and_out_one(rng, path):
+    # one window: all; then max_start = 0 with out > 1
+    run_and_check(rng, (1, 2, 4, 5), (4, 5), (1, 1), ElementKind.F32, path=path)
+    run_and_check(rng, (1, 1, 4, 6), (4, 2), (3, 1), ElementKind.F64, path=path)
+    run_and_check(rng, (1, 2, 3, 9, 7), (2, 3, 3), (1, 4, 1), ElementKind.F32, path=path)
 
 
-def test_samples_at_the_edges(rng):
+@PATHS
+def test_samples_at_the_edges(rng, path):
     """0, the largest f32 below 1, and out-of-range samples (clamped into [0, 1))."""
     shape_in, windows, shape_out = (1, 4, 9, 11), (2, 3), (6, 5)
     samples = np.array([[[0.0, np.nextafter(np.float32(1), np.float32(0))],
                          [1.0, 7.5], [-3.0, np.nan], [0.5, 0.25]]], dtype=np.float32)
-    run_and_check(rng, shape_in, windows, shape_out, ElementKind.F32, samples=samples)
+    run_and_check(rng, shape_in, windows, shape_out, ElementKind.F32, samples=samples,
+                  path=path)
+
+
+def test_magic_division_is_exact(rng):
+    """The fast kernels' multiply-shift division equals ``//`` for every numerator below
+    2^31 (checked at the edges: 0, multiples of the divisor and their neighbours, 2^31-1)
+    and the product stays below 2^63."""
+    from baracuda_numba.kernels.fractional_max_pool import magic_divisor
+
+    limit = (1 << 31) - 1
+    divisors = list(range(1, 300)) + [int(v) for v in rng.integers(300, limit, 300)] + [
+        limit, limit - 1, 1 << 30, (1 << 30) + 1, 46341, 65535, 65536, 65537]
+    for divisor in divisors:
+        multiplier, shift = magic_divisor(divisor)
+        assert 0 < multiplier < (1 << 32)
+        values = {0, 1, limit, limit - 1, int(rng.integers(0, limit))}
+        for q in (1, 2, 3, limit // divisor, limit // divisor - 1,
+                  int(rng.integers(0, limit // divisor + 1))):
+            values.update(v for v in (q * divisor - 1, q * divisor, q * divisor + 1)
+                          if 0 <= v <= limit)
+        for value in values:
+            assert value * multiplier < (1 << 63)
+            assert (value * multiplier) >> shift == value // divisor, (divisor, value)
+
+
+@pytest.mark.simulator
+def test_fast_start_equals_the_general_start(rng):
+    """baracuda_threshold + baracuda_start_fast (the fast kernels' placement) equal
+    baracuda_window_start, and candidate_outputs_fast equals candidate_outputs (the device
+    helpers run in a one-thread simulator kernel: cuda.fma exists only inside kernels)."""
+    from numba import cuda
+
+    from baracuda_numba.kernels.fractional_max_pool import (
+        baracuda_start_fast,
+        baracuda_threshold,
+        baracuda_window_start,
+        candidate_outputs,
+        candidate_outputs_fast,
+        magic_divisor,
+    )
+
+    @cuda.jit
+    def compare(cases, alphas, points, got):
+        for i in range(cases.shape[0]):
+            extent, window, out = cases[i, 0], cases[i, 1], cases[i, 2]
+            max_start = extent - window
+            threshold = baracuda_threshold(alphas[i], max_start, out - 1)
+            for j in range(points.shape[1]):
+                o = points[i, j] % out
+                fast = baracuda_start_fast(o, max_start, out - 1, threshold, cases[i, 3],
+                                           cases[i, 4])
+                got[i, j, 0] = fast - baracuda_window_start(o, out, extent, window,
+                                                            alphas[i])
+                coord = points[i, j] % extent
+                first, end = candidate_outputs_fast(coord, extent, window, out, 0,
+                                                    cases[i, 5], cases[i, 6])
+                first_ref, end_ref = candidate_outputs(coord, extent, window, out, 0)
+                got[i, j, 1] = abs(first - first_ref) + abs(end - end_ref)
+
+    rows = []
+    for trial in range(200):
+        extent = int(rng.integers(1, 2_000_000 if trial % 10 == 0 else 60))
+        window = int(rng.integers(1, min(extent, 6) + 1))
+        out = int(rng.integers(1, min(2 * (extent - window + 1) + 2, 40)))
+        if trial % 10 == 1:
+            out = int(rng.integers(1, ((1 << 31) - 1) // (extent + 1)))
+        rows.append((extent, window, out) + magic_divisor(out - 1)
+                    + magic_divisor(extent - window))
+    cases = np.array(rows, dtype=np.int64)
+    alphas = np.array([rng.choice([rng.random(), 0.0, 0.99999994, 0.5]) for _ in rows],
+                      dtype=np.float32)
+    points = rng.integers(0, 1 << 40, size=(len(rows), 6))
+    points[:, :3] = [0, 1, -1]  # first, second and last output / coordinate
+    points[:, 2] = cases[:, 2] - 1
+    points[:, 3] = cases[:, 0] - 1
+    got = np.full((len(rows), 6, 2), -1, dtype=np.int64)
+    compare[1, 1](cases, alphas, points, got)
+    assert (got == 0).all(), cases[np.flatnonzero((got != 0).any(axis=(1, 2)))]
+
+
+@pytest.mark.parametrize("case", SIM_CASES[:2] + SIM_CASES[-2:],
+                         ids=lambda c: "x".join(map(str, c[0])))
+def test_fast_and_general_backward_are_bit_identical(rng, case):
+    """The leader-scatter backward sums the same (output, index) pairs in the same order as
+    the gather: bit-identical dx, foreign indices included."""
+    element = ElementKind.BF16
+    shape_in, windows, shape_out = case
+    _, _, bw_args = make_plan(shape_in, windows, shape_out, element)
+    _, _, _, idx, _ = run_and_check(rng, shape_in, windows, shape_out, element)
+    full_out = shape_in[:2] + shape_out
+    bad = to_host(idx).copy().reshape(-1)
+    bad[0] = 10**12
+    bad[-1] = -1
+    bad[1] = int(np.prod(shape_in)) - 1  # far from output 1's window
+    for indices in (idx, to_device(bad.reshape(full_out))):
+        dy = to_device(random_values(full_out, element, rng))
+        results = []
+        for path in PATH_NAMES:
+            plan = set_path(make_plan(shape_in, windows, shape_out, element)[0], path)
+            dx = to_device(poisoned(shape_in, element))
+            plan.run_bw(bw_args(dy, indices, dx))
+            results.append(to_host(dx))
+        for other in results[1:]:
+            np.testing.assert_array_equal(results[0].view(np.uint16), other.view(np.uint16))
+
+
+def test_fast_window_kernels_are_selected():
+    """Windows in FAST_WINDOWS get their unrolled forward, others the looped one."""
+    from baracuda_numba.kernels.fractional_max_pool import FAST_WINDOWS
+
+    for window in FAST_WINDOWS + ((1, 2, 3), (2, 2, 2)):
+        shape_in = (1, 1) + tuple(k + 3 for k in window)
+        if window[0] == 1:
+            plan = make_plan(shape_in[:2] + shape_in[3:], window[1:], (2, 2),
+                             ElementKind.F32)[0]
+        else:
+            plan = make_plan(shape_in, window, (2, 2, 2), ElementKind.F32)[0]
+        name = "x".join(map(str, window)) if window in FAST_WINDOWS else "any"
+        assert plan._fw_fast_kernel.name == f"fractional_max_pool_fw_fast[F32,{name}]"
+
+
+def test_contiguous_arrays_take_the_fast_path(rng):
+    """Row-major arrays launch the fast kernels (the general ones are not called)."""
+    element = ElementKind.F32
+    plan, fw_args, bw_args = make_plan((1, 2, 7, 9), (2, 3), (5, 5), element)
+
+    class Forbidden:
+        def launch(self, *args):
+            raise AssertionError("general kernel launched for contiguous arrays")
+
+    plan._fw_kernel = plan._bw_kernel = Forbidden()
+    x = to_device(random_values((1, 2, 7, 9), element, rng))
+    y = to_device(poisoned((1, 2, 5, 5), element))
+    idx = to_device(poisoned((1, 2, 5, 5), ElementKind.I64))
+    plan.run_fw(fw_args(x, y, idx, to_device(samples_for(rng, 1, 2, 2))))
+    plan.run_bw(bw_args(y, idx, to_device(poisoned((1, 2, 7, 9), element))))
 
 
 @pytest.mark.parametrize("rows", (None, 3), ids=("rows-default", "rows-3"))
