@@ -1,0 +1,949 @@
+"""Single-axis reductions, their gradients and arg-reductions.
+
+Every forward reduction folds the ``extent`` elements of one output position ("row") into
+a state of four registers ``(a, b, c, k)`` (three of the accumulator type, one int64) and
+finalises it:
+
+==========  ===========================================  ============================
+kind        state and step ``s <- step(s, v)``           final
+==========  ===========================================  ============================
+Sum/Mean    ``a += v``                                   ``a`` / ``a / extent``
+Prod        ``a *= v``                                   ``a``
+Max/Min     ``a = nan_max(a, v)`` (NaN propagates)       ``a``
+Norm2       ``a += v*v`` (f32 for halves: no overflow)   ``sqrt(a)``
+LogSumExp   online ``(m, s)``: ``s = s e^(m-v') + ...``  ``m + log s`` (-inf/+inf safe)
+Var/Std     Welford ``(mean, m2, n)``, Chan merge        ``m2 / max(n - corr, 0)``
+Argmax/min  ``(best value, first index)``, NaN = best    index (int64)
+ties        ``k += (v == y)`` (Max/Min gradient)         count
+==========  ===========================================  ============================
+
+Accumulators: f32 for f16/bf16/f32, f64 for f64, int64 for i32/i64 (i32 results wrap).
+
+Work layout (one generic kernel body; the kind's ``step``/``merge``/``final`` come from a
+per-kind table and are compiled in, not branched on)::
+
+    block = 256 threads = P output slots x L lanes (L a power of two)
+      row layout    (reduce axis has stride 1): lane = tid % L  -> lanes read consecutive
+                     elements of one row; L <= 32 reduces with warp shuffles only
+      column layout (reduce axis strided):      slot = tid % P  -> consecutive threads own
+                     consecutive outputs and walk the axis together (coalesced)
+    grid.x -> groups of P outputs (grid-stride), grid.y -> S splits of the axis
+
+Each thread keeps CHUNK = 8 loads in flight per iteration, then folds them (``chunk``;
+Welford folds the chunk exactly and merges it with one division). Lanes combine by warp
+shuffles (xor tree), then a shared-memory tree across warps/lanes. With S > 1 each split
+writes its partial state to the workspace and a second launch of the same kernel (``mode``
+2/3) merges the S states per output in split order: deterministic, no atomics.
+
+Modes: 0 reduce into ``y``; 1 write partial states to the workspace; 2 merge partial
+states into ``y``; 3 merge partial states into workspace slot 0 (gradient statistics).
+
+The gradient kernel uses the same layout (no cross-lane step): every output position
+loads ``dy`` (and ``y``/a statistic) once, then writes its ``extent`` elements of ``dx``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from numba import cuda, float32, float64, int32, int64, types, uint16, uint64
+
+from ..launch import Kernel
+from ..types import ElementKind, ReduceKind
+from .common import MAX_RANK, bf16_to_f32, div_mod, f32_to_bf16, nan_max, nan_min, shfl_xor
+
+#: Shared-array capacity: the largest block the kernels are launched with.
+SHARED_SLOTS = 256
+#: Internal kind: number of positions equal to the saved max/min (Max/Min gradient).
+TIES = "ties"
+#: Loads each thread keeps in flight per loop iteration (independent, then folded).
+CHUNK = 8
+
+_INF = math.inf
+_INT64_MIN = -(1 << 63)
+_INT64_MAX = (1 << 63) - 1
+
+# -- element loads/stores ---------------------------------------------------------------
+
+
+# Indices are non-negative: an unsigned index spares Numba's negative-index wraparound
+# (3 instructions per access), and the C-layout flat arrays make the address base + 4 i.
+
+
+@cuda.jit(device=True, inline=True)
+def _load_f16(x, i):
+    return float32(x[uint64(i)])
+
+
+@cuda.jit(device=True, inline=True)
+def _load_bf16(x, i):
+    return bf16_to_f32(x[uint64(i)])
+
+
+@cuda.jit(device=True, inline=True)
+def _load_same(x, i):
+    return x[uint64(i)]
+
+
+@cuda.jit(device=True, inline=True)
+def _load_i64(x, i):
+    return int64(x[uint64(i)])
+
+
+@cuda.jit(device=True, inline=True)
+def _store_f16(v):
+    return types.float16(v)
+
+
+@cuda.jit(device=True, inline=True)
+def _store_bf16(v):
+    return f32_to_bf16(float32(v))
+
+
+@cuda.jit(device=True, inline=True)
+def _store_f32(v):
+    return float32(v)
+
+
+@cuda.jit(device=True, inline=True)
+def _store_f64(v):
+    return float64(v)
+
+
+@cuda.jit(device=True, inline=True)
+def _store_i32(v):
+    # two's-complement wrap of the int64 accumulator (torch's int32 overflow behaviour)
+    w = int64(v) & 0xFFFFFFFF
+    if w >= 0x80000000:
+        w -= 0x100000000
+    return int32(w)
+
+
+@cuda.jit(device=True, inline=True)
+def _store_i64(v):
+    return int64(v)
+
+
+@dataclass(frozen=True)
+class ElementSpec:
+    """How one element kind is stored, loaded and accumulated."""
+
+    storage: types.Type
+    acc: types.Type
+    load: Any
+    store: Any
+    lowest: float | int  # -inf, or the int64 minimum
+    highest: float | int
+
+
+#: The element table: every kernel, signature and supported-dtype message derives from it.
+ELEMENTS: dict[ElementKind, ElementSpec] = {
+    ElementKind.F16: ElementSpec(types.float16, float32, _load_f16, _store_f16, -_INF, _INF),
+    ElementKind.BF16: ElementSpec(uint16, float32, _load_bf16, _store_bf16, -_INF, _INF),
+    ElementKind.F32: ElementSpec(float32, float32, _load_same, _store_f32, -_INF, _INF),
+    ElementKind.F64: ElementSpec(float64, float64, _load_same, _store_f64, -_INF, _INF),
+    ElementKind.I32: ElementSpec(int32, int64, _load_i64, _store_i32, _INT64_MIN, _INT64_MAX),
+    ElementKind.I64: ElementSpec(int64, int64, _load_i64, _store_i64, _INT64_MIN, _INT64_MAX),
+}
+FLOAT_ELEMENTS = (ElementKind.F16, ElementKind.BF16, ElementKind.F32, ElementKind.F64)
+INT_ELEMENTS = (ElementKind.I32, ElementKind.I64)
+
+# -- per-kind state functions ------------------------------------------------------------
+# step(a, b, c, k, v, index, aux) and merge(a1, b1, c1, k1, a2, b2, c2, k2) return the new
+# (a, b, c, k); final(a, b, c, k, param) returns the accumulator-typed result.
+
+
+@cuda.jit(device=True, inline=True)
+def _sum_step(a, b, c, k, v, i, aux):
+    return a + v, b, c, k
+
+
+@cuda.jit(device=True, inline=True)
+def _sum_merge(a, b, c, k, a2, b2, c2, k2):
+    return a + a2, b, c, k
+
+
+@cuda.jit(device=True, inline=True)
+def _final_a(a, b, c, k, param):
+    return a
+
+
+@cuda.jit(device=True, inline=True)
+def _final_mean(a, b, c, k, param):
+    # param = extent as a float; 0/0 = NaN is the empty-axis mean (torch)
+    return a / param
+
+
+@cuda.jit(device=True, inline=True)
+def _prod_step(a, b, c, k, v, i, aux):
+    return a * v, b, c, k
+
+
+@cuda.jit(device=True, inline=True)
+def _prod_merge(a, b, c, k, a2, b2, c2, k2):
+    return a * a2, b, c, k
+
+
+@cuda.jit(device=True, inline=True)
+def _max_step(a, b, c, k, v, i, aux):
+    return nan_max(a, v), b, c, k
+
+
+@cuda.jit(device=True, inline=True)
+def _max_merge(a, b, c, k, a2, b2, c2, k2):
+    return nan_max(a, a2), b, c, k
+
+
+@cuda.jit(device=True, inline=True)
+def _min_step(a, b, c, k, v, i, aux):
+    return nan_min(a, v), b, c, k
+
+
+@cuda.jit(device=True, inline=True)
+def _min_merge(a, b, c, k, a2, b2, c2, k2):
+    return nan_min(a, a2), b, c, k
+
+
+@cuda.jit(device=True, inline=True)
+def _norm2_step(a, b, c, k, v, i, aux):
+    return a + v * v, b, c, k
+
+
+@cuda.jit(device=True, inline=True)
+def _final_sqrt(a, b, c, k, param):
+    return math.sqrt(a)
+
+
+def _lse_functions(ACC: types.Type) -> tuple[Any, Any]:
+    """Online log-sum-exp on (a = running max m, b = sum of exp(x - m)). NaN poisons both;
+    -inf elements add nothing; +inf meets the ``v == m`` branch (exp(0) = 1), so no
+    inf - inf ever reaches exp."""
+    ONE = 1.0
+
+    @cuda.jit(device=True, inline=True)
+    def lse_step(a, b, c, k, v, i, aux):
+        if v != v:
+            return v, v, c, k
+        if a != a or v == -_INF:
+            return a, b, c, k
+        if v == a:
+            return a, b + ACC(ONE), c, k
+        if v < a:
+            return a, b + ACC(math.exp(v - a)), c, k
+        return v, b * ACC(math.exp(a - v)) + ACC(ONE), c, k
+
+    @cuda.jit(device=True, inline=True)
+    def lse_merge(a, b, c, k, a2, b2, c2, k2):
+        if a != a:
+            return a, b, c, k
+        if a2 != a2:
+            return a2, b2, c, k
+        if a2 == -_INF:
+            return a, b, c, k
+        if a == -_INF:
+            return a2, b2, c, k
+        if a == a2:
+            return a, b + b2, c, k
+        if a > a2:
+            return a, b + b2 * ACC(math.exp(a2 - a)), c, k
+        return a2, b2 + b * ACC(math.exp(a - a2)), c, k
+
+    return lse_step, lse_merge
+
+
+@cuda.jit(device=True, inline=True)
+def _final_lse(a, b, c, k, param):
+    if a != a:
+        return a
+    if a == -_INF or a == _INF:
+        return a
+    return a + math.log(b)
+
+
+def _welford_functions(ACC: types.Type) -> tuple[Any, Any, Any]:
+    """Welford on (a = mean, b = m2, k = count) with Chan et al.'s merge; ``chunk`` folds a
+    CHUNK-element chunk exactly (its own mean and m2) and merges once: one division per
+    chunk instead of one per element."""
+    INV_CHUNK = 1.0 / CHUNK
+
+    @cuda.jit(device=True, inline=True)
+    def welford_merge(a, b, c, k, a2, b2, c2, k2):
+        if k2 == 0:
+            return a, b, c, k
+        if k == 0:
+            return a2, b2, c2, k2
+        n = k + k2
+        delta = a2 - a
+        frac = ACC(k2) / ACC(n)
+        return a + delta * frac, b + b2 + delta * delta * ACC(k) * frac, c, n
+
+    @cuda.jit(device=True, inline=True)
+    def welford_step(a, b, c, k, v, i, aux):
+        n = k + 1
+        delta = v - a
+        mean = a + delta / ACC(n)
+        return mean, b + delta * (v - mean), c, n
+
+    @cuda.jit(device=True, inline=True)
+    def welford_chunk(a, b, c, k, values, i, span, aux):
+        total = ACC(0)
+        for u in range(CHUNK):
+            total += values[u]
+        chunk_mean = total * ACC(INV_CHUNK)
+        chunk_m2 = ACC(0)
+        for u in range(CHUNK):
+            d = values[u] - chunk_mean
+            chunk_m2 += d * d
+        return welford_merge(a, b, c, k, chunk_mean, chunk_m2, c, int64(CHUNK))
+
+    return welford_step, welford_chunk, welford_merge
+
+
+@cuda.jit(device=True, inline=True)
+def _final_var(a, b, c, k, param):
+    # param = correction; torch: m2 / max(n - correction, 0), so n <= correction gives inf
+    # (or NaN when m2 == 0), never 0
+    divisor = float64(k) - param
+    if divisor < 0.0:
+        divisor = 0.0
+    return float64(b) / divisor
+
+
+@cuda.jit(device=True, inline=True)
+def _final_std(a, b, c, k, param):
+    return math.sqrt(_final_var(a, b, c, k, param))
+
+
+@cuda.jit(device=True, inline=True)
+def _ties_step(a, b, c, k, v, i, aux):
+    if v == aux:
+        return a, b, c, k + 1
+    return a, b, c, k
+
+
+@cuda.jit(device=True, inline=True)
+def _ties_merge(a, b, c, k, a2, b2, c2, k2):
+    return a, b, c, k + k2
+
+
+@cuda.jit(device=True, inline=True)
+def _final_k(a, b, c, k, param):
+    return k
+
+
+@cuda.jit(device=True, inline=True)
+def _argmax_step(a, b, c, k, v, i, aux):
+    # elements of one lane arrive in increasing index order: strict > keeps the first
+    if k < 0 or (a == a and (v != v or v > a)):
+        return v, b, c, i
+    return a, b, c, k
+
+
+@cuda.jit(device=True, inline=True)
+def _argmin_step(a, b, c, k, v, i, aux):
+    if k < 0 or (a == a and (v != v or v < a)):
+        return v, b, c, i
+    return a, b, c, k
+
+
+@cuda.jit(device=True, inline=True)
+def _arg_pick(a, k, a2, k2, first_better):
+    """Merge two (value, index) candidates: NaN wins, then the better value, then the
+    smaller index (first occurrence)."""
+    if k2 < 0:
+        return a, k
+    if k < 0:
+        return a2, k2
+    nan1 = a != a
+    nan2 = a2 != a2
+    if nan1 and nan2:
+        return (a, k) if k < k2 else (a2, k2)
+    if nan1:
+        return a, k
+    if nan2:
+        return a2, k2
+    if first_better:
+        return a, k
+    if a == a2:
+        return (a, k) if k < k2 else (a2, k2)
+    return a2, k2
+
+
+@cuda.jit(device=True, inline=True)
+def _argmax_merge(a, b, c, k, a2, b2, c2, k2):
+    best, index = _arg_pick(a, k, a2, k2, a > a2)
+    return best, b, c, index
+
+
+@cuda.jit(device=True, inline=True)
+def _argmin_merge(a, b, c, k, a2, b2, c2, k2):
+    best, index = _arg_pick(a, k, a2, k2, a < a2)
+    return best, b, c, index
+
+
+def _sequential_chunk(step: Any) -> Any:
+    """``chunk`` for kinds without a chunked form: the CHUNK steps in index order."""
+
+    @cuda.jit(device=True, inline=True)
+    def chunk(a, b, c, k, values, i, span, aux):
+        for u in range(CHUNK):
+            a, b, c, k = step(a, b, c, k, values[u], i + u * span, aux)
+        return a, b, c, k
+
+    return chunk
+
+
+def _plain(step: Any, merge: Any) -> Callable[[types.Type], tuple[Any, Any, Any]]:
+    """Functions of a kind whose arithmetic needs no typed constants."""
+    functions = (step, _sequential_chunk(step), merge)
+    return lambda acc: functions
+
+
+_PER_ACC: dict[tuple[Any, types.Type], tuple[Any, Any, Any]] = {}
+
+
+def _lse_for(acc: types.Type) -> tuple[Any, Any, Any]:
+    found = _PER_ACC.get(("lse", acc))
+    if found is None:
+        step, merge = _lse_functions(acc)
+        found = _PER_ACC[("lse", acc)] = (step, _sequential_chunk(step), merge)
+    return found
+
+
+def _welford_for(acc: types.Type) -> tuple[Any, Any, Any]:
+    found = _PER_ACC.get(("welford", acc))
+    if found is None:
+        found = _PER_ACC[("welford", acc)] = _welford_functions(acc)
+    return found
+
+
+@dataclass(frozen=True)
+class KindOps:
+    """A reduction kind: ``functions(acc) -> (step, chunk, merge)``, its ``final``, the
+    initial state and which registers it uses.
+
+    ``init_a`` maps the ElementSpec to the initial ``a`` (Max starts at the lowest value
+    of the accumulator type); ``n_acc`` accumulator registers and ``uses_k`` decide what
+    a partial state occupies in the workspace; ``uses_aux`` reads ``y`` per output (ties);
+    ``arg`` writes the int64 index ``k``.
+    """
+
+    functions: Callable[[types.Type], tuple[Any, Any, Any]]
+    final: Any
+    init_a: Callable[[ElementSpec], float | int] = lambda spec: 0
+    init_k: int = 0
+    n_acc: int = 1
+    uses_k: bool = False
+    uses_aux: bool = False
+    arg: bool = False
+
+
+_SUM_FUNCTIONS = _plain(_sum_step, _sum_merge)
+
+#: The kind table (ReduceKind members plus the internal TIES).
+KIND_OPS: dict[Any, KindOps] = {
+    # float Sum and Mean share one kernel: final = a / param, param = 1 (exact) or extent
+    ReduceKind.SUM: KindOps(_SUM_FUNCTIONS, _final_mean),
+    ReduceKind.PROD: KindOps(_plain(_prod_step, _prod_merge), _final_a,
+                             init_a=lambda spec: 1),
+    ReduceKind.MAX: KindOps(_plain(_max_step, _max_merge), _final_a,
+                            init_a=lambda spec: spec.lowest),
+    ReduceKind.MIN: KindOps(_plain(_min_step, _min_merge), _final_a,
+                            init_a=lambda spec: spec.highest),
+    ReduceKind.NORM2: KindOps(_plain(_norm2_step, _sum_merge), _final_sqrt),
+    ReduceKind.LOG_SUM_EXP: KindOps(_lse_for, _final_lse, init_a=lambda spec: -_INF,
+                                    n_acc=2),
+    ReduceKind.VAR: KindOps(_welford_for, _final_var, n_acc=2, uses_k=True),
+    ReduceKind.STD: KindOps(_welford_for, _final_std, n_acc=2, uses_k=True),
+    ReduceKind.ARGMAX: KindOps(_plain(_argmax_step, _argmax_merge), _final_k,
+                               init_a=lambda spec: spec.lowest, init_k=-1, uses_k=True,
+                               arg=True),
+    ReduceKind.ARGMIN: KindOps(_plain(_argmin_step, _argmin_merge), _final_k,
+                               init_a=lambda spec: spec.highest, init_k=-1, uses_k=True,
+                               arg=True),
+    TIES: KindOps(_plain(_ties_step, _ties_merge), _final_k, n_acc=0, uses_k=True,
+                  uses_aux=True),
+}
+
+#: Kernel kind that computes each forward kind (float Mean is the Sum kernel).
+FORWARD_KERNEL_KIND = {ReduceKind.MEAN: ReduceKind.SUM}
+
+#: Kernel kinds per element kind (integers: the exact ones).
+FORWARD_KINDS: dict[ElementKind, tuple[Any, ...]] = {
+    **{e: (ReduceKind.SUM, ReduceKind.MAX, ReduceKind.MIN, ReduceKind.PROD,
+           ReduceKind.NORM2, ReduceKind.LOG_SUM_EXP, ReduceKind.VAR, ReduceKind.STD,
+           ReduceKind.ARGMAX, ReduceKind.ARGMIN, TIES) for e in FLOAT_ELEMENTS},
+    **{e: (ReduceKind.SUM, ReduceKind.MAX, ReduceKind.MIN, ReduceKind.PROD,
+           ReduceKind.ARGMAX, ReduceKind.ARGMIN) for e in INT_ELEMENTS},
+}
+
+# -- index helpers ---------------------------------------------------------------------
+
+
+@cuda.jit(device=True, inline=True)
+def _offsets4(linear, shape, s0, s1, s2, s3):
+    """Offsets of output position ``linear`` (row-major over ``shape``) in four operands
+    (one unravel, 32-bit divisions whenever the values fit)."""
+    o0 = int64(0)
+    o1 = int64(0)
+    o2 = int64(0)
+    o3 = int64(0)
+    rest = int64(linear)
+    for axis in range(MAX_RANK - 1, -1, -1):
+        extent = shape[axis]
+        if extent != 1:
+            rest, coord = div_mod(rest, extent)
+            o0 += coord * s0[axis]
+            o1 += coord * s1[axis]
+            o2 += coord * s2[axis]
+            o3 += coord * s3[axis]
+    return o0, o1, o2, o3
+
+
+# -- the forward kernel ------------------------------------------------------------------
+
+
+_LANE_REDUCERS: dict[tuple[Any, ElementKind], Any] = {}
+_LANE_COMBINERS: dict[tuple[Any, ElementKind], Any] = {}
+
+
+def _lane_combiner(kind: Any, element: ElementKind) -> Any:
+    """Device function: merge the states of the ``lanes`` lanes of each slot (result in
+    lane 0): xor shuffles within a warp (row layout), then a shared-memory tree across
+    warps (row layout) or across lanes strided by ``slots`` (column layout). Every thread
+    of the block calls it."""
+    found = _LANE_COMBINERS.get((kind, element))
+    if found is not None:
+        return found
+    ops = KIND_OPS[kind]
+    merge = ops.functions(ELEMENTS[element].acc)[2]
+    N_ACC, USES_K, ARG = ops.n_acc, ops.uses_k, ops.arg
+
+    @cuda.jit(device=True, inline=True)
+    def combine(a, b, c, k, tid, lane, lanes, slots, row_layout, sa, sb, sk):
+        if row_layout:
+            width = min(lanes, 32) // 2
+            while width >= 1:
+                a2 = shfl_xor(a, width) if N_ACC >= 1 or ARG else a
+                b2 = shfl_xor(b, width) if N_ACC >= 2 else b
+                k2 = shfl_xor(k, width) if USES_K else k
+                a, b, c, k = merge(a, b, c, k, a2, b2, c, k2)
+                width //= 2
+            groups = lanes // 32 if lanes > 32 else 1
+            group_stride = 32
+            group_index = lane // 32
+            leader = lane % 32 == 0
+        else:
+            groups = lanes
+            group_stride = slots
+            group_index = lane
+            leader = True
+        if groups > 1:
+            sa[tid] = a
+            sb[tid] = b
+            sk[tid] = k
+            cuda.syncthreads()
+            half = groups // 2
+            while half >= 1:
+                if leader and group_index < half:
+                    other = tid + half * group_stride
+                    a, b, c, k = merge(a, b, c, k, sa[other], sb[other], c, sk[other])
+                    sa[tid] = a
+                    sb[tid] = b
+                    sk[tid] = k
+                cuda.syncthreads()
+                half //= 2
+            cuda.syncthreads()  # the shared slots are free again when this returns
+        return a, b, c, k
+
+    _LANE_COMBINERS[(kind, element)] = combine
+    return combine
+
+
+def _lane_reducer(kind: Any, element: ElementKind) -> Any:
+    """Device function: the state of output ``o`` over elements ``[begin, end)`` of its
+    row, folded by the block's ``lanes`` lanes of one slot (complete in lane 0). Every
+    thread of the block must call it (shuffles and barriers); ``valid`` threads load."""
+    found = _LANE_REDUCERS.get((kind, element))
+    if found is not None:
+        return found
+    ops = KIND_OPS[kind]
+    spec = ELEMENTS[element]
+    ACC = spec.acc
+    load = spec.load
+    step, fold_chunk, merge = ops.functions(ACC)
+    INIT_A, INIT_K = ops.init_a(spec), ops.init_k
+    combine = _lane_combiner(kind, element)
+
+    @cuda.jit(device=True, inline=True)
+    def lane_reduce(x, x_off, x_axis_stride, aux_value, valid, begin, end, tid, lane, lanes,
+                    slots, row_layout, sa, sb, sk):
+        a = ACC(INIT_A)
+        b = ACC(0)
+        c = ACC(0)
+        k = int64(INIT_K)
+        span = int64(lanes)
+        x_span = span * x_axis_stride
+        if valid:
+            i = begin + lane
+            x_at = x_off + i * x_axis_stride
+            values = cuda.local.array(CHUNK, ACC)
+            while i + (CHUNK - 1) * span < end:  # CHUNK independent loads in flight
+                for u in range(CHUNK):
+                    values[u] = load(x, x_at + u * x_span)
+                a, b, c, k = fold_chunk(a, b, c, k, values, i, span, aux_value)
+                i += CHUNK * span
+                x_at += CHUNK * x_span
+            while i < end:
+                a, b, c, k = step(a, b, c, k, load(x, x_at), i, aux_value)
+                i += span
+                x_at += x_span
+        return combine(a, b, c, k, tid, lane, lanes, slots, row_layout, sa, sb, sk)
+
+    _LANE_REDUCERS[(kind, element)] = lane_reduce
+    return lane_reduce
+
+
+def _make_reduce(kind: Any, element: ElementKind) -> Callable[..., None]:
+    ops = KIND_OPS[kind]
+    spec = ELEMENTS[element]
+    ACC = spec.acc
+    load = spec.load
+    store = _store_i64 if ops.arg else spec.store
+    merge = ops.functions(ACC)[2]
+    lane_reduce = _lane_reducer(kind, element)
+    combine = _lane_combiner(kind, element)
+    # integer sums must not go through a float division
+    final = _final_a if element in INT_ELEMENTS and kind is ReduceKind.SUM else ops.final
+    INIT_A, INIT_K = ops.init_a(spec), ops.init_k
+    N_ACC, USES_K, USES_AUX = ops.n_acc, ops.uses_k, ops.uses_aux
+
+    def reduce_rows(x, y, ws_acc, ws_k, aux, out_numel, extent, x_axis_stride, out_shape,
+                    x_strides, y_strides, aux_strides, lanes, row_layout, splits, chunk_len,
+                    mode, param):
+        """See the module docstring. ``ws_acc``: [n_acc][splits][out_numel] accumulator
+        states, ``ws_k``: [splits][out_numel] int64 states."""
+        tid = cuda.threadIdx.x
+        block = cuda.blockDim.x
+        sa = cuda.shared.array(SHARED_SLOTS, ACC)
+        sb = cuda.shared.array(SHARED_SLOTS, ACC)
+        sk = cuda.shared.array(SHARED_SLOTS, int64)
+        slots = block // lanes
+        if mode >= 2:
+            # merge the split states: consecutive threads own consecutive outputs, the
+            # ``lanes`` lanes of an output take every lanes-th split, then combine
+            lane = tid // slots
+            slot = tid % slots
+            group = int64(cuda.blockIdx.x)
+            while group * slots < out_numel:  # uniform across the block
+                o = group * slots + slot
+                valid = o < out_numel
+                a = ACC(INIT_A)
+                b = ACC(0)
+                c = ACC(0)
+                k = int64(INIT_K)
+                if valid:
+                    s = int64(lane)
+                    while s < splits:
+                        a2 = ws_acc[uint64(s * out_numel + o)] if N_ACC >= 1 else a
+                        b2 = ws_acc[uint64((splits + s) * out_numel + o)] if N_ACC >= 2 else b
+                        k2 = ws_k[uint64(s * out_numel + o)] if USES_K else k
+                        a, b, c, k = merge(a, b, c, k, a2, b2, c, k2)
+                        s += lanes
+                a, b, c, k = combine(a, b, c, k, tid, lane, lanes, slots, 0, sa, sb, sk)
+                if valid and lane == 0:
+                    if mode == 3:
+                        if N_ACC >= 1:
+                            ws_acc[uint64(o)] = a
+                        if N_ACC >= 2:
+                            ws_acc[uint64(splits * out_numel + o)] = b
+                        if USES_K:
+                            ws_k[uint64(o)] = k
+                    else:
+                        _, y_off, _, _ = _offsets4(o, out_shape, x_strides, y_strides,
+                                                   aux_strides, aux_strides)
+                        y[uint64(y_off)] = store(final(a, b, c, k, param))
+                group += cuda.gridDim.x
+            return
+
+        if row_layout:
+            lane = tid % lanes
+            slot = tid // lanes
+        else:
+            lane = tid // slots
+            slot = tid % slots
+        split = int64(cuda.blockIdx.y)
+        begin = split * chunk_len
+        end = min(extent, begin + chunk_len)
+        group = int64(cuda.blockIdx.x)
+        while group * slots < out_numel:  # uniform across the block
+            o = group * slots + slot
+            valid = o < out_numel
+            x_off = y_off = aux_off = int64(0)
+            if valid:
+                x_off, y_off, aux_off, _ = _offsets4(o, out_shape, x_strides, y_strides,
+                                                     aux_strides, aux_strides)
+            aux_value = load(aux, aux_off) if USES_AUX and valid else ACC(0)
+            a, b, c, k = lane_reduce(x, x_off, x_axis_stride, aux_value, valid, begin, end,
+                                     tid, lane, lanes, slots, row_layout, sa, sb, sk)
+            if lane == 0 and valid:
+                if mode == 0:
+                    y[uint64(y_off)] = store(final(a, b, c, k, param))
+                else:
+                    if N_ACC >= 1:
+                        ws_acc[uint64(split * out_numel + o)] = a
+                    if N_ACC >= 2:
+                        ws_acc[uint64((splits + split) * out_numel + o)] = b
+                    if USES_K:
+                        ws_k[uint64(split * out_numel + o)] = k
+            group += cuda.gridDim.x
+
+    return reduce_rows
+
+
+# -- the gradient kernel -----------------------------------------------------------------
+# coefficient(g, y, stat_a, stat_k, param) -> per-output c; element(c, x, y, stat_a) -> dx
+
+
+@cuda.jit(device=True, inline=True)
+def _coef_identity(g, yv, mean, count, param):
+    return g
+
+
+@cuda.jit(device=True, inline=True)
+def _coef_mean(g, yv, mean, count, param):
+    return g / param
+
+
+@cuda.jit(device=True, inline=True)
+def _coef_ties(g, yv, mean, count, param):
+    # torch amax/jax max: (dy / count) * (x == y); count == 0 (NaN max) gives NaN
+    return g / float64(count)
+
+
+@cuda.jit(device=True, inline=True)
+def _coef_prod(g, yv, mean, count, param):
+    return g * yv
+
+
+@cuda.jit(device=True, inline=True)
+def _coef_norm2(g, yv, mean, count, param):
+    # torch: x * (dy / y) with the y == 0 rows set to 0 (subgradient 0 at the origin)
+    if yv == 0.0:
+        return yv
+    return g / yv
+
+
+@cuda.jit(device=True, inline=True)
+def _coef_var(g, yv, mean, count, param):
+    # param = 2 / (n - correction) (inf when n == correction, as torch)
+    return g * param
+
+
+@cuda.jit(device=True, inline=True)
+def _coef_std(g, yv, mean, count, param):
+    # torch: var_backward(dy / (2 y) masked to 0 where y == 0)
+    if yv == 0.0:
+        return yv
+    return g / (yv + yv) * param
+
+
+@cuda.jit(device=True, inline=True)
+def _elem_coef(c, x, yv, mean):
+    return c
+
+
+@cuda.jit(device=True, inline=True)
+def _elem_ties(c, x, yv, mean):
+    if x == yv:
+        return c
+    return c - c  # 0, or NaN when c is inf/NaN (as torch's (dy / count) * mask)
+
+
+@cuda.jit(device=True, inline=True)
+def _elem_div(c, x, yv, mean):
+    return c / x
+
+
+@cuda.jit(device=True, inline=True)
+def _elem_mul(c, x, yv, mean):
+    return c * x
+
+
+@cuda.jit(device=True, inline=True)
+def _elem_lse(c, x, yv, mean):
+    return c * math.exp(x - yv)
+
+
+@cuda.jit(device=True, inline=True)
+def _elem_centered(c, x, yv, mean):
+    return c * (x - mean)
+
+
+@dataclass(frozen=True)
+class GradOps:
+    """A gradient formula ``dx = element(coefficient(dy, y, stat), x)``; ``stat`` names
+    the per-output statistic it needs (``"mean"`` from Welford, ``"ties"`` count)."""
+
+    coefficient: Any
+    element: Any
+    reads_x: bool
+    reads_y: bool
+    stat: str | None = None
+
+
+#: The gradient table (float element kinds only). Sum is Mean with param = 1 (dy / 1 is
+#: exact); Min is Max (both route to the positions equal to y).
+GRAD_OPS: dict[ReduceKind, GradOps] = {
+    ReduceKind.MEAN: GradOps(_coef_mean, _elem_coef, False, False),
+    ReduceKind.MAX: GradOps(_coef_ties, _elem_ties, True, True, "ties"),
+    ReduceKind.PROD: GradOps(_coef_prod, _elem_div, True, True),
+    ReduceKind.NORM2: GradOps(_coef_norm2, _elem_mul, True, True),
+    ReduceKind.LOG_SUM_EXP: GradOps(_coef_identity, _elem_lse, True, True),
+    ReduceKind.VAR: GradOps(_coef_var, _elem_centered, True, False, "mean"),
+    ReduceKind.STD: GradOps(_coef_std, _elem_centered, True, True, "mean"),
+}
+
+
+def _make_backward(kind: ReduceKind, element: ElementKind) -> Callable[..., None]:
+    ops = GRAD_OPS[kind]
+    spec = ELEMENTS[element]
+    ACC = spec.acc
+    load, store = spec.load, spec.store
+    coefficient, element_fn = ops.coefficient, ops.element
+    READS_X, READS_Y = ops.reads_x, ops.reads_y
+    STAT_MEAN, STAT_TIES = ops.stat == "mean", ops.stat == "ties"
+    HAS_STAT = ops.stat is not None
+    stat_reduce = _lane_reducer(TIES if STAT_TIES else ReduceKind.VAR, element)
+
+    def reduce_backward(dy, x, y, dx, stat_acc, stat_k, out_numel, extent, x_axis_stride,
+                        dx_axis_stride, out_shape, dy_strides, x_strides, y_strides,
+                        dx_strides, lanes, row_layout, chunk_len, param, fused):
+        """dx over the rows of ``out_numel`` outputs. The statistic (mean / tie count) is
+        ``stat_acc[o]`` / ``stat_k[o]``, or with ``fused`` (one split only) reduced here
+        first by the lanes of the row, which then re-read their elements (cache-warm)."""
+        tid = cuda.threadIdx.x
+        block = cuda.blockDim.x
+        slots = block // lanes
+        if row_layout:
+            lane = tid % lanes
+            slot = tid // lanes
+        else:
+            lane = tid // slots
+            slot = tid % slots
+        begin = int64(cuda.blockIdx.y) * chunk_len
+        end = min(extent, begin + chunk_len)
+        span = int64(lanes)
+        x_span = span * x_axis_stride
+        dx_span = span * dx_axis_stride
+        sa = cuda.shared.array(SHARED_SLOTS, ACC)
+        sb = cuda.shared.array(SHARED_SLOTS, ACC)
+        sk = cuda.shared.array(SHARED_SLOTS, int64)
+        group = int64(cuda.blockIdx.x)
+        while group * slots < out_numel:  # uniform across the block
+            o = group * slots + slot
+            valid = o < out_numel
+            dy_off = x_off = y_off = dx_off = int64(0)
+            if valid:
+                dy_off, x_off, y_off, dx_off = _offsets4(o, out_shape, dy_strides, x_strides,
+                                                         y_strides, dx_strides)
+            g = load(dy, dy_off) if valid else ACC(0)
+            yv = load(y, y_off) if READS_Y and valid else g
+            mean = g
+            count = int64(0)
+            if HAS_STAT:
+                if fused:
+                    a, b, c, k = stat_reduce(x, x_off, x_axis_stride, yv, valid, begin, end,
+                                             tid, lane, lanes, slots, row_layout, sa, sb, sk)
+                    if lane == 0:
+                        sa[slot] = a
+                        sk[slot] = k
+                    cuda.syncthreads()
+                    mean = sa[slot]
+                    count = sk[slot]
+                    cuda.syncthreads()  # sa/sk are free for the next group
+                elif valid:
+                    if STAT_MEAN:
+                        mean = stat_acc[o]
+                    else:
+                        count = stat_k[o]
+            if valid:
+                cf = ACC(coefficient(g, yv, mean, count, param))
+                i = begin + lane
+                x_at = x_off + i * x_axis_stride
+                dx_at = dx_off + i * dx_axis_stride
+                while i + 3 * span < end:
+                    if READS_X:
+                        v0 = load(x, x_at)
+                        v1 = load(x, x_at + x_span)
+                        v2 = load(x, x_at + 2 * x_span)
+                        v3 = load(x, x_at + 3 * x_span)
+                    else:
+                        v0 = v1 = v2 = v3 = cf
+                    dx[uint64(dx_at)] = store(element_fn(cf, v0, yv, mean))
+                    dx[uint64(dx_at + dx_span)] = store(element_fn(cf, v1, yv, mean))
+                    dx[uint64(dx_at + 2 * dx_span)] = store(element_fn(cf, v2, yv, mean))
+                    dx[uint64(dx_at + 3 * dx_span)] = store(element_fn(cf, v3, yv, mean))
+                    i += 4 * span
+                    x_at += 4 * x_span
+                    dx_at += 4 * dx_span
+                while i < end:
+                    v = load(x, x_at) if READS_X else cf
+                    dx[uint64(dx_at)] = store(element_fn(cf, v, yv, mean))
+                    i += span
+                    x_at += x_span
+                    dx_at += dx_span
+            group += cuda.gridDim.x
+
+    return reduce_backward
+
+
+# -- the kernel tables -------------------------------------------------------------------
+
+_TUPLE8 = types.UniTuple(int64, 8)
+
+
+def flat(dtype: types.Type) -> types.Array:
+    """Flat C-contiguous 1-D view (unit stride known at compile time); launch.py passes
+    every array as a contiguous (pointer, extent) pair."""
+    return types.Array(dtype, 1, "C")
+
+
+def _kind_name(kind: Any) -> str:
+    return kind if isinstance(kind, str) else kind.name.lower()
+
+
+def _reduce_signature(kind: Any, element: ElementKind) -> tuple[types.Type, ...]:
+    spec = ELEMENTS[element]
+    out = int64 if KIND_OPS[kind].arg else spec.storage
+    return (flat(spec.storage), flat(out), flat(spec.acc), flat(int64), flat(spec.storage),
+            int64, int64, int64, _TUPLE8, _TUPLE8, _TUPLE8, _TUPLE8, int64, int64, int64,
+            int64, int64, float64)
+
+
+def _backward_signature(element: ElementKind) -> tuple[types.Type, ...]:
+    spec = ELEMENTS[element]
+    arr = flat(spec.storage)
+    return (arr, arr, arr, arr, flat(spec.acc), flat(int64), int64, int64, int64, int64,
+            _TUPLE8, _TUPLE8, _TUPLE8, _TUPLE8, _TUPLE8, int64, int64, int64, float64, int64)
+
+
+#: (kind, element) -> forward kernel (kind: a ReduceKind or TIES).
+REDUCE_KERNELS: dict[tuple[Any, ElementKind], Kernel] = {
+    (kind, element): Kernel(f"reduce[{_kind_name(kind)},{element.name.lower()}]",
+                            _make_reduce(kind, element), _reduce_signature(kind, element))
+    for element, kinds in FORWARD_KINDS.items() for kind in kinds
+}
+
+#: Kernel kind that computes each gradient kind.
+GRAD_KERNEL_KIND = {ReduceKind.SUM: ReduceKind.MEAN, ReduceKind.MIN: ReduceKind.MAX}
+
+#: (kind, element) -> gradient kernel (float element kinds).
+REDUCE_BACKWARD_KERNELS: dict[tuple[ReduceKind, ElementKind], Kernel] = {
+    (kind, element): Kernel(f"reduce_backward[{_kind_name(kind)},{element.name.lower()}]",
+                            _make_backward(kind, element), _backward_signature(element))
+    for element in FLOAT_ELEMENTS for kind in GRAD_OPS
+}

@@ -1,0 +1,674 @@
+"""Single-axis reductions: ``ReducePlan``, ``ReduceBackwardPlan``, ``ArgReducePlan``.
+
+``y = reduce(x, axis)`` with keepdim output (``y.shape`` = input shape with the axis set
+to 1), for Sum, Mean, Max, Min, Prod, Norm2, LogSumExp, Var and Std; ``ArgReducePlan``
+gives the int64 index of the first maximum/minimum (NaN counts as the extreme, as
+torch). The gradient plan writes ``dx`` for every kind from ``dy`` (keepdim) and the saved
+``x``/``y``:
+
+==========  ================================================================
+Sum / Mean  ``dx = dy`` / ``dy / n``
+Max / Min   ``dx = dy / count * (x == y)``: split equally across ties (torch amax, JAX);
+            a NaN maximum (no position equals it) gives NaN, as torch
+Prod        ``dx = dy * y / x`` (the seed's formula: inf/NaN at zeros)
+Norm2       ``dx = dy * x / y``, 0 where ``y == 0`` (torch)
+LogSumExp   ``dx = dy * exp(x - y)``
+Var         ``dx = dy * 2 (x - mean) / (n - correction)`` (torch: inf/NaN at n == corr)
+Std         ``dx = dy / (2 y) * 2 (x - mean) / (n - correction)``, 0 where ``y == 0``
+==========  ================================================================
+
+Semantics: Max/Min propagate NaN; LogSumExp of an all -inf row is -inf and +inf rows
+give +inf; Norm2 accumulates squares in f32 for f16/bf16 (no overflow); Var/Std use
+Welford/Chan in the accumulator type and divide by ``max(n - correction, 0)`` (inf or
+NaN when that is 0, as torch; never 0 as upstream); an empty axis gives Sum 0, Prod 1,
+Mean NaN, LogSumExp -inf, Norm2 0, Var/Std NaN, and Max/Min/Argmax/Argmin are
+``InvalidProblem``. Accumulators: f32 for f16/bf16/f32, f64 for f64, int64 for i32/i64
+(i32 results wrap like int32 arithmetic).
+
+Layout: any rank 1..8, any axis, any non-negative strides on every operand (outputs must
+not overlap themselves); empty tensors are a no-op.
+
+Workspace: a reduction with few outputs splits the axis across blocks and merges the
+partial states in a second launch (deterministic, no atomics); ``workspace_size`` is
+what the largest split needs. ``run(..., workspace=None)`` is always accepted for the
+forward plans and falls back to a single pass (one block per output group). The Max,
+Min, Var and Std gradients need a per-output statistic (tie count / mean): with enough
+rows to fill the GPU, or with ``workspace=None``, the gradient kernel reduces it itself
+(the row is re-read from cache); otherwise a statistic pass writes it to the workspace.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .._runtime import SIMULATOR
+from ..arrays import TensorMut, TensorRef, as_mut, as_ref, flat_span
+from ..errors import InvalidProblem, Unsupported
+from ..kernels.common import pad8
+from ..kernels.reduce import (
+    ELEMENTS,
+    FLOAT_ELEMENTS,
+    FORWARD_KERNEL_KIND,
+    FORWARD_KINDS,
+    GRAD_KERNEL_KIND,
+    KIND_OPS,
+    REDUCE_BACKWARD_KERNELS,
+    REDUCE_KERNELS,
+    TIES,
+)
+from ..streams import stream_handle
+from ..types import (
+    ArchSku,
+    BackendKind,
+    ElementKind,
+    KernelSku,
+    MathPrecision,
+    OpCategory,
+    PlanPreference,
+    PrecisionGuarantee,
+    ReduceKind,
+)
+from .base import Plan, fail, product
+
+__all__ = [
+    "ARG_REDUCE_KINDS",
+    "REDUCE_BACKWARD_ELEMENTS",
+    "REDUCE_ELEMENTS",
+    "REDUCE_KINDS",
+    "ArgReduceArgs",
+    "ArgReduceDescriptor",
+    "ArgReducePlan",
+    "ReduceArgs",
+    "ReduceBackwardArgs",
+    "ReduceBackwardDescriptor",
+    "ReduceBackwardPlan",
+    "ReduceDescriptor",
+    "ReducePlan",
+]
+
+#: The value reductions of ReducePlan / ReduceBackwardPlan.
+REDUCE_KINDS = (ReduceKind.SUM, ReduceKind.MEAN, ReduceKind.MAX, ReduceKind.MIN,
+                ReduceKind.PROD, ReduceKind.NORM2, ReduceKind.LOG_SUM_EXP, ReduceKind.VAR,
+                ReduceKind.STD)
+ARG_REDUCE_KINDS = (ReduceKind.ARGMAX, ReduceKind.ARGMIN)
+_INTEGER_KINDS = (ReduceKind.SUM, ReduceKind.PROD, ReduceKind.MAX, ReduceKind.MIN,
+                  ReduceKind.ARGMAX, ReduceKind.ARGMIN)
+
+
+def _elements_for(kind: ReduceKind) -> tuple[ElementKind, ...]:
+    kernel_kind = FORWARD_KERNEL_KIND.get(kind, kind)
+    return tuple(e for e, kinds in FORWARD_KINDS.items() if kernel_kind in kinds
+                 and (kind in _INTEGER_KINDS or e in FLOAT_ELEMENTS))
+
+
+#: Element kinds per forward kind, from the kernel table.
+REDUCE_ELEMENTS: dict[ReduceKind, tuple[ElementKind, ...]] = {
+    kind: _elements_for(kind) for kind in REDUCE_KINDS + ARG_REDUCE_KINDS}
+#: Gradients exist for the float kinds.
+REDUCE_BACKWARD_ELEMENTS = FLOAT_ELEMENTS
+
+# Launch geometry. Block of 256 threads: the kernels' shared arrays hold 256 slots. The
+# simulator runs one Python thread per CUDA thread, so it gets 64-thread blocks.
+_BLOCK = 64 if SIMULATOR else 256
+# Blocks that fill an H100 (132 SMs x 8 resident 256-thread blocks); fewer output groups
+# than this split the axis.
+_TARGET_BLOCKS = 4 if SIMULATOR else 1056
+# Each thread of a split still walks at least this many elements (4 chunks of 8 loads).
+_MIN_PER_THREAD = 4 if SIMULATOR else 32
+# Row layout: aim for this many elements per lane (at least 4 lanes per row, so a warp
+# load still covers >= 16 contiguous bytes of a row and L1 serves the rest of the sector).
+_PER_LANE = 16
+_MIN_ROW_LANES = 4
+# Grid cap: each block then loops over several output groups (4 waves of 8 resident
+# blocks on 132 SMs), so short rows do not pay one block launch per 256 threads of work.
+_MAX_GRID_X = 2 if SIMULATOR else 132 * 8 * 4
+# Merge of split states: each lane merges about this many states before the lanes combine.
+_STATES_PER_LANE = 4
+
+
+def _pow2_at_least(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
+
+
+@dataclass(frozen=True, slots=True)
+class _Geometry:
+    lanes: int
+    row_layout: bool
+    splits: int
+    chunk_len: int
+    groups: int
+
+
+def _geometry(out_numel: int, extent: int, row_layout: bool, max_splits: int,
+              min_row_lanes: int = _MIN_ROW_LANES) -> _Geometry:
+    """Lanes per output, layout and axis splits for a reduction of ``out_numel`` rows."""
+    if row_layout:
+        lanes = min(_BLOCK, max(_pow2_at_least(-(-extent // _PER_LANE)),
+                                min(min_row_lanes, _pow2_at_least(extent))))
+    else:
+        lanes = _BLOCK // min(_BLOCK, _pow2_at_least(max(out_numel, 1)))
+    slots = _BLOCK // lanes
+    groups = max(1, -(-out_numel // slots))
+    splits = 1
+    if groups < _TARGET_BLOCKS and max_splits > 1:
+        splits = min(-(-_TARGET_BLOCKS // groups), max(1, extent // (lanes * _MIN_PER_THREAD)),
+                     max_splits)
+    chunk_len = max(1, -(-extent // splits))
+    splits = max(1, -(-extent // chunk_len))
+    return _Geometry(lanes, row_layout, splits, chunk_len, groups)
+
+
+def _state_bytes(kind: Any, element: ElementKind, out_numel: int, splits: int) -> tuple[int, int]:
+    """(accumulator bytes, total bytes) of ``splits`` partial states per output."""
+    ops = KIND_OPS[kind]
+    acc_bytes = ops.n_acc * splits * out_numel * ELEMENTS[element].acc.bitwidth // 8
+    acc_bytes = -(-acc_bytes // 8) * 8
+    k_bytes = splits * out_numel * 8 if ops.uses_k else 0
+    return acc_bytes, acc_bytes + k_bytes
+
+
+def _max_workspace(kind: Any, element: ElementKind, out_numel: int, extent: int,
+                   limit: int) -> tuple[int, int]:
+    """(most splits any layout uses, bytes) under ``limit`` splits."""
+    splits = max(_geometry(out_numel, extent, row, limit).splits for row in (True, False))
+    return splits, _state_bytes(kind, element, out_numel, splits)[1]
+
+
+def _collapse(shape: tuple[int, ...], axis: int,
+              strides: list[tuple[int, ...]]) -> tuple[tuple[int, ...], list[tuple[int, ...]]]:
+    """Output dims (the axis removed, size-1 dims dropped, and a dim merged into its
+    outer neighbour wherever every operand has ``stride[outer] == stride[d] * shape[d]``:
+    the output position then unravels over fewer dims) and each operand's strides."""
+    out_shape: list[int] = []
+    out_strides: list[list[int]] = [[] for _ in strides]
+    previous = None
+    for d in range(len(shape)):
+        if d == axis or shape[d] == 1:
+            continue
+        if previous is not None and all(s[previous] == s[d] * shape[d] for s in strides):
+            out_shape[-1] *= shape[d]
+            for i, s in enumerate(strides):
+                out_strides[i][-1] = s[d]
+        else:
+            out_shape.append(shape[d])
+            for i, s in enumerate(strides):
+                out_strides[i].append(s[d])
+        previous = d
+    return tuple(out_shape), [tuple(s) for s in out_strides]
+
+
+def _guarantee(element: ElementKind) -> PrecisionGuarantee:
+    acc = ELEMENTS[element].acc.bitwidth
+    if element in (ElementKind.I32, ElementKind.I64):
+        return PrecisionGuarantee(MathPrecision.INT64, ElementKind.I64, True, True)
+    if acc == 64:
+        return PrecisionGuarantee(MathPrecision.F64, ElementKind.F64, True, True)
+    return PrecisionGuarantee(MathPrecision.F32, ElementKind.F32, True, True)
+
+
+def _check_common(plan: type[Plan], kind: Any, kinds: tuple[ReduceKind, ...],
+                  shape: tuple[int, ...], axis: Any, element: Any,
+                  elements: dict[ReduceKind, tuple[ElementKind, ...]]
+                  | tuple[ElementKind, ...]) -> None:
+    """Descriptor checks shared by the three plans (kind, rank, axis, element)."""
+    name = plan.name
+    if not isinstance(kind, ReduceKind):
+        fail(name, InvalidProblem, "kind", f"= {kind!r} is not a ReduceKind")
+    if kind not in kinds:
+        fail(name, Unsupported, "kind", f"= {kind.name} is not supported (supported: "
+             f"{', '.join(k.name for k in kinds)})")
+    plan.check_rank(shape, "input_shape")
+    if not isinstance(axis, int) or isinstance(axis, bool) or not 0 <= axis < len(shape):
+        fail(name, InvalidProblem, "reduce_axis",
+             f"= {axis!r} must be an int with 0 <= reduce_axis < rank = {len(shape)}")
+    plan.check_element(element, elements[kind] if isinstance(elements, dict) else elements)
+
+
+@dataclass(frozen=True, slots=True)
+class _Problem:
+    """Concrete per-call layout: collapsed output shape, strides and the geometry."""
+
+    out_shape: tuple[int, ...]
+    strides: list[tuple[int, ...]]
+    geometry: _Geometry
+    axis: int
+
+
+# ---------------------------------------------------------------------------------------
+# Descriptors and args
+
+
+@dataclass(frozen=True, slots=True)
+class ReduceDescriptor:
+    """``y = kind(x)`` over ``input_shape[reduce_axis]``; ``correction`` (Var/Std only) is
+    subtracted from the count in the divisor (1 = sample variance, 0 = population)."""
+
+    kind: ReduceKind
+    input_shape: tuple[int, ...]
+    reduce_axis: int
+    element: ElementKind
+    correction: int = 1
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "input_shape", tuple(self.input_shape))
+
+    def output_shape(self) -> tuple[int, ...]:
+        """The keepdim output shape: ``input_shape`` with the axis set to 1."""
+        return _keepdim(self.input_shape, self.reduce_axis)
+
+
+@dataclass(frozen=True, slots=True)
+class ReduceArgs:
+    """``x`` of ``input_shape``, ``y`` of ``output_shape()`` (written)."""
+
+    x: Any
+    y: Any
+
+
+@dataclass(frozen=True, slots=True)
+class ReduceBackwardDescriptor:
+    """Gradient of the ``kind`` reduction of ``input_shape`` over ``reduce_axis``."""
+
+    kind: ReduceKind
+    input_shape: tuple[int, ...]
+    reduce_axis: int
+    element: ElementKind
+    correction: int = 1
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "input_shape", tuple(self.input_shape))
+
+    def dy_shape(self) -> tuple[int, ...]:
+        """The keepdim shape of ``dy`` and the saved ``y``."""
+        return _keepdim(self.input_shape, self.reduce_axis)
+
+
+@dataclass(frozen=True, slots=True)
+class ReduceBackwardArgs:
+    """``dy`` (keepdim), ``dx`` (input shape, written); saved ``x`` (input shape) and
+    ``y`` (keepdim) are required by every kind but Sum and Mean (which ignore them)."""
+
+    dy: Any
+    dx: Any
+    x: Any = None
+    y: Any = None
+
+
+@dataclass(frozen=True, slots=True)
+class ArgReduceDescriptor:
+    """Index (int64) of the first maximum (ARGMAX) or minimum (ARGMIN) along the axis."""
+
+    kind: ReduceKind
+    input_shape: tuple[int, ...]
+    reduce_axis: int
+    element: ElementKind
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "input_shape", tuple(self.input_shape))
+
+    def output_shape(self) -> tuple[int, ...]:
+        return _keepdim(self.input_shape, self.reduce_axis)
+
+
+@dataclass(frozen=True, slots=True)
+class ArgReduceArgs:
+    """``x`` of ``input_shape``, ``y`` int64 of ``output_shape()`` (written)."""
+
+    x: Any
+    y: Any
+
+
+def _keepdim(shape: tuple[int, ...], axis: int) -> tuple[int, ...]:
+    return shape[:axis] + (1,) + shape[axis + 1:]
+
+
+# ---------------------------------------------------------------------------------------
+# The forward engine shared by ReducePlan and ArgReducePlan
+
+
+class _ForwardPlan(Plan):
+    """Reduction of ``x`` into ``y`` with the kernel of ``kernel_kind``."""
+
+    _out_element: ElementKind | None = None  # None: the input element
+
+    def _setup(self, desc: Any, pref: PlanPreference | None, kernel_kind: Any,
+               param: float) -> None:
+        shape = desc.input_shape
+        self._shape = shape
+        self._axis = desc.reduce_axis
+        self._extent = shape[desc.reduce_axis]
+        self._out_shape = _keepdim(shape, desc.reduce_axis)
+        self._out_numel = product(self._out_shape)
+        self._kernel = REDUCE_KERNELS[(kernel_kind, desc.element)]
+        self._kernel_kind = kernel_kind
+        self._param = param
+        limit = 1 << 30
+        if pref is not None and pref.max_workspace_bytes is not None:
+            limit = 1
+            while limit < 65535 and _max_workspace(kernel_kind, desc.element, self._out_numel,
+                                                   self._extent, limit * 2)[1] \
+                    <= pref.max_workspace_bytes:
+                limit *= 2
+        self._max_splits, workspace = _max_workspace(kernel_kind, desc.element,
+                                                     self._out_numel, self._extent, limit)
+        if self._max_splits <= 1:
+            workspace = 0
+        self._max_splits = max(1, self._max_splits)
+        sku = KernelSku(OpCategory.REDUCTION, int(desc.kind), desc.element,
+                        self._out_element, None, None, ArchSku.SM80, BackendKind.BESPOKE,
+                        _guarantee(desc.element))
+        super().__init__(desc, sku, pref, workspace)
+        self._launches: dict[Any, _ReduceLaunch] = {}
+        if self._out_numel:
+            self._kernel.prepare()
+
+    def _views(self, args: Any) -> tuple[TensorRef, TensorMut]:
+        element = self.descriptor.element
+        x = as_ref(args.x, self.name, "x", element, self._shape)
+        y = as_mut(args.y, self.name, "y", self._out_element or element, self._out_shape)
+        return x, y
+
+    def run(self, args: Any, stream: Any = None, workspace: Any = None) -> None:
+        """Reduce ``args.x`` into ``args.y`` on ``stream`` (no host sync). ``workspace``:
+        ``None`` (single pass) or a contiguous buffer of ``workspace_size`` bytes."""
+        x, y = self.can_implement(args)
+        handle = stream_handle(stream)
+        if self._out_numel == 0:
+            return
+        with_workspace = workspace is not None and self.workspace_size > 0
+        key = (x.strides, y.strides, with_workspace)
+        launch = self._launches.get(key)
+        if launch is None:
+            problem = _problem(self._shape, self._axis, [x.strides, y.strides],
+                               x.strides[self._axis] == 1,
+                               self._max_splits if with_workspace else 1)
+            launch = _bind_reduce(self._kernel, self._kernel_kind, self.descriptor.element, x,
+                                  y, None, problem, self._extent, self._out_numel,
+                                  with_workspace, self._param, final=True)
+            if len(self._launches) >= _CACHE_LIMIT:
+                self._launches.clear()
+            self._launches[key] = launch
+        # the workspace is checked (and used) only by layouts that split the axis
+        ws_ptr = self.check_workspace(workspace) if len(launch.launches) > 1 else 0
+        launch(handle, x.ptr, y.ptr, ws_ptr, 0)
+
+
+def _problem(shape: tuple[int, ...], axis: int, strides: list[tuple[int, ...]],
+             row_layout: bool, max_splits: int) -> _Problem:
+    extent = shape[axis]
+    out_shape, out_strides = _collapse(shape, axis, strides)
+    out_numel = product(out_shape)
+    geometry = _geometry(out_numel, extent, row_layout and extent > 1, max_splits)
+    return _Problem(out_shape, out_strides, geometry, axis)
+
+
+@dataclass(frozen=True, slots=True)
+class _ReduceLaunch:
+    """Bound launches of one reduction layout; pointers are passed per call."""
+
+    launches: tuple[Any, ...]
+    acc_bytes: int
+    uses_acc: bool
+    uses_k: bool
+
+    def __call__(self, stream: int, x_ptr: int, y_ptr: int, ws_ptr: int,
+                 aux_ptr: int) -> tuple[int, int]:
+        acc_ptr = ws_ptr if ws_ptr and self.uses_acc else 0
+        k_ptr = ws_ptr + self.acc_bytes if ws_ptr and self.uses_k else 0
+        for bound in self.launches:
+            bound(stream, x_ptr, y_ptr, acc_ptr, k_ptr, aux_ptr)
+        return acc_ptr, k_ptr
+
+
+def _bind_reduce(kernel: Any, kernel_kind: Any, element: ElementKind, x: TensorRef,
+                 y: TensorRef | None, aux: TensorRef | None, problem: _Problem, extent: int,
+                 out_numel: int, with_workspace: bool, param: float,
+                 final: bool) -> _ReduceLaunch:
+    """The reduction launch (and the merge of split states) for this layout. ``final``:
+    write ``y``; else leave each output's merged state in workspace slot 0."""
+    geometry = problem.geometry
+    splits = geometry.splits
+    acc_bytes, _ = _state_bytes(kernel_kind, element, out_numel, splits)
+    ops = KIND_OPS[kernel_kind]
+    acc_view = (0, ops.n_acc * splits * out_numel if with_workspace else 0)
+    k_view = (0, splits * out_numel if with_workspace and ops.uses_k else 0)
+    x_view = (0, flat_span(x.shape, x.strides))
+    y_view = (0, flat_span(y.shape, y.strides) if y is not None else 0)
+    aux_view = (0, flat_span(aux.shape, aux.strides) if aux is not None else 0)
+    out_shape = pad8(problem.out_shape, 1)
+    strides = [pad8(s, 0) for s in problem.strides] + [pad8((), 0)] * 3
+    x_strides, y_strides, aux_strides = strides[0], strides[1], strides[2]
+    common = (x_view, y_view, acc_view, k_view, aux_view, out_numel, extent,
+              x.strides[problem.axis], out_shape, x_strides, y_strides, aux_strides,
+              geometry.lanes, int(geometry.row_layout), splits, geometry.chunk_len)
+    launches = [kernel.bind((min(geometry.groups, _MAX_GRID_X), splits), _BLOCK,
+                            common + (0 if splits == 1 and final else 1, param))]
+    if splits > 1:
+        lanes = min(_BLOCK, _pow2_at_least(-(-splits // _STATES_PER_LANE)))
+        slots = _BLOCK // lanes
+        merge_args = list(common)
+        merge_args[12:14] = [lanes, 0]
+        launches.append(kernel.bind(min(-(-out_numel // slots), _MAX_GRID_X), _BLOCK,
+                                    tuple(merge_args) + (2 if final else 3, param)))
+    return _ReduceLaunch(tuple(launches), acc_bytes, ops.n_acc > 0, ops.uses_k)
+
+
+_CACHE_LIMIT = 64
+#: The Welford kernel gives the Var/Std gradients their per-output mean.
+VAR_STAT = ReduceKind.VAR
+
+
+class ReducePlan(_ForwardPlan):
+    """See the module docstring."""
+
+    name = "ReducePlan"
+
+    @classmethod
+    def select(cls, desc: ReduceDescriptor, pref: PlanPreference | None = None) -> ReducePlan:
+        _check_common(cls, desc.kind, REDUCE_KINDS, desc.input_shape, desc.reduce_axis,
+                      desc.element, REDUCE_ELEMENTS)
+        if not isinstance(desc.correction, int) or isinstance(desc.correction, bool):
+            fail(cls.name, InvalidProblem, "correction", f"= {desc.correction!r} must be an int")
+        extent = desc.input_shape[desc.reduce_axis]
+        if extent == 0 and desc.kind in (ReduceKind.MAX, ReduceKind.MIN):
+            fail(cls.name, InvalidProblem, "input_shape",
+                 f"[{desc.reduce_axis}] = 0: {desc.kind.name} of an empty axis is undefined")
+        return cls(desc, pref)
+
+    def __init__(self, desc: ReduceDescriptor, pref: PlanPreference | None) -> None:
+        kind = desc.kind
+        extent = desc.input_shape[desc.reduce_axis]
+        if kind is ReduceKind.MEAN:
+            param = float(extent)
+        elif kind in (ReduceKind.VAR, ReduceKind.STD):
+            param = float(desc.correction)
+        else:
+            param = 1.0
+        self._setup(desc, pref, FORWARD_KERNEL_KIND.get(kind, kind), param)
+
+    def can_implement(self, args: ReduceArgs) -> tuple[TensorRef, TensorMut]:
+        """Views of ``x`` and ``y`` after dtype, shape and writability checks."""
+        return self._views(args)
+
+
+class ArgReducePlan(_ForwardPlan):
+    """Argmax/Argmin: int64 index of the first extreme; NaN is the extreme (torch)."""
+
+    name = "ArgReducePlan"
+    _out_element = ElementKind.I64
+
+    @classmethod
+    def select(cls, desc: ArgReduceDescriptor,
+               pref: PlanPreference | None = None) -> ArgReducePlan:
+        _check_common(cls, desc.kind, ARG_REDUCE_KINDS, desc.input_shape,
+                      desc.reduce_axis, desc.element, REDUCE_ELEMENTS)
+        if desc.input_shape[desc.reduce_axis] == 0:
+            fail(cls.name, InvalidProblem, "input_shape",
+                 f"[{desc.reduce_axis}] = 0: {desc.kind.name} of an empty axis is undefined")
+        return cls(desc, pref)
+
+    def __init__(self, desc: ArgReduceDescriptor, pref: PlanPreference | None) -> None:
+        self._setup(desc, pref, desc.kind, 0.0)
+
+    def can_implement(self, args: ArgReduceArgs) -> tuple[TensorRef, TensorMut]:
+        """Views of ``x`` and ``y`` (int64) after dtype, shape and writability checks."""
+        return self._views(args)
+
+
+# ---------------------------------------------------------------------------------------
+# The gradient
+
+
+class ReduceBackwardPlan(Plan):
+    """See the module docstring."""
+
+    name = "ReduceBackwardPlan"
+
+    @classmethod
+    def select(cls, desc: ReduceBackwardDescriptor,
+               pref: PlanPreference | None = None) -> ReduceBackwardPlan:
+        _check_common(cls, desc.kind, REDUCE_KINDS, desc.input_shape, desc.reduce_axis,
+                      desc.element, REDUCE_BACKWARD_ELEMENTS)
+        if not isinstance(desc.correction, int) or isinstance(desc.correction, bool):
+            fail(cls.name, InvalidProblem, "correction", f"= {desc.correction!r} must be an int")
+        extent = desc.input_shape[desc.reduce_axis]
+        if extent == 0 and desc.kind in (ReduceKind.MAX, ReduceKind.MIN):
+            fail(cls.name, InvalidProblem, "input_shape",
+                 f"[{desc.reduce_axis}] = 0: {desc.kind.name} of an empty axis is undefined")
+        return cls(desc, pref)
+
+    def __init__(self, desc: ReduceBackwardDescriptor, pref: PlanPreference | None) -> None:
+        kind = desc.kind
+        shape = desc.input_shape
+        self._shape = shape
+        self._axis = desc.reduce_axis
+        self._extent = extent = shape[desc.reduce_axis]
+        self._out_shape = desc.dy_shape()
+        self._out_numel = product(self._out_shape)
+        self._numel = product(shape)
+        grad_kind = GRAD_KERNEL_KIND.get(kind, kind)
+        self._kernel = REDUCE_BACKWARD_KERNELS[(grad_kind, desc.element)]
+        self._needs_saved = kind not in (ReduceKind.SUM, ReduceKind.MEAN)
+        if kind is ReduceKind.MEAN:
+            self._param = float(extent)
+        elif kind in (ReduceKind.VAR, ReduceKind.STD):
+            dof = extent - desc.correction
+            self._param = 2.0 / dof if dof else float("inf")
+        else:
+            self._param = 1.0
+        self._stat_kind = {ReduceKind.MAX: TIES, ReduceKind.MIN: TIES,
+                           ReduceKind.VAR: VAR_STAT, ReduceKind.STD: VAR_STAT}.get(kind)
+        self._launches: dict[Any, tuple[_ReduceLaunch | None, Any]] = {}
+        workspace = 0
+        self._max_splits = 1
+        if self._stat_kind is not None and self._numel:
+            self._stat_kernel = REDUCE_KERNELS[(self._stat_kind, desc.element)]
+            limit = 1 << 30
+            if pref is not None and pref.max_workspace_bytes is not None:
+                limit = 1
+                while limit < 65535 and _max_workspace(self._stat_kind, desc.element,
+                                                       self._out_numel, extent, limit * 2)[1] \
+                        <= pref.max_workspace_bytes:
+                    limit *= 2
+            self._max_splits, workspace = _max_workspace(self._stat_kind, desc.element,
+                                                         self._out_numel, extent, limit)
+        sku = KernelSku(OpCategory.REDUCTION, int(kind), desc.element, None, None, None,
+                        ArchSku.SM80, BackendKind.BESPOKE, _guarantee(desc.element))
+        super().__init__(desc, sku, pref, workspace)
+        if self._numel:
+            self._kernel.prepare()
+            if self._stat_kind is not None:
+                self._stat_kernel.prepare()
+
+    def can_implement(self, args: ReduceBackwardArgs) -> tuple[TensorRef, TensorMut,
+                                                               TensorRef | None,
+                                                               TensorRef | None]:
+        """Views of ``dy``, ``dx``, ``x``, ``y``; x and y must be given unless Sum/Mean."""
+        element = self.descriptor.element
+        dy = as_ref(args.dy, self.name, "dy", element, self._out_shape)
+        dx = as_mut(args.dx, self.name, "dx", element, self._shape)
+        x = y = None
+        if self._needs_saved:
+            kind = self.descriptor.kind.name
+            if args.x is None:
+                fail(self.name, InvalidProblem, "x", f"is None; the {kind} gradient needs "
+                     "the saved forward input")
+            if args.y is None:
+                fail(self.name, InvalidProblem, "y", f"is None; the {kind} gradient needs "
+                     "the saved forward output")
+            x = as_ref(args.x, self.name, "x", element, self._shape)
+            y = as_ref(args.y, self.name, "y", element, self._out_shape)
+        return dy, dx, x, y
+
+    def run(self, args: ReduceBackwardArgs, stream: Any = None, workspace: Any = None) -> None:
+        """Write ``args.dx`` on ``stream`` (no host sync)."""
+        dy, dx, x, y = self.can_implement(args)
+        handle = stream_handle(stream)
+        ws_ptr = 0
+        if self.workspace_size and workspace is not None:
+            ws_ptr = self.check_workspace(workspace)
+        if self._numel == 0:
+            return
+        key = (dy.strides, dx.strides, x.strides if x is not None else None,
+               y.strides if y is not None else None, ws_ptr != 0)
+        launch = self._launches.get(key)
+        if launch is None:
+            launch = self._bind(dy, dx, x, y, ws_ptr != 0)
+            if len(self._launches) >= _CACHE_LIMIT:
+                self._launches.clear()
+            self._launches[key] = launch
+        stat, gradient = launch
+        stat_acc = stat_k = 0
+        x_ptr = x.ptr if x is not None else 0
+        y_ptr = y.ptr if y is not None else 0
+        if stat is not None:
+            stat_acc, stat_k = stat(handle, x_ptr, 0, ws_ptr, y_ptr)
+        gradient(handle, dy.ptr, x_ptr, y_ptr, dx.ptr, stat_acc, stat_k)
+
+    def _bind(self, dy: TensorRef, dx: TensorMut, x: TensorRef | None, y: TensorRef | None,
+              with_workspace: bool) -> tuple[_ReduceLaunch | None, Any]:
+        """The launches for a layout: for Max/Min/Var/Std either the fused gradient (the
+        kernel reduces each row's statistic itself: no workspace, or enough rows to fill
+        the GPU without splitting the axis) or the statistic pass into the workspace
+        followed by the (split) gradient."""
+        axis = self._axis
+        extent = self._extent
+        row_layout = dx.strides[axis] == 1 and extent > 1
+        # stores: at least one full 32-byte sector of a row per warp instruction. (H100,
+        # 2026-11-22: Sum's gradient of f32 [1e6, 64] took 230 µs with 8 lanes and 267 µs
+        # with 4 lanes = 16-byte half sectors, the grid cap changing too; this setting was
+        # not re-measured.)
+        min_lanes = max(_MIN_ROW_LANES, 32 // self.descriptor.element.byte_width)
+        geometry = _geometry(self._out_numel, extent, row_layout, 1 << 16, min_lanes)
+        stat = None
+        fused = False
+        if self._stat_kind is not None:
+            assert x is not None and y is not None
+            fused = not with_workspace or geometry.splits == 1
+            if fused:
+                geometry = _geometry(self._out_numel, extent, row_layout, 1, min_lanes)
+            else:
+                stat_problem = _problem(self._shape, axis, [x.strides, y.strides, y.strides],
+                                        x.strides[axis] == 1, self._max_splits)
+                stat = _bind_reduce(self._stat_kernel, self._stat_kind,
+                                    self.descriptor.element, x, None, y, stat_problem, extent,
+                                    self._out_numel, True, 0.0, final=False)
+        zeros = (0,) * len(self._shape)
+        strides = [dy.strides, x.strides if x is not None else zeros,
+                   y.strides if y is not None else zeros, dx.strides]
+        out_shape, out_strides = _collapse(self._shape, axis, strides)
+        n_stat = 0 if fused else self._out_numel
+        gradient = self._kernel.bind(
+            (min(geometry.groups, _MAX_GRID_X), geometry.splits), _BLOCK,
+            ((0, flat_span(dy.shape, dy.strides)),
+             (0, flat_span(x.shape, x.strides) if x is not None else 0),
+             (0, flat_span(y.shape, y.strides) if y is not None else 0),
+             (0, flat_span(dx.shape, dx.strides)),
+             (0, n_stat if self._stat_kind is VAR_STAT else 0),
+             (0, n_stat if self._stat_kind is TIES else 0),
+             self._out_numel, extent, x.strides[axis] if x is not None else 0,
+             dx.strides[axis], pad8(out_shape, 1), *[pad8(s, 0) for s in out_strides],
+             geometry.lanes, int(geometry.row_layout), geometry.chunk_len, self._param,
+             int(fused)))
+        return stat, gradient

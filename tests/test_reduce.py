@@ -1,0 +1,724 @@
+"""ReducePlan / ReduceBackwardPlan / ArgReducePlan against NumPy float64 (and, on the GPU,
+torch forward and torch.autograd): every kind x element, layouts, NaN/inf/ties, empty
+axes, correction, determinism, and every documented rejection."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from conftest import EDGE_LENGTHS, FLOAT_ELEMENTS, SIMULATOR, torch_or_skip
+
+from baracuda_numba.errors import InvalidProblem, Unsupported, WorkspaceTooSmall
+from baracuda_numba.plans.reduce import (
+    REDUCE_ELEMENTS,
+    REDUCE_KINDS,
+    ArgReduceArgs,
+    ArgReduceDescriptor,
+    ArgReducePlan,
+    ReduceArgs,
+    ReduceBackwardArgs,
+    ReduceBackwardDescriptor,
+    ReduceBackwardPlan,
+    ReduceDescriptor,
+    ReducePlan,
+)
+from baracuda_numba.testing import (
+    TOLERANCE,
+    from_storage,
+    poisoned,
+    random_values,
+    to_device,
+    to_host,
+    to_storage,
+)
+from baracuda_numba.types import ElementKind, PlanPreference, ReduceKind
+
+K = ReduceKind
+E = ElementKind
+INT_ELEMENTS = (E.I32, E.I64)
+# The simulator treats IEEE specials like NumPy scalars do (RuntimeWarning on inf - inf,
+# 0/0, overflow); the GPU produces them silently. Tests that feed specials ignore them.
+IEEE_SPECIALS = pytest.mark.filterwarnings("ignore::RuntimeWarning")
+
+# -- NumPy float64 references -------------------------------------------------------------
+
+
+def reference(kind: ReduceKind, x: np.ndarray, axis: int, correction: int = 1) -> np.ndarray:
+    """Forward reference in float64, keepdim."""
+    x = x.astype(np.float64)
+    with np.errstate(all="ignore"):
+        if kind is K.SUM:
+            return x.sum(axis=axis, keepdims=True)
+        if kind is K.MEAN:
+            n = x.shape[axis]
+            return x.sum(axis=axis, keepdims=True) / n if n else \
+                np.full(x.sum(axis=axis, keepdims=True).shape, np.nan)
+        if kind is K.PROD:
+            return x.prod(axis=axis, keepdims=True)
+        if kind is K.MAX:
+            return x.max(axis=axis, keepdims=True)  # NumPy propagates NaN
+        if kind is K.MIN:
+            return x.min(axis=axis, keepdims=True)
+        if kind is K.NORM2:
+            return np.sqrt((x * x).sum(axis=axis, keepdims=True))
+        if kind is K.LOG_SUM_EXP:
+            m = x.max(axis=axis, keepdims=True) if x.shape[axis] else \
+                np.full(x.sum(axis=axis, keepdims=True).shape, -np.inf)
+            finite_m = np.where(np.isfinite(m), m, 0.0)
+            s = np.exp(x - finite_m).sum(axis=axis, keepdims=True)
+            out = finite_m + np.log(s)
+            out = np.where(m == np.inf, np.inf, out)
+            out = np.where(m == -np.inf, -np.inf, out)
+            return np.where(np.isnan(x).any(axis=axis, keepdims=True), np.nan, out)
+        if kind in (K.VAR, K.STD):
+            n = x.shape[axis]
+            mean = x.sum(axis=axis, keepdims=True) / n if n else np.nan
+            m2 = ((x - mean) ** 2).sum(axis=axis, keepdims=True)
+            var = m2 / max(n - correction, 0)
+            return var if kind is K.VAR else np.sqrt(var)
+    raise AssertionError(kind)
+
+
+def arg_reference(kind: ReduceKind, x: np.ndarray, axis: int) -> np.ndarray:
+    """First index of the max/min; the first NaN wins (torch)."""
+    x = x.astype(np.float64)
+    pick = np.argmax if kind is K.ARGMAX else np.argmin  # first occurrence; NaN first
+    return np.expand_dims(pick(x, axis=axis), axis).astype(np.int64)
+
+
+def backward_reference(kind: ReduceKind, dy: np.ndarray, x: np.ndarray, y: np.ndarray,
+                       axis: int, correction: int = 1) -> np.ndarray:
+    """dx in float64 (y is the saved forward output, as stored)."""
+    n = x.shape[axis]
+    dy = np.broadcast_to(dy, x.shape)
+    y = np.broadcast_to(y, x.shape)
+    with np.errstate(all="ignore"):
+        if kind is K.SUM:
+            return dy.copy()
+        if kind is K.MEAN:
+            return dy / n
+        if kind in (K.MAX, K.MIN):
+            mask = x == y
+            count = np.broadcast_to(mask.sum(axis=axis, keepdims=True), x.shape)
+            return dy / count * mask
+        if kind is K.PROD:
+            return dy * y / x
+        if kind is K.NORM2:
+            return np.where(y == 0, 0.0, dy / y) * x
+        if kind is K.LOG_SUM_EXP:
+            return dy * np.exp(x - y)
+        mean = x.mean(axis=axis, keepdims=True)
+        coef = 2.0 / (n - correction) if n != correction else np.inf
+        if kind is K.VAR:
+            return dy * coef * (x - mean)
+        if kind is K.STD:
+            return np.where(y == 0, 0.0, dy / (2 * y)) * coef * (x - mean)
+    raise AssertionError(kind)
+
+
+# -- helpers -----------------------------------------------------------------------------
+
+
+def acc_rtol(element: ElementKind) -> float:
+    return TOLERANCE[E.F64 if element is E.F64 else E.F32][0]
+
+
+def check_forward(got: np.ndarray, expected: np.ndarray, kind: ReduceKind,
+                  element: ElementKind, x64: np.ndarray, axis: int, what: str) -> None:
+    """|got - expected| <= rtol(element) |expected| (one output rounding) + accumulation
+    error rtol(accumulator) * sqrt(n) * scale, scale = the kind's magnitude (sum |x| for a
+    sum...). Max/Min are exact. NaN and +-inf positions must agree exactly."""
+    got = np.asarray(got, dtype=np.float64)
+    n = max(x64.shape[axis], 1)
+    with np.errstate(all="ignore"):
+        absx = np.abs(np.where(np.isfinite(x64), x64, 0.0))
+        scale = {
+            K.SUM: absx.sum(axis=axis, keepdims=True),
+            K.MEAN: absx.mean(axis=axis, keepdims=True) if x64.shape[axis] else 0.0,
+            K.NORM2: np.abs(expected), K.PROD: np.abs(expected) * n,
+            K.LOG_SUM_EXP: absx.max(axis=axis, keepdims=True, initial=0.0) + 1.0,
+            K.VAR: (absx ** 2).sum(axis=axis, keepdims=True) / max(n - 1, 1),
+            K.STD: np.sqrt((absx ** 2).sum(axis=axis, keepdims=True) / max(n - 1, 1)),
+        }.get(kind, 0.0)
+    rtol = TOLERANCE[element][0] if element not in INT_ELEMENTS else 0.0
+    tol = rtol * np.abs(expected) + acc_rtol(element) * math.sqrt(n) * scale
+    assert_specials_and_values(got, expected, tol, what)
+
+
+def assert_specials_and_values(got: np.ndarray, expected: np.ndarray, tol: np.ndarray,
+                               what: str) -> None:
+    got = np.asarray(got, dtype=np.float64)
+    expected = np.asarray(expected, dtype=np.float64)
+    assert got.shape == expected.shape, f"{what}: shape {got.shape} != {expected.shape}"
+    bad = np.isnan(got) != np.isnan(expected)
+    inf = np.isinf(expected)
+    bad |= inf & (got != expected)
+    bad |= np.isinf(got) & ~inf
+    finite = np.isfinite(got) & np.isfinite(expected)
+    with np.errstate(invalid="ignore"):
+        bad |= finite & (np.abs(got - expected) > np.broadcast_to(tol, got.shape))
+    if bad.any():
+        where = [tuple(int(i) for i in idx) for idx in np.argwhere(bad)[:6]]
+        rows = "\n".join(f"  at {w}: got {got[w]!r}, expected {expected[w]!r}" for w in where)
+        raise AssertionError(f"{what}: {int(bad.sum())} of {bad.size} differ; first:\n{rows}")
+
+
+def inputs_for(kind: ReduceKind, shape: tuple[int, ...], element: ElementKind,
+               rng: np.random.Generator) -> np.ndarray:
+    """Fresh inputs that keep the kind well conditioned (Prod: factors e^u, u uniform in
+    +-0.02, so that the product of thousands stays in f16 range)."""
+    if kind is K.PROD and element not in INT_ELEMENTS:
+        return to_storage(np.exp(rng.uniform(-0.02, 0.02, size=shape)), element)
+    if kind is K.PROD:
+        return rng.integers(-3, 4, size=shape).astype(element.storage_dtype)
+    return random_values(shape, element, rng)
+
+
+def run_forward(kind: ReduceKind, x_host: np.ndarray, axis: int, element: ElementKind,
+                correction: int = 1, workspace: bool = True, x_dev=None, y_dev=None):
+    desc = ReduceDescriptor(kind, x_host.shape, axis, element, correction)
+    plan = ReducePlan.select(desc)
+    y = y_dev if y_dev is not None else to_device(poisoned(desc.output_shape(), element))
+    ws = None
+    if workspace and plan.workspace_size:
+        ws = to_device(np.zeros(plan.workspace_size, np.uint8))
+    plan.run(ReduceArgs(x_dev if x_dev is not None else to_device(x_host), y), workspace=ws)
+    return from_storage(host(y), element), plan
+
+
+def host(array):
+    """Host copy of a device array (NumPy views stand for themselves in the simulator)."""
+    return np.array(array) if isinstance(array, np.ndarray) else to_host(array)
+
+
+# -- forward -----------------------------------------------------------------------------
+
+SHAPES = [((EDGE_LENGTHS[0],), 0), ((3, EDGE_LENGTHS[2]), 1), ((EDGE_LENGTHS[1] + 1, 3), 0),
+          ((2, EDGE_LENGTHS[3], 3), 1)]
+if not SIMULATOR:
+    SHAPES += [((5, n), 1) for n in EDGE_LENGTHS] + [((n, 7), 0) for n in EDGE_LENGTHS] + \
+        [((3, 100_000), 1), ((100_000, 3), 0), ((70_000,), 0), ((4, 9000, 5), 1)]
+SIM_SHAPES = SHAPES[:2] if SIMULATOR else SHAPES
+
+
+@pytest.mark.parametrize("element", FLOAT_ELEMENTS, ids=lambda e: e.name)
+@pytest.mark.parametrize("kind", REDUCE_KINDS, ids=lambda k: k.name)
+@pytest.mark.parametrize("shape,axis", SIM_SHAPES, ids=str)
+def test_forward_matches_numpy(kind, element, shape, axis, rng):
+    x = inputs_for(kind, shape, element, rng)
+    got, _ = run_forward(kind, x, axis, element)
+    x64 = from_storage(x, element)
+    check_forward(got, reference(kind, x64, axis), kind, element, x64, axis,
+                  f"{kind.name} {element.name} {shape} axis {axis}")
+
+
+@pytest.mark.parametrize("element", INT_ELEMENTS, ids=lambda e: e.name)
+@pytest.mark.parametrize("kind", [K.SUM, K.PROD, K.MAX, K.MIN], ids=lambda k: k.name)
+def test_integer_forward_is_exact(kind, element, rng):
+    shape, axis = (4, 37), 1
+    x = inputs_for(kind, shape, element, rng)
+    got, plan = run_forward(kind, x, axis, element)
+    expected = {K.SUM: np.sum, K.PROD: np.prod, K.MAX: np.max, K.MIN: np.min}[kind](
+        x.astype(np.int64), axis=axis, keepdims=True)
+    np.testing.assert_array_equal(got, expected)
+    assert plan.precision_guarantee.accumulator is E.I64
+
+
+def test_int32_sum_wraps_like_int32(rng):
+    x = np.full((2, 3), 2**30, dtype=np.int32)
+    x[1] = rng.integers(-5, 5, size=3)
+    got, _ = run_forward(K.SUM, x, 1, E.I32)
+    assert got[0, 0] == np.int32(np.int64(3 * 2**30) - 2**32)  # wraps
+    assert got[1, 0] == int(x[1].astype(np.int64).sum())
+
+
+@pytest.mark.parametrize("element", FLOAT_ELEMENTS + INT_ELEMENTS, ids=lambda e: e.name)
+@pytest.mark.parametrize("kind", [K.ARGMAX, K.ARGMIN], ids=lambda k: k.name)
+def test_arg_reduce_first_occurrence(kind, element, rng):
+    shape, axis = (3, 33) if SIMULATOR else (5, 1000), 1
+    # few distinct values: plenty of ties
+    x = to_storage(rng.integers(-2, 3, size=shape), element)
+    desc = ArgReduceDescriptor(kind, shape, axis, element)
+    plan = ArgReducePlan.select(desc)
+    y = to_device(poisoned(desc.output_shape(), E.I64))
+    plan.run(ArgReduceArgs(to_device(x), y))
+    np.testing.assert_array_equal(to_host(y), arg_reference(kind, from_storage(x, element), axis))
+
+
+@IEEE_SPECIALS
+@pytest.mark.parametrize("kind", [K.ARGMAX, K.ARGMIN], ids=lambda k: k.name)
+def test_arg_reduce_nan_is_the_extreme(kind):
+    x = np.array([[1.0, np.nan, 5.0, np.nan], [np.inf, 2.0, -np.inf, 2.0],
+                  [-np.inf, -np.inf, -np.inf, -np.inf]], dtype=np.float32)
+    desc = ArgReduceDescriptor(kind, x.shape, 1, E.F32)
+    y = to_device(poisoned((3, 1), E.I64))
+    ArgReducePlan.select(desc).run(ArgReduceArgs(to_device(x), y))
+    expected = [[1], [0], [0]] if kind is K.ARGMAX else [[1], [2], [0]]
+    np.testing.assert_array_equal(to_host(y), expected)
+
+
+@IEEE_SPECIALS
+@pytest.mark.parametrize("element", [E.F32, E.BF16], ids=lambda e: e.name)
+def test_nan_and_inf_semantics(element):
+    rows = np.array([
+        [1.0, np.nan, 3.0, -1.0],           # NaN propagates through max/min/sum/lse
+        [-np.inf, -np.inf, -np.inf, -np.inf],  # lse -inf
+        [np.inf, 1.0, 2.0, -np.inf],        # lse +inf, max inf, min -inf, sum NaN
+        [np.inf, np.inf, 0.5, 0.25],        # lse +inf (inf == max branch)
+        [-np.inf, 2.0, -np.inf, 1.0],       # lse of the finite part
+    ])
+    x = to_storage(rows, element)
+    x64 = from_storage(x, element)
+    for kind in REDUCE_KINDS:
+        got, _ = run_forward(kind, x, 1, element)
+        check_forward(got, reference(kind, x64, 1), kind, element, x64, 1,
+                      f"{kind.name} specials")
+
+
+def test_norm2_half_does_not_overflow(rng):
+    # squares of 300 overflow f16 (65504); the f32 accumulator does not
+    x = to_storage(rng.uniform(250, 300, size=(2, 40)), E.F16)
+    got, _ = run_forward(K.NORM2, x, 1, E.F16)
+    x64 = from_storage(x, E.F16)
+    assert np.all(np.isfinite(got))
+    check_forward(got, reference(K.NORM2, x64, 1), K.NORM2, E.F16, x64, 1, "norm2 f16")
+
+
+def test_half_sum_accumulates_in_f32():
+    # 2048 + 63 ones: an f16 accumulator sticks at 2048 (spacing 2, ties to even); the f32
+    # accumulator reaches 2111, which the f16 output rounds to 2112
+    x = np.ones((1, 64), dtype=np.float16)
+    x[0, 0] = 2048
+    got, _ = run_forward(K.SUM, x, 1, E.F16)
+    assert got[0, 0] == 2112
+
+
+@IEEE_SPECIALS
+@pytest.mark.parametrize("correction", [0, 1, 2, 3])
+@pytest.mark.parametrize("kind", [K.VAR, K.STD], ids=lambda k: k.name)
+def test_var_std_correction(kind, correction, rng):
+    x = random_values((4, 2), E.F32, rng)
+    x[3] = 0.5  # constant row: m2 = 0, so n <= correction gives NaN there, inf elsewhere
+    got, _ = run_forward(kind, x, 1, E.F32, correction=correction)
+    x64 = from_storage(x, E.F32)
+    expected = reference(kind, x64, 1, correction)
+    if correction >= 2:
+        assert np.all(np.isinf(got[:3])) and np.isnan(got[3, 0])
+    check_forward(got, expected, kind, E.F32, x64, 1, f"{kind.name} correction {correction}")
+
+
+@IEEE_SPECIALS
+@pytest.mark.parametrize("kind", [k for k in REDUCE_KINDS if k not in (K.MAX, K.MIN)],
+                         ids=lambda k: k.name)
+def test_empty_axis(kind):
+    x = np.zeros((3, 0), dtype=np.float32)
+    got, _ = run_forward(kind, x, 1, E.F32)
+    expected = {K.SUM: 0.0, K.PROD: 1.0, K.MEAN: np.nan, K.LOG_SUM_EXP: -np.inf,
+                K.NORM2: 0.0, K.VAR: np.nan, K.STD: np.nan}[kind]
+    np.testing.assert_array_equal(got, np.full((3, 1), expected))
+
+
+def test_empty_tensor_is_a_no_op():
+    desc = ReduceDescriptor(K.SUM, (0, 5), 1, E.F32)
+    plan = ReducePlan.select(desc)
+    y = to_device(np.zeros((0, 1), np.float32))
+    plan.run(ReduceArgs(to_device(np.zeros((0, 5), np.float32)), y))
+    assert to_host(y).shape == (0, 1)
+
+
+@pytest.mark.simulator  # NumPy views stand in for device arrays; the GPU variant uses torch
+@pytest.mark.parametrize("kind", [K.SUM, K.MAX, K.VAR, K.LOG_SUM_EXP], ids=lambda k: k.name)
+def test_strided_and_broadcast_operands(kind, rng):
+    base = random_values((6, 2, 40), E.F32, rng)
+    x = base[::2, 1, ::3]  # (3, 14), strides (160, 3) elements
+    x64 = x.astype(np.float64)
+    for axis, out in ((1, poisoned((3, 4), E.F32)[:, 1:2]),      # strides (4, 1)
+                      (0, poisoned((2, 28), E.F32)[1:2, ::2])):  # strides (28, 2)
+        run_forward(kind, np.ascontiguousarray(x), axis, E.F32, x_dev=x, y_dev=out)
+        check_forward(from_storage(out, E.F32), reference(kind, x64, axis), kind, E.F32, x64,
+                      axis, f"strided {kind.name} axis {axis}")
+    row = random_values((1, 9), E.F32, rng)
+    x_b = np.broadcast_to(row, (4, 9))  # stride 0 on axis 0
+    for axis in (0, 1):
+        got, _ = run_forward(kind, np.ascontiguousarray(x_b), axis, E.F32, x_dev=x_b)
+        xb64 = x_b.astype(np.float64)
+        check_forward(got, reference(kind, xb64, axis), kind, E.F32, xb64, axis,
+                      f"broadcast {kind.name} axis {axis}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", [K.SUM, K.MAX, K.VAR, K.LOG_SUM_EXP], ids=lambda k: k.name)
+def test_gpu_strided_and_broadcast_operands(kind):
+    torch = torch_or_skip()
+    base = torch.rand(600, 2, 4000, device="cuda") * 4 - 2
+    x = base[::2, 1, ::3]  # (300, 1334), strides (8000, 3)
+    x64 = x.double().cpu().numpy()
+    for axis in (0, 1):
+        out_base = torch.full((2,) + tuple(1 if d == axis else s for d, s in
+                                           enumerate(x.shape)), float("nan"), device="cuda")
+        out = out_base[1]
+        out = out.transpose(0, 1).contiguous().transpose(0, 1) if axis == 1 else out
+        desc = ReduceDescriptor(kind, tuple(x.shape), axis, E.F32)
+        plan = ReducePlan.select(desc)
+        plan.run(ReduceArgs(x, out), workspace=torch.empty(plan.workspace_size,
+                                                           device="cuda", dtype=torch.uint8))
+        check_forward(out.double().cpu().numpy(), reference(kind, x64, axis), kind, E.F32,
+                      x64, axis, f"strided {kind.name} axis {axis}")
+    row = torch.rand(1, 5000, device="cuda")
+    xb = row.expand(700, 5000)
+    xb64 = xb.double().cpu().numpy()
+    for axis in (0, 1):
+        desc = ReduceDescriptor(kind, (700, 5000), axis, E.F32)
+        plan = ReducePlan.select(desc)
+        out = torch.full(desc.output_shape(), float("nan"), device="cuda")
+        plan.run(ReduceArgs(xb, out), workspace=torch.empty(plan.workspace_size,
+                                                            device="cuda", dtype=torch.uint8))
+        check_forward(out.double().cpu().numpy(), reference(kind, xb64, axis), kind, E.F32,
+                      xb64, axis, f"broadcast {kind.name} axis {axis}")
+
+
+def test_rank_1_and_rank_8(rng):
+    shape8 = (2, 1, 3, 1, 2, 3, 1, 5)
+    x = random_values(shape8, E.F32, rng)
+    for axis in (0, 2, 5, 7):
+        got, _ = run_forward(K.SUM, x, axis, E.F32)
+        check_forward(got, reference(K.SUM, x.astype(np.float64), axis), K.SUM, E.F32,
+                      x.astype(np.float64), axis, f"rank 8 axis {axis}")
+    x1 = random_values((EDGE_LENGTHS[2],), E.F32, rng)
+    got, _ = run_forward(K.MEAN, x1, 0, E.F32)
+    check_forward(got, reference(K.MEAN, x1.astype(np.float64), 0), K.MEAN, E.F32,
+                  x1.astype(np.float64), 0, "rank 1")
+
+
+@IEEE_SPECIALS  # Std of one element with correction 1 is 0/0 = NaN
+def test_axis_length_one(rng):
+    x = random_values((5, 1, 3), E.F32, rng)
+    for kind in (K.SUM, K.STD, K.LOG_SUM_EXP):
+        got, _ = run_forward(kind, x, 1, E.F32)
+        x64 = x.astype(np.float64)
+        check_forward(got, reference(kind, x64, 1), kind, E.F32, x64, 1, kind.name)
+
+
+def test_split_and_single_pass_agree_and_are_deterministic(rng):
+    shape = (EDGE_LENGTHS[1] * 9,) if SIMULATOR else (3_000_000,)
+    x = random_values(shape, E.F32, rng)
+    plan = ReducePlan.select(ReduceDescriptor(K.SUM, shape, 0, E.F32))
+    assert plan.workspace_size > 0  # one long row splits
+    split1, _ = run_forward(K.SUM, x, 0, E.F32)
+    split2, _ = run_forward(K.SUM, x, 0, E.F32)
+    single, _ = run_forward(K.SUM, x, 0, E.F32, workspace=False)
+    assert split1.tobytes() == split2.tobytes()
+    x64 = x.astype(np.float64)
+    for got in (split1, single):
+        check_forward(got, reference(K.SUM, x64, 0), K.SUM, E.F32, x64, 0, "split/single")
+    limited = ReducePlan.select(ReduceDescriptor(K.SUM, shape, 0, E.F32),
+                                PlanPreference(max_workspace_bytes=0))
+    assert limited.workspace_size == 0
+
+
+# -- backward ----------------------------------------------------------------------------
+
+
+def run_backward(kind, x_host, y_host, dy_host, axis, element, correction=1, dx_dev=None,
+                 dy_dev=None, x_dev=None, workspace=True):
+    desc = ReduceBackwardDescriptor(kind, x_host.shape, axis, element, correction)
+    plan = ReduceBackwardPlan.select(desc)
+    dx = dx_dev if dx_dev is not None else to_device(poisoned(x_host.shape, element))
+    ws = to_device(np.zeros(plan.workspace_size, np.uint8)) \
+        if plan.workspace_size and workspace else None
+    saved = kind not in (K.SUM, K.MEAN)
+    plan.run(ReduceBackwardArgs(dy_dev if dy_dev is not None else to_device(dy_host), dx,
+                                (x_dev if x_dev is not None else to_device(x_host))
+                                if saved else None,
+                                to_device(y_host) if saved else None), workspace=ws)
+    return from_storage(host(dx), element)
+
+
+def saved_output(kind, x_host, axis, element, correction=1):
+    """The forward output as the caller saves it (rounded to the element type)."""
+    x64 = from_storage(x_host, element)
+    return to_storage(reference(kind, x64, axis, correction), element)
+
+
+#: Spacing of the subnormals: results that small round to a multiple of it.
+SUBNORMAL_SPACING = {E.F16: 2.0 ** -24, E.BF16: 2.0 ** -133, E.F32: 2.0 ** -149, E.F64: 0.0}
+
+
+def check_backward(got, expected, element, what):
+    """Two roundings of the element type (x - y or the coefficient, then dx), f32/f64
+    arithmetic error relative to the row's largest gradient, and the subnormal spacing."""
+    expected = np.asarray(expected, dtype=np.float64)
+    finite = np.abs(expected[np.isfinite(expected)])
+    magnitude = finite.max() if finite.size else 0.0
+    tol = TOLERANCE[element][0] * 2 * np.abs(expected) + acc_rtol(element) * 8 * magnitude \
+        + SUBNORMAL_SPACING[element]
+    assert_specials_and_values(got, expected, tol, what)
+
+
+BACKWARD_SHAPES = [((3, EDGE_LENGTHS[2]), 1), ((EDGE_LENGTHS[1], 3), 0)]
+if not SIMULATOR:
+    BACKWARD_SHAPES += [((7, 3000), 1), ((3000, 7), 0), ((2, 999, 5), 1), ((40_000,), 0)]
+
+
+@pytest.mark.parametrize("element", FLOAT_ELEMENTS, ids=lambda e: e.name)
+@pytest.mark.parametrize("kind", REDUCE_KINDS, ids=lambda k: k.name)
+@pytest.mark.parametrize("shape,axis", BACKWARD_SHAPES[:1] if SIMULATOR else BACKWARD_SHAPES,
+                         ids=str)
+def test_backward_matches_numpy(kind, element, shape, axis, rng):
+    x = inputs_for(kind, shape, element, rng)
+    if kind in (K.MAX, K.MIN):  # few distinct values: ties split the gradient
+        x = to_storage(rng.integers(-3, 4, size=shape) * 0.5, element)
+    y = saved_output(kind, x, axis, element)
+    dy_shape = tuple(1 if d == axis else s for d, s in enumerate(shape))
+    dy = random_values(dy_shape, element, rng)
+    got = run_backward(kind, x, y, dy, axis, element)
+    expected = backward_reference(kind, from_storage(dy, element), from_storage(x, element),
+                                  from_storage(y, element), axis)
+    check_backward(got, expected, element, f"{kind.name} backward {element.name} {shape}")
+
+
+@pytest.mark.parametrize("kind", [K.MAX, K.MIN, K.VAR, K.STD], ids=lambda k: k.name)
+def test_backward_statistic_paths_agree(kind, rng):
+    """Few long rows: the statistic pass + split gradient (workspace) and the fused
+    single-pass gradient (workspace=None) give the same dx."""
+    shape = (EDGE_LENGTHS[1] * 6,) if SIMULATOR else (2_000_000,)
+    x = to_storage(rng.integers(-3, 4, size=shape) * 0.5, E.F32) if kind in (K.MAX, K.MIN) \
+        else random_values(shape, E.F32, rng)
+    y = saved_output(kind, x, 0, E.F32)
+    dy = random_values((1,), E.F32, rng)
+    plan = ReduceBackwardPlan.select(ReduceBackwardDescriptor(kind, shape, 0, E.F32))
+    assert plan.workspace_size > 0
+    expected = backward_reference(kind, dy.astype(np.float64), x.astype(np.float64),
+                                  y.astype(np.float64), 0)
+    for workspace in (True, False):
+        got = run_backward(kind, x, y, dy, 0, E.F32, workspace=workspace)
+        check_backward(got, expected, E.F32, f"{kind.name} workspace={workspace}")
+
+
+def test_max_backward_splits_ties_equally():
+    x = np.array([[1.0, 3.0, 3.0, 2.0, 3.0], [5.0, 1.0, 1.0, 1.0, 1.0]], dtype=np.float32)
+    y = np.array([[3.0], [5.0]], dtype=np.float32)
+    dy = np.array([[3.0], [2.0]], dtype=np.float32)
+    got = run_backward(K.MAX, x, y, dy, 1, E.F32)
+    np.testing.assert_array_equal(got, [[0, 1, 1, 0, 1], [2, 0, 0, 0, 0]])
+    got = run_backward(K.MIN, x, np.array([[1.0], [1.0]], np.float32), dy, 1, E.F32)
+    np.testing.assert_array_equal(got, [[3, 0, 0, 0, 0], [0, 0.5, 0.5, 0.5, 0.5]])
+
+
+@IEEE_SPECIALS
+@pytest.mark.parametrize("correction", [0, 1, 2])
+def test_var_backward_correction(correction, rng):
+    x = random_values((3, 2), E.F32, rng)
+    for kind in (K.VAR, K.STD):
+        y = saved_output(kind, x, 1, E.F32, correction)
+        dy = random_values((3, 1), E.F32, rng)
+        got = run_backward(kind, x, y, dy, 1, E.F32, correction)
+        expected = backward_reference(kind, dy.astype(np.float64), x.astype(np.float64),
+                                      y.astype(np.float64), 1, correction)
+        check_backward(got, expected, E.F32, f"{kind.name} correction {correction}")
+
+
+@pytest.mark.simulator  # NumPy views stand in for device arrays
+def test_backward_strided_operands(rng):
+    base = random_values((4, 30), E.F32, rng)
+    x = base[:, ::3]  # (4, 10), strides (30, 3)
+    for kind in (K.SUM, K.LOG_SUM_EXP, K.VAR):
+        y = saved_output(kind, np.ascontiguousarray(x), 0, E.F32)
+        dy_full = random_values((2, 10), E.F32, rng)
+        dy = dy_full[1:2]  # (1, 10)
+        dx_base = poisoned((4, 20), E.F32)
+        dx = dx_base[:, ::2]
+        run_backward(kind, np.ascontiguousarray(x), y, np.ascontiguousarray(dy), 0, E.F32,
+                     dx_dev=dx, dy_dev=dy, x_dev=x)
+        expected = backward_reference(kind, dy.astype(np.float64), x.astype(np.float64),
+                                      y.astype(np.float64), 0)
+        check_backward(dx, expected, E.F32, f"strided {kind.name}")
+        assert np.all(np.isnan(dx_base[:, 1::2]))  # untouched between the strided columns
+
+
+def test_backward_rank_8(rng):
+    shape = (2, 1, 3, 1, 2, 1, 1, 4)
+    x = random_values(shape, E.F32, rng)
+    y = saved_output(K.MAX, x, 2, E.F32)
+    dy = random_values(y.shape, E.F32, rng)
+    got = run_backward(K.MAX, x, y, dy, 2, E.F32)
+    check_backward(got, backward_reference(K.MAX, dy.astype(np.float64),
+                                           x.astype(np.float64), y.astype(np.float64), 2),
+                   E.F32, "rank 8")
+
+
+# -- rejections (raised before anything is written) ---------------------------------------
+
+
+def test_select_rejections():
+    with pytest.raises(InvalidProblem, match="ReducePlan: input_shape has rank 0"):
+        ReducePlan.select(ReduceDescriptor(K.SUM, (), 0, E.F32))
+    with pytest.raises(Unsupported, match="rank 9"):
+        ReducePlan.select(ReduceDescriptor(K.SUM, (1,) * 9, 0, E.F32))
+    with pytest.raises(InvalidProblem, match="reduce_axis"):
+        ReducePlan.select(ReduceDescriptor(K.SUM, (2, 3), 2, E.F32))
+    with pytest.raises(InvalidProblem, match="reduce_axis"):
+        ReducePlan.select(ReduceDescriptor(K.SUM, (2, 3), -1, E.F32))
+    with pytest.raises(Unsupported, match="kind = ANY"):
+        ReducePlan.select(ReduceDescriptor(K.ANY, (2, 3), 0, E.F32))
+    with pytest.raises(Unsupported, match="element = I32"):
+        ReducePlan.select(ReduceDescriptor(K.VAR, (2, 3), 0, E.I32))
+    with pytest.raises(Unsupported, match="element = S8"):
+        ReducePlan.select(ReduceDescriptor(K.SUM, (2, 3), 0, E.S8))
+    for kind in (K.MAX, K.MIN):
+        with pytest.raises(InvalidProblem, match="empty axis"):
+            ReducePlan.select(ReduceDescriptor(kind, (2, 0), 1, E.F32))
+        with pytest.raises(InvalidProblem, match="empty axis"):
+            ReduceBackwardPlan.select(ReduceBackwardDescriptor(kind, (2, 0), 1, E.F32))
+    for kind in (K.ARGMAX, K.ARGMIN):
+        with pytest.raises(InvalidProblem, match="empty axis"):
+            ArgReducePlan.select(ArgReduceDescriptor(kind, (0, 2), 0, E.F32))
+    with pytest.raises(Unsupported, match="kind = SUM"):
+        ArgReducePlan.select(ArgReduceDescriptor(K.SUM, (2, 3), 0, E.F32))
+    with pytest.raises(Unsupported, match="element = I32"):
+        ReduceBackwardPlan.select(ReduceBackwardDescriptor(K.SUM, (2, 3), 0, E.I32))
+    assert REDUCE_ELEMENTS[K.MEAN] == FLOAT_ELEMENTS
+
+
+def test_run_rejections_write_nothing(rng):
+    x = random_values((3, 5), E.F32, rng)
+    plan = ReducePlan.select(ReduceDescriptor(K.SUM, (3, 5), 1, E.F32))
+    y = to_device(poisoned((3, 1), E.F32))
+    with pytest.raises(InvalidProblem, match="ReducePlan: y has shape"):
+        plan.run(ReduceArgs(to_device(x), to_device(poisoned((3, 2), E.F32))))
+    with pytest.raises(InvalidProblem, match="ReducePlan: x has typestr"):
+        plan.run(ReduceArgs(to_device(x.astype(np.float64)), y))
+    assert np.all(np.isnan(to_host(y)))
+    arg = ArgReducePlan.select(ArgReduceDescriptor(K.ARGMAX, (3, 5), 1, E.F32))
+    with pytest.raises(InvalidProblem, match="ArgReducePlan: y has typestr"):
+        arg.run(ArgReduceArgs(to_device(x), y))
+    back = ReduceBackwardPlan.select(ReduceBackwardDescriptor(K.MAX, (3, 5), 1, E.F32))
+    dx = to_device(poisoned((3, 5), E.F32))
+    dy = to_device(random_values((3, 1), E.F32, rng))
+    with pytest.raises(InvalidProblem, match="ReduceBackwardPlan: x is None"):
+        back.run(ReduceBackwardArgs(dy, dx), workspace=to_device(np.zeros(back.workspace_size,
+                                                                          np.uint8)))
+    with pytest.raises(InvalidProblem, match="ReduceBackwardPlan: y is None"):
+        back.run(ReduceBackwardArgs(dy, dx, to_device(x)))
+    with pytest.raises(WorkspaceTooSmall):
+        back.run(ReduceBackwardArgs(dy, dx, to_device(x), y),
+                 workspace=to_device(np.zeros(back.workspace_size - 1, np.uint8)))
+    if SIMULATOR:  # a writable self-overlapping output (stride 0)
+        overlapping = np.lib.stride_tricks.as_strided(np.zeros(5, np.float32), (3, 5), (0, 4))
+        with pytest.raises(InvalidProblem, match="dx strides"):
+            back.run(ReduceBackwardArgs(dy, overlapping, to_device(x), y))
+    assert np.all(np.isnan(to_host(dx)))
+
+
+# -- GPU: torch forward and autograd, > 2^31 elements -------------------------------------
+
+TORCH_FORWARD = {
+    K.SUM: lambda t, a: t.sum(a, keepdim=True),
+    K.MEAN: lambda t, a: t.mean(a, keepdim=True),
+    K.MAX: lambda t, a: t.amax(a, keepdim=True),
+    K.MIN: lambda t, a: t.amin(a, keepdim=True),
+    K.PROD: lambda t, a: t.prod(a, keepdim=True),
+    K.NORM2: lambda t, a: t.norm(dim=a, keepdim=True),
+    K.LOG_SUM_EXP: lambda t, a: t.logsumexp(a, keepdim=True),
+    K.VAR: lambda t, a: t.var(a, keepdim=True),
+    K.STD: lambda t, a: t.std(a, keepdim=True),
+}
+TORCH_DTYPES = {E.F16: "float16", E.BF16: "bfloat16", E.F32: "float32", E.F64: "float64"}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("element", FLOAT_ELEMENTS, ids=lambda e: e.name)
+@pytest.mark.parametrize("kind", REDUCE_KINDS, ids=lambda k: k.name)
+@pytest.mark.parametrize("shape,axis", [((64, 3000), 1), ((3000, 64), 0), ((5, 300, 7), 1),
+                                        ((200_000,), 0)], ids=str)
+def test_gpu_forward_and_autograd_match_torch(kind, element, shape, axis):
+    torch = torch_or_skip()
+    dtype = getattr(torch, TORCH_DTYPES[element])
+    low, high = (0.8, 1.25) if kind is K.PROD else (-2.0, 2.0)
+    if kind is K.PROD:
+        shape = tuple(min(s, 300) for s in shape)
+    x = (torch.rand(shape, device="cuda", dtype=torch.float64) * (high - low) + low).to(dtype)
+    if kind in (K.MAX, K.MIN):
+        x = (x * 4).round() / 4  # ties
+    x.requires_grad_(True)
+    ref = TORCH_FORWARD[kind](x, axis)
+    desc = ReduceDescriptor(kind, shape, axis, element)
+    plan = ReducePlan.select(desc)
+    y = torch.full(desc.output_shape(), float("nan"), device="cuda", dtype=dtype)
+    ws = torch.empty(plan.workspace_size, device="cuda", dtype=torch.uint8)
+    plan.run(ReduceArgs(x, y), workspace=ws)
+    x64 = x.detach().double().cpu().numpy()
+    expected64 = reference(kind, x64, axis)
+    got = y.double().cpu().numpy()
+    check_forward(got, expected64, kind, element, x64, axis, f"{kind.name} vs numpy")
+    # torch itself, where it computes in the same precision (its f16/bf16 logsumexp, var,
+    # std, norm and prod keep half-precision intermediates, so there it is the less
+    # accurate side and the float64 check above is the one that counts)
+    if element in (E.F32, E.F64) or kind in (K.SUM, K.MEAN, K.MAX, K.MIN):
+        check_forward(got, ref.detach().double().cpu().numpy(), kind, element, x64, axis,
+                      f"{kind.name} vs torch")
+    dy = torch.rand_like(ref) * 2 - 1
+    (ref * dy).sum().backward()
+    # math on the same saved tensors in float64 (every element kind) ...
+    expected_dx = backward_reference(kind, dy.double().cpu().numpy(), x64,
+                                     ref.detach().double().cpu().numpy(), axis)
+    bplan = ReduceBackwardPlan.select(ReduceBackwardDescriptor(kind, shape, axis, element))
+    dx = torch.full(shape, float("nan"), device="cuda", dtype=dtype)
+    bws = torch.empty(bplan.workspace_size, device="cuda", dtype=torch.uint8)
+    bplan.run(ReduceBackwardArgs(dy, dx, x, ref.detach()), workspace=bws)
+    got_dx = dx.double().cpu().numpy()
+    check_backward(got_dx, expected_dx, element, f"{kind.name} backward vs float64")
+    # ... and torch.autograd where it computes in the same precision (its f16/bf16 gradients
+    # round intermediates such as x - y to half, so they are the less accurate side)
+    if element in (E.F32, E.F64):
+        check_backward(got_dx, x.grad.double().cpu().numpy(), element,
+                       f"{kind.name} backward vs torch.autograd")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", [K.ARGMAX, K.ARGMIN], ids=lambda k: k.name)
+def test_gpu_arg_reduce_matches_torch(kind):
+    torch = torch_or_skip()
+    for shape, axis in [((64, 3000), 1), ((3000, 64), 0), ((300_000,), 0)]:
+        x = torch.randint(-50, 50, shape, device="cuda").float()
+        x.view(-1)[::997] = float("nan")
+        desc = ArgReduceDescriptor(kind, shape, axis, E.F32)
+        plan = ArgReducePlan.select(desc)
+        y = torch.full(desc.output_shape(), -7, device="cuda", dtype=torch.int64)
+        ws = torch.empty(plan.workspace_size, device="cuda", dtype=torch.uint8)
+        plan.run(ArgReduceArgs(x, y), workspace=ws)
+        fn = torch.argmax if kind is K.ARGMAX else torch.argmin
+        assert torch.equal(y, fn(x, dim=axis, keepdim=True))
+
+
+@pytest.mark.gpu
+def test_gpu_more_than_2_31_elements():
+    torch = torch_or_skip()
+    n = (1 << 31) + 4099
+    x = torch.empty(n, device="cuda", dtype=torch.float32).uniform_(-1, 1)
+    x[n - 3] = 7.0  # the max lies past 2^31
+    for kind in (K.SUM, K.MAX):
+        desc = ReduceDescriptor(kind, (n,), 0, E.F32)
+        plan = ReducePlan.select(desc)
+        y = torch.full((1,), float("nan"), device="cuda", dtype=torch.float32)
+        ws = torch.empty(plan.workspace_size, device="cuda", dtype=torch.uint8)
+        plan.run(ReduceArgs(x, y), workspace=ws)
+        if kind is K.SUM:
+            expected = sum(float(c.double().sum()) for c in x.split(1 << 28))
+            scale = sum(float(c.double().abs().sum()) for c in x.split(1 << 28))
+            assert abs(float(y) - expected) <= 1e-6 * abs(expected) + 1e-6 * scale
+        else:
+            assert float(y) == 7.0
+    arg = ArgReducePlan.select(ArgReduceDescriptor(K.ARGMAX, (n,), 0, E.F32))
+    idx = torch.full((1,), -1, device="cuda", dtype=torch.int64)
+    arg.run(ArgReduceArgs(x, idx), workspace=torch.empty(arg.workspace_size, device="cuda",
+                                                         dtype=torch.uint8))
+    assert int(idx) == n - 3
+    # the gradient of a sum over > 2^31 elements writes every element
+    back = ReduceBackwardPlan.select(ReduceBackwardDescriptor(K.MEAN, (n,), 0, E.F32))
+    dy = torch.full((1,), 3.0, device="cuda", dtype=torch.float32)
+    back.run(ReduceBackwardArgs(dy, x))  # dx = x's memory (x no longer needed)
+    assert float(x[n - 1]) == float(torch.tensor(3.0 / n, dtype=torch.float32))
+    assert float(x[0]) == float(x[n - 1])
