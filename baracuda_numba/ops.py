@@ -1,0 +1,437 @@
+"""Functional API: one-line calls over cached plans, for torch, CuPy and Numba arrays.
+
+Each function builds (on a cache miss only) the descriptor from its arguments, takes the
+plan from a bounded, thread-safe cache keyed by the call's static facts, allocates
+outputs with the input's own framework on the input's device, and runs on that
+framework's current stream unless ``stream=`` is given. Repeated calls with the same
+shapes pay only the plan's ``run`` plus an output allocation.
+
+Conventions follow PyTorch: ``dim`` may be negative; reductions take ``keepdim``;
+``cummax``/``cummin`` return ``(values, indices)``; ``var``/``std`` take ``correction``.
+Backward functions take the forward's saved tensors as the seeds define them.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ._frameworks import current_stream, element_of, empty
+from .errors import InvalidProblem
+from .plans.fractional_max_pool import (
+    FractionalMaxPool2dBwArgs,
+    FractionalMaxPool2dDescriptor,
+    FractionalMaxPool2dFwArgs,
+    FractionalMaxPool2dPlan,
+    FractionalMaxPool3dBwArgs,
+    FractionalMaxPool3dDescriptor,
+    FractionalMaxPool3dFwArgs,
+    FractionalMaxPool3dPlan,
+    FractionalPlacement,
+)
+from .plans.reduce import (
+    ArgReduceArgs,
+    ArgReduceDescriptor,
+    ArgReducePlan,
+    ReduceArgs,
+    ReduceBackwardArgs,
+    ReduceBackwardDescriptor,
+    ReduceBackwardPlan,
+    ReduceDescriptor,
+    ReducePlan,
+)
+from .plans.rope import (
+    RopeArgs,
+    RopeBackwardArgs,
+    RopeBackwardDescriptor,
+    RopeBackwardPlan,
+    RopeDescriptor,
+    RopePlan,
+)
+from .plans.scan import (
+    ScanArgs,
+    ScanBackwardArgs,
+    ScanBackwardDescriptor,
+    ScanBackwardPlan,
+    ScanDescriptor,
+    ScanPlan,
+)
+from .plans.write_slice import WriteSliceArgs, WriteSliceDescriptor, WriteSlicePlan
+from .types import ElementKind, ReduceKind, RopePairing, ScanKind
+
+__all__ = [
+    "amax", "amin", "argmax", "argmin", "clear_plan_cache", "cummax", "cummin", "cumprod",
+    "cumsum", "fractional_max_pool2d", "fractional_max_pool2d_backward",
+    "fractional_max_pool3d", "fractional_max_pool3d_backward", "logcumsumexp", "logsumexp",
+    "mean", "norm", "plan_for", "prod", "reduce_backward", "rope", "rope_backward",
+    "scan_backward", "std", "sum", "var", "write_slice",
+]
+
+_CACHE_SIZE = 1024
+_plans: OrderedDict[Any, Any] = OrderedDict()
+_lock = threading.Lock()
+
+
+def plan_for(key: Any, make: Callable[[], Any]) -> Any:
+    """The cached plan for ``key``; ``make()`` selects it on a miss (LRU-bounded)."""
+    plan = _plans.get(key)
+    if plan is None:
+        plan = make()
+        with _lock:
+            _plans[key] = plan
+            if len(_plans) > _CACHE_SIZE:
+                _plans.popitem(last=False)
+    return plan
+
+
+def clear_plan_cache() -> None:
+    with _lock:
+        _plans.clear()
+
+
+def _dim(dim: int, rank: int, fn: str) -> int:
+    if not -rank <= dim < max(rank, 1):
+        raise InvalidProblem(f"{fn}: dim = {dim} is out of range for rank {rank}")
+    return dim % max(rank, 1)
+
+
+def _drop_dim(array: Any, dim: int) -> Any:
+    """``array`` (keepdim) with axis ``dim`` (extent 1) removed, as a view."""
+    shape = tuple(array.shape)
+    new_shape = shape[:dim] + shape[dim + 1:]
+    if hasattr(array, "squeeze") and not hasattr(array, "copy_to_host"):
+        return array.squeeze(dim) if shape[dim] == 1 else array.reshape(new_shape)
+    return array.reshape(new_shape)
+
+
+# -- write_slice ---------------------------------------------------------------------------
+
+
+def write_slice(dest: Any, source: Any, offsets: Sequence[int], *, stream: Any = None) -> Any:
+    """``dest[o_0:o_0+n_0, ..., o_k:o_k+n_k] = source`` in place (``n = source.shape``);
+    returns ``dest``. Bit-exact; any strides."""
+    dest_shape = tuple(dest.shape)
+    source_shape = tuple(source.shape)
+    offsets = tuple(int(o) for o in offsets)
+    element = element_of(dest)
+
+    def make() -> WriteSlicePlan:
+        ranges = tuple((o, o + n) for o, n in zip(offsets, source_shape))
+        return WriteSlicePlan.select(WriteSliceDescriptor(dest_shape, source_shape, ranges,
+                                                          element))
+
+    plan = plan_for(("write_slice", dest_shape, source_shape, offsets, element), make)
+    plan.run(WriteSliceArgs(dest, source), stream=current_stream(dest) if stream is None
+             else stream)
+    return dest
+
+
+# -- scans ---------------------------------------------------------------------------------
+
+
+def _scan(kind: ScanKind, x: Any, dim: int, reverse: bool, stream: Any,
+          with_indices: bool) -> Any:
+    shape = tuple(x.shape)
+    axis = _dim(dim, len(shape), kind.name.lower())
+    element = element_of(x)
+    plan = plan_for(("scan", kind, shape, axis, reverse, element), lambda: ScanPlan.select(
+        ScanDescriptor(kind, shape, axis, reverse, element=element)))
+    y = empty(x, shape, element)
+    indices = empty(x, shape, ElementKind.I64) if with_indices else None
+    plan.run(ScanArgs(x, y, indices), stream=current_stream(x) if stream is None else stream)
+    return (y, indices) if with_indices else y
+
+
+def cumsum(x: Any, dim: int, *, reverse: bool = False, stream: Any = None) -> Any:
+    """Inclusive prefix sum along ``dim`` (f32 accumulation for f16/bf16)."""
+    return _scan(ScanKind.CUMSUM, x, dim, reverse, stream, False)
+
+
+def cumprod(x: Any, dim: int, *, reverse: bool = False, stream: Any = None) -> Any:
+    """Inclusive prefix product along ``dim``."""
+    return _scan(ScanKind.CUMPROD, x, dim, reverse, stream, False)
+
+
+def logcumsumexp(x: Any, dim: int, *, reverse: bool = False, stream: Any = None) -> Any:
+    """``log(cumsum(exp(x)))`` along ``dim``, computed stably (all -inf prefix -> -inf)."""
+    return _scan(ScanKind.LOG_CUMSUM_EXP, x, dim, reverse, stream, False)
+
+
+def cummax(x: Any, dim: int, *, reverse: bool = False, stream: Any = None) -> tuple[Any, Any]:
+    """Running maximum and its index (int64) along ``dim``, as ``torch.cummax``; NaN wins."""
+    return _scan(ScanKind.CUMMAX, x, dim, reverse, stream, True)
+
+
+def cummin(x: Any, dim: int, *, reverse: bool = False, stream: Any = None) -> tuple[Any, Any]:
+    """Running minimum and its index (int64) along ``dim``, as ``torch.cummin``; NaN wins."""
+    return _scan(ScanKind.CUMMIN, x, dim, reverse, stream, True)
+
+
+def scan_backward(kind: ScanKind, dy: Any, dim: int, *, x: Any = None, y: Any = None,
+                  reverse: bool = False, stream: Any = None) -> Any:
+    """Gradient of the ``kind`` scan: ``dx`` from ``dy`` and the saved ``x``/``y``
+    (Cumsum: none; Cumprod and LogCumsumExp: x and y; Cummax/Cummin: x)."""
+    shape = tuple(dy.shape)
+    axis = _dim(dim, len(shape), "scan_backward")
+    element = element_of(dy)
+    plan = plan_for(("scan_bw", kind, shape, axis, reverse, element),
+                    lambda: ScanBackwardPlan.select(ScanBackwardDescriptor(
+                        kind, shape, axis, reverse, element=element)))
+    dx = empty(dy, shape, element)
+    plan.run(ScanBackwardArgs(dy, dx, x, y), stream=current_stream(dy) if stream is None
+             else stream)
+    return dx
+
+
+# -- reductions ----------------------------------------------------------------------------
+
+
+def _reduce(kind: ReduceKind, x: Any, dim: int, keepdim: bool, correction: int,
+            stream: Any) -> Any:
+    shape = tuple(x.shape)
+    axis = _dim(dim, len(shape), kind.name.lower())
+    element = element_of(x)
+    plan = plan_for(("reduce", kind, shape, axis, element, correction),
+                    lambda: ReducePlan.select(ReduceDescriptor(kind, shape, axis, element,
+                                                               correction)))
+    y = empty(x, shape[:axis] + (1,) + shape[axis + 1:], element)
+    _run_with_workspace(plan, ReduceArgs(x, y), x, stream)
+    return y if keepdim else _drop_dim(y, axis)
+
+
+def _run_with_workspace(plan: Any, args: Any, like: Any, stream: Any) -> None:
+    """Run with a workspace of the plan's size from the input's framework (none if 0)."""
+    size = plan.workspace_size
+    workspace = empty(like, (size,), ElementKind.U8) if size else None
+    plan.run(args, stream=current_stream(like) if stream is None else stream,
+             workspace=workspace)
+
+
+def sum(x: Any, dim: int, *, keepdim: bool = False, stream: Any = None) -> Any:  # noqa: A001
+    """Sum over ``dim`` (f32 accumulation for halves; empty axis -> 0)."""
+    return _reduce(ReduceKind.SUM, x, dim, keepdim, 1, stream)
+
+
+def mean(x: Any, dim: int, *, keepdim: bool = False, stream: Any = None) -> Any:
+    """Mean over ``dim`` (empty axis -> NaN)."""
+    return _reduce(ReduceKind.MEAN, x, dim, keepdim, 1, stream)
+
+
+def amax(x: Any, dim: int, *, keepdim: bool = False, stream: Any = None) -> Any:
+    """Maximum over ``dim``; NaN propagates."""
+    return _reduce(ReduceKind.MAX, x, dim, keepdim, 1, stream)
+
+
+def amin(x: Any, dim: int, *, keepdim: bool = False, stream: Any = None) -> Any:
+    """Minimum over ``dim``; NaN propagates."""
+    return _reduce(ReduceKind.MIN, x, dim, keepdim, 1, stream)
+
+
+def prod(x: Any, dim: int, *, keepdim: bool = False, stream: Any = None) -> Any:
+    """Product over ``dim`` (empty axis -> 1)."""
+    return _reduce(ReduceKind.PROD, x, dim, keepdim, 1, stream)
+
+
+def norm(x: Any, dim: int, *, keepdim: bool = False, stream: Any = None) -> Any:
+    """Euclidean norm over ``dim`` (no overflow for half inputs)."""
+    return _reduce(ReduceKind.NORM2, x, dim, keepdim, 1, stream)
+
+
+def logsumexp(x: Any, dim: int, *, keepdim: bool = False, stream: Any = None) -> Any:
+    """``log(sum(exp(x)))`` over ``dim``, stable (all -inf -> -inf)."""
+    return _reduce(ReduceKind.LOG_SUM_EXP, x, dim, keepdim, 1, stream)
+
+
+def var(x: Any, dim: int, *, correction: int = 1, keepdim: bool = False,
+        stream: Any = None) -> Any:
+    """Variance over ``dim`` with divisor ``n - correction`` (inf/NaN when <= 0)."""
+    return _reduce(ReduceKind.VAR, x, dim, keepdim, correction, stream)
+
+
+def std(x: Any, dim: int, *, correction: int = 1, keepdim: bool = False,
+        stream: Any = None) -> Any:
+    """Standard deviation over ``dim`` with divisor ``n - correction``."""
+    return _reduce(ReduceKind.STD, x, dim, keepdim, correction, stream)
+
+
+def _arg_reduce(kind: ReduceKind, x: Any, dim: int, keepdim: bool, stream: Any) -> Any:
+    shape = tuple(x.shape)
+    axis = _dim(dim, len(shape), kind.name.lower())
+    element = element_of(x)
+    plan = plan_for(("arg_reduce", kind, shape, axis, element),
+                    lambda: ArgReducePlan.select(ArgReduceDescriptor(kind, shape, axis,
+                                                                     element)))
+    y = empty(x, shape[:axis] + (1,) + shape[axis + 1:], ElementKind.I64)
+    _run_with_workspace(plan, ArgReduceArgs(x, y), x, stream)
+    return y if keepdim else _drop_dim(y, axis)
+
+
+def argmax(x: Any, dim: int, *, keepdim: bool = False, stream: Any = None) -> Any:
+    """Index (int64) of the first maximum over ``dim``; NaN counts as the maximum."""
+    return _arg_reduce(ReduceKind.ARGMAX, x, dim, keepdim, stream)
+
+
+def argmin(x: Any, dim: int, *, keepdim: bool = False, stream: Any = None) -> Any:
+    """Index (int64) of the first minimum over ``dim``; NaN counts as the minimum."""
+    return _arg_reduce(ReduceKind.ARGMIN, x, dim, keepdim, stream)
+
+
+def reduce_backward(kind: ReduceKind, dy: Any, input_shape: Sequence[int], dim: int, *,
+                    x: Any = None, y: Any = None, correction: int = 1,
+                    stream: Any = None) -> Any:
+    """``dx`` of the ``kind`` reduction over ``dim``; ``dy`` and the saved ``y`` keepdim
+    (Sum/Mean need neither ``x`` nor ``y``; the others need both). Max/Min split the
+    gradient equally across tied maxima."""
+    shape = tuple(int(s) for s in input_shape)
+    axis = _dim(dim, len(shape), "reduce_backward")
+    element = element_of(dy)
+    plan = plan_for(("reduce_bw", kind, shape, axis, element, correction),
+                    lambda: ReduceBackwardPlan.select(ReduceBackwardDescriptor(
+                        kind, shape, axis, element, correction)))
+    dx = empty(dy, shape, element)
+    plan.run(ReduceBackwardArgs(dy, dx, x, y), stream=current_stream(dy) if stream is None
+             else stream)
+    return dx
+
+
+# -- rotary embedding ----------------------------------------------------------------------
+
+
+def _pairing(pairing: RopePairing | str) -> RopePairing:
+    if isinstance(pairing, RopePairing):
+        return pairing
+    return RopePairing[pairing.upper().replace("-", "_")]
+
+
+def _rope(backward: bool, x: Any, positions: Any, base: float, pairing: Any,
+          rotary_dim: int | None, inplace: bool, stream: Any) -> Any:
+    if len(x.shape) != 4:
+        raise InvalidProblem(f"{'rope_backward' if backward else 'rope'}: x must be "
+                             f"[B, H, S, D], got shape {tuple(x.shape)}")
+    batch, heads, seq, head_dim = (int(s) for s in x.shape)
+    element = element_of(x)
+    pair = _pairing(pairing)
+    fields = (batch, heads, seq, head_dim)
+    options = dict(base=float(base), element=element, pairing=pair, rotary_dim=rotary_dim)
+    if backward:
+        plan = plan_for(("rope_bw", fields, float(base), element, pair, rotary_dim),
+                        lambda: RopeBackwardPlan.select(RopeBackwardDescriptor(*fields,
+                                                                               **options)))
+    else:
+        plan = plan_for(("rope", fields, float(base), element, pair, rotary_dim),
+                        lambda: RopePlan.select(RopeDescriptor(*fields, **options)))
+    y = x if inplace else empty(x, tuple(x.shape), element)
+    args = (RopeBackwardArgs if backward else RopeArgs)(x, y, positions)
+    plan.run(args, stream=current_stream(x) if stream is None else stream)
+    return y
+
+
+def rope(x: Any, *, positions: Any = None, base: float = 10000.0,
+         pairing: RopePairing | str = RopePairing.INTERLEAVED, rotary_dim: int | None = None,
+         inplace: bool = False, stream: Any = None) -> Any:
+    """Rotary position embedding of ``x`` ``[B, H, S, D]`` (last axis stride 1; other axes
+    any stride). ``positions``: int64 ``[S]`` or ``[B, S]`` (default ``s``)."""
+    return _rope(False, x, positions, base, pairing, rotary_dim, inplace, stream)
+
+
+def rope_backward(dy: Any, *, positions: Any = None, base: float = 10000.0,
+                  pairing: RopePairing | str = RopePairing.INTERLEAVED,
+                  rotary_dim: int | None = None, inplace: bool = False,
+                  stream: Any = None) -> Any:
+    """Gradient of :func:`rope`: the rotation of ``dy`` by ``-theta``."""
+    return _rope(True, dy, positions, base, pairing, rotary_dim, inplace, stream)
+
+
+# -- fractional max pooling ----------------------------------------------------------------
+
+
+def _placement(placement: FractionalPlacement | str) -> FractionalPlacement:
+    if isinstance(placement, FractionalPlacement):
+        return placement
+    return FractionalPlacement[placement.upper()]
+
+
+def _fmp(dims: int, x: Any, kernel_size: Sequence[int] | int, output_size: Sequence[int],
+         random_samples: Any, placement: Any, stream: Any) -> tuple[Any, Any]:
+    shape = tuple(int(s) for s in x.shape)
+    if len(shape) != dims + 2:
+        raise InvalidProblem(f"fractional_max_pool{dims}d: x must have rank {dims + 2}, got "
+                             f"shape {shape}")
+    window = (kernel_size,) * dims if isinstance(kernel_size, int) else tuple(kernel_size)
+    out = tuple(int(o) for o in output_size)
+    element = element_of(x)
+    where = _placement(placement)
+    if dims == 2:
+        plan_class, desc_class, args_class = (FractionalMaxPool2dPlan,
+                                              FractionalMaxPool2dDescriptor,
+                                              FractionalMaxPool2dFwArgs)
+    else:
+        plan_class, desc_class, args_class = (FractionalMaxPool3dPlan,
+                                              FractionalMaxPool3dDescriptor,
+                                              FractionalMaxPool3dFwArgs)
+
+    def make() -> Any:
+        desc = desc_class(*shape, *window, *out, element, placement=where)
+        return plan_class.select(desc)
+
+    plan = plan_for(("fmp", dims, shape, window, out, element, where), make)
+    y = empty(x, shape[:2] + out, element)
+    indices = empty(x, shape[:2] + out, ElementKind.I64)
+    plan.run_fw(args_class(x, y, indices, random_samples),
+                stream=current_stream(x) if stream is None else stream)
+    return y, indices
+
+
+def _fmp_backward(dims: int, dy: Any, indices: Any, input_shape: Sequence[int],
+                  kernel_size: Sequence[int] | int, placement: Any, stream: Any) -> Any:
+    shape = tuple(int(s) for s in input_shape)
+    window = (kernel_size,) * dims if isinstance(kernel_size, int) else tuple(kernel_size)
+    out = tuple(int(o) for o in dy.shape[2:])
+    element = element_of(dy)
+    where = _placement(placement)
+    if dims == 2:
+        plan_class, desc_class, args_class = (FractionalMaxPool2dPlan,
+                                              FractionalMaxPool2dDescriptor,
+                                              FractionalMaxPool2dBwArgs)
+    else:
+        plan_class, desc_class, args_class = (FractionalMaxPool3dPlan,
+                                              FractionalMaxPool3dDescriptor,
+                                              FractionalMaxPool3dBwArgs)
+    plan = plan_for(("fmp", dims, shape, window, out, element, where),
+                    lambda: plan_class.select(desc_class(*shape, *window, *out, element,
+                                                         placement=where)))
+    dx = empty(dy, shape, element)
+    plan.run_bw(args_class(dy, indices, dx), stream=current_stream(dy) if stream is None
+                else stream)
+    return dx
+
+
+def fractional_max_pool2d(x: Any, kernel_size: Sequence[int] | int, output_size: Sequence[int],
+                          random_samples: Any, *, placement: Any = "baracuda",
+                          stream: Any = None) -> tuple[Any, Any]:
+    """Fractional max pooling of NCHW ``x``: ``(y, indices)``, indices int64 offsets into
+    the whole input. ``random_samples``: f32 ``[N, C, 2]`` uniforms in [0, 1)."""
+    return _fmp(2, x, kernel_size, output_size, random_samples, placement, stream)
+
+
+def fractional_max_pool3d(x: Any, kernel_size: Sequence[int] | int, output_size: Sequence[int],
+                          random_samples: Any, *, placement: Any = "baracuda",
+                          stream: Any = None) -> tuple[Any, Any]:
+    """3-D sibling of :func:`fractional_max_pool2d` (NCDHW, samples ``[N, C, 3]``)."""
+    return _fmp(3, x, kernel_size, output_size, random_samples, placement, stream)
+
+
+def fractional_max_pool2d_backward(dy: Any, indices: Any, input_shape: Sequence[int],
+                                   kernel_size: Sequence[int] | int, *,
+                                   placement: Any = "baracuda", stream: Any = None) -> Any:
+    """``dx`` of :func:`fractional_max_pool2d`: deterministic, every element written."""
+    return _fmp_backward(2, dy, indices, input_shape, kernel_size, placement, stream)
+
+
+def fractional_max_pool3d_backward(dy: Any, indices: Any, input_shape: Sequence[int],
+                                   kernel_size: Sequence[int] | int, *,
+                                   placement: Any = "baracuda", stream: Any = None) -> Any:
+    """``dx`` of :func:`fractional_max_pool3d`."""
+    return _fmp_backward(3, dy, indices, input_shape, kernel_size, placement, stream)
