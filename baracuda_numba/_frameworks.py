@@ -34,14 +34,18 @@ def framework_of(array: Any) -> str:
     return found
 
 
+_ELEMENTS: dict[Any, ElementKind] = {}
+
+
 def element_of(array: Any) -> ElementKind:
-    """The element kind of an array's dtype (bf16 from torch/ml_dtypes included)."""
+    """The element kind of an array's dtype (bf16 from torch/ml_dtypes included); cached
+    per dtype object."""
     dtype = array.dtype
-    name = str(dtype)
-    if name in ("uint16", "|V2", "<V2", "V2") and getattr(dtype, "names", None) is None \
-            and getattr(dtype, "name", "") == "bfloat16":
-        return ElementKind.BF16
-    return ElementKind.from_dtype(name)
+    found = _ELEMENTS.get(dtype)
+    if found is None:
+        found = _ELEMENTS[dtype] = ElementKind.from_dtype(getattr(dtype, "name", None)
+                                                          or str(dtype))
+    return found
 
 
 _TORCH_DTYPES: dict[ElementKind, Any] = {}
@@ -62,7 +66,7 @@ def empty(like: Any, shape: tuple[int, ...], element: ElementKind) -> Any:
                 ElementKind.BOOL: torch.bool, ElementKind.COMPLEX32: torch.complex64,
                 ElementKind.COMPLEX64: torch.complex128,
             })
-        return torch.empty(shape, dtype=_TORCH_DTYPES[element], device=like.device)
+        return like.new_empty(shape, dtype=_TORCH_DTYPES[element])
     if kind == "cupy":
         import cupy
 

@@ -115,9 +115,15 @@ def _NO_INDICES(x: Tensor) -> Tensor:  # noqa: N802
     return x.new_empty((0,), dtype=torch.int64)
 
 
+def _needs_grad(x: Tensor) -> bool:
+    return x.requires_grad and torch.is_grad_enabled()
+
+
 def _scan(x: Tensor, kind: ScanKind, dim: int, reverse: bool) -> tuple[Tensor, Tensor]:
     if _compiling():
         return _scan_op(x, int(kind), dim, reverse)
+    if not _needs_grad(x):
+        return _scan_impl(x, int(kind), dim, reverse)
     return _ScanFunction.apply(x, int(kind), dim, reverse)
 
 
@@ -216,6 +222,8 @@ class _ReduceFunction(torch.autograd.Function):
 def _reduce(kind: ReduceKind, x: Tensor, dim: int, keepdim: bool, correction: int = 1) -> Tensor:
     if _compiling():
         y = _reduce_op(x, int(kind), dim, correction)
+    elif not _needs_grad(x):
+        y = ops._reduce(kind, x, dim, True, correction, None)
     else:
         y = _ReduceFunction.apply(x, int(kind), dim, correction)
     return y if keepdim else y.squeeze(dim)
@@ -317,6 +325,10 @@ _rope_op.register_autograd(_rope_backward, setup_context=_rope_setup)
 
 def _rope_impl(x: Tensor, positions: Tensor | None, base: float, pairing: str,
                rotary_dim: int, backward: bool) -> Tensor:
+    if x.dim() == 4 and x.shape[-1] > 1 and x.stride(-1) != 1:
+        # The plans need unit stride along the features; gradients flowing back through a
+        # transpose often lack it.
+        x = x.contiguous()
     rotary = None if rotary_dim <= 0 else rotary_dim
     fn = ops.rope_backward if backward else ops.rope
     return fn(x, positions=positions, base=base, pairing=pairing, rotary_dim=rotary)
@@ -345,6 +357,8 @@ def rope(x: Tensor, *, positions: Tensor | None = None, base: float = 10000.0,
     'half_split' (NeoX/Llama ``rotate_half``)."""
     if _compiling():
         return _rope_op(x, positions, float(base), pairing, rotary_dim or 0, False)
+    if not _needs_grad(x):
+        return _rope_impl(x, positions, float(base), pairing, rotary_dim or 0, False)
     return _RopeFunction.apply(x, positions, float(base), pairing, rotary_dim or 0, False)
 
 

