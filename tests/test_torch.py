@@ -184,31 +184,30 @@ def test_cupy_in_cupy_out():
     assert isinstance(indices, cp.ndarray) and indices.dtype == cp.int64
 
 
-class _Tiny(torch.nn.Module):
-    """q/k projections with RoPE, attention-like scores, logsumexp softmax, cumsum pool."""
-
-    def __init__(self, ours: bool) -> None:
-        super().__init__()
-        self.ours = ours
-        self.qk = torch.nn.Linear(16, 32)
-        self.out = torch.nn.Linear(8, 1)
-
-    def forward(self, x):  # x [B, S, 16]
-        q, k = self.qk(x).view(x.shape[0], x.shape[1], 2, 1, 16).unbind(2)
-        q, k = q.transpose(1, 2), k.transpose(1, 2)  # [B, 1, S, 16] strided views
-        if self.ours:
-            q, k = bt.rope(q.contiguous()), bt.rope(k.contiguous())
-        else:
-            q, k = (_torch_rope(t.contiguous(), None, 10000.0, "interleaved") for t in (q, k))
-        scores = (q @ k.transpose(-1, -2)).squeeze(1) / 4.0  # [B, S, S]
-        lse = bt.logsumexp(scores, -1, keepdim=True) if self.ours else torch.logsumexp(
-            scores, -1, keepdim=True)
-        attn = (scores - lse).exp()
-        pooled = bt.cumsum(attn, -1) if self.ours else torch.cumsum(attn, -1)
-        return self.out(pooled).mean()
-
-
 def test_tiny_model_trains_like_pytorch():
+    class _Tiny(torch.nn.Module):
+        """q/k projections with RoPE, attention-like scores, logsumexp softmax, cumsum pool."""
+
+        def __init__(self, ours: bool) -> None:
+            super().__init__()
+            self.ours = ours
+            self.qk = torch.nn.Linear(16, 32)
+            self.out = torch.nn.Linear(8, 1)
+
+        def forward(self, x):  # x [B, S, 16]
+            q, k = self.qk(x).view(x.shape[0], x.shape[1], 2, 1, 16).unbind(2)
+            q, k = q.transpose(1, 2), k.transpose(1, 2)  # [B, 1, S, 16] strided views
+            if self.ours:
+                q, k = bt.rope(q.contiguous()), bt.rope(k.contiguous())
+            else:
+                q, k = (_torch_rope(t.contiguous(), None, 10000.0, "interleaved") for t in (q, k))
+            scores = (q @ k.transpose(-1, -2)).squeeze(1) / 4.0  # [B, S, S]
+            lse = bt.logsumexp(scores, -1, keepdim=True) if self.ours else torch.logsumexp(
+                scores, -1, keepdim=True)
+            attn = (scores - lse).exp()
+            pooled = bt.cumsum(attn, -1) if self.ours else torch.cumsum(attn, -1)
+            return self.out(pooled).mean()
+
     torch.manual_seed(0)
     ours, twin = _Tiny(True).cuda().double(), _Tiny(False).cuda().double()
     twin.load_state_dict(ours.state_dict())

@@ -348,6 +348,7 @@ class _FractionalMaxPoolPlan(Plan):
                       self._d_out, self._h_out, self._w_out)
         self._placement = desc.placement.value
         self._windows = (self._kd, self._kh, self._kw, self._placement, 0, 0, 0, 0)
+        self._bound: dict[tuple[Any, ...], Any] = {}  # launches bound per layout
         self.rows_per_thread = _ROWS_PER_THREAD  # tests/benchmarks may change these two
         self.threads = _THREADS
         self._fw_kernel = FRACTIONAL_MAX_POOL_FW_KERNELS[element]
@@ -427,23 +428,33 @@ class _FractionalMaxPoolPlan(Plan):
         self.check_workspace(workspace)
         if self._planes == 0:
             return
+        fast = self.fast and _fast_layout(x, y, indices)
+        key = ("fw", fast, self.unrolled_window, self.rows_per_thread, x.strides, y.strides,
+               indices.strides,
+               samples.strides)
+        bound = self._bound.get(key)
+        if bound is None:
+            bound = self._bind_fw(fast, x, y, indices, samples)
+            if len(self._bound) >= 64:
+                self._bound.clear()
+            self._bound[key] = bound
+        bound(handle, x.ptr, y.ptr, indices.ptr, samples.ptr)
+
+    def _bind_fw(self, fast: bool, x: TensorRef, y: TensorRef, indices: TensorRef,
+                 samples: TensorRef) -> Any:
+        """The forward launch for one layout; only pointers change per call."""
         grid, block = self._launch_shape(self._planes * self._d_out * self._h_out, self._w_out)
-        if self.fast and _fast_layout(x, y, indices):
-            self._fw_fast_kernel.launch(
-                grid, block, handle,
-                ((x.ptr, flat_span(x.shape, x.strides)), (y.ptr, flat_span(y.shape, y.strides)),
-                 (indices.ptr, flat_span(indices.shape, indices.strides)),
-                 (samples.ptr, flat_span(samples.shape, samples.strides)),
-                 self._dims, self._sample_strides(samples), self._windows, *self._fw_magic,
-                 self.rows_per_thread))
-            return
-        self._fw_kernel.launch(
-            grid, block, handle,
-            ((x.ptr, flat_span(x.shape, x.strides)), (y.ptr, flat_span(y.shape, y.strides)),
-             (indices.ptr, flat_span(indices.shape, indices.strides)),
-             (samples.ptr, flat_span(samples.shape, samples.strides)),
-             self._dims, self._strides5(x), self._strides5(y), self._strides5(indices),
-             self._sample_strides(samples), self._windows, self.rows_per_thread))
+        arrays = ((0, flat_span(x.shape, x.strides)), (0, flat_span(y.shape, y.strides)),
+                  (0, flat_span(indices.shape, indices.strides)),
+                  (0, flat_span(samples.shape, samples.strides)))
+        if fast:
+            return self._fw_fast_kernel.bind(
+                grid, block, arrays + (self._dims, self._sample_strides(samples),
+                                       self._windows, *self._fw_magic, self.rows_per_thread))
+        return self._fw_kernel.bind(
+            grid, block, arrays + (self._dims, self._strides5(x), self._strides5(y),
+                                   self._strides5(indices), self._sample_strides(samples),
+                                   self._windows, self.rows_per_thread))
 
     # -- backward --------------------------------------------------------------------------
 
@@ -464,28 +475,38 @@ class _FractionalMaxPoolPlan(Plan):
         self.check_workspace(workspace)
         if self._planes == 0:
             return
-        if self.fast and _fast_layout(dy, indices, dx):
+        fast = self.fast and _fast_layout(dy, indices, dx)
+        key = ("bw", fast, self.rows_per_thread, dy.strides, indices.strides, dx.strides)
+        found = self._bound.get(key)
+        if found is None:
+            found = self._bind_bw(fast, dy, indices, dx)
+            if len(self._bound) >= 64:
+                self._bound.clear()
+            self._bound[key] = found
+        bound, zero_bytes = found
+        if zero_bytes:
             # Leader scatter over the outputs (see the kernel module): zero dx, then each
             # chosen element is written once, by the first output that chose it.
-            dx_span = flat_span(dx.shape, dx.strides)
-            memset_d8_async(dx.ptr, 0, dx_span * dx.itemsize, handle)
+            memset_d8_async(dx.ptr, 0, zero_bytes, handle)
+        bound(handle, dy.ptr, indices.ptr, dx.ptr)
+
+    def _bind_bw(self, fast: bool, dy: TensorRef, indices: TensorRef,
+                 dx: TensorRef) -> tuple[Any, int]:
+        """(backward launch for one layout, bytes of dx to zero first)."""
+        dx_span = flat_span(dx.shape, dx.strides)
+        arrays = ((0, flat_span(dy.shape, dy.strides)),
+                  (0, flat_span(indices.shape, indices.strides)), (0, dx_span))
+        if fast:
             grid, block = self._launch_shape(self._planes * self._d_out * self._h_out,
                                              self._w_out)
-            self._bw_fast_kernel.launch(
-                grid, block, handle,
-                ((dy.ptr, flat_span(dy.shape, dy.strides)),
-                 (indices.ptr, flat_span(indices.shape, indices.strides)),
-                 (dx.ptr, dx_span), self._dims, self._windows, *self._bw_magic,
-                 self.rows_per_thread))
-            return
+            return self._bw_fast_kernel.bind(
+                grid, block, arrays + (self._dims, self._windows, *self._bw_magic,
+                                       self.rows_per_thread)), dx_span * dx.itemsize
         grid, block = self._launch_shape(self._planes * self._d_in * self._h_in, self._w_in)
-        self._bw_kernel.launch(
-            grid, block, handle,
-            ((dy.ptr, flat_span(dy.shape, dy.strides)),
-             (indices.ptr, flat_span(indices.shape, indices.strides)),
-             (dx.ptr, flat_span(dx.shape, dx.strides)),
-             self._dims, self._strides5(dy), self._strides5(indices), self._strides5(dx),
-             self._windows, self.rows_per_thread))
+        return self._bw_kernel.bind(
+            grid, block, arrays + (self._dims, self._strides5(dy), self._strides5(indices),
+                                   self._strides5(dx), self._windows,
+                                   self.rows_per_thread)), 0
 
     # -- the Plan protocol -------------------------------------------------------------------
 
