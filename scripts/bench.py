@@ -153,9 +153,10 @@ def rebuild_index(docs: pathlib.Path) -> None:
              "Timing method: device µs are medians of CUDA-event-timed single calls. From "
              "2026-11-22 10:10 UTC on, a ~100 µs GPU spin is queued before the start event "
              "so the host's launch time is not counted (write_slice, host). Sections "
-             "measured before that (scan, reduce, rope; fractional_max_pool may have been measured either way) include one "
-             "call's host launch time (10-25 µs for ours, about 10 for torch's) in every "
-             "device figure: small-kernel ratios there are pessimistic for both sides.", ""]
+             "measured before that (scan, reduce, rope; fractional_max_pool may have been "
+             "measured either way) include one call's host launch time (10-25 µs for ours, "
+             "about 10 for torch's) in every device figure: small-kernel ratios there are "
+             "pessimistic for both sides.", ""]
     parts += [s.read_text() for s in sections]
     (docs / "BENCHMARKS.md").write_text("\n".join(parts))
 
