@@ -353,6 +353,23 @@ def _placement(placement: FractionalPlacement | str) -> FractionalPlacement:
     return FractionalPlacement[placement.upper()]
 
 
+# spatial dims -> (plan, descriptor, forward args, backward args)
+_FMP_CLASSES = {
+    2: (FractionalMaxPool2dPlan, FractionalMaxPool2dDescriptor, FractionalMaxPool2dFwArgs,
+        FractionalMaxPool2dBwArgs),
+    3: (FractionalMaxPool3dPlan, FractionalMaxPool3dDescriptor, FractionalMaxPool3dFwArgs,
+        FractionalMaxPool3dBwArgs),
+}
+
+
+def _fmp_plan(dims: int, shape: tuple[int, ...], window: tuple[int, ...],
+              out: tuple[int, ...], element: ElementKind, where: FractionalPlacement) -> Any:
+    plan_class, desc_class, _, _ = _FMP_CLASSES[dims]
+    return plan_for(("fmp", dims, shape, window, out, element, where),
+                    lambda: plan_class.select(desc_class(*shape, *window, *out, element,
+                                                         placement=where)))
+
+
 def _fmp(dims: int, x: Any, kernel_size: Sequence[int] | int, output_size: Sequence[int],
          random_samples: Any, placement: Any, stream: Any) -> tuple[Any, Any]:
     shape = tuple(int(s) for s in x.shape)
@@ -362,24 +379,10 @@ def _fmp(dims: int, x: Any, kernel_size: Sequence[int] | int, output_size: Seque
     window = (kernel_size,) * dims if isinstance(kernel_size, int) else tuple(kernel_size)
     out = tuple(int(o) for o in output_size)
     element = element_of(x)
-    where = _placement(placement)
-    if dims == 2:
-        plan_class, desc_class, args_class = (FractionalMaxPool2dPlan,
-                                              FractionalMaxPool2dDescriptor,
-                                              FractionalMaxPool2dFwArgs)
-    else:
-        plan_class, desc_class, args_class = (FractionalMaxPool3dPlan,
-                                              FractionalMaxPool3dDescriptor,
-                                              FractionalMaxPool3dFwArgs)
-
-    def make() -> Any:
-        desc = desc_class(*shape, *window, *out, element, placement=where)
-        return plan_class.select(desc)
-
-    plan = plan_for(("fmp", dims, shape, window, out, element, where), make)
+    plan = _fmp_plan(dims, shape, window, out, element, _placement(placement))
     y = empty(x, shape[:2] + out, element)
     indices = empty(x, shape[:2] + out, ElementKind.I64)
-    plan.run_fw(args_class(x, y, indices, random_samples),
+    plan.run_fw(_FMP_CLASSES[dims][2](x, y, indices, random_samples),
                 stream=current_stream(x) if stream is None else stream)
     return y, indices
 
@@ -390,20 +393,9 @@ def _fmp_backward(dims: int, dy: Any, indices: Any, input_shape: Sequence[int],
     window = (kernel_size,) * dims if isinstance(kernel_size, int) else tuple(kernel_size)
     out = tuple(int(o) for o in dy.shape[2:])
     element = element_of(dy)
-    where = _placement(placement)
-    if dims == 2:
-        plan_class, desc_class, args_class = (FractionalMaxPool2dPlan,
-                                              FractionalMaxPool2dDescriptor,
-                                              FractionalMaxPool2dBwArgs)
-    else:
-        plan_class, desc_class, args_class = (FractionalMaxPool3dPlan,
-                                              FractionalMaxPool3dDescriptor,
-                                              FractionalMaxPool3dBwArgs)
-    plan = plan_for(("fmp", dims, shape, window, out, element, where),
-                    lambda: plan_class.select(desc_class(*shape, *window, *out, element,
-                                                         placement=where)))
+    plan = _fmp_plan(dims, shape, window, out, element, _placement(placement))
     dx = empty(dy, shape, element)
-    plan.run_bw(args_class(dy, indices, dx), stream=current_stream(dy) if stream is None
+    plan.run_bw(_FMP_CLASSES[dims][3](dy, indices, dx), stream=current_stream(dy) if stream is None
                 else stream)
     return dx
 

@@ -17,6 +17,7 @@ from .types import ElementKind
 __all__ = [
     "TOLERANCE",
     "assert_close",
+    "assert_within",
     "bf16_bits_to_f32",
     "f32_to_bf16_bits",
     "from_storage",
@@ -139,12 +140,14 @@ def max_relative_error(actual: np.ndarray, expected: np.ndarray, atol: float) ->
     return float(np.max(diff / (np.abs(expected[finite]) + max(atol, 1e-300))))
 
 
-def assert_close(actual: Any, expected: Any, rtol: float, atol: float, what: str = "") -> None:
-    """Assert ``|actual - expected| <= atol + rtol*|expected|`` elementwise, with NaN and
-    +-inf positions compared separately; on failure show the first mismatches."""
+def assert_within(actual: Any, expected: Any, bound: Any, what: str = "") -> None:
+    """Assert ``|actual - expected| <= bound`` (scalar or elementwise) at finite positions,
+    with NaN and +-inf positions compared separately; on failure show the first
+    mismatches."""
     actual = np.asarray(actual, dtype=np.float64)
     expected = np.asarray(expected, dtype=np.float64)
     assert actual.shape == expected.shape, f"{what}: shape {actual.shape} != {expected.shape}"
+    bound = np.broadcast_to(np.asarray(bound, dtype=np.float64), actual.shape)
     nan_a, nan_e = np.isnan(actual), np.isnan(expected)
     bad = nan_a != nan_e
     inf_e = np.isinf(expected)
@@ -152,10 +155,20 @@ def assert_close(actual: Any, expected: Any, rtol: float, atol: float, what: str
     bad |= np.isinf(actual) & ~inf_e
     finite = ~(nan_a | nan_e | inf_e | np.isinf(actual))
     with np.errstate(invalid="ignore"):
-        bad |= finite & (np.abs(actual - expected) > atol + rtol * np.abs(expected))
+        bad |= finite & (np.abs(actual - expected) > bound)
     if bad.any():
         where = np.argwhere(bad)[:8]
         rows = "\n".join(f"  at {tuple(int(i) for i in idx)}: got {actual[tuple(idx)]!r}, "
-                         f"expected {expected[tuple(idx)]!r}" for idx in where)
-        raise AssertionError(f"{what}: {int(bad.sum())} of {bad.size} elements differ "
-                             f"(rtol={rtol}, atol={atol}); first:\n{rows}")
+                         f"expected {expected[tuple(idx)]!r}, bound {bound[tuple(idx)]!r}"
+                         for idx in where)
+        raise AssertionError(f"{what}: {int(bad.sum())} of {bad.size} elements differ; "
+                             f"first:\n{rows}")
+
+
+def assert_close(actual: Any, expected: Any, rtol: float, atol: float, what: str = "") -> None:
+    """Assert ``|actual - expected| <= atol + rtol*|expected|`` elementwise, with NaN and
+    +-inf positions compared separately (see :func:`assert_within`)."""
+    expected = np.asarray(expected, dtype=np.float64)
+    with np.errstate(invalid="ignore"):
+        bound = atol + rtol * np.abs(expected)
+    assert_within(actual, expected, bound, f"{what} (rtol={rtol}, atol={atol})")

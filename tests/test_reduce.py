@@ -26,6 +26,7 @@ from baracuda_numba.plans.reduce import (
 )
 from baracuda_numba.testing import (
     TOLERANCE,
+    assert_within,
     from_storage,
     poisoned,
     random_values,
@@ -149,20 +150,7 @@ def check_forward(got: np.ndarray, expected: np.ndarray, kind: ReduceKind,
 
 def assert_specials_and_values(got: np.ndarray, expected: np.ndarray, tol: np.ndarray,
                                what: str) -> None:
-    got = np.asarray(got, dtype=np.float64)
-    expected = np.asarray(expected, dtype=np.float64)
-    assert got.shape == expected.shape, f"{what}: shape {got.shape} != {expected.shape}"
-    bad = np.isnan(got) != np.isnan(expected)
-    inf = np.isinf(expected)
-    bad |= inf & (got != expected)
-    bad |= np.isinf(got) & ~inf
-    finite = np.isfinite(got) & np.isfinite(expected)
-    with np.errstate(invalid="ignore"):
-        bad |= finite & (np.abs(got - expected) > np.broadcast_to(tol, got.shape))
-    if bad.any():
-        where = [tuple(int(i) for i in idx) for idx in np.argwhere(bad)[:6]]
-        rows = "\n".join(f"  at {w}: got {got[w]!r}, expected {expected[w]!r}" for w in where)
-        raise AssertionError(f"{what}: {int(bad.sum())} of {bad.size} differ; first:\n{rows}")
+    assert_within(got, expected, tol, what)
 
 
 def inputs_for(kind: ReduceKind, shape: tuple[int, ...], element: ElementKind,

@@ -21,7 +21,14 @@ from baracuda_numba.plans.scan import (
     ScanDescriptor,
     ScanPlan,
 )
-from baracuda_numba.testing import TOLERANCE, from_storage, poisoned, random_values, to_storage
+from baracuda_numba.testing import (
+    TOLERANCE,
+    assert_within,
+    from_storage,
+    poisoned,
+    random_values,
+    to_storage,
+)
 from baracuda_numba.types import ElementKind, ScanKind
 
 INT_ELEMENTS = (ElementKind.I32, ElementKind.I64)
@@ -127,28 +134,13 @@ def check_close(got: np.ndarray, expected: np.ndarray, scale: np.ndarray,
                 element: ElementKind, extent: int, what: str) -> None:
     """NaN and inf positions must match exactly; finite values within the bound of the
     module docstring."""
-    got = np.asarray(got, dtype=np.float64)
     expected = np.asarray(expected, dtype=np.float64)
-    assert got.shape == expected.shape, f"{what}: shape {got.shape} != {expected.shape}"
     rtol, atol = TOLERANCE[element]
     u_acc = 2.0 ** -53 if element is ElementKind.F64 else 2.0 ** -24
     if element in INT_ELEMENTS:
         u_acc = 0.0
     bound = atol + rtol * np.abs(expected) + 2 * max(extent, 1) * u_acc * scale
-    nan_g, nan_e = np.isnan(got), np.isnan(expected)
-    bad = nan_g != nan_e
-    inf_e = np.isinf(expected)
-    bad |= inf_e & (got != expected)
-    bad |= np.isinf(got) & ~inf_e
-    finite = ~(nan_g | nan_e | inf_e | np.isinf(got))
-    with np.errstate(invalid="ignore"):
-        bad |= finite & (np.abs(got - expected) > bound)
-    if bad.any():
-        where = np.argwhere(bad)[:8]
-        rows = "\n".join(f"  at {tuple(int(i) for i in idx)}: got {got[tuple(idx)]!r}, "
-                         f"expected {expected[tuple(idx)]!r}, bound {bound[tuple(idx)]!r}"
-                         for idx in where)
-        raise AssertionError(f"{what}: {int(bad.sum())} of {bad.size} differ; first:\n{rows}")
+    assert_within(got, expected, bound, what)
 
 
 def rounded(values: np.ndarray, element: ElementKind) -> np.ndarray:

@@ -37,7 +37,7 @@ from typing import Any
 
 from .._runtime import SIMULATOR
 from ..arrays import TensorRef, as_mut, as_ref, flat_span
-from ..errors import InvalidProblem, WorkspaceTooSmall
+from ..errors import InvalidProblem
 from ..kernels.common import pad8
 from ..kernels.scan import (
     CODE_CUMMAX_FIRST_FLAG,
@@ -257,14 +257,11 @@ class _ScanLauncher(Plan):
         return self._workspace_size
 
     def _workspace_ptr(self, workspace: Any) -> int | None:
+        """The workspace pointer, or None for the unsplit path (no workspace given or
+        none needed); a given workspace is checked as every plan checks it."""
         if workspace is None or self._workspace_size == 0:
             return None
-        view = as_ref(workspace, self.name, "workspace")
-        nbytes = view.numel * view.itemsize
-        if nbytes < self._workspace_size or not view.is_contiguous():
-            raise WorkspaceTooSmall(f"{self.name}: workspace must be a contiguous buffer",
-                                    self._workspace_size, nbytes)
-        return view.ptr
+        return self.check_workspace(workspace)
 
     def _launch(self, kernels: ScanKernels, code: int, reverse: bool,
                 ins: tuple[TensorRef, ...], out: TensorRef, indices: TensorRef | None,
