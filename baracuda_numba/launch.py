@@ -411,17 +411,33 @@ def _cache_dir() -> pathlib.Path | None:
         return None
 
 
+#: Bump when a change outside ``kernels/`` changes generated code (compile options).
+_CACHE_VERSION = 2
+
+
 @functools.cache
-def _source_digest() -> str:
-    """Hash of every kernel source file and the compiler versions: any change to device
-    code or to Numba invalidates every cached cubin."""
+def _source_digest(module: str) -> str:
+    """Hash of the kernel's own module, ``kernels/common.py`` and the compiler versions:
+    a change to one family's device code invalidates only that family's cubins."""
+    import importlib
+
     import numba
     import numba_cuda
 
+    digest = hashlib.sha256(f"{_CACHE_VERSION}/{numba.__version__}/"
+                            f"{numba_cuda.__version__}".encode())
     from . import kernels
 
-    digest = hashlib.sha256(f"{numba.__version__}/{numba_cuda.__version__}".encode())
-    for source in sorted(pathlib.Path(kernels.__path__[0]).glob("*.py")):
+    sources = {pathlib.Path(kernels.__path__[0]) / "common.py"}
+    try:
+        file = importlib.import_module(module).__file__
+    except ImportError:
+        file = None
+    if file:
+        sources.add(pathlib.Path(file))
+    else:  # unknown origin: every kernel source
+        sources.update(pathlib.Path(kernels.__path__[0]).glob("*.py"))
+    for source in sorted(sources):
         digest.update(source.name.encode())
         digest.update(source.read_bytes())
     return digest.hexdigest()
@@ -431,7 +447,8 @@ def _cubin_path(kernel: Kernel, cc: tuple[int, int]) -> pathlib.Path | None:
     root = _cache_dir()
     if root is None:
         return None
-    key = hashlib.sha256(f"{_source_digest()}|{kernel.name}|{kernel.signature}|"
+    module = getattr(kernel.py_func, "__module__", "") or ""
+    key = hashlib.sha256(f"{_source_digest(module)}|{kernel.name}|{kernel.signature}|"
                          f"{kernel.max_registers}|{cc}".encode()).hexdigest()[:32]
     return root / f"{key}.cubin"
 
