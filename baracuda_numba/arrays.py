@@ -24,7 +24,8 @@ from ._runtime import SIMULATOR
 from .errors import BufferTooSmall, InvalidProblem, MisalignedOperand, Unsupported
 from .types import ElementKind
 
-__all__ = ["TensorMut", "TensorRef", "as_mut", "as_ref", "contiguous_strides", "flat_span"]
+__all__ = ["TensorMut", "TensorRef", "as_mut", "as_ref", "contiguous_strides", "flat_span",
+           "torch_signature"]
 
 MAX_RANK = 8
 
@@ -191,6 +192,8 @@ def _extract_fake_cuda(obj: Any) -> _Extracted:  # simulator's device arrays
 
 
 _EXTRACTORS: dict[type, Callable[[Any], _Extracted]] = {}
+#: ``torch.Tensor`` once a tensor has been seen (``_view`` inlines its extraction).
+_TORCH_TENSOR: type | None = None
 
 
 def _extractor_for(cls: type, obj: Any) -> Callable[[Any], _Extracted]:
@@ -201,6 +204,9 @@ def _extractor_for(cls: type, obj: Any) -> Callable[[Any], _Extracted]:
     names = {c.__module__.split(".")[0] + "." + c.__name__ for c in cls.__mro__}
     if "torch.Tensor" in names:
         found = _extract_torch
+        if cls.__module__ == "torch" and cls.__name__ == "Tensor":
+            global _TORCH_TENSOR
+            _TORCH_TENSOR = cls
     elif module.startswith("cupy") and hasattr(cls, "data"):
         found = _extract_cupy
     elif SIMULATOR and cls.__name__ == "FakeCUDAArray":
@@ -232,6 +238,21 @@ def _view(cls: type[TensorRef], obj: Any, plan: str, arg: str,
     """The hot path of every ``run``: one extractor call, two cached dict lookups and one
     combined test; anything unusual (TensorRef inputs, flat buffers, every failure) goes
     to :func:`_view_checked`, which redoes the checks one by one with their messages."""
+    if type(obj) is _TORCH_TENSOR and obj.is_cuda:
+        # torch.Tensor inline (the common case: one call and one tuple less per view)
+        found = _TORCH_TYPESTR.get(obj.dtype)
+        if found is not None:
+            typestr, itemsize = found
+            ptr, shape, strides, readonly = obj.data_ptr(), obj.shape, obj.stride(), False
+            negative, overlapping = (_LAYOUTS.get((shape, strides))
+                                     or _layout_facts(shape, strides))
+            if (negative or ptr % itemsize or (overlapping and cls is TensorMut)
+                    or (element is not None and typestr not in element._accepts)  # type: ignore[attr-defined]
+                    or (expected_shape is not None and shape != expected_shape)):
+                return _view_checked(cls, TensorRef(ptr, shape, strides, typestr, itemsize,
+                                                    obj), False, plan, arg, element,
+                                     expected_shape)
+            return cls(ptr, shape, strides, typestr, itemsize, obj)
     if isinstance(obj, TensorRef):
         return _check_given_view(cls, obj, plan, arg, element, expected_shape)
     try:
@@ -364,3 +385,31 @@ def as_mut(obj: Any, plan: str, arg: str, element: ElementKind | None = None,
            shape: tuple[int, ...] | None = None) -> TensorMut:
     """A write view of ``obj``: also rejects read-only arrays and self-overlapping strides."""
     return _view(TensorMut, obj, plan, arg, element, shape)  # type: ignore[return-value]
+
+
+def torch_signature(arrays: tuple[Any, ...]) -> tuple[tuple[Any, ...], list[int]] | None:
+    """``(layout key, pointers)`` when every array (``None`` allowed) is a CUDA
+    ``torch.Tensor``, else None: the memo key of a plan's fast ``run``.
+
+    The key holds every fact the array checks of ``can_implement`` depend on except the
+    pointer values themselves: shape, strides and dtype of each tensor and its pointer
+    modulo 16 (alignment, which also picks vector widths). A plan may cache what its
+    checks concluded under this key; checks that compare pointers (aliasing between
+    operands) must still run per call. None until the first tensor went through
+    :func:`as_ref` (which finds the ``torch.Tensor`` class without importing torch)."""
+    tensor = _TORCH_TENSOR
+    if tensor is None:
+        return None
+    key: list[Any] = []
+    pointers: list[int] = []
+    for array in arrays:
+        if array is None:
+            key.append(None)
+            pointers.append(0)
+            continue
+        if type(array) is not tensor or not array.is_cuda:
+            return None
+        pointer = array.data_ptr()
+        key += (array.shape, array.stride(), array.dtype, pointer & 15)
+        pointers.append(pointer)
+    return tuple(key), pointers

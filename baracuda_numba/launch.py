@@ -41,7 +41,7 @@ import numpy as np
 from numba import cuda, types
 
 from ._runtime import SIMULATOR
-from .driver import CU_ERROR_INVALID_CONTEXT, check, launch_kernel, load_function
+from .driver import CU_ERROR_INVALID_CONTEXT, check, launch_kernel, load_function, prepared_launch
 
 __all__ = [
     "BoundLaunch",
@@ -313,9 +313,9 @@ class BoundLaunch:
     argument list instead.
     """
 
-    __slots__ = ("_args", "_array_positions", "_block", "_extra", "_grid", "_kernel",
-                 "_keepalive", "_lock", "_params_address", "_pointer_slots", "_shared",
-                 "_use_extra")
+    __slots__ = ("_args", "_array_positions", "_block", "_call", "_extra", "_grid",
+                 "_kernel", "_keepalive", "_lock", "_params_address", "_pointer_slots",
+                 "_shared", "_use_extra")
 
     def __init__(self, kernel: Kernel, grid: tuple[int, int, int], block: tuple[int, int, int],
                  args: tuple[Any, ...], shared_bytes: int, packed: bool | None = None) -> None:
@@ -332,9 +332,12 @@ class BoundLaunch:
         self._extra = None
         self._params_address = None
         self._keepalive: tuple[Any, ...] = ()
+        self._call: Any = None
         if SIMULATOR:
             return
         kernel.prepare()
+        assert kernel._function is not None
+        self._call = prepared_launch(kernel._function, grid, block, shared_bytes)
         values: list[Any] = []
         for (kind, info), value in zip(kernel._kinds, args):
             if kind == "array":
@@ -353,6 +356,7 @@ class BoundLaunch:
             extra = (ctypes.c_void_p * 5)(1, ctypes.addressof(buffer), 2,
                                           ctypes.addressof(size), 0)
             self._extra = ctypes.addressof(extra)
+            self._params_address = 0
             self._keepalive = (buffer, size, extra)
         else:
             layout = kernel._struct
@@ -370,6 +374,7 @@ class BoundLaunch:
             pointers = (ctypes.c_void_p * kernel._slots)(*[base + 8 * i
                                                            for i in range(kernel._slots)])
             self._params_address = ctypes.addressof(pointers)
+            self._extra = 0
             self._keepalive = (buffer, pointers)
         self._pointer_slots = [ctypes.c_uint64.from_buffer(buffer, offset)
                                for offset in offsets]
@@ -381,18 +386,15 @@ class BoundLaunch:
                 args[position] = (pointer, args[position][1])
             self._kernel.launch(self._grid, self._block, stream, args, self._shared)
             return
-        grid, block = self._grid, self._block
         with self._lock:
             for slot, pointer in zip(self._pointer_slots, pointers):
                 slot.value = pointer
-            code = launch_kernel(self._kernel._function, grid, block, self._shared, stream,
-                                 self._params_address, self._extra)
-            if code == CU_ERROR_INVALID_CONTEXT:
+            code = self._call(stream, self._params_address, self._extra)
+            if code == CU_ERROR_INVALID_CONTEXT:  # first launch from a new thread
                 cuda.current_context()
-                code = launch_kernel(self._kernel._function, grid, block, self._shared, stream,
-                                     self._params_address, self._extra)
+                code = self._call(stream, self._params_address, self._extra)
         if code:
-            check(code, f"cuLaunchKernel({self._kernel.name})")
+            check(int(code), f"cuLaunchKernel({self._kernel.name})")
 
 
 _PREPARE_LOCK = threading.RLock()

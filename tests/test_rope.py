@@ -576,3 +576,35 @@ def test_more_than_2_31_elements_in_place():
                                   False, F16)
     rtol, atol = TOLERANCE[F16]
     assert_close(after, expected_storage_values(reference[0, 0], F16), rtol, atol * 2, "2^31")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("pairing", [INTERLEAVED, HALF_SPLIT], ids=lambda p: p.name)
+def test_torch_fast_path_repeats_checks_that_depend_on_pointers(pairing):
+    """A layout seen before skips the array checks (memo on shape/strides/dtype/alignment),
+    but new tensors of that layout are still rotated correctly, aliasing x and y is still
+    rejected before any launch, and in place (same pointer) still works."""
+    torch = torch_or_skip()
+    shape = (2, 4, 5, 32)
+    n = 2 * 4 * 5 * 32
+    plan = RopePlan.select(RopeDescriptor(*shape, element=F32, pairing=pairing))
+    positions = torch.arange(5, device="cuda") * 7
+    for _ in range(3):  # fresh tensors, same layout: the memo path after the first call
+        x = torch.randn(shape, device="cuda")
+        y = torch.full(shape, float("nan"), device="cuda")
+        plan.run(RopeArgs(x, y, positions))
+        expected = torch_rope(torch, x, positions, 10000.0, 32, pairing)
+        torch.testing.assert_close(y, expected, rtol=2e-6, atol=2e-6 * float(x.abs().max()))
+    buffer = torch.randn(3 * n, device="cuda")
+    x = buffer[:n].view(shape)
+    plan.run(RopeArgs(x, buffer[n:2 * n].view(shape), positions))  # memo for this layout
+    overlapping = buffer[8:8 + n].view(shape)  # same layout key (32-byte offset), aliases x
+    before = buffer.clone()
+    with pytest.raises(InvalidProblem, match="overlaps"):
+        plan.run(RopeArgs(x, overlapping, positions))
+    torch.cuda.synchronize()
+    assert torch.equal(buffer, before)  # nothing was launched
+    original = x.clone()
+    plan.run(RopeArgs(x, x, positions))  # in place: x_ptr == y_ptr, its own memo entry
+    expected = torch_rope(torch, original, positions, 10000.0, 32, pairing)
+    torch.testing.assert_close(x, expected, rtol=2e-6, atol=2e-6 * float(original.abs().max()))

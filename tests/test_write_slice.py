@@ -384,3 +384,27 @@ def test_simulator_flag_matches_environment():
     import os
 
     assert SIMULATOR == (os.environ.get("NUMBA_ENABLE_CUDASIM") == "1")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("force_kernel", [False, True], ids=["copy", "kernel"])
+def test_torch_fast_path_with_fresh_tensors(force_kernel):
+    """After the first run a layout goes through the memo (no array checks); fresh
+    tensors of the same layout must still land in the right window, and a tensor of
+    another layout (or dtype) must still be checked and rejected."""
+    torch = torch_or_skip()
+    plan = WriteSlicePlan.select(WriteSliceDescriptor((6, 10, 8), (2, 10, 8),
+                                                      ((3, 5), (0, 10), (0, 8)),
+                                                      ElementKind.F32))
+    plan.force_kernel = force_kernel
+    for _ in range(3):
+        dest = torch.randn(6, 10, 8, device="cuda")
+        source = torch.randn(2, 10, 8, device="cuda")
+        expected = dest.clone()
+        expected[3:5] = source
+        plan.run(WriteSliceArgs(dest, source))
+        assert torch.equal(dest, expected)
+    with pytest.raises(InvalidProblem, match="typestr"):
+        plan.run(WriteSliceArgs(dest, source.double()))
+    with pytest.raises(InvalidProblem, match="shape"):
+        plan.run(WriteSliceArgs(dest, source[:, :, :4]))

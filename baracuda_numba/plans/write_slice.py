@@ -27,10 +27,19 @@ many elements (``BufferTooSmall`` otherwise).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..arrays import TensorMut, TensorRef, as_mut, as_ref, contiguous_strides, flat_span
+from ..arrays import (
+    TensorMut,
+    TensorRef,
+    as_mut,
+    as_ref,
+    contiguous_strides,
+    flat_span,
+    torch_signature,
+)
 from ..driver import memcpy_2d_async, memcpy_dtod_async
 from ..errors import InvalidProblem, Unsupported
 from ..kernels.common import pad8
@@ -142,6 +151,7 @@ class WriteSlicePlan(Plan):
         super().__init__(desc, sku, pref)
         self.force_kernel = False  # benchmarks/tests: take the kernel path even if contiguous
         self._launches: dict[tuple[Any, ...], BoundLaunch] = {}
+        self._memo: dict[tuple[Any, ...], Any] = {}  # torch layout key -> launch
         if self._source_numel:
             # The natural unit and the 16-byte unit cover aligned and unaligned layouts;
             # other widths are prepared on first use (once per process).
@@ -178,29 +188,50 @@ class WriteSlicePlan(Plan):
         return dest, source
 
     def run(self, args: WriteSliceArgs, stream: Any = None, workspace: Any = None) -> None:
-        """Write ``source`` into the window of ``dest`` on ``stream`` (no host sync)."""
+        """Write ``source`` into the window of ``dest`` on ``stream`` (no host sync).
+
+        Fast path for torch tensors: every check of ``can_implement`` depends only on the
+        layout key (:func:`~baracuda_numba.arrays.torch_signature`), so a layout seen
+        before goes straight to its launch."""
+        signature = torch_signature((args.dest, args.source))
+        if signature is not None:
+            launch = self._memo.get((signature[0], self.force_kernel))
+            if launch is not None:
+                dest_ptr, source_ptr = signature[1]
+                launch(stream_handle(stream), dest_ptr, source_ptr)
+                return
         dest, source = self.can_implement(args)
         handle = stream_handle(stream)
         if self._source_numel == 0:
             return
+        launch = self._launcher(dest, source)
+        if signature is not None:
+            if len(self._memo) >= 64:
+                self._memo.clear()
+            self._memo[(signature[0], self.force_kernel)] = launch
+        launch(handle, dest.ptr, source.ptr)
+
+    def _launcher(self, dest: TensorMut, source: TensorRef) -> Callable[[int, int, int], None]:
+        """``launch(stream, dest_ptr, source_ptr)`` for this layout: a driver copy when the
+        window is contiguous runs of contiguous tensors, else the row kernel."""
         copy = self._copy
         if (copy is not None and not self.force_kernel
                 and dest.strides == self._dest_contiguous
                 and source.strides == self._source_contiguous):
             offset, row_bytes, rows, dest_pitch, source_pitch = copy
             if rows == 1:
-                memcpy_dtod_async(dest.ptr + offset, source.ptr, row_bytes, handle)
-            else:
-                memcpy_2d_async(dest.ptr + offset, dest_pitch, source.ptr, source_pitch,
-                                row_bytes, rows, handle)
-            return
+                return lambda handle, dest_ptr, source_ptr: memcpy_dtod_async(
+                    dest_ptr + offset, source_ptr, row_bytes, handle)
+            return lambda handle, dest_ptr, source_ptr: memcpy_2d_async(
+                dest_ptr + offset, dest_pitch, source_ptr, source_pitch, row_bytes, rows,
+                handle)
         key = (dest.strides, source.strides, dest.ptr % 16, source.ptr % 16)
         bound = self._launches.get(key)
         if bound is None:
             if len(self._launches) >= 64:
                 self._launches.clear()
             bound = self._launches[key] = self._bind_rows(dest, source)
-        bound(handle, dest.ptr, source.ptr)
+        return bound
 
     def _bind_rows(self, dest: TensorRef, source: TensorRef) -> BoundLaunch:
         """The row-kernel launch for this layout: merge axes contiguous in both tensors,
