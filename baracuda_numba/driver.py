@@ -33,6 +33,7 @@ __all__ = [
     "load_function",
     "memcpy_2d_async",
     "memcpy_dtod_async",
+    "function_registers",
     "memset_d8_async",
     "prepared_launch",
 ]
@@ -69,6 +70,7 @@ def libcuda() -> ctypes.CDLL:
     lib.cuGetErrorName.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
     lib.cuModuleLoadData.argtypes = [ctypes.POINTER(_ptr), ctypes.c_char_p]
     lib.cuModuleGetFunction.argtypes = [ctypes.POINTER(_ptr), _ptr, ctypes.c_char_p]
+    lib.cuFuncGetAttribute.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_int, _ptr]
     return lib
 
 
@@ -132,6 +134,14 @@ def load_function(cubin: bytes, name: bytes) -> int:
           "cuModuleGetFunction")
     _modules.append(module.value or 0)
     return function.value or 0
+
+
+def function_registers(function: int) -> int:
+    """Registers per thread of a loaded ``CUfunction`` (``CU_FUNC_ATTRIBUTE_NUM_REGS``)."""
+    value = ctypes.c_int()
+    check(libcuda().cuFuncGetAttribute(ctypes.byref(value), 4, function),
+          "cuFuncGetAttribute")
+    return value.value
 
 
 def launch_kernel(function: int, grid: tuple[int, int, int], block: tuple[int, int, int],

@@ -332,3 +332,13 @@ class PlanPreference:
     max_workspace_bytes: int | None = None
     prefer_backend: BackendKind | None = None
     allow_sm90a: bool = True
+
+
+# Enum's own __hash__ is a Python-level hash(self._name_) (~0.5 µs); plan caches and layout
+# keys hash these members on every call. Members are singletons compared by identity
+# (Enum) or as ints (IntEnum), so the C-level hash of the same notion is consistent.
+for _enum in (ElementKind, MathPrecision, OpCategory, BackendKind, ArchSku, RopePairing):
+    _enum.__hash__ = object.__hash__  # type: ignore[method-assign]
+for _enum in (ScanKind, ReduceKind, PoolKind, AttentionKind, ShapeLayoutKind):
+    _enum.__hash__ = int.__hash__  # type: ignore[method-assign]
+del _enum

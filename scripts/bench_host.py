@@ -8,7 +8,6 @@ cold (empty Numba cache) and warm (kernel in Numba's on-disk cache).
 from __future__ import annotations
 
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -35,39 +34,19 @@ def host_row(ctx, label: str, dtype: str, fn, calls: int = 10000) -> None:
 
 
 def _measure_rows(ctx) -> dict[str, float]:
-    """Measure the queued rows round-robin: in each of ROUNDS rounds every row gets a
-    median over 20 bursts of 100 calls (each burst started on an idle GPU, so the launch
-    queue never fills); a row's figure is its best round. The host CPU of the GPU machine
-    drifts by tens of percent over a minute, so rows measured one after another are not
-    comparable; interleaved, they are. The note keeps the issue's method (one loop of
-    ``calls`` calls, wall clock, then one synchronise), run in the last round."""
+    """Measure the queued rows together with ``ctx.time_host_many`` (round-robin, best of
+    ROUNDS); the note keeps the issue's method, one loop of ``calls`` calls by wall clock,
+    then one synchronise."""
     torch = ctx.torch
-    best: dict[str, float] = {}
-    loops: dict[str, float] = {}
-    for _label, _, fn, _ in _pending:
-        for _ in range(100):
+    best = ctx.time_host_many({label: fn for label, _, fn, _ in _pending}, rounds=ROUNDS)
+    for label, dtype, fn, calls in _pending:
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(calls):
             fn()
-    torch.cuda.synchronize()
-    for round_index in range(ROUNDS):
-        for label, _, fn, calls in _pending:
-            bursts = []
-            for _ in range(20):
-                torch.cuda.synchronize()
-                t0 = time.perf_counter()
-                for _ in range(100):
-                    fn()
-                bursts.append((time.perf_counter() - t0) / 100 * 1e6)
-            torch.cuda.synchronize()
-            best[label] = min(best.get(label, float("inf")), statistics.median(bursts))
-            if round_index == ROUNDS - 1:
-                t0 = time.perf_counter()
-                for _ in range(calls):
-                    fn()
-                torch.cuda.synchronize()
-                loops[label] = (time.perf_counter() - t0) / calls * 1e6
-    for label, dtype, _, calls in _pending:
-        ctx.row(label, dtype, best[label],
-                note=f"{calls}-call loop: {loops[label]:.1f} µs/call")
+        torch.cuda.synchronize()
+        loop = (time.perf_counter() - t0) / calls * 1e6
+        ctx.row(label, dtype, best[label], note=f"{calls}-call loop: {loop:.1f} µs/call")
     _pending.clear()
     return best
 

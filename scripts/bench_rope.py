@@ -114,17 +114,19 @@ def _large(ctx: Any, torch: Any, compiled: dict) -> None:
 
 
 def _tuning(ctx: Any, torch: Any) -> None:
-    """Launch-shape sweep (heads per batch, heads per thread, row blocks), f16 and f32."""
+    """Launch-shape sweep (heads per batch, heads per thread, row blocks), f16, bf16, f32."""
+    from baracuda_numba.driver import function_registers
     from baracuda_numba.kernels.rope import HEAD_BATCH, ROPE_BATCH, ROPE_KERNELS, build_rope_kernel
 
     regs = []
     for (element, layout), kernel in ROPE_KERNELS.items():
-        compiled = kernel.prepare().dispatcher.overloads.get(kernel.signature)
-        if compiled is not None:
-            regs.append(f"{element.name}/{layout}: {compiled.regs_per_thread}")
+        function = kernel.prepare()._function
+        if function:
+            regs.append(f"{element.name}/{layout}: {function_registers(function)}")
     ctx.notes.append("registers per thread: " + ", ".join(regs))
     batch, heads, seq, dim = LARGE
-    for name, element in (("float16", ElementKind.F16), ("float32", ElementKind.F32)):
+    for name, element in (("float16", ElementKind.F16), ("bfloat16", ElementKind.BF16),
+                          ("float32", ElementKind.F32)):
         dtype = getattr(torch, name)
         moved = 2 * batch * heads * seq * dim * torch.empty((), dtype=dtype).element_size()
         sets = ctx.sets_for(moved)
@@ -184,9 +186,8 @@ def _decode(ctx: Any, torch: Any, compiled: dict) -> None:
     sets = 8
     a = torch.randn(DECODE, device="cuda", dtype=torch.float16)
     b = torch.empty_like(a)
-    torch_host = ctx.time_host(lambda: torch.add(a, a, out=b))
-    ctx.notes.append(f"decode: host time of one torch.add(a, a, out=b) on {list(DECODE)} "
-                     f"f16: {torch_host:.2f} µs (the 1.5x target: {1.5 * torch_host:.2f} µs)")
+    host_fns = {"torch.add": lambda: torch.add(a, a, out=b)}
+    rows = []
     for name, element in DTYPES:
         dtype = getattr(torch, name)
         itemsize = torch.empty((), dtype=dtype).element_size()
@@ -200,15 +201,34 @@ def _decode(ctx: Any, torch: Any, compiled: dict) -> None:
             plan = RopePlan.select(desc)
             args = [RopeArgs(x, y, positions) for x, y in zip(xs, ys)]
             us = ctx.time_gpu(lambda i, a=args, p=plan: p.run(a[i]), sets=sets)
-            host = ctx.time_host(lambda a=args, p=plan: p.run(a[0]))
+            default_hpt = plan.heads_per_thread
+            sweep = []
+            for hpt in (1, 2, 4, 8, 16):
+                plan.heads_per_thread = hpt
+                plan.retune()
+                hpt_us = ctx.time_gpu(lambda i, a=args, p=plan: p.run(a[i]), sets=sets)
+                sweep.append(f"{hpt}: {hpt_us:.2f}")
+            plan.heads_per_thread = default_hpt
+            plan.retune()
+            ctx.notes.append(f"decode {name} {pairing.name.lower()} device µs by heads per "
+                             f"thread (default {default_hpt}): " + ", ".join(sweep))
+            label = f"fwd decode {list(DECODE)} pos[B,1] {pairing.name.lower()}"
+            host_fns[f"{label} {name}"] = lambda a=args, p=plan: p.run(a[0])
             eager = _time_torch(ctx, EAGER[pairing], xs, cos, sin)
-            fused = None
-            if name == "float16" and pairing in compiled:
-                fused = _time_torch(ctx, compiled[pairing], xs, cos, sin)
-            note = f"host {host:.2f} µs/run = {host / torch_host:.2f}x torch.add"
+            fused = _time_torch(ctx, compiled[pairing], xs, cos, sin) \
+                if pairing in compiled else None
+            note = ""
             if eager is not None:
                 note += f"; torch eager {eager:.1f} µs"
             if fused is not None:
                 note += "; torch µs column = torch.compile"
-            ctx.row(f"fwd decode {list(DECODE)} pos[B,1] {pairing.name.lower()}", name, us,
-                    moved, fused or eager, note)
+            rows.append((label, name, us, moved, fused or eager, note))
+    host = ctx.time_host_many(host_fns)
+    torch_host = host["torch.add"]
+    ctx.notes.append(f"decode: host time of one torch.add(a, a, out=b) on {list(DECODE)} "
+                     f"f16: {torch_host:.2f} µs (the 1.5x target: {1.5 * torch_host:.2f} µs), "
+                     "measured interleaved with the plans' runs (best of 5 rounds)")
+    for label, name, us, moved, reference, note in rows:
+        run_host = host[f"{label} {name}"]
+        ctx.row(label, name, us, moved, reference,
+                f"host {run_host:.2f} µs/run = {run_host / torch_host:.2f}x torch.add" + note)

@@ -100,10 +100,14 @@ def expected_storage_values(y64, element):
     return y64
 
 
-def run_plan(desc, x_host, positions, inverse=False, force_pairs=False, out=None):
+def run_plan(desc, x_host, positions, inverse=False, force_pairs=False, out=None,
+             heads_per_thread=None):
     plan = (RopeBackwardPlan if inverse else RopePlan).select(
         RopeBackwardDescriptor.of(desc) if inverse else desc)
     plan.force_pairs = force_pairs
+    if heads_per_thread is not None:
+        plan.heads_per_thread = heads_per_thread
+        plan.retune()
     x = to_device(x_host)
     y = to_device(poisoned(x_host.shape, desc.element)) if out is None else out
     pos = None if positions is None else to_device(positions)
@@ -112,10 +116,11 @@ def run_plan(desc, x_host, positions, inverse=False, force_pairs=False, out=None
     return to_host(y)
 
 
-def check(desc, x_host, positions, inverse=False, force_pairs=False):
+def check(desc, x_host, positions, inverse=False, force_pairs=False, heads_per_thread=None):
     element = desc.element
     rotary = desc.head_dim if desc.rotary_dim is None else desc.rotary_dim
-    got = from_storage(run_plan(desc, x_host, positions, inverse, force_pairs), element)
+    got = from_storage(run_plan(desc, x_host, positions, inverse, force_pairs,
+                                heads_per_thread=heads_per_thread), element)
     x64 = from_storage(x_host, element)
     y64, max_theta = rope_reference(x64, positions, desc.base, rotary, desc.pairing, inverse,
                                     element)
@@ -146,6 +151,25 @@ def test_matches_reference(rng, element, pairing, inverse, positions, rotary_dim
                           base=10000.0 if rotary_dim != 6 else 500.0)
     check(desc, random_values(SHAPE, element, rng), make_positions(positions, SHAPE, rng),
           inverse)
+
+
+@pytest.mark.parametrize("element", [F16, BF16, F32], ids=lambda e: e.name)
+@pytest.mark.parametrize("pairing", [INTERLEAVED, HALF_SPLIT], ids=lambda p: p.name)
+@pytest.mark.parametrize("heads_per_thread", [2, 3, 16])
+def test_several_heads_per_thread(rng, element, pairing, heads_per_thread):
+    """Large shapes walk up to 16 heads per thread in batches, small ones 4 (or all their
+    heads); the last batch may be partial: every split must give the same rotation."""
+    desc = RopeDescriptor(*SHAPE, element=element, pairing=pairing, rotary_dim=8)
+    x = random_values(SHAPE, element, rng)
+    check(desc, x, make_positions("per_sequence", SHAPE, rng), heads_per_thread=heads_per_thread)
+
+
+def test_heads_per_thread_follows_problem_size():
+    """Decode-sized problems spread heads over threads; large ones amortise sincos."""
+    decode = RopePlan.select(RopeDescriptor(64, 32, 1, 128, element=F16))
+    prefill = RopePlan.select(RopeDescriptor(8, 32, 2048, 128, element=F16))
+    assert decode.heads_per_thread == 4
+    assert prefill.heads_per_thread == 16
 
 
 @pytest.mark.parametrize("element", [F16, BF16, F32], ids=lambda e: e.name)

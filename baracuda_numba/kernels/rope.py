@@ -84,6 +84,10 @@ if SIMULATOR:
         return np.uint16(bits & 0xFFFF).view(np.float16)
 
     @cuda.jit(device=True, inline=True)
+    def _pack_bf16x2(low, high):
+        return uint32(f32_to_bf16(low)) | (uint32(f32_to_bf16(high)) << uint32(16))
+
+    @cuda.jit(device=True, inline=True)
     def f16_to_bits(value):
         return np.uint32(np.float16(value).view(np.uint16))
 
@@ -110,6 +114,25 @@ else:
             return builder.zext(args[0], ir.IntType(32))
 
         return uint32(value), codegen
+
+    @intrinsic
+    def _cvt_bf16x2(typingctx, high, low):
+        """``cvt.rn.bf16x2.f32``: both values rounded to nearest even in one instruction
+        (sm_80+), ``high`` in the upper half. The software narrowing of
+        ``common.f32_to_bf16`` is 6 integer instructions per value plus a NaN test; with it,
+        bf16 half_split4 needed 132 registers at 8 heads per batch (ptxas, sm_90). Same
+        results except NaN, which comes out as the canonical quiet NaN."""
+
+        def codegen(context, builder, signature, args):
+            fnty = ir.FunctionType(ir.IntType(32), [ir.FloatType(), ir.FloatType()])
+            asm = ir.InlineAsm(fnty, "cvt.rn.bf16x2.f32 $0, $1, $2;", "=r,f,f")
+            return builder.call(asm, args)
+
+        return uint32(float32, float32), codegen
+
+    @cuda.jit(device=True, inline=True)
+    def _pack_bf16x2(low, high):
+        return _cvt_bf16x2(float32(high), float32(low))
 
     @cuda.jit(device=True, inline=True)
     def _bits_as_f32(bits):
@@ -153,11 +176,6 @@ def _pack_f16x2(low, high):
 def _unpack_bf16x2(unit):
     return (bf16_to_f32(uint16(unit & uint32(0xFFFF))),
             bf16_to_f32(uint16(unit >> uint32(16))))
-
-
-@cuda.jit(device=True, inline=True)
-def _pack_bf16x2(low, high):
-    return uint32(f32_to_bf16(low)) | (uint32(f32_to_bf16(high)) << uint32(16))
 
 
 @cuda.jit(device=True, inline=True)
@@ -469,9 +487,12 @@ def _signature(storage: types.Type) -> tuple[types.Type, ...]:
             types.UniTuple(int64, len(ROPE_PARAMS)), float64)
 
 
-#: Batches other than HEAD_BATCH: bf16 half_split4 needs 132 registers at 8 (one 256-thread
-#: block per SM) and 72 at 4 (ptxas sm_90); f16 half_split4 ran as fast at 4 as at 8.
-ROPE_BATCH = {(ElementKind.BF16, "half_split4"): 4}
+#: Batches other than HEAD_BATCH, from the sweep in ``scripts/bench_rope.py`` (H100,
+#: [8,32,2048,128] forward, 16 heads per thread, 2048 row blocks, 2026-11-22): f16/bf16
+#: interleaved4 95.9/95.6 µs at 16 vs 98.1/98.3 at 8; bf16 half_split4 97.7 at 4 vs 97.3
+#: at 8 (with the hardware bf16x2 narrowing: 132 registers at 8 before it).
+ROPE_BATCH = {(ElementKind.F16, "interleaved4"): 16, (ElementKind.BF16, "interleaved4"): 16,
+              (ElementKind.BF16, "half_split4"): 4}
 
 
 def build_rope_kernel(element: ElementKind, layout: str, batch: int = 0,

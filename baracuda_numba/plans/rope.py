@@ -75,6 +75,24 @@ ROPE_DEFAULT_BASE = 10000.0
 _BLOCK = 256
 _ROW_BLOCKS = 2048
 _HEADS_PER_THREAD = 16
+# Small problems (decode: [64, 32, 1, 128] has 64 rows) would get a few thousand threads at
+# 16 heads per thread, each walking its heads serially: latency-bound. Heads per thread are
+# halved while fewer than about one wave of threads (132 SMs x 1024) exists, down to 4: below
+# that a thread repeats loads within its batch. Decode sweep (H100, 2026-11-22, device µs for
+# 1/2/4/8/16 heads per thread): f16 interleaved 7.58/6.30/6.27/6.27/6.50, bf16 half_split
+# 5.86/5.82/6.05/6.48/7.55, f32 interleaved 7.58/5.60/4.99/5.18/5.63.
+_MIN_THREADS = 1 << 17
+_MIN_HEADS_PER_THREAD = 4
+
+
+def _heads_per_thread(rows: int, heads: int, dim: int) -> int:
+    """16 heads per thread, fewer (not below 4) while the launch would have fewer than
+    _MIN_THREADS threads (a row has about dim / 8 items in the unit layouts)."""
+    per_thread = min(heads, _HEADS_PER_THREAD) or 1
+    while (per_thread > _MIN_HEADS_PER_THREAD
+           and max(dim // 8, 1) * rows * -(-heads // per_thread) < _MIN_THREADS):
+        per_thread //= 2
+    return per_thread
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,7 +200,7 @@ class _RopeBase(Plan):
         self._half_split = desc.pairing is RopePairing.HALF_SPLIT
         self._rows = batch * seq
         #: benchmarks may change these (call ``retune()`` after changing them)
-        self.heads_per_thread = min(heads, _HEADS_PER_THREAD) or 1
+        self.heads_per_thread = _heads_per_thread(batch * seq, heads, dim)
         self.row_blocks = _ROW_BLOCKS
         self.force_pairs = False  # tests: take the element path even when units would do
         self._spans: dict[tuple[int, ...], int] = {}
