@@ -123,13 +123,18 @@ import baracuda_numba as bn
 from numba import cuda
 cuda.current_context()  # CUDA context creation is the process's cost, not select's
 t1 = time.perf_counter()
+bn.WriteSlicePlan, bn.WriteSliceDescriptor  # the plan module's import (lazy attribute)
+t2 = time.perf_counter()
 bn.WriteSlicePlan.select(bn.WriteSliceDescriptor((4, 8, 16), (4, 2, 8),
                                                  ((0, 4), (3, 5), (4, 12)), bn.ElementKind.F16))
-t2 = time.perf_counter()
+t3 = time.perf_counter()
+bn.ScanPlan, bn.ScanDescriptor
+t4 = time.perf_counter()
 bn.ScanPlan.select(bn.ScanDescriptor(bn.ScanKind.CUMSUM, (64, 4096), 1,
                                      element=bn.ElementKind.BF16))
-t3 = time.perf_counter()
-print(f"{(t1 - t0) * 1e3:.1f} {(t2 - t1) * 1e3:.1f} {(t3 - t2) * 1e3:.1f}")
+t5 = time.perf_counter()
+print(" ".join(f"{(b - a) * 1e3:.1f}" for a, b in ((t0, t1), (t1, t2), (t2, t3), (t3, t4),
+                                                   (t4, t5))))
 """
 
 
@@ -179,12 +184,14 @@ def bench(ctx) -> None:
     device_row()
     with tempfile.TemporaryDirectory() as cache_dir:
         env = dict(os.environ, NUMBA_CACHE_DIR=cache_dir, BARACUDA_CACHE_DIR=cache_dir)
-        for label in ("cold (empty Numba cache)", "warm (Numba disk cache)"):
+        for label in ("cold (empty caches)", "warm (cubin cache filled by the cold run)"):
             out = subprocess.run([sys.executable, "-c", SELECT_SNIPPET], env=env,
                                  capture_output=True, text=True, check=True).stdout.split()
-            ctx.notes.append(f"fresh process, {label}: import + CUDA context {out[0]} ms; "
-                             f"WriteSlicePlan.select {out[1]} ms (natural-width and 16-byte "
-                             f"row kernels); then ScanPlan.select (bf16 cumsum) {out[2]} ms")
+            ctx.notes.append(f"fresh process, {label}: import baracuda_numba + CUDA context "
+                             f"{out[0]} ms; import of the WriteSlice plan module {out[1]} ms, "
+                             f"WriteSlicePlan.select {out[2]} ms (loads the natural-width row "
+                             f"kernel); import of the scan plan module {out[3]} ms, "
+                             f"ScanPlan.select (bf16 cumsum) {out[4]} ms")
     ctx.notes.append("host rows: the µs column is host time per call: the median over 20 "
                      f"bursts of 100 calls (each started on an idle GPU), best of {ROUNDS} "
                      "rounds in which every row is measured in turn (the machine's CPU "

@@ -152,11 +152,11 @@ class WriteSlicePlan(Plan):
         self.force_kernel = False  # benchmarks/tests: take the kernel path even if contiguous
         self._launches: dict[tuple[Any, ...], BoundLaunch] = {}
         self._memo: dict[tuple[Any, ...], Any] = {}  # torch layout key -> launch
-        if self._source_numel:
-            # The natural unit and the 16-byte unit cover aligned and unaligned layouts;
-            # other widths are prepared on first use (once per process).
+        if self._source_numel and self._copy is None:
+            # The natural unit covers every layout; a wider unit (chosen at run time from
+            # the pointers' alignment) is loaded on its first use, once per process, so
+            # select loads one module (a driver-copy plan loads none).
             WRITE_SLICE_KERNELS[self._unit].prepare()
-            WRITE_SLICE_KERNELS[16].prepare()
 
     def _driver_copy_layout(self, allow_2d: bool) -> tuple[int, int, int, int, int] | None:
         """(dest offset bytes, row bytes, rows, dest pitch, source pitch) when the window is
