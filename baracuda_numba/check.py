@@ -24,6 +24,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtypes", nargs="*", default=None, help="element kinds, e.g. F32 BF16")
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     parser.add_argument("--list", action="store_true", help="list the cases and exit")
+    parser.add_argument("--jobs", type=int, default=None,
+                        help="processes compiling uncached kernels first (GPU; 1: compile "
+                             "lazily in this process)")
     options = parser.parse_args(argv)
 
     simulator = use_simulator_without_gpu()
@@ -53,9 +56,18 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{case.plan:28s} {case.dtype:10s} {case.shape}")
         return 0
 
+    started = time.perf_counter()
+    if not simulator and options.jobs != 1:
+        # Cold cache: compile every kernel the chosen families use in parallel processes
+        # first (one by one, the first case of each kernel would compile it serially).
+        from .launch import precompile
+
+        compiled = precompile(sorted({c.family for c in cases}), options.jobs)
+        if compiled:
+            print(f"baracuda-check: compiled {compiled} kernels in "
+                  f"{time.perf_counter() - started:.1f} s (cached for later runs)", flush=True)
     results = []
     failures = 0
-    started = time.perf_counter()
     header = f"{'plan':26s} {'dtype':10s} {'max err':>10s} {'tol':>9s} {'':4s} {'ms':>8s}  shape"
     print(header)
     for index, case in enumerate(cases, 1):

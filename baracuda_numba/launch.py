@@ -49,6 +49,7 @@ __all__ = [
     "compile_all_ptx",
     "flat",
     "launch_mode",
+    "precompile",
     "registered_kernels",
     "set_launch_mode",
 ]
@@ -93,6 +94,44 @@ def registered_kernels() -> list[Kernel]:
     for info in pkgutil.iter_modules(kernels.__path__):
         importlib.import_module(f"{kernels.__name__}.{info.name}")
     return list(_REGISTRY)
+
+
+def _module_family(kernel: Kernel) -> str:
+    return (getattr(kernel.py_func, "__module__", "") or "").rsplit(".", 1)[-1]
+
+
+def _prepare_share(worker: int, workers: int, families: tuple[str, ...] | None) -> int:
+    kernels = [k for k in registered_kernels()
+               if families is None or _module_family(k) in families]
+    for kernel in kernels[worker::workers]:
+        kernel.prepare()
+    return len(kernels[worker::workers])
+
+
+def precompile(families: Sequence[str] | None = None, jobs: int | None = None) -> int:
+    """Fill the cubin cache for every registered kernel (of the kernel modules named in
+    ``families``, e.g. ``("scan", "reduce")``) that is not in it yet, compiling in ``jobs``
+    spawned processes (default: one per CPU, at most 16). Returns how many kernels were
+    missing. A no-op in the simulator or without a writable cache."""
+    if SIMULATOR or _cache_dir() is None:
+        return 0
+    wanted = None if families is None else tuple(families)
+    cc = cuda.get_current_device().compute_capability
+    missing = [k for k in registered_kernels()
+               if (wanted is None or _module_family(k) in wanted)
+               and (path := _cubin_path(k, cc)) is not None and not path.exists()]
+    if not missing:
+        return 0
+    import concurrent.futures
+    import multiprocessing
+
+    jobs = max(1, min(jobs or min(16, os.cpu_count() or 1), len(missing)))
+    families_missing = tuple(sorted({_module_family(k) for k in missing}))
+    context = multiprocessing.get_context("spawn")  # never fork a process holding CUDA
+    with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=context) as pool:
+        list(pool.map(_prepare_share, range(jobs), [jobs] * jobs,
+                      [families_missing] * jobs))
+    return len(missing)
 
 
 def compile_all_ptx(cc: tuple[int, int] = (9, 0),
