@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, NoReturn
 
-from ..arrays import as_ref
+from ..arrays import as_ref, torch_signature
 from ..errors import InvalidProblem, Unsupported, WorkspaceTooSmall
 from ..types import ElementKind, KernelSku, PlanPreference, PrecisionGuarantee
 
-__all__ = ["MAX_RANK", "Plan", "fail", "product"]
+__all__ = ["MAX_RANK", "LayoutMemo", "Plan", "fail", "product"]
 
 MAX_RANK = 8
 
@@ -30,6 +30,54 @@ def product(values: tuple[int, ...] | list[int]) -> int:
     for v in values:
         result *= v
     return result
+
+
+class LayoutMemo:
+    """What a plan's checks concluded for one layout of torch tensors, so that a repeated
+    ``run`` skips them: the fast path of ``run`` for decode-sized calls.
+
+    ``lookup(arrays, extra)`` returns ``(key, hit)``: ``hit`` is ``(launch, pointers)``
+    when every array is a CUDA ``torch.Tensor`` whose layout key
+    (:func:`~baracuda_numba.arrays.torch_signature`: shape, strides, dtype, pointer mod 16)
+    was stored together with ``extra`` (the plan's own switches) and no pair of arrays
+    that must be disjoint overlaps at these pointers; else ``hit`` is None and the plan
+    runs its checked path, then ``store(key, launch, spans, disjoint)`` with ``spans`` the
+    byte span of each array and ``disjoint`` the index pairs that must not overlap
+    (``key`` is None when the arrays are not all torch tensors: nothing is stored).
+    ``launch(stream_handle, *pointers)`` must do everything the checked path would."""
+
+    __slots__ = ("_entries",)
+
+    def __init__(self) -> None:
+        self._entries: dict[Any, tuple[Any, tuple[int, ...], tuple[tuple[int, int], ...]]] = {}
+
+    def lookup(self, arrays: tuple[Any, ...], extra: Any = None
+               ) -> tuple[Any, tuple[Any, list[int]] | None]:
+        signature = torch_signature(arrays)
+        if signature is None:
+            return None, None
+        key = (signature[0], extra)
+        entry = self._entries.get(key)
+        if entry is None:
+            return key, None
+        launch, spans, disjoint = entry
+        pointers = signature[1]
+        for i, j in disjoint:
+            a, b = pointers[i], pointers[j]
+            if a < b + spans[j] and b < a + spans[i]:
+                return key, None  # aliasing: the checked path raises
+        return key, (launch, pointers)
+
+    def store(self, key: Any, launch: Any, spans: tuple[int, ...],
+              disjoint: tuple[tuple[int, int], ...] = ()) -> None:
+        if key is None:
+            return
+        if len(self._entries) >= 64:
+            self._entries.clear()
+        self._entries[key] = (launch, spans, disjoint)
+
+    def clear(self) -> None:
+        self._entries.clear()
 
 
 class Plan:
