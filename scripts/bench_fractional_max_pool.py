@@ -4,9 +4,9 @@ aten's fractional_max_pool{2,3}d_backward (atomics; includes zeroing grad_input)
 
 Bytes counted as the minimum traffic: forward x + y + indices (i64), backward
 dy + indices + dx. The plain rows use the default (fast, contiguous) kernels.
-``FMP_TUNE=1`` adds the other fast forward variant (looped / unrolled window), the
-general (any-stride, 64-bit, gather-backward) kernels on the same arrays, and the zero
-fill alone.
+``FMP_TUNE=1`` adds the other fast forward window walks (unrolled / looped), other run
+lengths, the opt-in tiled backward (block sizes, tile cap), the general (any-stride,
+64-bit, gather-backward) kernels on the same arrays, and the zero fill alone.
 """
 
 from __future__ import annotations
@@ -83,8 +83,10 @@ def _bench_one(ctx, label, shape_in, windows, shape_out, dtype_name, tune) -> No
     ctx.row(f"{label} fw", dtype_name, us, fw_bytes, torch_fw_us)
     bw = [bw_args(dy, idx, dx) for dy in dys]
     us = ctx.time_gpu(lambda i: plan.run_bw(bw[i]), sets)
+    tiles = plan._tile_shape()
     ctx.row(f"{label} bw", dtype_name, us, bw_bytes, torch_bw_us,
-            "deterministic, zero fill included")
+            f"deterministic; tiles of {tiles[0]}x{tiles[1]} rows, no zero fill" if tiles
+            else "deterministic; zero fill included")
 
     # TORCH placement: the same windows as torch (checked before timing)
     plan_t, _, _ = _plan(shape_in, windows, shape_out, element, fmp.FractionalPlacement.TORCH)
@@ -109,11 +111,30 @@ def _bench_one(ctx, label, shape_in, windows, shape_out, dtype_name, tune) -> No
             "matches torch" if close else "MISMATCH vs torch")
 
     if tune:  # variants of the same computation, for the notes
-        plan.unrolled_window = not plan.unrolled_window
-        us = ctx.time_gpu(lambda i: plan.run_fw(fw[i]), sets)
-        ctx.row(f"{label} fw {'unrolled' if plan.unrolled_window else 'looped'} window", dtype_name,
-                us, fw_bytes, torch_fw_us, "tuning")
-        plan.unrolled_window = not plan.unrolled_window
+        default_walk = plan.forward_walk
+        for walk in ("unrolled", "looped"):
+            plan.forward_walk = walk
+            us = ctx.time_gpu(lambda i: plan.run_fw(fw[i]), sets)
+            ctx.row(f"{label} fw {walk} window", dtype_name, us, fw_bytes, torch_fw_us,
+                    "tuning")
+        plan.forward_walk = default_walk
+        for rows in (8, 32):
+            plan.rows_per_thread = rows
+            us = ctx.time_gpu(lambda i: plan.run_fw(fw[i]), sets)
+            ctx.row(f"{label} fw {default_walk} {rows} rows/thread", dtype_name, us, fw_bytes,
+                    torch_fw_us, "tuning")
+        plan.rows_per_thread = None
+        plan.tiled_backward = True
+        if plan._tile_shape() is not None:
+            for threads, elems in ((fmp._TILE_THREADS, None), (128, None), (512, None),
+                                   (fmp._TILE_THREADS, 2048)):
+                plan.tile_threads, plan.tile_elems = threads, elems
+                us = ctx.time_gpu(lambda i: plan.run_bw(bw[i]), sets)
+                ctx.row(f"{label} bw tiled, {threads} threads", dtype_name, us, bw_bytes,
+                        torch_bw_us, "tuning, no zero fill, tiles of {}x{} rows".format(
+                            *plan._tile_shape()[:2]))
+            plan.tile_threads, plan.tile_elems = fmp._TILE_THREADS, None
+        plan.tiled_backward = False
         plan.fast = False
         us = ctx.time_gpu(lambda i: plan.run_fw(fw[i]), sets)
         ctx.row(f"{label} fw general kernel", dtype_name, us, fw_bytes, torch_fw_us,
@@ -124,7 +145,7 @@ def _bench_one(ctx, label, shape_in, windows, shape_out, dtype_name, tune) -> No
         plan.fast = True
         us = ctx.time_gpu(lambda i: dx.zero_(), sets)
         ctx.row(f"{label} dx zero fill alone (torch)", dtype_name, us, n_in * item, None,
-                "part of the fast bw")
+                "part of the leader-scatter bw")
 
 
 def bench(ctx) -> None:

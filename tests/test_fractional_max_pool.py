@@ -116,16 +116,27 @@ def make_plan(shape_in, windows, shape_out, element, placement=BARACUDA):
     return plan, FractionalMaxPool3dFwArgs, FractionalMaxPool3dBwArgs
 
 
-PATH_NAMES = ("fast", "fast-alt", "general")
+PATH_NAMES = ("fast", "fast-tiles", "fast-alt", "general")
 
 
 def set_path(plan, path):
-    """``fast``: the plan's default fast kernels; ``fast-alt``: the looped instead of the
-    unrolled forward window; ``general``: the any-stride 64-bit kernels (gather backward),
-    forced on contiguous arrays."""
+    """``fast``: the plan's default fast kernels (the row-caching forward for the
+    FAST_WINDOWS, else the looped window; the leader-scatter backward); ``fast-tiles``:
+    the unrolled forward window and the tiled backward with tiles of two rows (many tiles
+    per plane, candidate boxes straddling tiles); ``fast-alt``: the looped forward window
+    and the tiled backward with its default tiles (one per plane on the small test
+    shapes); ``general``: the any-stride 64-bit kernels (gather backward), forced on
+    contiguous arrays. The tiled backward applies where the candidate box fits its mask
+    (else the leader scatter runs: test_tile_choice_respects_the_shared_memory)."""
     assert plan.fast  # every test shape qualifies for the fast kernels
-    if path == "fast-alt":
-        plan.unrolled_window = not plan.unrolled_window
+    if path == "fast-tiles":
+        if "unrolled" in plan._fw_fast_kernels:
+            plan.forward_walk = "unrolled"
+        plan.tiled_backward = True
+        plan.tile_elems = 2 * plan._w_in
+    elif path == "fast-alt":
+        plan.forward_walk = "looped"
+        plan.tiled_backward = True
     elif path == "general":
         plan.fast = False
     return plan
@@ -376,8 +387,13 @@ def test_fast_window_kernels_are_selected():
                              ElementKind.F32)[0]
         else:
             plan = make_plan(shape_in, window, (2, 2, 2), ElementKind.F32)[0]
-        name = "x".join(map(str, window)) if window in FAST_WINDOWS else "any"
-        assert plan._fw_fast_kernel.name == f"fractional_max_pool_fw_fast[F32,{name}]"
+        if window in FAST_WINDOWS:
+            name = "x".join(map(str, window))
+            assert plan._fw_fast_kernel.name == f"fractional_max_pool_fw_rows[F32,{name}]"
+            plan.forward_walk = "unrolled"
+            assert plan._fw_fast_kernel.name == f"fractional_max_pool_fw_fast[F32,{name}]"
+        else:
+            assert plan._fw_fast_kernel.name == "fractional_max_pool_fw_fast[F32,any]"
 
 
 def test_contiguous_arrays_take_the_fast_path(rng):
@@ -537,6 +553,88 @@ def test_candidate_ranges_cover_every_window(rng):
                         first, end = candidate_outputs(coord, extent, window, out, code)
                         assert first <= o < end, (placement, extent, window, out, alpha, o)
 
+
+
+@pytest.mark.simulator
+def test_host_candidate_ranges_equal_the_device_ranges(rng):
+    """The plan sizes the tiled backward's shared memory from a host mirror of
+    ``candidate_outputs``: it must give the same ranges (device helper run as Python)."""
+    from baracuda_numba.kernels.fractional_max_pool import candidate_outputs
+    from baracuda_numba.plans.fractional_max_pool import _candidate_ranges
+
+    for trial in range(120):
+        extent = int(rng.integers(1, 3_000_000 if trial % 10 == 0 else 80))
+        window = int(rng.integers(1, min(extent, 6) + 1))
+        out = int(rng.integers(1, min(2 * (extent - window + 1) + 2, 60)))
+        for code in (0, 1):
+            first, end = _candidate_ranges(extent, window, out, code)
+            coords = {0, extent - 1} | {int(c) for c in rng.integers(0, extent, 30)}
+            for coord in coords:
+                assert (int(first[coord]), int(end[coord])) == tuple(
+                    candidate_outputs(coord, extent, window, out, code)), (
+                    extent, window, out, code, coord)
+
+
+def test_tile_choice_respects_the_shared_memory(rng):
+    """Every tile the plan picks holds at most its mask and staged-output capacities, and
+    every element's candidate box fits the mask; TORCH placement, boxes over 32 outputs
+    and tiles below one row fall back to the leader scatter."""
+    from baracuda_numba.kernels.fractional_max_pool import BW_MASK_BITS, BW_TILE_CAPS
+    from baracuda_numba.plans.fractional_max_pool import _candidate_ranges, _staged_outputs
+
+    cases = [((32, 64, 128, 128), (3, 3), (91, 91)), ((8, 32, 32, 64, 64), (3, 3, 3),
+                                                      (22, 45, 45)),
+             ((1, 1, 5, 6), (2, 2), (9, 11)), ((2, 3, 33, 257), (3, 3), (23, 181)),
+             ((1, 1, 40, 30, 20), (2, 5, 3), (39, 11, 17))]
+    for shape_in, windows, shape_out in cases:
+        for element in (ElementKind.BF16, ElementKind.F64):
+            for placement in (BARACUDA, TORCH):
+                plan = make_plan(shape_in, windows, shape_out, element, placement)[0]
+                assert plan._tile_shape() is None  # opt-in
+                plan.tiled_backward = True
+                tile_cap, stage_cap = BW_TILE_CAPS[element]
+                ranges = [_candidate_ranges(extent, window, out, placement.value)
+                          for extent, window, out in ((plan._d_in, plan._kd, plan._d_out),
+                                                      (plan._h_in, plan._kh, plan._h_out),
+                                                      (plan._w_in, plan._kw, plan._w_out))]
+                reach = [int((end - first).max()) for first, end in ranges]
+                if placement is TORCH or np.prod(reach) > BW_MASK_BITS:
+                    # the tiled kernel: BARACUDA only, one mask bit per candidate output
+                    assert placement is TORCH or shape_out in ((9, 11), (39, 11, 17))
+                    assert plan._tile_shape() is None
+                    continue
+                tile_d, tile_h, reach_h, reach_w = plan._tile_shape()
+                assert (reach_h, reach_w) == tuple(reach[1:])
+                assert tile_d * tile_h * plan._w_in <= tile_cap
+                _, max_d = _staged_outputs(ranges[0], tile_d)
+                _, max_h = _staged_outputs(ranges[1], tile_h)
+                assert max_d * max_h * plan._w_out <= stage_cap
+                plan.tile_elems = plan._w_in - 1
+                assert plan._tile_shape() is None
+
+
+@pytest.mark.parametrize("case", [SIM_CASES[1], SIM_CASES[5]],
+                         ids=lambda c: "x".join(map(str, c[0])))
+def test_tiled_backward_is_deterministic_across_tilings(rng, case):
+    """Two runs bit-identical, and the same bits for every tiling (one tile per plane, two
+    rows, one row per tile) and for the leader scatter: the sums never depend on which
+    block or thread computes them."""
+    element = ElementKind.BF16
+    shape_in, windows, shape_out = case
+    _, _, _, idx, _ = run_and_check(rng, shape_in, windows, shape_out, element)
+    dy = to_device(random_values(shape_in[:2] + shape_out, element, rng))
+    results = []
+    for tile_rows, tiled in ((None, True), (None, True), (2, True), (1, True), (None, False)):
+        plan, _, bw_args = make_plan(shape_in, windows, shape_out, element)
+        plan.tiled_backward = tiled
+        if tile_rows is not None:
+            plan.tile_elems = tile_rows * plan._w_in
+        assert (plan._tile_shape() is not None) == tiled
+        dx = to_device(poisoned(shape_in, element))
+        plan.run_bw(bw_args(dy, idx, dx))
+        results.append(to_host(dx))
+    for other in results[1:]:
+        np.testing.assert_array_equal(results[0].view(np.uint16), other.view(np.uint16))
 
 # -- rejections: each raises before anything is written -----------------------------------
 

@@ -408,6 +408,20 @@ def _make_backward(load, store, zero):
 # exactly the gather's, so the result is bit-identical to it, deterministic, atomic-free,
 # and ignores foreign indices the same way. It does ~2x (2-D) to ~3x (3-D) fewer index
 # checks than the gather, which visits every input element.
+#
+# An opt-in fast backward (BARACUDA placement, at most 32 candidate outputs per input
+# element) is *tiled* (``_make_backward_tiled``): a block owns a tile of whole input rows,
+# stages dy of the outputs that may reach it in shared memory and records, per tile
+# element, which of its candidate outputs chose it as a bit of a 32-bit mask (integer
+# ``atomic_or``: order-independent); each element then sums the chosen dy in ascending bit
+# = output order and writes dx. No per-output search, no zero fill, coalesced dx stores,
+# and again bit-identical to the gather; but measured slower than the leader scatter on
+# three of the four benchmark cases (see docs/notes/fractional_max_pool.md), so the plan
+# keeps the leader scatter by default.
+#
+# The default fast forward for the FAST_WINDOWS caches row maxima across a thread's run of
+# rows (``_make_forward_rows``): only the window rows that enter are loaded (2-D k3 at
+# alpha 1.39: ~4.8 loads per output instead of 9).
 
 
 def magic_divisor(divisor: int) -> tuple[int, int]:
@@ -738,6 +752,369 @@ def _make_backward_fast(load, store, zero):
     return fractional_max_pool_bw_fast
 
 
+def _make_row_cache(load, storage, window):
+    """Device helpers of the row-caching forwards for one compile-time window (kd, kh, kw):
+    a cache of ``kd * kh`` row maxima (raw value + offset; slot ``dd * kh + j`` holds window
+    row j of window depth dd), slid by the change of the window start and refilled from
+    freshly loaded rows. Constant indices only, so the arrays live in registers."""
+    win_d, win_h, win_w = window
+    slots = win_d * win_h
+
+    @cuda.jit(device=True, inline=True)
+    def slide(cache_raw, cache_at, shift):
+        """Move the rows that stay in the window down by ``shift`` slots (0 < shift < kh)."""
+        for j in range(win_h):
+            for m in range(1, win_h):
+                if j + m < win_h and shift == m:
+                    for dd in range(win_d):
+                        cache_raw[dd * win_h + j] = cache_raw[dd * win_h + j + m]
+                        cache_at[dd * win_h + j] = cache_at[dd * win_h + j + m]
+
+    @cuda.jit(device=True, inline=True)
+    def load_rows(x, fresh, first, shift, hw_in, w_in):
+        """Load the last ``shift`` window rows (of every window depth) of the window whose
+        first element is ``x[first]``."""
+        for dd in range(win_d):
+            for j in range(win_h):
+                if j >= win_h - shift:
+                    for k in range(win_w):
+                        fresh[(dd * win_h + j) * win_w + k] = x[uint32(
+                            first + dd * hw_in + j * w_in + k)]
+
+    @cuda.jit(device=True, inline=True)
+    def absorb(fresh, cache_raw, cache_at, first, shift, hw_in, w_in):
+        """Row maxima of the loaded rows into their cache slots."""
+        for dd in range(win_d):
+            for j in range(win_h):
+                if j >= win_h - shift:
+                    base = (dd * win_h + j) * win_w
+                    row_at = uint32(first + dd * hw_in + j * w_in)
+                    best_raw = fresh[base]
+                    best = load(best_raw)
+                    best_at = row_at
+                    for k in range(1, win_w):
+                        value = load(fresh[base + k])
+                        if _takes_over_fast(best, value):
+                            best, best_raw = value, fresh[base + k]
+                            best_at = uint32(row_at + k)
+                    cache_raw[dd * win_h + j] = best_raw
+                    cache_at[dd * win_h + j] = best_at
+
+    @cuda.jit(device=True, inline=True)
+    def combine(cache_raw, cache_at):
+        """The window's first max (first NaN) from its row maxima, in row order."""
+        best_raw = cache_raw[0]
+        best = load(best_raw)
+        best_at = cache_at[0]
+        for q in range(1, slots):
+            value = load(cache_raw[q])
+            if _takes_over_fast(best, value):
+                best, best_raw, best_at = value, cache_raw[q], cache_at[q]
+        return best_raw, best_at
+
+    return slide, load_rows, absorb, combine
+
+
+def _make_forward_rows(load, torch_start, storage, window):
+    """Fast forward kernel for one element kind and one compile-time window (kd, kh, kw)
+    in FAST_WINDOWS that keeps *row maxima* in registers across a thread's run of rows.
+
+    The max over a window equals the max over its rows' maxima combined in row order with
+    the same rule (each row max is that row's first max / first NaN; a later row takes
+    over only if strictly greater, or NaN while the running max is not), so ties and NaN
+    keep their row-major meaning. Consecutive output rows ``oh`` of one column share
+    ``kh - (sh' - sh)`` window rows: those row maxima (value + offset, per depth of the
+    window) slide down the register cache and only the rows that entered the window are
+    loaded (2-D k3 at alpha 1.39: ~4.8 loads per output instead of 9). The cache is reset
+    at every new depth or plane. The slide and the loads are unrolled (constant slots),
+    with the row count ``shift`` uniform across a warp (a warp shares its rows).
+    H100, 16 rows per thread: 2-D [32,64,128,128]->91x91 k3 f32 203 us vs 208 unrolled
+    window; 3-D [8,32,32,64,64]->22x45x45 k3 f32 349 vs 479 (2026-11-22)."""
+    win_d, win_h, win_w = window
+    slots = win_d * win_h
+    fresh_size = slots * win_w
+    slide, load_rows, absorb, combine = _make_row_cache(load, storage, window)
+
+    def fractional_max_pool_fw_rows(x, y, indices, samples, dims, sample_strides, windows,
+                                    multipliers, shifts, rows_per_thread):
+        """As ``fractional_max_pool_fw_fast``; ``windows[:3]`` equals ``window``."""
+        channels = dims[1]
+        d_in, h_in, w_in = dims[2], dims[3], dims[4]
+        d_out, h_out, w_out = dims[5], dims[6], dims[7]
+        kd, kh, kw, placement = windows[0], windows[1], windows[2], windows[3]
+        hw_in = h_in * w_in
+        plane_size = d_in * hw_in
+        out_hw = h_out * w_out
+        out_plane = d_out * out_hw
+        total_rows = dims[0] * channels * d_out * h_out
+        ms_d, ms_h, ms_w = d_in - kd, h_in - kh, w_in - kw
+        last_d, last_h, last_w = d_out - 1, h_out - 1, w_out - 1
+        baracuda = placement == PLACEMENT_BARACUDA
+        group_step = int64(cuda.gridDim.y) * cuda.blockDim.y
+        cache_raw = cuda.local.array(slots, storage)  # registers: constant indices only
+        cache_at = cuda.local.array(slots, uint32)
+        fresh = cuda.local.array(fresh_size, storage)
+        ow = int64(cuda.blockIdx.x) * cuda.blockDim.x + cuda.threadIdx.x
+        while ow < w_out:
+            group = int64(cuda.blockIdx.y) * cuda.blockDim.y + cuda.threadIdx.y
+            while group * rows_per_thread < total_rows:
+                row = group * rows_per_thread
+                row_end = min(row + rows_per_thread, total_rows)
+                rest = int64(uint32(row) // uint32(h_out))
+                oh = row - rest * h_out
+                plane = int64(uint32(rest) // uint32(d_out))
+                od = rest - plane * d_out
+                new_plane = True
+                new_depth = True
+                alpha_d = alpha_h = float32(0.0)
+                thr_d = thr_h = sd = x_col = y_plane = int64(0)
+                cached_sh = int64(-1)  # window start of the cached rows; -1: none
+                while row < row_end:
+                    if new_plane:
+                        n = int64(uint32(plane) // uint32(channels))
+                        c = plane - n * channels
+                        sample_base = n * sample_strides[0] + c * sample_strides[1]
+                        if sample_strides[3] >= 0:
+                            alpha_d = clamp_sample(samples[sample_base + sample_strides[3]
+                                                           * sample_strides[2]])
+                        alpha_h = clamp_sample(samples[sample_base + sample_strides[4]
+                                                       * sample_strides[2]])
+                        alpha_w = clamp_sample(samples[sample_base + sample_strides[5]
+                                                       * sample_strides[2]])
+                        if baracuda:
+                            thr_d = baracuda_threshold(alpha_d, ms_d, last_d)
+                            thr_h = baracuda_threshold(alpha_h, ms_h, last_h)
+                            sw = baracuda_start_fast(
+                                ow, ms_w, last_w, baracuda_threshold(alpha_w, ms_w, last_w),
+                                multipliers[2], shifts[2])
+                        else:
+                            sw = torch_start(ow, w_out, w_in, kw, alpha_w)
+                        x_col = plane * plane_size + sw
+                        y_plane = plane * out_plane + ow
+                        new_plane = False
+                        cached_sh = -1
+                    if new_depth:
+                        if baracuda:
+                            sd = baracuda_start_fast(od, ms_d, last_d, thr_d, multipliers[0],
+                                                     shifts[0])
+                        else:
+                            sd = torch_start(od, d_out, d_in, kd, alpha_d)
+                        new_depth = False
+                        cached_sh = -1
+                    if baracuda:
+                        sh = baracuda_start_fast(oh, ms_h, last_h, thr_h, multipliers[1],
+                                                 shifts[1])
+                    else:
+                        sh = torch_start(oh, h_out, h_in, kh, alpha_h)
+                    shift = int64(win_h)
+                    if cached_sh >= 0 and sh >= cached_sh:  # (starts never decrease)
+                        shift = min(sh - cached_sh, shift)
+                    cached_sh = sh
+                    slide(cache_raw, cache_at, shift)
+                    first = uint32(x_col + sd * hw_in + sh * w_in)
+                    load_rows(x, fresh, first, shift, hw_in, w_in)  # before any compare
+                    absorb(fresh, cache_raw, cache_at, first, shift, hw_in, w_in)
+                    best_raw, best_at = combine(cache_raw, cache_at)
+                    out_at = uint32(y_plane + od * out_hw + oh * w_out)
+                    y[out_at] = best_raw
+                    indices[out_at] = int64(best_at)
+                    row += 1
+                    oh += 1
+                    if oh == h_out:
+                        oh = 0
+                        od += 1
+                        new_depth = True
+                        if od == d_out:
+                            od = 0
+                            plane += 1
+                            new_plane = True
+                group += group_step
+            ow += int64(cuda.gridDim.x) * cuda.blockDim.x
+
+    return fractional_max_pool_fw_rows
+
+
+
+@cuda.jit(device=True, inline=True)
+def candidates_baracuda(coord, extent, window, out, multiplier, shift):
+    """``candidate_outputs_fast`` for the BARACUDA placement only (no general fallback
+    compiled in: the tiled backward needs 30 fewer registers without it)."""
+    max_start = extent - window
+    last = out - 1
+    if max_start <= 0 or last <= 0:
+        return int64(0), out
+    first = int64(0)
+    below = coord - window - 1
+    if below >= 0:
+        first = min(out, fast_div((below + 1) * last + max_start - 1, multiplier, shift))
+    end = min(out, fast_div((coord + 1) * last + max_start - 1, multiplier, shift))
+    return first, end
+
+
+@cuda.jit(device=True, inline=True)
+def _mark_choice(masks, target, staged, od, plane_in, dims, windows, box, multipliers,
+                 shifts):
+    """Set output ``(od, oh_lo + staged // w_out, staged % w_out)``'s bit in the mask of
+    its saved index ``target`` if that lies in the tile ``box = (d0, d1, h0, h1, oh_lo,
+    tile_h, reach_h, reach_w)`` and the output is one of its candidates (else the index is
+    foreign: ignored). Integer OR: the masks do not depend on the order of the calls."""
+    d_in, h_in, w_in = dims[2], dims[3], dims[4]
+    d_out, h_out, w_out = dims[5], dims[6], dims[7]
+    d0, d1, h0, h1, oh_lo, tile_h, reach_h, reach_w = box
+    hw_in = h_in * w_in
+    local = target - plane_in
+    if local >= 0 and local < d_in * hw_in:
+        d = int64(0)
+        rem = local
+        if d_in > 1:
+            d = fast_div(local, multipliers[4], shifts[4])
+            rem = local - d * hw_in
+        h = fast_div(rem, multipliers[3], shifts[3])
+        if d0 <= d and d < d1 and h0 <= h and h < h1:
+            w = rem - h * w_in
+            oh_rel = fast_div(staged, multipliers[5], shifts[5])
+            ow = staged - oh_rel * w_out
+            oh = oh_lo + oh_rel
+            ow_first, ow_end = candidates_baracuda(w, w_in, windows[2], w_out, multipliers[2],
+                                                   shifts[2])
+            oh_first, oh_end = candidates_baracuda(h, h_in, windows[1], h_out, multipliers[1],
+                                                   shifts[1])
+            od_first, od_end = candidates_baracuda(d, d_in, windows[0], d_out, multipliers[0],
+                                                   shifts[0])
+            if (ow_first <= ow and ow < ow_end and oh_first <= oh and oh < oh_end
+                    and od_first <= od and od < od_end):
+                bit = ((od - od_first) * reach_h + oh - oh_first) * reach_w + ow - ow_first
+                cuda.atomic.or_(masks, ((d - d0) * tile_h + h - h0) * w_in + w,
+                                uint32(uint32(1) << uint32(bit)))
+
+
+def _make_backward_tiled(load, store, zero, storage, tile_cap, stage_cap):
+    """Tiled backward kernel for one element kind: no float atomics, no pre-zeroed dx,
+    every dx element written once with a coalesced store.
+
+    A block owns a dx *tile* of one plane: input depths [d0, d1) x rows [h0, h1) x all
+    columns (at most ``tile_cap`` elements). The outputs whose window may contain a tile
+    element (the tile's sample-free candidate box: whole output rows, contiguous per
+    output depth, at most ``stage_cap``) are staged, dy into shared memory; each element
+    ``i`` of the tile gets a 32-bit mask in shared memory of the candidate outputs of
+    ``i`` that chose it::
+
+        bit(o) = ((od - od_first(i)) * reach_h + (oh - oh_first(i))) * reach_w + ow - ow_first(i)
+
+    (``reach_a`` = the most candidates one coordinate has on axis ``a``; the plan uses
+    this kernel only for the BARACUDA placement and ``reach_d * reach_h * reach_w <= 32``).
+    1. Zero the masks; each staged output o whose saved index i lies in the tile and that
+       is a candidate of i (else the index is foreign and ignored) sets its bit with an
+       integer ``atomic_or``: OR is commutative, so the masks do not depend on the order.
+    2. Each tile element sums dy over the set bits of its mask in ascending bit order,
+       which is ascending (od, oh, ow) order, in the accumulate type, and writes dx (0
+       where no output chose it).
+    Same (o, i) pairs, same order and same accumulate type as the gather: bit-identical
+    to it, deterministic."""
+
+    def fractional_max_pool_bw_tiled(dy, indices, dx, dims, windows, multipliers, shifts,
+                                     tiles):
+        """multipliers/shifts: magic divisors of (ms_d, ms_h, ms_w, w_in, h_in*w_in, w_out,
+        reach_h*reach_w, reach_w); tiles = (tile_d, tile_h, tiles_d, tiles_h, total_tiles,
+        reach_h, reach_w, ...). dy, indices, dx row-major contiguous; one block per tile
+        (grid-strided)."""
+        masks = cuda.shared.array(tile_cap, uint32)
+        dy_stage = cuda.shared.array(stage_cap, storage)
+        d_in, h_in, w_in = dims[2], dims[3], dims[4]
+        d_out, h_out, w_out = dims[5], dims[6], dims[7]
+        kd, kh, kw = windows[0], windows[1], windows[2]
+        hw_in = h_in * w_in
+        plane_size = d_in * hw_in
+        out_hw = h_out * w_out
+        out_plane = d_out * out_hw
+        tile_d, tile_h, tiles_d, tiles_h, total_tiles = (tiles[0], tiles[1], tiles[2],
+                                                         tiles[3], tiles[4])
+        reach_h, reach_w = tiles[5], tiles[6]
+        m_d, m_h, m_w = multipliers[0], multipliers[1], multipliers[2]
+        s_d, s_h, s_w = shifts[0], shifts[1], shifts[2]
+        tid = int64(cuda.threadIdx.x)
+        threads = int64(cuda.blockDim.x)
+        tile = int64(cuda.blockIdx.x)
+        while tile < total_tiles:
+            rest = int64(uint32(tile) // uint32(tiles_h))
+            h0 = (tile - rest * tiles_h) * tile_h
+            plane = int64(uint32(rest) // uint32(tiles_d))
+            d0 = (rest - plane * tiles_d) * tile_d
+            d1 = min(d0 + tile_d, d_in)
+            h1 = min(h0 + tile_h, h_in)
+            od_lo, _ = candidates_baracuda(d0, d_in, kd, d_out, m_d, s_d)
+            _, od_hi = candidates_baracuda(d1 - 1, d_in, kd, d_out, m_d, s_d)
+            oh_lo, _ = candidates_baracuda(h0, h_in, kh, h_out, m_h, s_h)
+            _, oh_hi = candidates_baracuda(h1 - 1, h_in, kh, h_out, m_h, s_h)
+            staged_h = oh_hi - oh_lo
+            row_len = staged_h * w_out  # staged outputs per output depth: contiguous
+            plane_in = plane * plane_size
+            box = (d0, d1, h0, h1, oh_lo, tile_h, reach_h, reach_w)
+            j = tid
+            while j < (d1 - d0) * tile_h * w_in:
+                masks[j] = uint32(0)
+                j += threads
+            cuda.syncthreads()
+            # 1. stage dy, mark each choice in its element's mask
+            stage_at = int64(0)
+            o_d = od_lo
+            while o_d < od_hi:
+                src = uint32(plane * out_plane + o_d * out_hw + oh_lo * w_out)
+                s = tid
+                while s < row_len:  # two independent index and dy loads per pass
+                    s1 = s + threads
+                    at1 = uint32(src + min(s1, row_len - 1))
+                    target0 = indices[uint32(src + s)]
+                    target1 = indices[at1]
+                    raw0 = dy[uint32(src + s)]
+                    raw1 = dy[at1]
+                    dy_stage[stage_at + s] = raw0
+                    _mark_choice(masks, target0, s, o_d, plane_in, dims, windows, box,
+                                 multipliers, shifts)
+                    if s1 < row_len:
+                        dy_stage[stage_at + s1] = raw1
+                        _mark_choice(masks, target1, s1, o_d, plane_in, dims, windows, box,
+                                     multipliers, shifts)
+                    s += 2 * threads
+                stage_at += row_len
+                o_d += 1
+            cuda.syncthreads()
+            # 2. sum the chosen dy of every element in ascending output order; write dx
+            run = (h1 - h0) * w_in
+            dl = int64(0)
+            while dl < d1 - d0:
+                od_first, _ = candidates_baracuda(d0 + dl, d_in, kd, d_out, m_d, s_d)
+                dst = uint32(plane_in + (d0 + dl) * hw_in + h0 * w_in)
+                from_at = dl * tile_h * w_in
+                j = tid
+                while j < run:
+                    chosen = masks[from_at + j]
+                    total = zero
+                    if chosen != 0:
+                        hl = fast_div(j, multipliers[3], shifts[3])
+                        w = j - hl * w_in
+                        ow_first, _ = candidates_baracuda(w, w_in, kw, w_out, m_w, s_w)
+                        oh_first, _ = candidates_baracuda(h0 + hl, h_in, kh, h_out, m_h, s_h)
+                        base = ((od_first - od_lo) * staged_h + oh_first - oh_lo) * w_out \
+                            + ow_first
+                        while chosen != 0:
+                            bit = int64(cuda.popc(uint32(chosen ^ uint32(chosen - uint32(1)))))
+                            bit -= 1
+                            chosen = uint32(chosen & uint32(chosen - uint32(1)))
+                            dd = fast_div(bit, multipliers[6], shifts[6])
+                            rem = bit - dd * (reach_h * reach_w)
+                            dh = fast_div(rem, multipliers[7], shifts[7])
+                            total += load(dy_stage[base + (dd * staged_h + dh) * w_out + rem
+                                                   - dh * reach_w])
+                    dx[uint32(dst + j)] = store(total)
+                    j += threads
+                dl += 1
+            cuda.syncthreads()
+            tile += cuda.gridDim.x
+
+    return fractional_max_pool_bw_tiled
+
+
 # -- the dtype table -------------------------------------------------------------------------
 
 _TUPLE8 = types.UniTuple(int64, 8)
@@ -802,7 +1179,8 @@ def _window_name(window):
     return "any" if window is None else "x".join(map(str, window))
 
 
-#: (element, window (kd, kh, kw) in FAST_WINDOWS, or None for any window) -> kernel.
+#: (element, window (kd, kh, kw) in FAST_WINDOWS, or None for any window) -> kernel with
+#: the window walked by ``_make_window_max`` (unrolled, or looped for None).
 FRACTIONAL_MAX_POOL_FW_FAST_KERNELS = {
     (element, window): Kernel(
         f"fractional_max_pool_fw_fast[{element.name},{_window_name(window)}]",
@@ -813,10 +1191,49 @@ FRACTIONAL_MAX_POOL_FW_FAST_KERNELS = {
     for window in (None,) + FAST_WINDOWS
 }
 
+#: (element, window in FAST_WINDOWS) -> the row-caching forward (the default for them).
+FRACTIONAL_MAX_POOL_FW_ROWS_KERNELS = {
+    (element, window): Kernel(
+        f"fractional_max_pool_fw_rows[{element.name},{_window_name(window)}]",
+        _make_forward_rows(load, torch_start, storage, window),
+        _fast_signature(storage), grid_stride=True)
+    for element, (storage, load, _store, _zero, torch_start)
+    in FRACTIONAL_MAX_POOL_TABLE.items()
+    for window in FAST_WINDOWS
+}
+
 FRACTIONAL_MAX_POOL_BW_FAST_KERNELS = {
     element: Kernel(f"fractional_max_pool_bw_fast[{element.name}]",
                     _make_backward_fast(load, store, zero),
                     _fast_backward_signature(storage), grid_stride=True)
+    for element, (storage, load, store, zero, _torch_start)
+    in FRACTIONAL_MAX_POOL_TABLE.items()
+}
+
+#: element -> (tile elements, staged outputs) of the tiled backward's shared memory, below
+#: the 48 KiB of static shared memory a block may hold: a u32 mask per tile element, dy
+#: in storage per staged output (f16/bf16: 24 + 22 KiB; f32: 24 + 23.5 KiB; f64: 16 + 31
+#: KiB). The 2-D [32,64,128,128]->91x91 case gets 48-row tiles, the 3-D
+#: [8,32,32,64,64]->22x45x45 case 8x12-row tiles.
+BW_TILE_CAPS = {
+    ElementKind.F16: (6144, 11264),
+    ElementKind.BF16: (6144, 11264),
+    ElementKind.F32: (6144, 6016),
+    ElementKind.F64: (4096, 3968),
+}
+
+#: The masks hold one bit per candidate output of an element.
+BW_MASK_BITS = 32
+
+def _tiled_backward_signature(storage):
+    return (_dense(storage), _dense(int64), _dense(storage), _TUPLE8, _TUPLE8, _TUPLE8,
+            _TUPLE8, _TUPLE8)
+
+
+FRACTIONAL_MAX_POOL_BW_TILED_KERNELS = {
+    element: Kernel(f"fractional_max_pool_bw_tiled[{element.name}]",
+                    _make_backward_tiled(load, store, zero, storage, *BW_TILE_CAPS[element]),
+                    _tiled_backward_signature(storage), grid_stride=True)
     for element, (storage, load, store, zero, _torch_start)
     in FRACTIONAL_MAX_POOL_TABLE.items()
 }

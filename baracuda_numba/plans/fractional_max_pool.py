@@ -26,19 +26,21 @@ state and ``seed`` is stored but unused):
 Backward (``run_bw``): ``dx[i] = sum dy[o]`` over outputs whose saved index is ``i``,
 computed without atomics: deterministic, bit-stable, f32 accumulation for f16/bf16, summed
 in ascending output order. Every element of ``dx`` is written, so the caller need not
-zero ``dx`` (upstream requires a zeroed ``dx``). Contiguous arrays take the fast path
-(the plan zeroes ``dx`` on the stream, then the first output of each group that saved
-``i`` writes the sum); other layouts a gather per input element; both give bit-identical
-results. Each input element looks only at the outputs whose window can
+zero ``dx`` (upstream requires a zeroed ``dx``). Contiguous arrays take the fast path:
+the plan zeroes ``dx`` on the stream and the first output of each group that saved ``i``
+writes the sum (opt-in, ``plan.tiled_backward = True``: for BARACUDA placement with at
+most 32 candidate outputs per input element, tiles of input rows whose elements collect
+the outputs that chose them as bits of an integer mask in shared memory, then sum them
+in ascending output order; no zero fill). Other layouts run a gather per input element.
+All give bit-identical results. Each input element looks only at the outputs whose window can
 contain it for any sample in ``[0, 1)`` (a closed-form range per axis: the backward needs
 no samples), so indices are validated for free: an index that does not point into its own
 output's window (the forward never writes one) is ignored, not scattered.
 
 Performance (H100, 2026-11-22): row-major contiguous arrays below 2^31 elements take fast
-kernels (32-bit offsets, magic-number division, unrolled 2x2 / 3x3 / 3x3x3 windows,
-leader-scatter backward): forward 1.2-1.7x PyTorch's speed, backward 0.25-1.3x on the
-benchmark shapes; other layouts run the general 64-bit kernels (about 2x slower). See
-docs/notes/fractional_max_pool.md.
+kernels (32-bit offsets, magic-number division, row maxima cached across a thread's rows
+for 2x2 / 3x3 / 3x3x3 windows, leader-scatter backward); other layouts run the general
+64-bit kernels (2-3x slower). Figures per case: docs/notes/fractional_max_pool.md.
 
 Arrays: any strides (non-negative) for ``x``, ``y``, ``indices``, ``dy``, ``dx`` and
 ``random_samples``; outputs must not overlap any other argument.
@@ -57,18 +59,25 @@ import enum
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from .._runtime import SIMULATOR
 from ..arrays import TensorRef, as_mut, as_ref, flat_span
 from ..driver import memset_d8_async
 from ..errors import InvalidProblem, Unsupported
 from ..kernels.common import pad8
 from ..kernels.fractional_max_pool import (
+    BW_MASK_BITS,
+    BW_TILE_CAPS,
     FAST_WINDOWS,
     FRACTIONAL_MAX_POOL_BW_FAST_KERNELS,
     FRACTIONAL_MAX_POOL_BW_KERNELS,
+    FRACTIONAL_MAX_POOL_BW_TILED_KERNELS,
     FRACTIONAL_MAX_POOL_ELEMENTS,
     FRACTIONAL_MAX_POOL_FW_FAST_KERNELS,
     FRACTIONAL_MAX_POOL_FW_KERNELS,
+    FRACTIONAL_MAX_POOL_FW_ROWS_KERNELS,
+    PLACEMENT_BARACUDA,
     magic_divisor,
 )
 from ..streams import stream_handle
@@ -108,8 +117,75 @@ _MAX_EXTENT = (1 << 31) - 1  # placement arithmetic keeps o * (in - k) below 2^6
 # per CUDA thread: tiny blocks there.
 _THREADS = 16 if SIMULATOR else 128
 _ROWS_PER_THREAD = 2 if SIMULATOR else 8
+# The row-caching fast forwards reset their cache once per run: 16 rows, 2-D f32 fw 203 us
+# vs 216 at 8 and 251 at 4 (one row per step); 3-D f32 349 vs 373 / 433 (H100, 2026-11-22).
+_CACHED_ROWS_PER_THREAD = 2 if SIMULATOR else 16
 _MAX_GRID_Y = 65535
 _FAST_LIMIT = 1 << 31  # the fast kernels' offsets and magic-division numerators stay below
+# Tiled backward: threads per block (one block per dx tile; 48 KiB of shared memory each,
+# so at most 4 blocks per SM) and the longest d/h axis whose tiling the host plans.
+_TILE_THREADS = 32 if SIMULATOR else 256
+_TILE_AXIS_LIMIT = 1 << 20
+_MAX_GRID_X = (1 << 31) - 1
+
+
+def _candidate_ranges(extent: int, window: int, out: int,
+                      placement: int) -> tuple[np.ndarray, np.ndarray]:
+    """Host mirror of ``kernels.fractional_max_pool.candidate_outputs`` for every coordinate
+    of one axis: ``(first, end)`` arrays (tested equal to the device function)."""
+    max_start = extent - window
+    last = out - 1
+    coords = np.arange(extent, dtype=np.int64)
+    if max_start <= 0 or last <= 0:
+        return np.zeros(extent, dtype=np.int64), np.full(extent, out, dtype=np.int64)
+
+    def count_base_at_most(value: np.ndarray, count: int) -> np.ndarray:
+        return np.where(value < 0, 0,
+                        np.minimum(count, ((value + 1) * last + max_start - 1) // max_start))
+
+    if placement == PLACEMENT_BARACUDA:
+        return count_base_at_most(coords - window - 1, out), count_base_at_most(coords, out)
+    slack = 1 + (max_start >> 20)
+    end = count_base_at_most(coords + max_start // last + 1 + slack, out)
+    below = coords - window - 1 - slack
+    first = np.where(below >= 0, np.maximum(0, count_base_at_most(below, out + 1) - 1), 0)
+    return first, end
+
+
+def _staged_outputs(ranges: tuple[np.ndarray, np.ndarray], tile: int) -> tuple[int, int]:
+    """(sum, max) over the tiles of length ``tile`` of one axis of the number of outputs
+    whose window may meet the tile (the candidate ranges are monotone in the coordinate)."""
+    first, end = ranges
+    starts = np.arange(0, first.size, tile)
+    counts = end[np.minimum(starts + tile, first.size) - 1] - first[starts]
+    return int(counts.sum()), int(counts.max())
+
+
+def _choose_tiles(d_in: int, h_in: int, w_in: int, w_out: int,
+                  ranges_d: tuple[np.ndarray, np.ndarray],
+                  ranges_h: tuple[np.ndarray, np.ndarray], tile_cap: int,
+                  stage_cap: int) -> tuple[int, int] | None:
+    """(tile_d, tile_h) of the tiled backward (tiles of whole rows: tile_d * tile_h * w_in
+    <= tile_cap, at most stage_cap staged outputs per tile) that stages the fewest outputs
+    in all (each output is staged by every tile its window may meet), then the fewest
+    tiles; None if no tile fits."""
+    max_rows = tile_cap // w_in
+    best = None
+    for tile_d in range(1, min(d_in, max_rows, 64) + 1):
+        sum_d, max_d = _staged_outputs(ranges_d, tile_d)
+        tile_h = min(h_in, max_rows // tile_d)
+        while tile_h >= 1:
+            sum_h, max_h = _staged_outputs(ranges_h, tile_h)
+            if max_d * max_h * w_out <= stage_cap:
+                break
+            tile_h = tile_h - 1 if tile_h < 64 else tile_h * 7 // 8
+        if tile_h < 1:
+            continue
+        tiles = -(-d_in // tile_d) * -(-h_in // tile_h)
+        score = (sum_d * sum_h * w_out, tiles)
+        if best is None or score < best[0]:
+            best = (score, tile_d, tile_h)
+    return None if best is None else (best[1], best[2])
 
 
 def _row_major(view: TensorRef) -> bool:
@@ -349,18 +425,33 @@ class _FractionalMaxPoolPlan(Plan):
         self._placement = desc.placement.value
         self._windows = (self._kd, self._kh, self._kw, self._placement, 0, 0, 0, 0)
         self._bound: dict[tuple[Any, ...], Any] = {}  # launches bound per layout
-        self.rows_per_thread = _ROWS_PER_THREAD  # tests/benchmarks may change these two
+        # tests/benchmarks may change these two (rows_per_thread None: per kernel default)
+        self.rows_per_thread: int | None = None
         self.threads = _THREADS
         self._fw_kernel = FRACTIONAL_MAX_POOL_FW_KERNELS[element]
         self._bw_kernel = FRACTIONAL_MAX_POOL_BW_KERNELS[element]
         window = (self._kd, self._kh, self._kw)
-        self._fw_fast_kernels = {
-            False: FRACTIONAL_MAX_POOL_FW_FAST_KERNELS[element, None],
-            True: FRACTIONAL_MAX_POOL_FW_FAST_KERNELS[
-                element, window if window in FAST_WINDOWS else None]}
+        self._fw_fast_kernels = {"looped": FRACTIONAL_MAX_POOL_FW_FAST_KERNELS[element, None]}
+        if window in FAST_WINDOWS:
+            self._fw_fast_kernels["unrolled"] = FRACTIONAL_MAX_POOL_FW_FAST_KERNELS[
+                element, window]
+            self._fw_fast_kernels["rows"] = FRACTIONAL_MAX_POOL_FW_ROWS_KERNELS[
+                element, window]
         self._bw_fast_kernel = FRACTIONAL_MAX_POOL_BW_FAST_KERNELS[element]
-        # Tests and benchmarks may change this (both values are tested).
-        self.unrolled_window = True
+        self._bw_tiled_kernel = FRACTIONAL_MAX_POOL_BW_TILED_KERNELS[element]
+        # Tests and benchmarks may change these (every value is tested): the fast forward's
+        # window walk ("rows": row maxima cached across a thread's rows, "unrolled", or
+        # "looped"), the fast backward (the leader scatter over a zeroed dx, or tiled), the
+        # tiled backward's largest tile (elements; None: the shared-memory capacity) and
+        # its threads per block. Defaults measured on the H100 (2026-11-22): "rows" 2-D f32
+        # fw 203 us vs unrolled 208 / looped 295, 3-D f32 349 vs 479 / 527; the tiled
+        # backward is slower than the leader scatter except 3-D f32 (2-D f32 685 vs 539 us,
+        # bf16 700 vs 492; 3-D f32 895 vs 933, bf16 912 vs 879), so it is opt-in.
+        self.forward_walk = "rows" if window in FAST_WINDOWS else "looped"
+        self.tiled_backward = False
+        self.tile_elems: int | None = None
+        self.tile_threads = _TILE_THREADS
+        self._tiles: dict[int | None, tuple[int, int] | None] = {}
         # The fast kernels divide by magic numbers: every numerator (o * (in - k),
         # (coord + 1) * (out - 1) + in - k) must stay below 2^31.
         self.fast = all(extent * (out + 1) < _FAST_LIMIT for _, extent, _, out in axes)
@@ -376,18 +467,54 @@ class _FractionalMaxPoolPlan(Plan):
             self._bw_kernel.prepare()
             if self.fast:
                 self._fw_fast_kernel.prepare()
-                self._bw_fast_kernel.prepare()
+                if self._tile_shape() is not None:
+                    self._bw_tiled_kernel.prepare()
+                else:
+                    self._bw_fast_kernel.prepare()
 
     @property
     def _fw_fast_kernel(self) -> Any:
-        return self._fw_fast_kernels[self.unrolled_window]
+        return self._fw_fast_kernels[self.forward_walk]
 
-    def _launch_shape(self, rows: int, cols: int) -> tuple[tuple[int, int], tuple[int, int]]:
+    def _tile_shape(self) -> tuple[int, int, int, int] | None:
+        """(tile_d, tile_h, reach_h, reach_w) of the tiled backward, or None where it does
+        not apply (then the leader scatter runs): BARACUDA placement, a candidate box of at
+        most BW_MASK_BITS outputs, whole rows fitting the tile."""
+        if not self.tiled_backward or self._placement != PLACEMENT_BARACUDA:
+            return None
+        limit = self.tile_elems
+        if limit not in self._tiles:
+            tile_cap, stage_cap = BW_TILE_CAPS[self.descriptor.element]
+            if limit is not None:
+                tile_cap = min(tile_cap, limit)
+            choice = None
+            if max(self._d_in, self._h_in) <= _TILE_AXIS_LIMIT and self._w_in <= tile_cap:
+                ranges = [_candidate_ranges(extent, window, out, self._placement)
+                          for extent, window, out in ((self._d_in, self._kd, self._d_out),
+                                                      (self._h_in, self._kh, self._h_out),
+                                                      (self._w_in, self._kw, self._w_out))]
+                reach = [int((end - first).max()) for first, end in ranges]
+                if reach[0] * reach[1] * reach[2] <= BW_MASK_BITS:
+                    tiles = _choose_tiles(self._d_in, self._h_in, self._w_in, self._w_out,
+                                          ranges[0], ranges[1], tile_cap, stage_cap)
+                    if tiles is not None:
+                        choice = tiles + (reach[1], reach[2])
+            self._tiles[limit] = choice
+        return self._tiles[limit]
+
+    def _run_length(self, cached: bool = False) -> int:
+        """Rows per thread: the override, else the row-caching forwards' or the others'."""
+        if self.rows_per_thread is not None:
+            return self.rows_per_thread
+        return _CACHED_ROWS_PER_THREAD if cached else _ROWS_PER_THREAD
+
+    def _launch_shape(self, rows: int, cols: int,
+                      run: int) -> tuple[tuple[int, int], tuple[int, int]]:
         """(grid, block): x covers the ``cols`` columns, y the ``rows`` rows in runs of
-        ``rows_per_thread`` (grid-strided beyond 65535 blocks)."""
+        ``run`` rows (grid-strided beyond 65535 blocks)."""
         block_x = min(32 if not SIMULATOR else 8, 1 << max(cols - 1, 0).bit_length())
         block_y = max(1, self.threads // block_x)
-        groups = -(-rows // self.rows_per_thread)
+        groups = -(-rows // run)
         grid = (-(-cols // block_x), max(1, min(-(-groups // block_y), _MAX_GRID_Y)))
         return grid, (block_x, block_y)
 
@@ -429,9 +556,8 @@ class _FractionalMaxPoolPlan(Plan):
         if self._planes == 0:
             return
         fast = self.fast and _fast_layout(x, y, indices)
-        key = ("fw", fast, self.unrolled_window, self.rows_per_thread, x.strides, y.strides,
-               indices.strides,
-               samples.strides)
+        key = ("fw", fast, self.forward_walk, self.rows_per_thread, x.strides, y.strides,
+               indices.strides, samples.strides)
         bound = self._bound.get(key)
         if bound is None:
             bound = self._bind_fw(fast, x, y, indices, samples)
@@ -443,18 +569,20 @@ class _FractionalMaxPoolPlan(Plan):
     def _bind_fw(self, fast: bool, x: TensorRef, y: TensorRef, indices: TensorRef,
                  samples: TensorRef) -> Any:
         """The forward launch for one layout; only pointers change per call."""
-        grid, block = self._launch_shape(self._planes * self._d_out * self._h_out, self._w_out)
+        run = self._run_length(fast and self.forward_walk == "rows")
+        grid, block = self._launch_shape(self._planes * self._d_out * self._h_out, self._w_out,
+                                         run)
         arrays = ((0, flat_span(x.shape, x.strides)), (0, flat_span(y.shape, y.strides)),
                   (0, flat_span(indices.shape, indices.strides)),
                   (0, flat_span(samples.shape, samples.strides)))
         if fast:
             return self._fw_fast_kernel.bind(
                 grid, block, arrays + (self._dims, self._sample_strides(samples),
-                                       self._windows, *self._fw_magic, self.rows_per_thread))
+                                       self._windows, *self._fw_magic, run))
         return self._fw_kernel.bind(
             grid, block, arrays + (self._dims, self._strides5(x), self._strides5(y),
                                    self._strides5(indices), self._sample_strides(samples),
-                                   self._windows, self.rows_per_thread))
+                                   self._windows, run))
 
     # -- backward --------------------------------------------------------------------------
 
@@ -476,7 +604,8 @@ class _FractionalMaxPoolPlan(Plan):
         if self._planes == 0:
             return
         fast = self.fast and _fast_layout(dy, indices, dx)
-        key = ("bw", fast, self.rows_per_thread, dy.strides, indices.strides, dx.strides)
+        key = ("bw", fast, self.tiled_backward, self.tile_elems, self.tile_threads,
+               self.rows_per_thread, dy.strides, indices.strides, dx.strides)
         found = self._bound.get(key)
         if found is None:
             found = self._bind_bw(fast, dy, indices, dx)
@@ -496,17 +625,33 @@ class _FractionalMaxPoolPlan(Plan):
         dx_span = flat_span(dx.shape, dx.strides)
         arrays = ((0, flat_span(dy.shape, dy.strides)),
                   (0, flat_span(indices.shape, indices.strides)), (0, dx_span))
+        tiles = self._tile_shape() if fast else None
+        if tiles is not None:
+            tile_d, tile_h, reach_h, reach_w = tiles
+            tiles_d, tiles_h = -(-self._d_in // tile_d), -(-self._h_in // tile_h)
+            total = self._planes * tiles_d * tiles_h
+            magic = [magic_divisor(extent - window) for extent, window in
+                     ((self._d_in, self._kd), (self._h_in, self._kh), (self._w_in, self._kw))]
+            magic += [magic_divisor(self._w_in), magic_divisor(self._h_in * self._w_in),
+                      magic_divisor(self._w_out), magic_divisor(reach_h * reach_w),
+                      magic_divisor(reach_w)]
+            return self._bw_tiled_kernel.bind(
+                min(total, _MAX_GRID_X), self.tile_threads,
+                arrays + (self._dims, self._windows, tuple(m for m, _ in magic),
+                          tuple(sh for _, sh in magic),
+                          (tile_d, tile_h, tiles_d, tiles_h, total, reach_h, reach_w, 0))), 0
+        run = self._run_length()
         if fast:
             grid, block = self._launch_shape(self._planes * self._d_out * self._h_out,
-                                             self._w_out)
+                                             self._w_out, run)
             return self._bw_fast_kernel.bind(
                 grid, block, arrays + (self._dims, self._windows, *self._bw_magic,
-                                       self.rows_per_thread)), dx_span * dx.itemsize
-        grid, block = self._launch_shape(self._planes * self._d_in * self._h_in, self._w_in)
+                                       run)), dx_span * dx.itemsize
+        grid, block = self._launch_shape(self._planes * self._d_in * self._h_in, self._w_in,
+                                         run)
         return self._bw_kernel.bind(
             grid, block, arrays + (self._dims, self._strides5(dy), self._strides5(indices),
-                                   self._strides5(dx), self._windows,
-                                   self.rows_per_thread)), 0
+                                   self._strides5(dx), self._windows, run)), 0
 
     # -- the Plan protocol -------------------------------------------------------------------
 
