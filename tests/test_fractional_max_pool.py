@@ -799,3 +799,44 @@ def test_more_than_2_pow_31_elements():
     ref = torch.zeros(dx.numel(), device="cuda", dtype=torch.float32)
     ref.index_add_(0, idx.view(-1), dy.view(-1).float())
     torch.testing.assert_close(dx.view(-1).float(), ref.half().float(), rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.gpu
+def test_torch_fast_path_with_fresh_tensors_and_aliasing():
+    """After the first run a torch layout goes through the plan's LayoutMemo (no array
+    checks): fresh tensors of that layout must give the gather result, and an output
+    aliasing an input must still be rejected before any launch."""
+    torch = torch_or_skip()
+    shape_in, windows, shape_out = (2, 3, 20, 21), (3, 3), (13, 14)
+    plan, fw_args, bw_args = make_plan(shape_in, windows, shape_out, ElementKind.F32)
+    x = torch.randn(shape_in, device="cuda")
+    samples = torch.rand(2, 3, 2, device="cuda")
+    dy = torch.randn((2, 3) + shape_out, device="cuda")
+    results = []
+    for _ in range(3):  # the first call takes the checked path, the others the memo
+        y = torch.full((2, 3) + shape_out, float("nan"), device="cuda")
+        idx = torch.full(y.shape, -1, device="cuda", dtype=torch.int64)
+        dx = torch.full(shape_in, float("nan"), device="cuda")
+        x_copy, samples_copy, dy_copy = x.clone(), samples.clone(), dy.clone()
+        plan.run_fw(fw_args(x_copy, y, idx, samples_copy))
+        plan.run_bw(bw_args(dy_copy, idx, dx))
+        assert torch.equal(x.reshape(2, 3, -1).gather(2, idx.reshape(2, 3, -1)),
+                           y.reshape(2, 3, -1))
+        results.append((y, idx, dx))
+    for y, idx, dx in results[1:]:
+        assert torch.equal(y, results[0][0])
+        assert torch.equal(idx, results[0][1])
+        assert torch.equal(dx, results[0][2])
+    n_in = 2 * 3 * 20 * 21
+    n_out = 2 * 3 * 13 * 14
+    buffer = torch.randn(n_in + n_out + 64, device="cuda")
+    x = buffer[:n_in].view(shape_in)
+    y = buffer[n_in:n_in + n_out].view((2, 3) + shape_out)
+    idx = torch.empty(y.shape, device="cuda", dtype=torch.int64)
+    plan.run_fw(fw_args(x, y, idx, samples))  # a memo entry for this layout
+    aliasing = buffer[4:4 + n_out].view((2, 3) + shape_out)  # same layout key, inside x
+    before = buffer.clone()
+    with pytest.raises(InvalidProblem, match="overlaps"):
+        plan.run_fw(fw_args(x, aliasing, idx, samples))
+    torch.cuda.synchronize()
+    assert torch.equal(buffer, before)
