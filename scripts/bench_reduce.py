@@ -78,7 +78,7 @@ def bench(ctx: Any) -> None:
         print(f"[reduce] copy ceiling re-measured: {ctx.copy_gbps:.0f} GB/s", file=sys.stderr,
               flush=True)
     for dtype_name, element in (("float32", ElementKind.F32), ("bfloat16", ElementKind.BF16)):
-        if only and dtype_name not in only and not any(k in only for k in FORWARD):
+        if only and dtype_name not in only and not any(k.name in only for k in FORWARD):
             continue
         dtype = getattr(torch, dtype_name)
         for shape, axis in SHAPES:

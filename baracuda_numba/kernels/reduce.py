@@ -49,8 +49,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from numba import cuda, float32, float64, int32, int64, types, uint16, uint64
+import numpy as np
+from numba import cuda, float32, float64, int32, int64, types, uint16, uint32, uint64
 
+from .._runtime import SIMULATOR
 from ..launch import Kernel
 from ..types import ElementKind, ReduceKind
 from .common import MAX_RANK, bf16_to_f32, div_mod, f32_to_bf16, nan_max, nan_min, shfl_xor
@@ -901,6 +903,648 @@ def _make_backward(kind: ReduceKind, element: ElementKind) -> Callable[..., None
     return reduce_backward
 
 
+# -- vector (8-byte word) access of contiguous runs ---------------------------------------
+# The same bytes as the element array, viewed as uint64 words: one load moves 2 f32 or 4
+# f16/bf16 elements (a plain 4-byte load per element reaches ~78% of the copy bandwidth on
+# an H100, 2-byte loads ~58%; 8-byte words with 8 loads in flight per thread ~90%). Rows
+# whose start is not word aligned peel a scalar head; a scalar tail finishes the row.
+
+#: Word loads each thread keeps in flight (8 x 8 bytes).
+VEC_LOADS = 8
+#: Register cap of the forward word kernels: 4 resident 256-thread blocks per SM, which the
+#: plans' one-wave split rule assumes (uncapped: 80 registers for Sum, 127 for bf16 Var;
+#: capped, ptxas spills 36-200 bytes, outside the load loop for Sum).
+VEC_MAX_REGISTERS = 64
+
+if SIMULATOR:
+
+    @cuda.jit(device=True)
+    def _bits_as_f32(bits):
+        return np.uint32(bits & 0xFFFFFFFF).view(np.float32)
+
+    @cuda.jit(device=True)
+    def _f32_as_bits(value):
+        return np.uint64(np.float32(value).view(np.uint32))
+
+    @cuda.jit(device=True)
+    def _f16_from_bits(bits):
+        return np.float32(np.uint16(bits & 0xFFFF).view(np.float16))
+
+    @cuda.jit(device=True)
+    def _f16_as_bits(value):
+        return np.uint64(np.float16(value).view(np.uint16))
+
+else:
+    from llvmlite import ir
+    from numba.cuda import libdevice
+    from numba.cuda.extending import intrinsic
+
+    @intrinsic
+    def _f16_of_bits(typingctx, bits):
+        """float16 whose storage is the low 16 bits of ``bits`` (a truncation: Numba keeps
+        float16 in an i16 register)."""
+
+        def codegen(context, builder, signature, args):
+            return builder.trunc(args[0], ir.IntType(16))
+
+        return types.float16(bits), codegen
+
+    @intrinsic
+    def _f16_bits(typingctx, value):
+        """uint64 holding the 16 storage bits of float16 ``value``."""
+
+        def codegen(context, builder, signature, args):
+            return builder.zext(args[0], ir.IntType(64))
+
+        return uint64(value), codegen
+
+    @cuda.jit(device=True, inline=True)
+    def _bits_as_f32(bits):
+        return libdevice.int_as_float(int32(uint32(bits)))
+
+    @cuda.jit(device=True, inline=True)
+    def _f32_as_bits(value):
+        return uint64(uint32(libdevice.float_as_int(float32(value))))
+
+    @cuda.jit(device=True, inline=True)
+    def _f16_from_bits(bits):
+        return float32(_f16_of_bits(uint32(bits)))
+
+    @cuda.jit(device=True, inline=True)
+    def _f16_as_bits(value):
+        return _f16_bits(value)
+
+
+@cuda.jit(device=True, inline=True)
+def _unpack_f32(w, values, base):
+    values[base] = _bits_as_f32(uint32(w & uint64(0xFFFFFFFF)))
+    values[base + 1] = _bits_as_f32(uint32(w >> uint64(32)))
+
+
+@cuda.jit(device=True, inline=True)
+def _unpack_bf16(w, values, base):
+    lo = uint32(w & uint64(0xFFFFFFFF))
+    hi = uint32(w >> uint64(32))
+    values[base] = _bits_as_f32(lo << uint32(16))
+    values[base + 1] = _bits_as_f32(lo & uint32(0xFFFF0000))
+    values[base + 2] = _bits_as_f32(hi << uint32(16))
+    values[base + 3] = _bits_as_f32(hi & uint32(0xFFFF0000))
+
+
+@cuda.jit(device=True, inline=True)
+def _unpack_f16(w, values, base):
+    values[base] = _f16_from_bits(w & uint64(0xFFFF))
+    values[base + 1] = _f16_from_bits((w >> uint64(16)) & uint64(0xFFFF))
+    values[base + 2] = _f16_from_bits((w >> uint64(32)) & uint64(0xFFFF))
+    values[base + 3] = _f16_from_bits(w >> uint64(48))
+
+
+@cuda.jit(device=True, inline=True)
+def _bits_f32(s):
+    return _f32_as_bits(s)
+
+
+@cuda.jit(device=True, inline=True)
+def _bits_u16(s):
+    return uint64(s)
+
+
+@cuda.jit(device=True, inline=True)
+def _bits_f16(s):
+    return _f16_as_bits(s)
+
+
+def _word_storer(width: int, storage: Any) -> Any:
+    """``store_word(dx, dxv, word, w, shift)``: write word ``w`` at word index ``word`` of
+    ``dxv`` (element ``word * width - shift`` of ``dx``). The simulator copies each kernel
+    array in and out separately, so two views of one buffer would overwrite each other's
+    writes: there the word is unpacked into ``dx`` elements instead."""
+    if not SIMULATOR:
+
+        @cuda.jit(device=True, inline=True)
+        def store_word(dx, dxv, word, w, shift):
+            dxv[uint64(word)] = w
+
+        return store_word
+    bits = 64 // width
+    mask = (1 << bits) - 1
+    view = {2: np.float32, 4: None}[width] if storage is not types.float16 else np.float16
+
+    def as_storage(b):
+        if view is np.float32:
+            return np.uint32(b).view(np.float32)
+        if view is np.float16:
+            return np.uint16(b).view(np.float16)
+        return np.uint16(b)
+
+    @cuda.jit(device=True)
+    def sim_store_word(dx, dxv, word, w, shift):
+        for e in range(width):
+            dx[int(word) * width - int(shift) + e] = as_storage((int(w) >> (e * bits)) & mask)
+
+    return sim_store_word
+
+
+@dataclass(frozen=True)
+class VectorSpec:
+    """Word access of an element kind: ``width`` elements per uint64 word, ``unpack(w,
+    values, base)`` writes them (accumulator type) to ``values[base:base + width]`` in
+    memory order, ``bits(storage value)`` gives the storage bits to pack a word."""
+
+    width: int
+    unpack: Any
+    bits: Any
+    store_word: Any
+
+    @property
+    def log_width(self) -> int:
+        return self.width.bit_length() - 1
+
+
+#: Element kinds with word access (f64/i64 words hold one element: nothing to gain; i32
+#: reductions are not a target).
+VECTOR: dict[ElementKind, VectorSpec] = {
+    ElementKind.F16: VectorSpec(4, _unpack_f16, _bits_f16, _word_storer(4, types.float16)),
+    ElementKind.BF16: VectorSpec(4, _unpack_bf16, _bits_u16, _word_storer(4, uint16)),
+    ElementKind.F32: VectorSpec(2, _unpack_f32, _bits_f32, _word_storer(2, float32)),
+}
+
+
+def _vec_chunk(kind: Any, acc: types.Type, width: int) -> Any:
+    """Fold the ``VEC_LOADS * width`` values of one batch of words (``values[u * width +
+    e]`` at row index ``i0 + u * vspan + e``): Welford exactly (one merge), every other
+    kind step by step in index order."""
+    count = VEC_LOADS * width
+    ops = KIND_OPS[kind]
+    step, _, merge = ops.functions(acc)
+    if ops.functions is _welford_for:
+        INV = 1.0 / count
+
+        @cuda.jit(device=True, inline=True)
+        def welford_vec_chunk(a, b, c, k, values, i0, vspan, aux):
+            total = acc(0)
+            for u in range(count):
+                total += values[u]
+            chunk_mean = total * acc(INV)
+            chunk_m2 = acc(0)
+            for u in range(count):
+                d = values[u] - chunk_mean
+                chunk_m2 += d * d
+            return merge(a, b, c, k, chunk_mean, chunk_m2, c, int64(count))
+
+        return welford_vec_chunk
+
+    @cuda.jit(device=True, inline=True)
+    def sequential_vec_chunk(a, b, c, k, values, i0, vspan, aux):
+        for u in range(VEC_LOADS):
+            for e in range(width):
+                a, b, c, k = step(a, b, c, k, values[u * width + e], i0 + u * vspan + e, aux)
+        return a, b, c, k
+
+    return sequential_vec_chunk
+
+
+_VEC_LANE_REDUCERS: dict[tuple[Any, ElementKind], Any] = {}
+
+
+def _vec_lane_reducer(kind: Any, element: ElementKind) -> Any:
+    """Device function: the state of one contiguous row ``x[x_off : x_off + extent]``
+    (split ``split`` of ``splits``: words ``[split * chunk_vecs, ...)`` of the row's
+    aligned body; split 0 adds the unaligned head, the last split the tail), folded by the
+    ``lanes`` lanes of one slot with word loads and combined (complete in lane 0). Every
+    thread of the block must call it; ``valid`` threads load. ``shift``: elements between
+    the word-aligned base of ``xv`` and ``x``."""
+    found = _VEC_LANE_REDUCERS.get((kind, element))
+    if found is not None:
+        return found
+    ops = KIND_OPS[kind]
+    spec = ELEMENTS[element]
+    vec = VECTOR[element]
+    ACC = spec.acc
+    load = spec.load
+    unpack = vec.unpack
+    step = ops.functions(ACC)[0]
+    W, LOG_W, MASK = vec.width, vec.log_width, vec.width - 1
+    COUNT = VEC_LOADS * W
+    chunk = _vec_chunk(kind, ACC, W)
+    INIT_A, INIT_K = ops.init_a(spec), ops.init_k
+    combine = _lane_combiner(kind, element)
+
+    @cuda.jit(device=True, inline=True)
+    def vec_lane_reduce(x, xv, x_off, shift, aux_value, valid, extent, split, splits,
+                        chunk_vecs, tid, lane, lanes, slots, sa, sb, sk):
+        a = ACC(INIT_A)
+        b = ACC(0)
+        c = ACC(0)
+        k = int64(INIT_K)
+        if valid:
+            p0 = x_off + shift
+            head = (W - (p0 & MASK)) & MASK
+            if head > extent:
+                head = extent
+            nvec = (extent - head) >> LOG_W
+            base = (p0 + head) >> LOG_W
+            if split == 0:
+                t = int64(lane)
+                while t < head:  # fewer lanes than head elements: rows of few words
+                    a, b, c, k = step(a, b, c, k, load(x, x_off + t), t, aux_value)
+                    t += lanes
+            begin = split * chunk_vecs
+            end = min(nvec, begin + chunk_vecs)
+            span = int64(lanes)
+            vspan = span * W
+            j = begin + lane
+            words = cuda.local.array(VEC_LOADS, uint64)
+            values = cuda.local.array(COUNT, ACC)
+            while j + (VEC_LOADS - 1) * span < end:  # VEC_LOADS word loads in flight
+                for u in range(VEC_LOADS):
+                    words[u] = xv[uint64(base + j + u * span)]
+                for u in range(VEC_LOADS):
+                    unpack(words[u], values, u * W)
+                a, b, c, k = chunk(a, b, c, k, values, head + j * W, vspan, aux_value)
+                j += VEC_LOADS * span
+            if j < end:  # the rest: still one batch of loads, folded word by word
+                for u in range(VEC_LOADS):
+                    if j + u * span < end:
+                        words[u] = xv[uint64(base + j + u * span)]
+                while j < end:
+                    unpack(words[0], values, 0)
+                    for u in range(VEC_LOADS - 1):
+                        words[u] = words[u + 1]
+                    for e in range(W):
+                        a, b, c, k = step(a, b, c, k, values[e], head + j * W + e, aux_value)
+                    j += span
+            if split == splits - 1:
+                t = head + (nvec << LOG_W) + lane
+                while t < extent:
+                    a, b, c, k = step(a, b, c, k, load(x, x_off + t), t, aux_value)
+                    t += lanes
+        return combine(a, b, c, k, tid, lane, lanes, slots, 1, sa, sb, sk)
+
+    _VEC_LANE_REDUCERS[(kind, element)] = vec_lane_reduce
+    return vec_lane_reduce
+
+
+def _make_reduce_rows_vec(kind: Any, element: ElementKind) -> Callable[..., None]:
+    ops = KIND_OPS[kind]
+    spec = ELEMENTS[element]
+    ACC = spec.acc
+    load = spec.load
+    store = _store_i64 if ops.arg else spec.store
+    vec_lane_reduce = _vec_lane_reducer(kind, element)
+    final = ops.final
+    N_ACC, USES_K, USES_AUX = ops.n_acc, ops.uses_k, ops.uses_aux
+
+    def reduce_rows_vec(x, xv, y, ws_acc, ws_k, aux, out_numel, extent, out_shape, x_strides,
+                        y_strides, aux_strides, lanes, splits, chunk_vecs, mode, param, shift):
+        """Contiguous rows (reduce axis stride 1) with word loads: ``lanes`` lanes per row
+        (consecutive threads), ``block / lanes`` rows per block, grid.x over row groups
+        (grid-stride), grid.y over ``splits`` splits of ``chunk_vecs`` words. ``mode`` 0
+        writes ``y``, 1 the split's partial state (merged by the ``reduce`` kernel's modes
+        2/3, same workspace layout)."""
+        tid = cuda.threadIdx.x
+        block = cuda.blockDim.x
+        sa = cuda.shared.array(SHARED_SLOTS, ACC)
+        sb = cuda.shared.array(SHARED_SLOTS, ACC)
+        sk = cuda.shared.array(SHARED_SLOTS, int64)
+        slots = block // lanes
+        lane = tid % lanes
+        slot = tid // lanes
+        split = int64(cuda.blockIdx.y)
+        group = int64(cuda.blockIdx.x)
+        while group * slots < out_numel:  # uniform across the block
+            o = group * slots + slot
+            valid = o < out_numel
+            x_off = y_off = aux_off = int64(0)
+            if valid:
+                x_off, y_off, aux_off, _ = _offsets4(o, out_shape, x_strides, y_strides,
+                                                     aux_strides, aux_strides)
+            aux_value = load(aux, aux_off) if USES_AUX and valid else ACC(0)
+            a, b, c, k = vec_lane_reduce(x, xv, x_off, shift, aux_value, valid, extent, split,
+                                         splits, chunk_vecs, tid, lane, lanes, slots, sa, sb,
+                                         sk)
+            if lane == 0 and valid:
+                if mode == 0:
+                    y[uint64(y_off)] = store(final(a, b, c, k, param))
+                else:
+                    if N_ACC >= 1:
+                        ws_acc[uint64(split * out_numel + o)] = a
+                    if N_ACC >= 2:
+                        ws_acc[uint64((splits + split) * out_numel + o)] = b
+                    if USES_K:
+                        ws_k[uint64(split * out_numel + o)] = k
+            group += cuda.gridDim.x
+
+    return reduce_rows_vec
+
+
+def _make_reduce_cols_vec(kind: Any, element: ElementKind) -> Callable[..., None]:
+    ops = KIND_OPS[kind]
+    spec = ELEMENTS[element]
+    vec = VECTOR[element]
+    ACC = spec.acc
+    load = spec.load
+    store = _store_i64 if ops.arg else spec.store
+    step, fold_chunk, merge = ops.functions(ACC)
+    combine = _lane_combiner(kind, element)
+    final = ops.final
+    unpack = vec.unpack
+    W, LOG_W = vec.width, vec.log_width
+    CHUNK_VALUES = CHUNK * W
+    INIT_A, INIT_K = ops.init_a(spec), ops.init_k
+    N_ACC, USES_K, USES_AUX = ops.n_acc, ops.uses_k, ops.uses_aux
+
+    def reduce_cols_vec(xv, y, ws_acc, ws_k, aux, out_numel, extent, axis_words, y_stride,
+                        aux_stride, lanes, splits, chunk_len, mode, param):
+        """Column layout with word loads: ``x`` is ``extent`` rows of ``out_numel``
+        contiguous outputs, ``axis_words`` words apart (word aligned, ``out_numel`` a
+        multiple of W). Each slot owns the W outputs of one word (W states); consecutive
+        threads own consecutive words, the ``block / slots`` lanes of a slot walk the axis
+        together and meet in a shared-memory tree; grid.y splits the axis (``mode`` as in
+        ``reduce_rows_vec``)."""
+        tid = cuda.threadIdx.x
+        block = cuda.blockDim.x
+        sa = cuda.shared.array(SHARED_SLOTS, ACC)
+        sb = cuda.shared.array(SHARED_SLOTS, ACC)
+        sk = cuda.shared.array(SHARED_SLOTS, int64)
+        slots = block // lanes
+        lane = tid // slots
+        slot = tid % slots
+        split = int64(cuda.blockIdx.y)
+        begin = split * chunk_len
+        end = min(extent, begin + chunk_len)
+        out_words = out_numel >> LOG_W
+        span = int64(lanes)
+        word_span = span * axis_words
+        st_a = cuda.local.array(W, ACC)
+        st_b = cuda.local.array(W, ACC)
+        st_k = cuda.local.array(W, int64)
+        aux_values = cuda.local.array(W, ACC)
+        words = cuda.local.array(CHUNK, uint64)
+        values = cuda.local.array(CHUNK_VALUES, ACC)
+        column = cuda.local.array(CHUNK, ACC)
+        group = int64(cuda.blockIdx.x)
+        while group * slots < out_words:  # uniform across the block
+            ow = group * slots + slot
+            valid = ow < out_words
+            c = ACC(0)
+            for e in range(W):
+                st_a[e] = ACC(INIT_A)
+                st_b[e] = ACC(0)
+                st_k[e] = int64(INIT_K)
+                aux_values[e] = ACC(0)
+                if USES_AUX and valid:
+                    aux_values[e] = load(aux, ((ow << LOG_W) + e) * aux_stride)
+            if valid:
+                i = begin + lane
+                at = i * axis_words + ow
+                while i + (CHUNK - 1) * span < end:  # CHUNK word loads in flight
+                    for u in range(CHUNK):
+                        words[u] = xv[uint64(at + u * word_span)]
+                    for u in range(CHUNK):
+                        unpack(words[u], values, u * W)
+                    for e in range(W):
+                        for u in range(CHUNK):
+                            column[u] = values[u * W + e]
+                        a, b, c, k = fold_chunk(st_a[e], st_b[e], c, st_k[e], column, i, span,
+                                                aux_values[e])
+                        st_a[e] = a
+                        st_b[e] = b
+                        st_k[e] = k
+                    i += CHUNK * span
+                    at += CHUNK * word_span
+                if i < end:  # the rest: one batch of loads, folded word by word
+                    for u in range(CHUNK):
+                        if i + u * span < end:
+                            words[u] = xv[uint64(at + u * word_span)]
+                    while i < end:
+                        unpack(words[0], values, 0)
+                        for u in range(CHUNK - 1):
+                            words[u] = words[u + 1]
+                        for e in range(W):
+                            a, b, c, k = step(st_a[e], st_b[e], c, st_k[e], values[e], i,
+                                              aux_values[e])
+                            st_a[e] = a
+                            st_b[e] = b
+                            st_k[e] = k
+                        i += span
+            for e in range(W):
+                a, b, c, k = combine(st_a[e], st_b[e], c, st_k[e], tid, lane, lanes, slots, 0,
+                                     sa, sb, sk)
+                if lane == 0 and valid:
+                    o = (ow << LOG_W) + e
+                    if mode == 0:
+                        y[uint64(o * y_stride)] = store(final(a, b, c, k, param))
+                    else:
+                        if N_ACC >= 1:
+                            ws_acc[uint64(split * out_numel + o)] = a
+                        if N_ACC >= 2:
+                            ws_acc[uint64((splits + split) * out_numel + o)] = b
+                        if USES_K:
+                            ws_k[uint64(split * out_numel + o)] = k
+            group += cuda.gridDim.x
+
+    return reduce_cols_vec
+
+
+def _make_backward_rows_vec(kind: ReduceKind, element: ElementKind) -> Callable[..., None]:
+    ops = GRAD_OPS[kind]
+    spec = ELEMENTS[element]
+    vec = VECTOR[element]
+    ACC = spec.acc
+    load, store = spec.load, spec.store
+    unpack, bits, store_word = vec.unpack, vec.bits, vec.store_word
+    W, LOG_W, MASK = vec.width, vec.log_width, vec.width - 1
+    BITS = 64 // W
+    coefficient, element_fn = ops.coefficient, ops.element
+    READS_X, READS_Y = ops.reads_x, ops.reads_y
+    STAT_MEAN, STAT_TIES = ops.stat == "mean", ops.stat == "ties"
+    HAS_STAT = ops.stat is not None
+    stat_reduce = _vec_lane_reducer(TIES if STAT_TIES else ReduceKind.VAR, element)
+
+    def reduce_backward_rows_vec(dy, x, xv, y, dx, dxv, stat_acc, stat_k, out_numel, extent,
+                                 out_shape, dy_strides, x_strides, y_strides, dx_strides,
+                                 lanes, chunk_vecs, param, fused, shift):
+        """The gradient of contiguous rows with word loads and stores: ``x`` and ``dx``
+        have the same strides and the same word phase (``shift`` elements past the
+        word-aligned bases of ``xv``/``dxv``), so one word index addresses both. Layout as
+        ``reduce_rows_vec``; grid.y splits the rows into ``chunk_vecs`` words (the
+        statistic then comes from ``stat_acc``/``stat_k``); ``fused`` (one split) reduces
+        it here first."""
+        tid = cuda.threadIdx.x
+        block = cuda.blockDim.x
+        slots = block // lanes
+        lane = tid % lanes
+        slot = tid // lanes
+        split = int64(cuda.blockIdx.y)
+        splits = int64(cuda.gridDim.y)
+        span = int64(lanes)
+        sa = cuda.shared.array(SHARED_SLOTS, ACC)
+        sb = cuda.shared.array(SHARED_SLOTS, ACC)
+        sk = cuda.shared.array(SHARED_SLOTS, int64)
+        words = cuda.local.array(VEC_LOADS, uint64)
+        values = cuda.local.array(W, ACC)
+        group = int64(cuda.blockIdx.x)
+        while group * slots < out_numel:  # uniform across the block
+            o = group * slots + slot
+            valid = o < out_numel
+            dy_off = x_off = y_off = dx_off = int64(0)
+            if valid:
+                dy_off, x_off, y_off, dx_off = _offsets4(o, out_shape, dy_strides, x_strides,
+                                                         y_strides, dx_strides)
+            g = load(dy, dy_off) if valid else ACC(0)
+            yv = load(y, y_off) if READS_Y and valid else g
+            mean = g
+            count = int64(0)
+            if HAS_STAT:
+                if fused:
+                    a, b, c, k = stat_reduce(x, xv, x_off, shift, yv, valid, extent, 0, 1,
+                                             chunk_vecs, tid, lane, lanes, slots, sa, sb, sk)
+                    if lane == 0:
+                        sa[slot] = a
+                        sk[slot] = k
+                    cuda.syncthreads()
+                    mean = sa[slot]
+                    count = sk[slot]
+                    cuda.syncthreads()  # sa/sk are free for the next group
+                elif valid:
+                    if STAT_MEAN:
+                        mean = stat_acc[o]
+                    else:
+                        count = stat_k[o]
+            if valid:
+                cf = ACC(coefficient(g, yv, mean, count, param))
+                p0 = dx_off + shift
+                head = (W - (p0 & MASK)) & MASK
+                if head > extent:
+                    head = extent
+                nvec = (extent - head) >> LOG_W
+                base = (p0 + head) >> LOG_W
+                if split == 0:
+                    t = int64(lane)
+                    while t < head:
+                        v = load(x, x_off + t) if READS_X else cf
+                        dx[uint64(dx_off + t)] = store(element_fn(cf, v, yv, mean))
+                        t += span
+                begin = split * chunk_vecs
+                end = min(nvec, begin + chunk_vecs)
+                j = begin + lane
+                if READS_X:
+                    while j < end:  # VEC_LOADS word loads in flight, then their stores
+                        for u in range(VEC_LOADS):
+                            if j + u * span < end:
+                                words[u] = xv[uint64(base + j + u * span)]
+                        for u in range(VEC_LOADS):
+                            if j + u * span < end:
+                                unpack(words[u], values, 0)
+                                w = uint64(0)
+                                for e in range(W):
+                                    w |= bits(store(element_fn(cf, values[e], yv, mean))) \
+                                        << uint64(e * BITS)
+                                store_word(dx, dxv, base + j + u * span, w, shift)
+                        j += VEC_LOADS * span
+                else:
+                    one = bits(store(element_fn(cf, cf, yv, mean)))
+                    w = uint64(0)
+                    for e in range(W):
+                        w |= one << uint64(e * BITS)
+                    while j < end:
+                        store_word(dx, dxv, base + j, w, shift)
+                        j += span
+                if split == splits - 1:
+                    t = head + (nvec << LOG_W) + lane
+                    while t < extent:
+                        v = load(x, x_off + t) if READS_X else cf
+                        dx[uint64(dx_off + t)] = store(element_fn(cf, v, yv, mean))
+                        t += span
+            group += cuda.gridDim.x
+
+    return reduce_backward_rows_vec
+
+
+def _make_backward_cols_vec(kind: ReduceKind, element: ElementKind) -> Callable[..., None]:
+    ops = GRAD_OPS[kind]
+    spec = ELEMENTS[element]
+    vec = VECTOR[element]
+    ACC = spec.acc
+    load, store = spec.load, spec.store
+    unpack, bits, store_word = vec.unpack, vec.bits, vec.store_word
+    W, LOG_W = vec.width, vec.log_width
+    BITS = 64 // W
+    coefficient, element_fn = ops.coefficient, ops.element
+    READS_X, READS_Y = ops.reads_x, ops.reads_y
+    STAT_MEAN, STAT_TIES = ops.stat == "mean", ops.stat == "ties"
+
+    def reduce_backward_cols_vec(dy, xv, y, dx, dxv, stat_acc, stat_k, out_numel, extent,
+                                 axis_words, dy_stride, y_stride, lanes, chunk_len, param):
+        """The gradient in the column layout with word loads and stores: ``x`` and ``dx``
+        are ``extent`` rows of ``out_numel`` contiguous outputs, ``axis_words`` words apart
+        (same layout, word aligned); each slot owns the W outputs of one word (W
+        coefficients), its lanes walk the axis; the statistic comes from
+        ``stat_acc``/``stat_k``."""
+        tid = cuda.threadIdx.x
+        block = cuda.blockDim.x
+        slots = block // lanes
+        lane = tid // slots
+        slot = tid % slots
+        begin = int64(cuda.blockIdx.y) * chunk_len
+        end = min(extent, begin + chunk_len)
+        out_words = out_numel >> LOG_W
+        span = int64(lanes)
+        word_span = span * axis_words
+        cfs = cuda.local.array(W, ACC)
+        ys = cuda.local.array(W, ACC)
+        means = cuda.local.array(W, ACC)
+        words = cuda.local.array(VEC_LOADS, uint64)
+        values = cuda.local.array(W, ACC)
+        group = int64(cuda.blockIdx.x)
+        while group * slots < out_words:
+            ow = group * slots + slot
+            if ow < out_words:
+                for e in range(W):
+                    o = (ow << LOG_W) + e
+                    g = load(dy, o * dy_stride)
+                    yv = load(y, o * y_stride) if READS_Y else g
+                    mean = g
+                    count = int64(0)
+                    if STAT_MEAN:
+                        mean = stat_acc[uint64(o)]
+                    if STAT_TIES:
+                        count = stat_k[uint64(o)]
+                    cfs[e] = ACC(coefficient(g, yv, mean, count, param))
+                    ys[e] = yv
+                    means[e] = mean
+                i = begin + lane
+                at = i * axis_words + ow
+                if READS_X:
+                    while i < end:  # VEC_LOADS word loads in flight, then their stores
+                        for u in range(VEC_LOADS):
+                            if i + u * span < end:
+                                words[u] = xv[uint64(at + u * word_span)]
+                        for u in range(VEC_LOADS):
+                            if i + u * span < end:
+                                unpack(words[u], values, 0)
+                                w = uint64(0)
+                                for e in range(W):
+                                    w |= bits(store(element_fn(cfs[e], values[e], ys[e],
+                                                               means[e]))) << uint64(e * BITS)
+                                store_word(dx, dxv, at + u * word_span, w, 0)
+                        i += VEC_LOADS * span
+                        at += VEC_LOADS * word_span
+                else:
+                    w = uint64(0)
+                    for e in range(W):
+                        w |= bits(store(element_fn(cfs[e], cfs[e], ys[e], means[e]))) \
+                            << uint64(e * BITS)
+                    while i < end:
+                        store_word(dx, dxv, at, w, 0)
+                        i += span
+                        at += word_span
+            group += cuda.gridDim.x
+
+    return reduce_backward_cols_vec
+
+
 # -- the kernel tables -------------------------------------------------------------------
 
 _TUPLE8 = types.UniTuple(int64, 8)
@@ -946,4 +1590,71 @@ REDUCE_BACKWARD_KERNELS: dict[tuple[ReduceKind, ElementKind], Kernel] = {
     (kind, element): Kernel(f"reduce_backward[{_kind_name(kind)},{element.name.lower()}]",
                             _make_backward(kind, element), _backward_signature(element))
     for element in FLOAT_ELEMENTS for kind in GRAD_OPS
+}
+
+
+def _vec_reduce_signature(kind: Any, element: ElementKind) -> tuple[types.Type, ...]:
+    spec = ELEMENTS[element]
+    out = int64 if KIND_OPS[kind].arg else spec.storage
+    return (flat(spec.storage), flat(uint64), flat(out), flat(spec.acc), flat(int64),
+            flat(spec.storage), int64, int64, _TUPLE8, _TUPLE8, _TUPLE8, _TUPLE8, int64, int64,
+            int64, int64, float64, int64)
+
+
+def _vec_cols_signature(kind: Any, element: ElementKind) -> tuple[types.Type, ...]:
+    spec = ELEMENTS[element]
+    out = int64 if KIND_OPS[kind].arg else spec.storage
+    return (flat(uint64), flat(out), flat(spec.acc), flat(int64), flat(spec.storage), int64,
+            int64, int64, int64, int64, int64, int64, int64, int64, float64)
+
+
+def _vec_backward_rows_signature(element: ElementKind) -> tuple[types.Type, ...]:
+    spec = ELEMENTS[element]
+    arr = flat(spec.storage)
+    words = flat(uint64)
+    return (arr, arr, words, arr, arr, words, flat(spec.acc), flat(int64), int64, int64,
+            _TUPLE8, _TUPLE8, _TUPLE8, _TUPLE8, _TUPLE8, int64, int64, float64, int64, int64)
+
+
+def _vec_backward_cols_signature(element: ElementKind) -> tuple[types.Type, ...]:
+    spec = ELEMENTS[element]
+    arr = flat(spec.storage)
+    words = flat(uint64)
+    return (arr, words, arr, arr, words, flat(spec.acc), flat(int64), int64, int64, int64,
+            int64, int64, int64, int64, float64)
+
+
+#: (kind, element) -> contiguous-row forward kernel with word loads (float kinds of the
+#: VECTOR elements; every forward kernel kind, TIES included).
+REDUCE_ROWS_VEC_KERNELS: dict[tuple[Any, ElementKind], Kernel] = {
+    (kind, element): Kernel(f"reduce_rows_vec[{_kind_name(kind)},{element.name.lower()}]",
+                            _make_reduce_rows_vec(kind, element),
+                            _vec_reduce_signature(kind, element),
+                            max_registers=VEC_MAX_REGISTERS)
+    for element in VECTOR for kind in FORWARD_KINDS[element]
+}
+
+#: (kind, element) -> column-layout forward kernel with word loads.
+REDUCE_COLS_VEC_KERNELS: dict[tuple[Any, ElementKind], Kernel] = {
+    (kind, element): Kernel(f"reduce_cols_vec[{_kind_name(kind)},{element.name.lower()}]",
+                            _make_reduce_cols_vec(kind, element),
+                            _vec_cols_signature(kind, element),
+                            max_registers=VEC_MAX_REGISTERS)
+    for element in VECTOR for kind in FORWARD_KINDS[element]
+}
+
+#: (kind, element) -> contiguous-row gradient kernel with word loads and stores.
+REDUCE_BACKWARD_ROWS_VEC_KERNELS: dict[tuple[ReduceKind, ElementKind], Kernel] = {
+    (kind, element): Kernel(
+        f"reduce_backward_rows_vec[{_kind_name(kind)},{element.name.lower()}]",
+        _make_backward_rows_vec(kind, element), _vec_backward_rows_signature(element))
+    for element in VECTOR for kind in GRAD_OPS
+}
+
+#: (kind, element) -> column-layout gradient kernel with word loads and stores.
+REDUCE_BACKWARD_COLS_VEC_KERNELS: dict[tuple[ReduceKind, ElementKind], Kernel] = {
+    (kind, element): Kernel(
+        f"reduce_backward_cols_vec[{_kind_name(kind)},{element.name.lower()}]",
+        _make_backward_cols_vec(kind, element), _vec_backward_cols_signature(element))
+    for element in VECTOR for kind in GRAD_OPS
 }

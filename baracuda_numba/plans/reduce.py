@@ -47,15 +47,22 @@ from ..arrays import TensorMut, TensorRef, as_mut, as_ref, flat_span
 from ..errors import InvalidProblem, Unsupported
 from ..kernels.common import pad8
 from ..kernels.reduce import (
+    CHUNK,
     ELEMENTS,
     FLOAT_ELEMENTS,
     FORWARD_KERNEL_KIND,
     FORWARD_KINDS,
     GRAD_KERNEL_KIND,
     KIND_OPS,
+    REDUCE_BACKWARD_COLS_VEC_KERNELS,
     REDUCE_BACKWARD_KERNELS,
+    REDUCE_BACKWARD_ROWS_VEC_KERNELS,
+    REDUCE_COLS_VEC_KERNELS,
     REDUCE_KERNELS,
+    REDUCE_ROWS_VEC_KERNELS,
     TIES,
+    VEC_LOADS,
+    VECTOR,
 )
 from ..streams import stream_handle
 from ..types import (
@@ -127,6 +134,24 @@ _MAX_GRID_X = 2 if SIMULATOR else 132 * 8 * 4
 _STATES_PER_LANE = 4
 
 
+# Word-access kernels (8-byte words, ``kernels.reduce.VECTOR``, capped at 64 registers: 4
+# resident 256-thread blocks per SM): fewer row groups than one wave of blocks (132 SMs x
+# 4) split the axis into at most that many blocks, so the splits run in one wave. (H100,
+# 2026-11-22: splitting up to 8448 blocks cost a merge launch and a partial second wave:
+# Sum f32 [4096, 4096] axis 1 36.5 µs, f32 [256, 1e6] axis 0 395 µs vs 357 unsplit.)
+_VEC_TARGET_BLOCKS = 4 if SIMULATOR else 132 * 4
+_VEC_MIN_BATCHES = 1 if SIMULATOR else 4
+# Row words per lane aimed at (8 batches), before more lanes (up to the block) share a row;
+# rows of >= _VEC_WARP_ROW_WORDS words get at least a warp (one row per warp, no split for
+# [4096, 4096] f32 or bf16).
+_VEC_WORDS_PER_LANE = VEC_LOADS * 8
+_VEC_WARP_ROW_WORDS = 512
+
+#: How a layout is read: the generic strided kernels, or word access along contiguous
+#: rows (reduce axis stride 1) or contiguous outputs (column layout).
+GENERIC, ROWS, COLS = "generic", "rows", "cols"
+
+
 def _pow2_at_least(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
 
@@ -136,8 +161,61 @@ class _Geometry:
     lanes: int
     row_layout: bool
     splits: int
-    chunk_len: int
+    chunk_len: int  # elements per split (word kernels: words per split)
     groups: int
+
+
+def _rows_vec_geometry(out_numel: int, extent: int, width: int, max_splits: int) -> _Geometry:
+    """Lanes per row and splits for the word-access row kernels: a row of ``extent //
+    width`` words gets about _VEC_WORDS_PER_LANE words per lane (short rows: one batch per
+    lane, at least 4 lanes = a 32-byte sector per row and load), split only when there are
+    too few row groups; a split is a whole number of batches."""
+    words = max(extent // width, 1)
+    lanes = _pow2_at_least(-(-words // _VEC_WORDS_PER_LANE))
+    if words >= _VEC_WARP_ROW_WORDS:
+        lanes = max(lanes, 32)
+    lanes = min(_BLOCK, max(lanes, min(_pow2_at_least(words), _MIN_ROW_LANES)))
+    groups = max(1, -(-out_numel // (_BLOCK // lanes)))
+    batch = lanes * VEC_LOADS
+    splits = 1
+    if groups < _VEC_TARGET_BLOCKS and max_splits > 1:
+        splits = min(max(1, _VEC_TARGET_BLOCKS // groups),
+                     max(1, words // (batch * _VEC_MIN_BATCHES)), max_splits)
+    chunk = -(-words // splits)
+    chunk = -(-chunk // batch) * batch if splits > 1 else words + 1
+    splits = max(1, -(-words // chunk))
+    return _Geometry(lanes, True, splits, chunk, groups)
+
+
+def _fused_rows_vec_geometry(out_numel: int, extent: int, width: int) -> _Geometry:
+    """The fused Max/Min/Var/Std gradient reads each row twice (statistic, then dx): one
+    batch of words per lane (up to a row per block) keeps a block's rows small enough for
+    the second read to hit L1/L2. (H100, 2026-11-22: a warp per row, 8 rows of 16 KB per
+    block, took 95 µs for the Max gradient of f32 [4096, 4096] vs 68 with one row per
+    block.)"""
+    words = max(extent // width, 1)
+    lanes = min(_BLOCK, max(_pow2_at_least(-(-words // VEC_LOADS)), _MIN_ROW_LANES))
+    groups = max(1, -(-out_numel // (_BLOCK // lanes)))
+    return _Geometry(lanes, True, 1, words + 1, groups)
+
+
+def _cols_vec_geometry(out_numel: int, extent: int, width: int, max_splits: int) -> _Geometry:
+    """Slots (words of outputs) and lanes for the word-access column kernels:
+    consecutive threads own consecutive words of outputs, the remaining threads of the
+    block walk the axis with them; split the axis when there are too few groups."""
+    out_words = max(out_numel // width, 1)
+    slots = min(_BLOCK, _pow2_at_least(out_words))
+    lanes = _BLOCK // slots
+    groups = -(-out_words // slots)
+    batch = lanes * CHUNK
+    splits = 1
+    if groups < _VEC_TARGET_BLOCKS and max_splits > 1:
+        splits = min(max(1, _VEC_TARGET_BLOCKS // groups),
+                     max(1, extent // (batch * _VEC_MIN_BATCHES)), max_splits)
+    chunk = -(-max(extent, 1) // splits)
+    chunk = -(-chunk // batch) * batch if splits > 1 else max(extent, 1)
+    splits = max(1, -(-max(extent, 1) // chunk))
+    return _Geometry(lanes, False, splits, chunk, groups)
 
 
 def _geometry(out_numel: int, extent: int, row_layout: bool, max_splits: int,
@@ -172,6 +250,10 @@ def _max_workspace(kind: Any, element: ElementKind, out_numel: int, extent: int,
                    limit: int) -> tuple[int, int]:
     """(most splits any layout uses, bytes) under ``limit`` splits."""
     splits = max(_geometry(out_numel, extent, row, limit).splits for row in (True, False))
+    if element in VECTOR:
+        width = VECTOR[element].width
+        splits = max(splits, _rows_vec_geometry(out_numel, extent, width, limit).splits,
+                     _cols_vec_geometry(out_numel, extent, width, limit).splits)
     return splits, _state_bytes(kind, element, out_numel, splits)[1]
 
 
@@ -233,6 +315,8 @@ class _Problem:
     strides: list[tuple[int, ...]]
     geometry: _Geometry
     axis: int
+    access: str = GENERIC
+    shift: int = 0  # elements between the word-aligned base and x (ROWS)
 
 
 # ---------------------------------------------------------------------------------------
@@ -377,12 +461,13 @@ class _ForwardPlan(Plan):
         if self._out_numel == 0:
             return
         with_workspace = workspace is not None and self.workspace_size > 0
-        key = (x.strides, y.strides, with_workspace)
+        key = (x.strides, y.strides, with_workspace, x.ptr & 7)
         launch = self._launches.get(key)
         if launch is None:
             problem = _problem(self._shape, self._axis, [x.strides, y.strides],
                                x.strides[self._axis] == 1,
-                               self._max_splits if with_workspace else 1)
+                               self._max_splits if with_workspace else 1,
+                               self.descriptor.element, self._kernel_kind, x.ptr)
             launch = _bind_reduce(self._kernel, self._kernel_kind, self.descriptor.element, x,
                                   y, None, problem, self._extent, self._out_numel,
                                   with_workspace, self._param, final=True)
@@ -394,12 +479,49 @@ class _ForwardPlan(Plan):
         launch(handle, x.ptr, y.ptr, ws_ptr, 0)
 
 
+def _word_access(element: ElementKind, kernel_kind: Any, extent: int, row_layout: bool,
+                 out_shape: tuple[int, ...], strides: list[tuple[int, ...]], axis_stride: int,
+                 pointers: tuple[int, ...]) -> str:
+    """ROWS, COLS or GENERIC for operands whose first stride list and pointer are the one
+    read with words (x, or x and dx with the same strides for a gradient). ROWS: the
+    reduce axis is contiguous and rows hold >= 4 words (any pointer phase: each row peels
+    its unaligned head). COLS: the outputs collapse to one contiguous dim whose extent is a
+    whole number of words, the axis stride is too, and every word pointer is aligned."""
+    if element not in VECTOR or (kernel_kind is not None
+                                 and (kernel_kind, element) not in REDUCE_ROWS_VEC_KERNELS):
+        return GENERIC
+    width = VECTOR[element].width
+    size = element.byte_width
+    if any(p % size for p in pointers):
+        return GENERIC
+    if row_layout:
+        return ROWS if extent >= 4 * width else GENERIC
+    if len(out_shape) == 1 and strides[0][0] == 1 and out_shape[0] % width == 0 \
+            and axis_stride % width == 0 and all(p % 8 == 0 for p in pointers):
+        return COLS
+    return GENERIC
+
+
 def _problem(shape: tuple[int, ...], axis: int, strides: list[tuple[int, ...]],
-             row_layout: bool, max_splits: int) -> _Problem:
+             row_layout: bool, max_splits: int, element: ElementKind | None = None,
+             kernel_kind: Any = None, x_ptr: int = 0) -> _Problem:
     extent = shape[axis]
     out_shape, out_strides = _collapse(shape, axis, strides)
     out_numel = product(out_shape)
-    geometry = _geometry(out_numel, extent, row_layout and extent > 1, max_splits)
+    row_layout = row_layout and extent > 1
+    access = GENERIC
+    if element is not None and extent > 0:
+        access = _word_access(element, kernel_kind, extent, row_layout, out_shape,
+                              out_strides, strides[0][axis], (x_ptr,))
+    if access == ROWS:
+        width = VECTOR[element].width
+        geometry = _rows_vec_geometry(out_numel, extent, width, max_splits)
+        shift = (x_ptr & 7) // element.byte_width
+        return _Problem(out_shape, out_strides, geometry, axis, ROWS, shift)
+    if access == COLS:
+        geometry = _cols_vec_geometry(out_numel, extent, VECTOR[element].width, max_splits)
+        return _Problem(out_shape, out_strides, geometry, axis, COLS)
+    geometry = _geometry(out_numel, extent, row_layout, max_splits)
     return _Problem(out_shape, out_strides, geometry, axis)
 
 
@@ -411,12 +533,18 @@ class _ReduceLaunch:
     acc_bytes: int
     uses_acc: bool
     uses_k: bool
+    access: str = GENERIC
 
     def __call__(self, stream: int, x_ptr: int, y_ptr: int, ws_ptr: int,
                  aux_ptr: int) -> tuple[int, int]:
         acc_ptr = ws_ptr if ws_ptr and self.uses_acc else 0
         k_ptr = ws_ptr + self.acc_bytes if ws_ptr and self.uses_k else 0
-        for bound in self.launches:
+        first = self.launches[0]
+        if self.access == ROWS:  # the elements, and the same bytes as words
+            first(stream, x_ptr, x_ptr & ~7, y_ptr, acc_ptr, k_ptr, aux_ptr)
+        else:  # COLS: x is the (aligned) word view
+            first(stream, x_ptr, y_ptr, acc_ptr, k_ptr, aux_ptr)
+        for bound in self.launches[1:]:  # the merge of split states
             bound(stream, x_ptr, y_ptr, acc_ptr, k_ptr, aux_ptr)
         return acc_ptr, k_ptr
 
@@ -442,8 +570,25 @@ def _bind_reduce(kernel: Any, kernel_kind: Any, element: ElementKind, x: TensorR
     common = (x_view, y_view, acc_view, k_view, aux_view, out_numel, extent,
               x.strides[problem.axis], out_shape, x_strides, y_strides, aux_strides,
               geometry.lanes, int(geometry.row_layout), splits, geometry.chunk_len)
-    launches = [kernel.bind((min(geometry.groups, _MAX_GRID_X), splits), _BLOCK,
-                            common + (0 if splits == 1 and final else 1, param))]
+    mode = 0 if splits == 1 and final else 1
+    grid = (min(geometry.groups, _MAX_GRID_X), splits)
+    if problem.access == ROWS:
+        x_words = (0, (flat_span(x.shape, x.strides) + problem.shift) * element.byte_width // 8)
+        first = REDUCE_ROWS_VEC_KERNELS[(kernel_kind, element)].bind(grid, _BLOCK, (
+            x_view, x_words, y_view, acc_view, k_view, aux_view, out_numel, extent, out_shape,
+            x_strides, y_strides, aux_strides, geometry.lanes, splits, geometry.chunk_len,
+            mode, param, problem.shift))
+    elif problem.access == COLS:
+        width = VECTOR[element].width
+        x_words = (0, flat_span(x.shape, x.strides) * element.byte_width // 8)
+        first = REDUCE_COLS_VEC_KERNELS[(kernel_kind, element)].bind(grid, _BLOCK, (
+            x_words, y_view, acc_view, k_view, aux_view, out_numel, extent,
+            x.strides[problem.axis] // width, problem.strides[1][0],
+            problem.strides[2][0] if aux is not None else 0, geometry.lanes, splits,
+            geometry.chunk_len, mode, param))
+    else:
+        first = kernel.bind(grid, _BLOCK, common + (mode, param))
+    launches = [first]
     if splits > 1:
         lanes = min(_BLOCK, _pow2_at_least(-(-splits // _STATES_PER_LANE)))
         slots = _BLOCK // lanes
@@ -451,7 +596,8 @@ def _bind_reduce(kernel: Any, kernel_kind: Any, element: ElementKind, x: TensorR
         merge_args[12:14] = [lanes, 0]
         launches.append(kernel.bind(min(-(-out_numel // slots), _MAX_GRID_X), _BLOCK,
                                     tuple(merge_args) + (2 if final else 3, param)))
-    return _ReduceLaunch(tuple(launches), acc_bytes, ops.n_acc > 0, ops.uses_k)
+    return _ReduceLaunch(tuple(launches), acc_bytes, ops.n_acc > 0, ops.uses_k,
+                         problem.access)
 
 
 _CACHE_LIMIT = 64
@@ -518,6 +664,14 @@ class ArgReducePlan(_ForwardPlan):
 
 # ---------------------------------------------------------------------------------------
 # The gradient
+
+
+def _dx_words(view: tuple[int, int]) -> tuple[int, int]:
+    """The word view of ``dx``. The simulator copies every kernel array in and back out on
+    its own, so a second writable view of ``dx`` would write stale data back over the
+    first: there the kernels store words through ``dx`` (``VectorSpec.store_word``) and
+    get an empty word view."""
+    return (0, 0) if SIMULATOR else view
 
 
 class ReduceBackwardPlan(Plan):
@@ -611,7 +765,8 @@ class ReduceBackwardPlan(Plan):
         if self._numel == 0:
             return
         key = (dy.strides, dx.strides, x.strides if x is not None else None,
-               y.strides if y is not None else None, ws_ptr != 0)
+               y.strides if y is not None else None, ws_ptr != 0, dx.ptr & 7,
+               x.ptr & 7 if x is not None else 0)
         launch = self._launches.get(key)
         if launch is None:
             launch = self._bind(dy, dx, x, y, ws_ptr != 0)
@@ -624,7 +779,14 @@ class ReduceBackwardPlan(Plan):
         y_ptr = y.ptr if y is not None else 0
         if stat is not None:
             stat_acc, stat_k = stat(handle, x_ptr, 0, ws_ptr, y_ptr)
-        gradient(handle, dy.ptr, x_ptr, y_ptr, dx.ptr, stat_acc, stat_k)
+        access, bound = gradient
+        if access == ROWS:  # elements and the same bytes as words (x and dx share a phase)
+            bound(handle, dy.ptr, x_ptr, x_ptr & ~7, y_ptr, dx.ptr, dx.ptr & ~7, stat_acc,
+                  stat_k)
+        elif access == COLS:  # x as (aligned) words, dx as elements and words
+            bound(handle, dy.ptr, x_ptr, y_ptr, dx.ptr, dx.ptr, stat_acc, stat_k)
+        else:
+            bound(handle, dy.ptr, x_ptr, y_ptr, dx.ptr, stat_acc, stat_k)
 
     def _bind(self, dy: TensorRef, dx: TensorMut, x: TensorRef | None, y: TensorRef | None,
               with_workspace: bool) -> tuple[_ReduceLaunch | None, Any]:
@@ -634,41 +796,85 @@ class ReduceBackwardPlan(Plan):
         followed by the (split) gradient."""
         axis = self._axis
         extent = self._extent
+        element = self.descriptor.element
         row_layout = dx.strides[axis] == 1 and extent > 1
-        # stores: at least one full 32-byte sector of a row per warp instruction. (H100,
-        # 2026-11-22: Sum's gradient of f32 [1e6, 64] took 230 µs with 8 lanes and 267 µs
-        # with 4 lanes = 16-byte half sectors, the grid cap changing too; this setting was
-        # not re-measured.)
-        min_lanes = max(_MIN_ROW_LANES, 32 // self.descriptor.element.byte_width)
-        geometry = _geometry(self._out_numel, extent, row_layout, 1 << 16, min_lanes)
+        zeros = (0,) * len(self._shape)
+        strides = [dx.strides, x.strides if x is not None else zeros,
+                   y.strides if y is not None else zeros, dy.strides]
+        out_shape, out_strides = _collapse(self._shape, axis, strides)
+        access = GENERIC
+        if x is None or (x.strides == dx.strides and (x.ptr - dx.ptr) % 8 == 0):
+            pointers = (dx.ptr,) if x is None else (dx.ptr, x.ptr)
+            access = _word_access(element, None, extent, row_layout, out_shape, out_strides,
+                                  dx.strides[axis], pointers)
+            if access == COLS and self._stat_kind is not None and not with_workspace:
+                access = GENERIC  # the column word kernel reads its statistic
+        if access == ROWS:
+            width = VECTOR[element].width
+            geometry = _rows_vec_geometry(self._out_numel, extent, width, 1 << 16)
+        elif access == COLS:
+            geometry = _cols_vec_geometry(self._out_numel, extent, VECTOR[element].width,
+                                          1 << 16)
+        else:
+            # stores: at least one full 32-byte sector of a row per warp instruction. (H100,
+            # 2026-11-22: Sum's gradient of f32 [1e6, 64] took 230 µs with 8 lanes and 267
+            # µs with 4 lanes = 16-byte half sectors, the grid cap changing too; this
+            # setting was not re-measured.)
+            min_lanes = max(_MIN_ROW_LANES, 32 // element.byte_width)
+            geometry = _geometry(self._out_numel, extent, row_layout, 1 << 16, min_lanes)
         stat = None
         fused = False
         if self._stat_kind is not None:
             assert x is not None and y is not None
-            fused = not with_workspace or geometry.splits == 1
+            fused = access != COLS and (not with_workspace or geometry.splits == 1)
             if fused:
-                geometry = _geometry(self._out_numel, extent, row_layout, 1, min_lanes)
+                geometry = (_fused_rows_vec_geometry(self._out_numel, extent,
+                                                     VECTOR[element].width) if access == ROWS
+                            else _geometry(self._out_numel, extent, row_layout, 1, min_lanes))
             else:
                 stat_problem = _problem(self._shape, axis, [x.strides, y.strides, y.strides],
-                                        x.strides[axis] == 1, self._max_splits)
-                stat = _bind_reduce(self._stat_kernel, self._stat_kind,
-                                    self.descriptor.element, x, None, y, stat_problem, extent,
-                                    self._out_numel, True, 0.0, final=False)
-        zeros = (0,) * len(self._shape)
-        strides = [dy.strides, x.strides if x is not None else zeros,
-                   y.strides if y is not None else zeros, dx.strides]
-        out_shape, out_strides = _collapse(self._shape, axis, strides)
+                                        x.strides[axis] == 1, self._max_splits, element,
+                                        self._stat_kind, x.ptr)
+                stat = _bind_reduce(self._stat_kernel, self._stat_kind, element, x, None, y,
+                                    stat_problem, extent, self._out_numel, True, 0.0,
+                                    final=False)
         n_stat = 0 if fused else self._out_numel
+        grid = (min(geometry.groups, _MAX_GRID_X), geometry.splits)
+        dy_view = (0, flat_span(dy.shape, dy.strides))
+        x_view = (0, flat_span(x.shape, x.strides) if x is not None else 0)
+        y_view = (0, flat_span(y.shape, y.strides) if y is not None else 0)
+        dx_view = (0, flat_span(dx.shape, dx.strides))
+        stat_views = ((0, n_stat if self._stat_kind is VAR_STAT else 0),
+                      (0, n_stat if self._stat_kind is TIES else 0))
+        grad_kind = GRAD_KERNEL_KIND.get(self.descriptor.kind, self.descriptor.kind)
+        if access == ROWS:
+            shift = (dx.ptr & 7) // element.byte_width
+            words = (0, (dx_view[1] + shift) * element.byte_width // 8)
+            x_words = (0, words[1] if x is not None else 0)
+            words = _dx_words(words)
+            dx_s, x_s, y_s, dy_s = [pad8(s, 0) for s in out_strides]
+            gradient = REDUCE_BACKWARD_ROWS_VEC_KERNELS[(grad_kind, element)].bind(
+                grid, _BLOCK, (dy_view, x_view, x_words, y_view, dx_view, words, *stat_views,
+                               self._out_numel, extent, pad8(out_shape, 1), dy_s, x_s, y_s,
+                               dx_s, geometry.lanes, geometry.chunk_len, self._param,
+                               int(fused), shift))
+            return stat, (ROWS, gradient)
+        if access == COLS:
+            width = VECTOR[element].width
+            words = (0, dx_view[1] * element.byte_width // 8)
+            gradient = REDUCE_BACKWARD_COLS_VEC_KERNELS[(grad_kind, element)].bind(
+                grid, _BLOCK, (dy_view, (0, words[1] if x is not None else 0), y_view,
+                               dx_view, _dx_words(words), *stat_views, self._out_numel, extent,
+                               dx.strides[axis] // width, out_strides[3][0],
+                               out_strides[2][0] if y is not None else 0, geometry.lanes,
+                               geometry.chunk_len, self._param))
+            return stat, (COLS, gradient)
         gradient = self._kernel.bind(
-            (min(geometry.groups, _MAX_GRID_X), geometry.splits), _BLOCK,
-            ((0, flat_span(dy.shape, dy.strides)),
-             (0, flat_span(x.shape, x.strides) if x is not None else 0),
-             (0, flat_span(y.shape, y.strides) if y is not None else 0),
-             (0, flat_span(dx.shape, dx.strides)),
-             (0, n_stat if self._stat_kind is VAR_STAT else 0),
-             (0, n_stat if self._stat_kind is TIES else 0),
-             self._out_numel, extent, x.strides[axis] if x is not None else 0,
-             dx.strides[axis], pad8(out_shape, 1), *[pad8(s, 0) for s in out_strides],
+            grid, _BLOCK,
+            (dy_view, x_view, y_view, dx_view, *stat_views, self._out_numel, extent,
+             x.strides[axis] if x is not None else 0, dx.strides[axis], pad8(out_shape, 1),
+             *[pad8(s, 0) for s in (out_strides[3], out_strides[1], out_strides[2],
+                                    out_strides[0])],
              geometry.lanes, int(geometry.row_layout), geometry.chunk_len, self._param,
              int(fused)))
-        return stat, gradient
+        return stat, (GENERIC, gradient)
