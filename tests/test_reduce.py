@@ -848,3 +848,33 @@ def test_gpu_more_than_2_31_elements():
     back.run(ReduceBackwardArgs(dy, x))  # dx = x's memory (x no longer needed)
     assert float(x[n - 1]) == float(torch.tensor(3.0 / n, dtype=torch.float32))
     assert float(x[0]) == float(x[n - 1])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", [ReduceKind.SUM, ReduceKind.VAR, ReduceKind.MAX],
+                         ids=lambda k: k.name)
+@pytest.mark.parametrize("axis", [0, 1])
+def test_torch_fast_path_matches_the_checked_path(kind, axis):
+    """After the first run a torch layout goes through the plan's LayoutMemo (no array
+    checks): fresh tensors of the same layout must give bit-identical results, forward and
+    gradient; a wrong dtype must still be rejected."""
+    torch = torch_or_skip()
+    shape = (33, 70)
+    out_shape = tuple(1 if a == axis else n for a, n in enumerate(shape))
+    element = ElementKind.BF16
+    forward = ReducePlan.select(ReduceDescriptor(kind, shape, axis, element))
+    backward = ReduceBackwardPlan.select(ReduceBackwardDescriptor(kind, shape, axis, element))
+    x = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
+    dy = torch.randn(out_shape, device="cuda", dtype=torch.bfloat16)
+    results = []
+    for _ in range(3):  # the first call checks, the others take the memo
+        y = torch.full(out_shape, float("nan"), device="cuda", dtype=torch.bfloat16)
+        dx = torch.full(shape, float("nan"), device="cuda", dtype=torch.bfloat16)
+        x_copy, dy_copy = x.clone(), dy.clone()
+        forward.run(ReduceArgs(x_copy, y))
+        backward.run(ReduceBackwardArgs(dy_copy, dx, x_copy, y))
+        results.append((y, dx))
+    for y, dx in results[1:]:
+        assert torch.equal(y, results[0][0]) and torch.equal(dx, results[0][1])
+    with pytest.raises(InvalidProblem, match="typestr"):
+        forward.run(ReduceArgs(x.float(), results[0][0]))

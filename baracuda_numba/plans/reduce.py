@@ -76,7 +76,7 @@ from ..types import (
     PrecisionGuarantee,
     ReduceKind,
 )
-from .base import Plan, fail, product
+from .base import LayoutMemo, Plan, fail, product
 
 __all__ = [
     "ARG_REDUCE_KINDS",
@@ -444,6 +444,7 @@ class _ForwardPlan(Plan):
                         _guarantee(desc.element))
         super().__init__(desc, sku, pref, workspace)
         self._launches: dict[Any, _ReduceLaunch] = {}
+        self._memo = LayoutMemo()  # torch layout key -> launch (run fast path)
         if self._out_numel:
             self._kernel.prepare()
 
@@ -455,7 +456,16 @@ class _ForwardPlan(Plan):
 
     def run(self, args: Any, stream: Any = None, workspace: Any = None) -> None:
         """Reduce ``args.x`` into ``args.y`` on ``stream`` (no host sync). ``workspace``:
-        ``None`` (single pass) or a contiguous buffer of ``workspace_size`` bytes."""
+        ``None`` (single pass) or a contiguous buffer of ``workspace_size`` bytes.
+
+        Torch tensors of a layout seen before (and no workspace) skip the array checks
+        (``LayoutMemo``)."""
+        memo_key, hit = self._memo.lookup((args.x, args.y)) if workspace is None \
+            else (None, None)
+        if hit is not None:
+            launch, (x_ptr, y_ptr) = hit
+            launch(stream_handle(stream), x_ptr, y_ptr, 0, 0)
+            return
         x, y = self.can_implement(args)
         handle = stream_handle(stream)
         if self._out_numel == 0:
@@ -476,6 +486,8 @@ class _ForwardPlan(Plan):
             self._launches[key] = launch
         # the workspace is checked (and used) only by layouts that split the axis
         ws_ptr = self.check_workspace(workspace) if len(launch.launches) > 1 else 0
+        if not with_workspace:
+            self._memo.store(memo_key, launch, (0, 0))
         launch(handle, x.ptr, y.ptr, ws_ptr, 0)
 
 
@@ -666,6 +678,26 @@ class ArgReducePlan(_ForwardPlan):
 # The gradient
 
 
+def _gradient_runner(launch: tuple[Any, Any], ws_ptr: int) -> Any:
+    """``runner(stream, dy_ptr, dx_ptr, x_ptr, y_ptr)`` (0 for an absent x or y): the
+    statistic pass if the layout has one, then the gradient launch with its pointers."""
+    stat, (access, bound) = launch
+
+    def runner(handle: int, dy_ptr: int, dx_ptr: int, x_ptr: int, y_ptr: int) -> None:
+        stat_acc = stat_k = 0
+        if stat is not None:
+            stat_acc, stat_k = stat(handle, x_ptr, 0, ws_ptr, y_ptr)
+        if access == ROWS:  # elements and the same bytes as words (x and dx share a phase)
+            bound(handle, dy_ptr, x_ptr, x_ptr & ~7, y_ptr, dx_ptr, dx_ptr & ~7, stat_acc,
+                  stat_k)
+        elif access == COLS:  # x as (aligned) words, dx as elements and words
+            bound(handle, dy_ptr, x_ptr, y_ptr, dx_ptr, dx_ptr, stat_acc, stat_k)
+        else:
+            bound(handle, dy_ptr, x_ptr, y_ptr, dx_ptr, stat_acc, stat_k)
+
+    return runner
+
+
 def _dx_words(view: tuple[int, int]) -> tuple[int, int]:
     """The word view of ``dx``. The simulator copies every kernel array in and back out on
     its own, so a second writable view of ``dx`` would write stale data back over the
@@ -714,6 +746,7 @@ class ReduceBackwardPlan(Plan):
         self._stat_kind = {ReduceKind.MAX: TIES, ReduceKind.MIN: TIES,
                            ReduceKind.VAR: VAR_STAT, ReduceKind.STD: VAR_STAT}.get(kind)
         self._launches: dict[Any, tuple[_ReduceLaunch | None, Any]] = {}
+        self._memo = LayoutMemo()  # torch layout key -> gradient runner (run fast path)
         workspace = 0
         self._max_splits = 1
         if self._stat_kind is not None and self._numel:
@@ -756,7 +789,17 @@ class ReduceBackwardPlan(Plan):
         return dy, dx, x, y
 
     def run(self, args: ReduceBackwardArgs, stream: Any = None, workspace: Any = None) -> None:
-        """Write ``args.dx`` on ``stream`` (no host sync)."""
+        """Write ``args.dx`` on ``stream`` (no host sync).
+
+        Torch tensors of a layout seen before (and no workspace) skip the array checks
+        (``LayoutMemo``)."""
+        saved = (args.x, args.y) if self._needs_saved else (None, None)  # as can_implement
+        memo_key, hit = self._memo.lookup((args.dy, args.dx) + saved) \
+            if workspace is None else (None, None)
+        if hit is not None:
+            runner, pointers = hit
+            runner(stream_handle(stream), *pointers)
+            return
         dy, dx, x, y = self.can_implement(args)
         handle = stream_handle(stream)
         ws_ptr = 0
@@ -773,20 +816,11 @@ class ReduceBackwardPlan(Plan):
             if len(self._launches) >= _CACHE_LIMIT:
                 self._launches.clear()
             self._launches[key] = launch
-        stat, gradient = launch
-        stat_acc = stat_k = 0
-        x_ptr = x.ptr if x is not None else 0
-        y_ptr = y.ptr if y is not None else 0
-        if stat is not None:
-            stat_acc, stat_k = stat(handle, x_ptr, 0, ws_ptr, y_ptr)
-        access, bound = gradient
-        if access == ROWS:  # elements and the same bytes as words (x and dx share a phase)
-            bound(handle, dy.ptr, x_ptr, x_ptr & ~7, y_ptr, dx.ptr, dx.ptr & ~7, stat_acc,
-                  stat_k)
-        elif access == COLS:  # x as (aligned) words, dx as elements and words
-            bound(handle, dy.ptr, x_ptr, y_ptr, dx.ptr, dx.ptr, stat_acc, stat_k)
-        else:
-            bound(handle, dy.ptr, x_ptr, y_ptr, dx.ptr, stat_acc, stat_k)
+        runner = _gradient_runner(launch, ws_ptr)
+        if ws_ptr == 0:
+            self._memo.store(memo_key, runner, (0, 0, 0, 0))
+        runner(handle, dy.ptr, dx.ptr, x.ptr if x is not None else 0,
+               y.ptr if y is not None else 0)
 
     def _bind(self, dy: TensorRef, dx: TensorMut, x: TensorRef | None, y: TensorRef | None,
               with_workspace: bool) -> tuple[_ReduceLaunch | None, Any]:
