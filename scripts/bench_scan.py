@@ -6,12 +6,15 @@ backward rows with ``torch.autograd.grad`` through the same op (graph built once
 the backward timed). Bytes counted: each tensor the op must read or write once (Cummax
 with indices: + 8 bytes per element).
 
-``python scripts/bench_scan.py --precompile`` compiles every scan kernel in parallel
-worker processes into Numba's disk cache (the test and bench processes then load them).
+``python scripts/bench_scan.py --precompile`` compiles the generic scan kernels in
+parallel worker processes (``scripts/precompile.py --only scan`` compiles all of them,
+the fast kernels included). ``SCAN_BENCH=quick`` runs the target cases and tuning runs
+only.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any
 
@@ -47,7 +50,8 @@ def _values(result: Any) -> Any:
 
 def _forward(ctx: Any, kind: ScanKind, shape: tuple[int, ...], axis: int, dtype_name: str,
              element: ElementKind, indices: bool = True, workspace: bool = True,
-             note: str = "") -> None:
+             note: str = "", fast_words: int | None = None,
+             indexed_cap: int | None = None) -> None:
     torch = ctx.torch
     dtype = getattr(torch, dtype_name)
     numel = shape[0] * shape[1]
@@ -61,6 +65,15 @@ def _forward(ctx: Any, kind: ScanKind, shape: tuple[int, ...], axis: int, dtype_
     index_out = [torch.empty(shape, dtype=torch.int64, device="cuda") for _ in xs] \
         if with_indices else [None] * sets
     plan = ScanPlan.select(ScanDescriptor(kind, shape, axis, element=element))
+    if fast_words:  # tuning: the fast kernels with another tile
+        from baracuda_numba.kernels.scan import FAST_FAMILY, FastKernels
+
+        plan._fast = FastKernels(element, FAST_FAMILY[int(kind)], fast_words,
+                                 register=False)
+    if indexed_cap is not None:  # tuning: the indexed kernel's register cap (0: none)
+        from baracuda_numba.kernels.scan import IndexedKernels
+
+        plan._indexed = IndexedKernels(element, register=False, max_registers=indexed_cap)
     ws = None
     if workspace and plan.workspace_size:
         ws = torch.empty(plan.workspace_size, dtype=torch.uint8, device="cuda")
@@ -104,21 +117,34 @@ def _backward(ctx: Any, kind: ScanKind, shape: tuple[int, ...], axis: int, dtype
             tensors * numel * item, theirs, "vs torch autograd")
 
 
-def _variant(ctx: Any, shape: tuple[int, ...], axis: int, **geometry: int) -> None:
-    """Cumsum f32 with the plan's launch geometry overridden (tuning data for the notes)."""
+def _variant(ctx: Any, shape: tuple[int, ...], axis: int, dtype_name: str = "float32",
+             element: ElementKind = ElementKind.F32, words: int | None = None,
+             col_values: int | None = None, cols_cap: int | None = None,
+             **geometry: int) -> None:
+    """Cumsum with the plan's launch geometry (or the fast kernels' tile: ``words`` per
+    lane of rows_fast, ``col_values`` per thread of cols_fast) overridden: tuning data."""
+    from baracuda_numba.kernels.scan import FastKernels
+
     torch = ctx.torch
+    dtype = getattr(torch, dtype_name)
     numel = shape[0] * shape[1]
-    sets = ctx.sets_for(8 * numel)
-    xs = [torch.randn(shape, device="cuda") for _ in range(sets)]
+    item = torch.tensor([], dtype=dtype).element_size()
+    sets = ctx.sets_for(2 * item * numel)
+    xs = [torch.randn(shape, device="cuda").to(dtype) for _ in range(sets)]
     ys = [torch.empty_like(x) for x in xs]
-    plan = ScanPlan.select(ScanDescriptor(ScanKind.CUMSUM, shape, axis, element=ElementKind.F32))
+    plan = ScanPlan.select(ScanDescriptor(ScanKind.CUMSUM, shape, axis, element=element))
+    if words or col_values or cols_cap is not None:
+        plan._fast = FastKernels(element, "sum", words, col_values, register=False,
+                                 cols_max_registers=cols_cap)
     for name, value in geometry.items():
         setattr(plan._geometry, name, value)
     ws = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
     args = [ScanArgs(x, y) for x, y in zip(xs, ys)]
     ours = ctx.time_gpu(lambda i: plan.run(args[i], workspace=ws), sets)
-    ctx.row(f"cumsum fw {list(shape)} axis={axis} variant", "float32", ours, 8 * numel,
-            None, ", ".join(f"{k}={v}" for k, v in geometry.items()))
+    settings = dict(geometry, words=words, col_values=col_values, cols_cap=cols_cap)
+    ctx.row(f"cumsum fw {list(shape)} axis={axis} variant", dtype_name, ours,
+            2 * item * numel, None,
+            ", ".join(f"{k}={v}" for k, v in settings.items() if v is not None))
 
 
 def _guarded(ctx: Any, fn: Any, *args: Any, **kwargs: Any) -> None:
@@ -130,7 +156,36 @@ def _guarded(ctx: Any, fn: Any, *args: Any, **kwargs: Any) -> None:
     ctx.torch.cuda.empty_cache()
 
 
+def _quick(ctx: Any) -> None:
+    """``SCAN_BENCH=quick``: the issue's target cases and the fast kernels' tuning runs."""
+    pairs = (("float32", ElementKind.F32), ("bfloat16", ElementKind.BF16))
+    for dtype_name, element in pairs:
+        for shape, axis in ((SQUARE, 1), (SQUARE, 0), (WIDE, 1), (WIDE, 0)):
+            _guarded(ctx, _forward, ScanKind.CUMSUM, shape, axis, dtype_name, element)
+        for axis in (1, 0):
+            _guarded(ctx, _forward, ScanKind.LOG_CUMSUM_EXP, SQUARE, axis, dtype_name,
+                     element)
+        _guarded(ctx, _forward, ScanKind.CUMMAX, SQUARE, 1, dtype_name, element)
+        _guarded(ctx, _forward, ScanKind.CUMMAX, WIDE, 1, dtype_name, element)
+        _guarded(ctx, _backward, ScanKind.CUMMIN, SQUARE, 1, dtype_name, element)
+        _guarded(ctx, _backward, ScanKind.CUMSUM, SQUARE, 1, dtype_name, element)
+    _guarded(ctx, _forward, ScanKind.LOG_CUMSUM_EXP, WIDE, 1, "float32", ElementKind.F32)
+    _guarded(ctx, _forward, ScanKind.CUMPROD, SQUARE, 1, "float32", ElementKind.F32)
+    for dtype_name, element in pairs:
+        for words in (8,):
+            _guarded(ctx, _forward, ScanKind.LOG_CUMSUM_EXP, SQUARE, 1, dtype_name, element,
+                     fast_words=words, note=f"words={words}")
+        for nseg in (4, 16):
+            _guarded(ctx, _variant, SQUARE, 0, dtype_name, element, fast_cols_nseg=nseg)
+        for nseg in (128, 512):
+            _guarded(ctx, _variant, WIDE, 1, dtype_name, element, fast_rows_nseg=nseg)
+    ctx.torch.cuda.synchronize()
+
+
 def bench(ctx: Any) -> None:
+    if os.environ.get("SCAN_BENCH") == "quick":
+        _quick(ctx)
+        return
     pairs = (("float32", ElementKind.F32), ("bfloat16", ElementKind.BF16))
     for dtype_name, element in pairs:
         for shape, axis in ((SQUARE, 1), (SQUARE, 0), (WIDE, 1), (WIDE, 0)):
@@ -148,10 +203,23 @@ def bench(ctx: Any) -> None:
     _guarded(ctx, _forward, ScanKind.CUMPROD, SQUARE, 1, "float32", ElementKind.F32)
     _guarded(ctx, _forward, ScanKind.CUMMIN, SQUARE, 0, "float32", ElementKind.F32)
     _guarded(ctx, _forward, ScanKind.LOG_CUMSUM_EXP, WIDE, 1, "float32", ElementKind.F32)
-    for nseg in (1, 8, 32, 128):
-        _guarded(ctx, _variant, WIDE, 1, rows_nseg=nseg)
-    for chunks, nseg in ((8, 1), (8, 4), (8, 8), (8, 16), (4, 16), (2, 32)):
-        _guarded(ctx, _variant, SQUARE, 0, chunks=chunks, lines_nseg=nseg)
+    for dtype_name, element in pairs:
+        _guarded(ctx, _forward, ScanKind.CUMMAX, WIDE, 1, dtype_name, element)
+    # tuning runs of the fast kernels (segments of rows_fast and cols_fast)
+    for dtype_name, element in pairs:
+        for nseg in (64, 512):
+            _guarded(ctx, _variant, WIDE, 1, dtype_name, element, fast_rows_nseg=nseg)
+        for nseg in (4, 16):
+            _guarded(ctx, _variant, SQUARE, 0, dtype_name, element, fast_cols_nseg=nseg)
+    # register caps (cols_cap / indexed_cap, 0: none; the defaults are 64 for cols_fast
+    # at 2- and 4-byte elements and for the indexed kernel at 2-byte ones)
+    for shape in (SQUARE, WIDE):
+        for dtype_name, element in pairs:
+            _guarded(ctx, _variant, shape, 0, dtype_name, element, cols_cap=0)
+    _guarded(ctx, _forward, ScanKind.CUMMAX, SQUARE, 1, "bfloat16", ElementKind.BF16,
+             indexed_cap=0, note="indexed_cap=0 (no register cap)")
+    _guarded(ctx, _forward, ScanKind.CUMMAX, SQUARE, 1, "float32", ElementKind.F32,
+             indexed_cap=56, note="indexed_cap=56")
     for dtype_name, element in pairs:
         for kind in ScanKind:
             for axis in (1, 0):

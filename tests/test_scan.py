@@ -13,6 +13,7 @@ import pytest
 from conftest import EDGE_LENGTHS, FLOAT_ELEMENTS, SIMULATOR, torch_or_skip
 
 from baracuda_numba.errors import BufferTooSmall, InvalidProblem, Unsupported
+from baracuda_numba.kernels.scan import FAST_ELEMENTS, FAST_FAMILY
 from baracuda_numba.plans.scan import (
     ScanArgs,
     ScanBackwardArgs,
@@ -199,21 +200,57 @@ def inputs(shape, element, rng, kind=None, low=-2.0, high=2.0):
     return values
 
 
-def run_forward(kind, x_host, axis, reverse, element, with_indices=False, workspace=False):
+def spaced(values: np.ndarray, step: int = 2):
+    """A device array equal to ``values`` whose last axis has stride ``step`` elements
+    (not collapsible: the generic kernels)."""
+    shape = values.shape[:-1] + (values.shape[-1] * step,)
+    if SIMULATOR:
+        view = np.zeros(shape, values.dtype)[..., ::step]
+        view[...] = values
+        return view
+    view = device(np.zeros(shape, values.dtype))[..., ::step]
+    view.copy_(device(values))
+    return view
+
+
+def misaligned(values: np.ndarray):
+    """A C-contiguous device array equal to ``values`` starting one element past an 8-byte
+    boundary (the fast kernels then load and store element by element)."""
+    buffer = np.zeros(values.size + 1, values.dtype)
+    if SIMULATOR:
+        view = buffer[1:].reshape(values.shape)
+        view[...] = values
+        return view
+    view = device(buffer)[1:].view(values.shape)
+    view.copy_(device(values))
+    return view
+
+
+def used_fast(plan) -> bool:
+    """Whether the plan's layouts went to a fast kernel (rows_fast, cols_fast or the
+    indexed rows kernel)."""
+    return any(key[0] in ("fast", "indexed") and found[0]
+               for key, found in plan._bound.items())
+
+
+def run_forward(kind, x_host, axis, reverse, element, with_indices=False, workspace=False,
+                place=None):
     shape = x_host.shape
+    place = place or device
     plan = ScanPlan.select(ScanDescriptor(kind, shape, axis, reverse, element=element))
-    y = device(poisoned(shape, element))
+    y = place(poisoned(shape, element))
     indices = device(poisoned(shape, ElementKind.I64)) if with_indices else None
     ws = None
     if workspace and plan.workspace_size:
         ws = device(np.zeros(plan.workspace_size, dtype=np.uint8))
-    plan.run(ScanArgs(device(x_host), y, indices), workspace=ws)
+    plan.run(ScanArgs(place(x_host), y, indices), workspace=ws)
     return plan, host(y), (host(indices) if with_indices else None)
 
 
-def check_forward(kind, x_host, axis, reverse, element, with_indices=False, workspace=False):
+def check_forward(kind, x_host, axis, reverse, element, with_indices=False, workspace=False,
+                  place=None):
     plan, y, indices = run_forward(kind, x_host, axis, reverse, element, with_indices,
-                                   workspace)
+                                   workspace, place)
     x = from_storage(x_host, element)
     expected, expected_indices, scale = reference_forward(kind, x, axis, reverse)
     if element in INT_ELEMENTS:
@@ -285,10 +322,53 @@ ROWS_CASES = [(k, ElementKind.F32) for k in KINDS] + [
 
 @pytest.mark.parametrize("kind,element", ROWS_CASES, ids=lambda v: getattr(v, "name", v))
 def test_forward_rows(kind, element, rng):
+    # the generic rows kernel: an input with stride 2 along the scan axis does not collapse
     shape, axis = ROWS_SHAPE
     reverse = bool(rng.integers(0, 2))
-    check_forward(kind, inputs(shape, element, rng, kind), axis, reverse, element,
-                  with_indices=kind in EXTREMA)
+    plan = check_forward(kind, inputs(shape, element, rng, kind), axis, reverse, element,
+                         with_indices=kind in EXTREMA, place=spaced)
+    assert not used_fast(plan)
+
+
+# (shape, axis): rows_fast with two full simulator tiles and a partial one at every
+# element width, and cols_fast with a partial column word for 2-byte types
+FAST_ROWS_SHAPE = ((2, 264), 1)
+FAST_COLS_SHAPES = (((3, 9, 40), 1), ((9, 70), 0))
+
+
+FAST_CASES = [(kind, element) for kind in KINDS for element in FLOAT_ELEMENTS + INT_ELEMENTS
+              if element in FAST_ELEMENTS[FAST_FAMILY[int(kind)]]]
+
+
+@pytest.mark.parametrize("kind,element", FAST_CASES, ids=lambda v: getattr(v, "name", v))
+def test_forward_fast_kernels(kind, element, rng):
+    # values only (Cummax/Cummin without indices): rows_fast and cols_fast
+    for shape, axis in (FAST_ROWS_SHAPE,) + FAST_COLS_SHAPES:
+        x = inputs(shape, element, rng, kind)
+        for reverse in (False, True):
+            workspace = bool(rng.integers(0, 2))
+            plan = check_forward(kind, x, axis, reverse, element, workspace=workspace)
+            assert used_fast(plan)
+
+
+@pytest.mark.parametrize("element", (ElementKind.BF16, ElementKind.F32, ElementKind.F16),
+                         ids=lambda e: e.name)
+def test_fast_kernels_odd_unaligned_split(element, rng):
+    # odd extents (a partial last word), misaligned pointers (element-wise path), the
+    # two-phase split, and a layout that does not collapse (generic kernels)
+    for shape, axis in (((1, 131), 1), ((3, 131), 1), ((2, 520), 1), ((5, 3, 37), 1)):
+        x = inputs(shape, element, rng)
+        for reverse in (False, True):
+            plan = check_forward(ScanKind.CUMSUM, x, axis, reverse, element, workspace=True)
+            assert used_fast(plan)
+            plan = check_forward(ScanKind.CUMMAX, x, axis, reverse, element,
+                                 place=misaligned)
+            assert used_fast(plan)
+    x = inputs((3, 2, 140), element, rng)
+    swapped = np.swapaxes(x, 0, 1)  # outer axes out of order: no uniform pitch
+    if SIMULATOR:
+        plan = check_forward(ScanKind.LOG_CUMSUM_EXP, swapped, 2, True, element)
+        assert not used_fast(plan)
 
 
 @pytest.mark.parametrize("element", FLOAT_ELEMENTS, ids=lambda e: e.name)
@@ -341,6 +421,38 @@ def test_special_values_extrema(rng):
     ints = np.array([[5, 5, 2, 7, 7, -3, 7, 1]], dtype=np.int32)
     for kind in EXTREMA:
         check_forward(kind, ints, 1, False, ElementKind.I32, with_indices=True)
+
+
+@pytest.mark.parametrize("element", (ElementKind.F32, ElementKind.BF16, ElementKind.F64,
+                                     ElementKind.I32), ids=lambda e: e.name)
+def test_fast_indexed_extrema(element, rng):
+    # Cummax/Cummin with indices (and the backward's record-flag pre-pass) on the indexed
+    # rows kernel: NaN, ties, +-inf and signed zeros along rows long enough for it, split
+    # or not, aligned or not
+    special = np.array([[1.0, 3.0, 3.0, np.nan, 5.0, np.nan, -np.inf, 7.0],
+                        [-np.inf, -np.inf, 2.0, 2.0, np.inf, 1.0, np.inf, 0.0],
+                        [0.0, -0.0, 0.0, -1.0, -1.0, -1.0, 2.0, 2.0]])
+    n = 136 if SIMULATOR else 1000  # two simulator tiles of f32 and a partial one
+    if element.is_float:
+        quarters = np.round(rng.uniform(-3, 3, (2, n)) * 4) / 4
+        quarters[1, :8] = special[2]
+        candidates = [to_storage(np.resize(special, (3, n)), element),
+                      to_storage(quarters, element)]
+    else:
+        candidates = [rng.integers(-3, 4, size=(2, n)).astype(element.storage_dtype)]
+    for x in candidates:
+        for kind in EXTREMA:
+            for reverse in (False, True):
+                workspace = bool(rng.integers(0, 2))
+                plan = check_forward(kind, x, 1, reverse, element, with_indices=True,
+                                     workspace=workspace)
+                assert used_fast(plan)
+                if element.is_float and (reverse or not SIMULATOR):
+                    check_backward(kind, x.shape, 1, reverse, element, rng, x_host=x,
+                                   workspace=workspace)
+        plan = check_forward(ScanKind.CUMMAX, x, 1, True, element, with_indices=True,
+                             place=misaligned)
+        assert used_fast(plan)
 
 
 def test_special_values_log_cumsum_exp(rng):

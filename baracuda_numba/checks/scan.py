@@ -1,5 +1,7 @@
 """baracuda-check cases for ScanPlan / ScanBackwardPlan: every kind x element kind x
-(forward, backward) on a rows-kernel and a lines-kernel shape, forward and reverse.
+(forward, backward) on a last-axis and an outer-axis shape, forward and reverse
+(contiguous: the fast rows/cols kernels where the kind and element have one, the
+indexed rows kernel for the Cummax/Cummin backward's pre-pass, else the generic ones).
 
 Each case compares with a NumPy float64 reference; the error is the largest
 ``|got - ref| / bound`` with the bound of ``tests/test_scan.py`` (output rounding of
@@ -32,8 +34,8 @@ from ..testing import (
 from ..types import ElementKind, ScanKind
 from . import CheckCase
 
-# (shape, axis, reverse): rows kernel, lines kernel, few long lines (split when a
-# workspace is given; here the unsplit path). Backward references are O(n^2): shorter.
+# (shape, axis, reverse): last axis, outer axis, few long lines (split when a workspace
+# is given; here the unsplit path). Backward references are O(n^2): shorter.
 _GPU_SHAPES = [((64, 1000), 1, False), ((1000, 64), 0, True), ((3, 20000), 1, True)]
 _GPU_BACKWARD_SHAPES = [((64, 300), 1, False), ((300, 64), 0, True), ((3, 2000), 1, True)]
 _SIM_SHAPES = [((1, 100), 1, False), ((12, 3), 0, True)]

@@ -45,6 +45,10 @@ Algorithms (both handle any strides; the plan picks by layout):
 Both can also split a line into ``nseg`` segments over blocks: phase 1 writes each
 segment's aggregate to a workspace, phase 2 starts each segment from the combined
 aggregates of the segments before it (phase 0: one pass, no split).
+
+Fast kernels for layouts that collapse to [outer, extent, inner] (see "fast kernels"
+below): ``rows_fast`` / ``cols_fast`` for the scalar-state kinds, one compiled kernel per
+family of kinds, and ``rows_indexed`` for Cummax/Cummin with indices and record flags.
 """
 
 from __future__ import annotations
@@ -52,13 +56,13 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import boolean, cuda, float32, float64, int32, int64, types, uint16
+from numba import boolean, cuda, float32, float64, int32, int64, types, uint16, uint32, uint64
 from numba.types import float16
 
 from .._runtime import SIMULATOR
 from ..launch import Kernel, flat
 from ..types import ElementKind, ScanKind
-from .common import MAX_RANK, bf16_to_f32, f32_to_bf16, shfl_up
+from .common import MAX_RANK, bf16_to_f32, f32_to_bf16, shfl_down, shfl_idx, shfl_up
 
 # Threads per block of the rows kernel and elements per thread per tile. Simulator: one
 # Python thread per CUDA thread, so 2 warps of 2 items (still exercises every code path).
@@ -162,6 +166,24 @@ def _constants(acc: types.Type):
     return dtype.type(0), dtype.type(1), dtype.type(info.min), dtype.type(info.max)
 
 
+def _make_logaddexp(acc: types.Type):
+    """log(exp(x) + exp(y)) with -inf the identity (never exp(-inf - -inf)), +inf
+    absorbing and NaN propagating."""
+    _, _, lowest, highest = _constants(acc)
+
+    @cuda.jit(device=True, inline=True)
+    def logaddexp(x, y):
+        if x != x or y != y:
+            return acc(x + y)
+        hi = x if x >= y else y
+        lo = y if x >= y else x
+        if lo == lowest or hi == highest:
+            return hi
+        return acc(hi + math.log1p(math.exp(lo - hi)))
+
+    return logaddexp
+
+
 def _forward_ops(acc: types.Type):
     """Forward kinds; state (value, index). Cummax/Cummin: NaN dominates; ties go to the
     later index (torch.cummax), or for the first-flag pre-passes to the earlier one, whose
@@ -186,15 +208,7 @@ def _forward_ops(acc: types.Type):
     def lift(v0, v1, v2, v2n, has_next, pos, code):
         return (v0, int64(pos))
 
-    @cuda.jit(device=True, inline=True)
-    def logaddexp(x, y):
-        if x != x or y != y:
-            return acc(x + y)
-        hi = x if x >= y else y
-        lo = y if x >= y else x
-        if lo == lowest or hi == highest:
-            return hi
-        return acc(hi + math.log1p(math.exp(lo - hi)))
+    logaddexp = _make_logaddexp(acc)
 
     @cuda.jit(device=True, inline=True)
     def combine(a, b, code):
@@ -581,6 +595,763 @@ def _make_lines(op: ScanOp):
     return scan_lines
 
 
+# -- fast kernels for the common layout ----------------------------------------------------
+#
+# Scalar-state forward scans (Cumsum, Cumprod, LogCumsumExp, and Cummax/Cummin values) of
+# operands whose lines sit at a uniform pitch: the plan collapses the tensor to
+# [outer, extent, inner] for x and y (inner axes contiguous). Arrays are 'C' 1-D views
+# indexed with uint64 (no stride multiply, no negative-index wraparound), and where the
+# pointers and strides allow it every access moves an 8-byte word of ``8 // itemsize``
+# elements through a second uint64 view of the same bytes.
+#
+# rows_fast (inner = 1): one warp per (line, segment). A tile is 32 lanes x WORDS words; lane
+# ``l`` holds elements ``k*32*V + l*V + j`` (j < V) of group ``k`` in registers:
+#
+#     words --unpack--> V values --serial scan--> warp shfl_up scan of the lane totals
+#         --> + carry + exclusive lane prefix --> pack --> words     (no smem, no barrier)
+#
+# cols_fast (inner >= 32): a block of 32 lanes x CHUNKS rows of threads covers 32*V columns;
+# each thread scans ROWS consecutive rows of its V columns in registers, chunk totals are
+# combined through shared memory (double-buffered: one barrier per tile).
+#
+# Both split few long lines into segments over warps/blocks in two phases like the generic
+# kernels (phase 1: segment aggregates to ``ws``; phase 2: prefix of the earlier segments,
+# combined in a fixed order, so results are deterministic).
+
+_WORD_BYTES = 8
+#: rows_fast: uint64 words per lane per tile (loads in flight per thread)
+FAST_WORDS = 2 if SIMULATOR else 4
+#: rows_fast threads per block (independent warps)
+FAST_ROWS_BLOCK = 32 if SIMULATOR else 128
+#: cols_fast: chunks per block (threadIdx.y) and rows per thread per tile
+FAST_COLS_CHUNKS = 2 if SIMULATOR else 8
+_FAST_COLS_VALUES = 4 if SIMULATOR else 16  # values per thread per tile (rows x V)
+#: family -> (rows_fast words, cols_fast values) on the GPU: fewer for the families with
+#: large combines, whose unrolled loops otherwise stay loops and put the per-thread values
+#: in local memory (PTX of compute 9.0 checked for ld.local/st.local)
+_FAST_SIZES = {"sum": (FAST_WORDS, _FAST_COLS_VALUES), "prod": (FAST_WORDS, _FAST_COLS_VALUES),
+               "lse": (4, 8), "extremum": (FAST_WORDS, _FAST_COLS_VALUES)}
+
+if SIMULATOR:
+
+    @cuda.jit(device=True)
+    def _bitcast(value, target):
+        """``value``'s bits read as ``target`` (same width)."""
+        return np.asarray(value).view(np.dtype(str(target)))[()]
+
+else:
+    from numba.cuda.extending import intrinsic
+
+    @intrinsic
+    def _bitcast(typingctx, value, target):
+        """``value``'s bits read as ``target`` (same width): one LLVM bitcast."""
+        to = target.instance_type
+
+        def codegen(context, builder, signature, args):
+            return builder.bitcast(args[0], context.get_value_type(to))
+
+        return to(value, target), codegen
+
+
+@cuda.jit(device=True, inline=True)
+def _f16_from_bits(bits):
+    return _bitcast(uint16(bits), float16)
+
+
+@cuda.jit(device=True, inline=True)
+def _f16_to_bits(value):
+    return uint64(_bitcast(value, uint16))
+
+
+@cuda.jit(device=True, inline=True)
+def _u16_from_bits(bits):
+    return uint16(bits)
+
+
+@cuda.jit(device=True, inline=True)
+def _u16_to_bits(value):
+    return uint64(value)
+
+
+@cuda.jit(device=True, inline=True)
+def _f32_from_bits(bits):
+    return _bitcast(uint32(bits), float32)
+
+
+@cuda.jit(device=True, inline=True)
+def _f32_to_bits(value):
+    return uint64(_bitcast(value, uint32))
+
+
+@cuda.jit(device=True, inline=True)
+def _i32_from_bits(bits):
+    return _bitcast(uint32(bits), int32)
+
+
+@cuda.jit(device=True, inline=True)
+def _i32_to_bits(value):
+    return uint64(_bitcast(value, uint32))
+
+
+@cuda.jit(device=True, inline=True)
+def _f64_from_bits(bits):
+    return _bitcast(uint64(bits), float64)
+
+
+@cuda.jit(device=True, inline=True)
+def _f64_to_bits(value):
+    return _bitcast(value, uint64)
+
+
+@cuda.jit(device=True, inline=True)
+def _i64_from_bits(bits):
+    return _bitcast(uint64(bits), int64)
+
+
+@cuda.jit(device=True, inline=True)
+def _i64_to_bits(value):
+    return _bitcast(value, uint64)
+
+
+#: element kind -> (storage from its zero-extended bits, storage to bits)
+_WORD_BITS = {
+    ElementKind.F16: (_f16_from_bits, _f16_to_bits),
+    ElementKind.BF16: (_u16_from_bits, _u16_to_bits),
+    ElementKind.F32: (_f32_from_bits, _f32_to_bits),
+    ElementKind.F64: (_f64_from_bits, _f64_to_bits),
+    ElementKind.I32: (_i32_from_bits, _i32_to_bits),
+    ElementKind.I64: (_i64_from_bits, _i64_to_bits),
+}
+
+#: Forward kinds the fast kernels serve (scalar state: no index output, no flag pre-pass),
+#: by family: one compiled kernel per family keeps the per-element code small (a runtime
+#: kind switch with every combine inlined left the per-thread values in local memory).
+FAST_FAMILY = {CODE_CUMSUM: "sum", CODE_CUMPROD: "prod", CODE_LOG_CUMSUM_EXP: "lse",
+               CODE_CUMMAX: "extremum", CODE_CUMMIN: "extremum"}
+#: family -> element kinds with fast kernels (the rest use the generic kernels)
+FAST_ELEMENTS = {"sum": FLOAT_ELEMENTS + INT_ELEMENTS, "prod": FLOAT_ELEMENTS,
+                 "lse": FLOAT_ELEMENTS, "extremum": FLOAT_ELEMENTS + INT_ELEMENTS}
+
+
+def _scalar_forward_ops(acc: types.Type, family: str):
+    """identity / combine of one family of forward kinds on the value alone: the same
+    arithmetic and the same NaN, tie (later wins, which decides the sign of a zero) and
+    -inf rules as ``_forward_ops``. Only the extremum family reads ``code`` (max or min)."""
+    zero, one, lowest, highest = _constants(acc)
+    logaddexp = _make_logaddexp(acc)
+
+    if family == "sum":
+
+        @cuda.jit(device=True, inline=True)
+        def identity(code):
+            return zero
+
+        @cuda.jit(device=True, inline=True)
+        def combine(a, b, code):
+            return acc(a + b)
+
+    elif family == "prod":
+
+        @cuda.jit(device=True, inline=True)
+        def identity(code):
+            return one
+
+        @cuda.jit(device=True, inline=True)
+        def combine(a, b, code):
+            return acc(a * b)
+
+    elif family == "lse":
+
+        @cuda.jit(device=True, inline=True)
+        def identity(code):
+            return lowest
+
+        @cuda.jit(device=True, inline=True)
+        def combine(a, b, code):
+            return logaddexp(a, b)
+
+    else:
+
+        @cuda.jit(device=True, inline=True)
+        def identity(code):
+            return lowest if code == CODE_CUMMAX else highest
+
+        @cuda.jit(device=True, inline=True)
+        def combine(a, b, code):
+            if b != b:
+                return b
+            if a != a:
+                return a
+            if code == CODE_CUMMAX:
+                return b if b >= a else a
+            return b if b <= a else a
+
+    return identity, combine
+
+
+class FastFormat:
+    """Compile-time constants of the fast kernels at one element kind."""
+
+    def __init__(self, element: ElementKind, family: str) -> None:
+        storage, acc, widen, narrow = SCAN_STORAGE[element]
+        self.element = element
+        self.family = family
+        self.storage = storage
+        self.acc = acc
+        self.widen = widen
+        self.narrow = narrow
+        self.per_word = _WORD_BYTES // np.dtype(str(storage)).itemsize
+        self.from_bits, self.to_bits = _WORD_BITS[element]
+        self.identity, self.combine = _scalar_forward_ops(acc, family)
+
+
+def _word_codecs(fmt: FastFormat):
+    """unpack(word, j) -> accumulator value of element j; pack_one(value, j) -> its bits
+    in place j of a word."""
+    per_word = fmt.per_word
+    bits = 64 // per_word
+    mask = uint64((1 << bits) - 1) if bits < 64 else uint64(0xFFFFFFFFFFFFFFFF)
+    widen, narrow, from_bits, to_bits = fmt.widen, fmt.narrow, fmt.from_bits, fmt.to_bits
+
+    @cuda.jit(device=True, inline=True)
+    def unpack(word, j):
+        return widen(from_bits((word >> uint64(bits * j)) & mask))
+
+    @cuda.jit(device=True, inline=True)
+    def pack_one(value, j):
+        return to_bits(narrow(value)) << uint64(bits * j)
+
+    @cuda.jit(device=True, inline=True)
+    def store_word(yw, y, index, word):
+        yw[uint64(index)] = word
+        if SIMULATOR:
+            # The simulator copies each argument in and back out: y's copy-back (it comes
+            # after yw) would undo the word store, so mirror the word's elements into y.
+            for j in range(per_word):
+                y[uint64(index * per_word + j)] = from_bits((word >> uint64(bits * j)) & mask)
+
+    return unpack, pack_one, store_word
+
+
+def _make_warp_helpers(fmt: FastFormat):
+    identity, combine = fmt.identity, fmt.combine
+
+    @cuda.jit(device=True, inline=True)
+    def warp_total(value, lane, code):
+        """combine(lane 0, lane 1, ..., lane 31) in lane order, on every lane (a fixed
+        tree: deterministic)."""
+        delta = 1
+        while delta < 32:
+            other = shfl_down(value, delta)
+            if lane + delta < 32:
+                value = combine(value, other, code)
+            delta *= 2
+        return shfl_idx(value, 0)
+
+    @cuda.jit(device=True, inline=True)
+    def segments_prefix(ws, first, count, lane, code):
+        """combine(ws[first], ..., ws[first + count - 1]) in order, on every lane."""
+        per_lane = (count + 31) // 32
+        lo = min(count, lane * per_lane)
+        hi = min(count, lo + per_lane)
+        value = identity(code)
+        for g in range(lo, hi):
+            value = combine(value, ws[uint64(first + g)], code)
+        return warp_total(value, lane, code)
+
+    return warp_total, segments_prefix
+
+
+def _make_rows_fast(fmt: FastFormat, words: int):
+    """The rows_fast kernel (see above) with ``words`` uint64 words per lane per tile.
+
+    Striped (default): lane ``l`` holds word ``k*32 + l`` of the tile for k < words
+    (coalesced loads, one warp scan per word group). Blocked (the LogCumsumExp family,
+    whose combine costs ~50 instructions): lane ``l`` holds words ``l*words + k``, a run of
+    ``words*V`` consecutive elements, so one warp scan serves the whole run (f32 [4096²]:
+    10 logaddexp per 2 elements striped)."""
+    acc = fmt.acc
+    per_word = fmt.per_word
+    per_lane = words * per_word
+    tile = 32 * per_lane
+    blocked = fmt.family == "lse"
+    scan_groups = 1 if blocked else words  # groups of consecutive elements per lane
+    group = per_lane // scan_groups
+    # phase 1 reduces a lane's values before the lanes: only in scan order when each lane
+    # holds one run, or when the operation commutes (not for Cummax/Cummin ties)
+    reduce_groups = scan_groups if fmt.family == "extremum" else 1
+    reduce_size = per_lane // reduce_groups
+    identity, combine, widen, narrow = fmt.identity, fmt.combine, fmt.widen, fmt.narrow
+    unpack, pack_one, store_word = _word_codecs(fmt)
+    warp_total, segments_prefix = _make_warp_helpers(fmt)
+
+    def scan_rows_fast(x, xw, yw, y, ws, lines, extent, x_pitch, y_pitch, seg_len, nseg,
+                       phase, reverse, vec, code):
+        vals = cuda.local.array(per_lane, acc)
+        lane = int64(cuda.threadIdx.x % 32)
+        warps = int64(cuda.blockDim.x // 32)
+        item = int64(cuda.blockIdx.x) * warps + int64(cuda.threadIdx.x // 32)
+        step = int64(cuda.gridDim.x) * warps
+        extent_words = extent // per_word
+        while item < lines * nseg:
+            line = item // nseg
+            seg = item - line * nseg
+            xb = line * x_pitch
+            yb = line * y_pitch
+            s_begin = seg * seg_len
+            s_end = min(extent, s_begin + seg_len)
+            carry = identity(code)
+            if phase == 2:
+                carry = segments_prefix(ws, line * nseg, seg, lane, code)
+            base = s_begin
+            while base < s_end:
+                full = vec and base + tile <= s_end
+                if full:
+                    for k in range(words):
+                        sw = base // per_word + (lane * words + k if blocked else k * 32 + lane)
+                        if reverse:
+                            w = xw[uint64(xb // per_word + extent_words - 1 - sw)]
+                        else:
+                            w = xw[uint64(xb // per_word + sw)]
+                        for j in range(per_word):
+                            vals[k * per_word + j] = unpack(w, per_word - 1 - j if reverse
+                                                            else j)
+                else:
+                    for k in range(words):
+                        for j in range(per_word):
+                            s = base + (lane * words + k if blocked else k * 32 + lane) \
+                                * per_word + j
+                            v = identity(code)
+                            if s < s_end:
+                                pos = extent - 1 - s if reverse else s
+                                v = widen(x[uint64(xb + pos)])
+                            vals[k * per_word + j] = v
+                if phase == 1:
+                    for r in range(reduce_groups):
+                        agg = vals[r * reduce_size]
+                        for i in range(1, reduce_size):
+                            agg = combine(agg, vals[r * reduce_size + i], code)
+                        carry = combine(carry, warp_total(agg, lane, code), code)
+                else:
+                    for g in range(scan_groups):
+                        run = vals[g * group]
+                        for i in range(1, group):
+                            run = combine(run, vals[g * group + i], code)
+                            vals[g * group + i] = run
+                        inc = run
+                        delta = 1
+                        while delta < 32:
+                            other = shfl_up(inc, delta)
+                            if lane >= delta:
+                                inc = combine(other, inc, code)
+                            delta *= 2
+                        excl = shfl_up(inc, 1)
+                        prefix = carry
+                        if lane > 0:
+                            prefix = combine(carry, excl, code)
+                        for i in range(group):
+                            vals[g * group + i] = combine(prefix, vals[g * group + i], code)
+                        carry = combine(carry, shfl_idx(inc, 31), code)
+                    if full:
+                        for k in range(words):
+                            sw = base // per_word + (lane * words + k if blocked
+                                                     else k * 32 + lane)
+                            w = uint64(0)
+                            for j in range(per_word):
+                                w |= pack_one(vals[k * per_word + j],
+                                              per_word - 1 - j if reverse else j)
+                            if reverse:
+                                store_word(yw, y, yb // per_word + extent_words - 1 - sw, w)
+                            else:
+                                store_word(yw, y, yb // per_word + sw, w)
+                    else:
+                        for k in range(words):
+                            for j in range(per_word):
+                                s = base + (lane * words + k if blocked else k * 32 + lane) \
+                                    * per_word + j
+                                if s < s_end:
+                                    pos = extent - 1 - s if reverse else s
+                                    y[uint64(yb + pos)] = narrow(vals[k * per_word + j])
+                base += tile
+            if phase == 1 and lane == 0:
+                ws[uint64(item)] = carry
+            item += step
+
+    scan_rows_fast.__qualname__ = f"scan_rows_fast_{fmt.family}_{fmt.element.name}_{words}"
+    return scan_rows_fast
+
+
+def _make_cols_fast(fmt: FastFormat, rows: int, chunks_max: int):
+    """The cols_fast kernel (see above): ``rows`` rows per thread per tile, up to
+    ``chunks_max`` chunks (blockDim.y) per block."""
+    acc = fmt.acc
+    per_word = fmt.per_word
+    width = 32 * per_word  # columns per block
+    identity, combine, widen, narrow = fmt.identity, fmt.combine, fmt.widen, fmt.narrow
+    unpack, pack_one, store_word = _word_codecs(fmt)
+    part_slots = 2 * chunks_max * width
+    values = rows * per_word
+
+    def scan_cols_fast(x, xw, yw, y, ws, outer, extent, inner, x_outer, x_step, y_outer,
+                       y_step, seg_len, nseg, phase, reverse, vec, code):
+        part = cuda.shared.array(part_slots, acc)
+        vals = cuda.local.array(values, acc)
+        carry = cuda.local.array(per_word, acc)
+        prefix = cuda.local.array(per_word, acc)
+        lane = int64(cuda.threadIdx.x)
+        chunk = int64(cuda.threadIdx.y)
+        chunks = int64(cuda.blockDim.y)
+        tile_rows = chunks * rows
+        groups = (inner + width - 1) // width
+        lines = outer * inner
+        parity = int64(0)
+        item = int64(cuda.blockIdx.x)
+        while item < outer * groups * nseg:
+            seg = item % nseg
+            rest = item // nseg
+            group = rest % groups
+            o = rest // groups
+            col = group * width + lane * per_word
+            ncols = min(per_word, inner - col)
+            wide = vec and ncols == per_word
+            xb = o * x_outer + col
+            yb = o * y_outer + col
+            s_begin = seg * seg_len
+            s_end = min(extent, s_begin + seg_len)
+            for j in range(per_word):
+                carry[j] = identity(code)
+            if phase == 2:
+                # ws is segment-major ([segment][line]): coalesced across lanes
+                for g in range(seg):
+                    at = g * lines + o * inner + col
+                    for j in range(per_word):
+                        if j < ncols:
+                            carry[j] = combine(carry[j], ws[uint64(at + j)], code)
+            base = s_begin
+            while base < s_end:
+                r0 = base + chunk * rows
+                for r in range(rows):
+                    s = r0 + r
+                    pos = extent - 1 - s if reverse else s
+                    if wide and s < s_end:
+                        w = xw[uint64((xb + pos * x_step) // per_word)]
+                        for j in range(per_word):
+                            vals[r * per_word + j] = unpack(w, j)
+                    else:
+                        for j in range(per_word):
+                            v = identity(code)
+                            if s < s_end and j < ncols:
+                                v = widen(x[uint64(xb + pos * x_step + j)])
+                            vals[r * per_word + j] = v
+                for r in range(1, rows):
+                    for j in range(per_word):
+                        vals[r * per_word + j] = combine(vals[(r - 1) * per_word + j],
+                                                         vals[r * per_word + j], code)
+                # part[parity][chunk][j][lane]: lane-contiguous, free of bank conflicts
+                slot = (parity * chunks + chunk) * width + lane
+                for j in range(per_word):
+                    part[slot + j * 32] = vals[(rows - 1) * per_word + j]
+                cuda.syncthreads()
+                # runtime loops outside, unrolled loops over j inside: every local array
+                # index is a constant after unrolling (registers, not local memory)
+                for j in range(per_word):
+                    prefix[j] = carry[j]
+                for c in range(chunk):
+                    at = (parity * chunks + c) * width + lane
+                    for j in range(per_word):
+                        prefix[j] = combine(prefix[j], part[at + j * 32], code)
+                for j in range(per_word):
+                    carry[j] = prefix[j]
+                for c in range(chunk, chunks):
+                    at = (parity * chunks + c) * width + lane
+                    for j in range(per_word):
+                        carry[j] = combine(carry[j], part[at + j * 32], code)
+                if phase != 1:
+                    for r in range(rows):
+                        for j in range(per_word):
+                            vals[r * per_word + j] = combine(prefix[j], vals[r * per_word + j],
+                                                             code)
+                if phase != 1:
+                    for r in range(rows):
+                        s = r0 + r
+                        pos = extent - 1 - s if reverse else s
+                        if wide and s < s_end:
+                            w = uint64(0)
+                            for j in range(per_word):
+                                w |= pack_one(vals[r * per_word + j], j)
+                            store_word(yw, y, (yb + pos * y_step) // per_word, w)
+                        elif s < s_end:
+                            for j in range(per_word):
+                                if j < ncols:
+                                    y[uint64(yb + pos * y_step + j)] = narrow(
+                                        vals[r * per_word + j])
+                parity = 1 - parity
+                base += tile_rows
+            if phase == 1 and chunk == 0:
+                for j in range(per_word):
+                    if j < ncols:
+                        ws[uint64(seg * lines + o * inner + col + j)] = carry[j]
+            item += cuda.gridDim.x
+
+    scan_cols_fast.__qualname__ = f"scan_cols_fast_{fmt.family}_{fmt.element.name}_{rows}"
+    return scan_cols_fast
+
+
+def _c_flat(array_type: types.Type) -> types.Array:
+    return types.Array(array_type, 1, "C")
+
+
+#: Register cap (64: 4 blocks of 256 threads per SM) of cols_fast for 2- and 4-byte
+#: elements and of the indexed rows kernel for 2-byte ones. Uncapped, cols_fast took 137
+#: registers for bf16 (one block per SM) and 96 for f32, the indexed kernel 95 for bf16;
+#: capped, ptxas spills 36-80 bytes (loop invariants). Measured (H100, 2026-11-22):
+#: cols_fast [4096²] axis 0 bf16 103.8 µs vs 206.1 uncapped, f32 88.5 vs 100.7;
+#: [64, 1e6] axis 0 bf16 206.3 vs 469.6, f32 194.4 vs 239.8; indexed Cummax [4096²] bf16
+#: 161.5 vs 174.8 (f32 at 56 registers: 135.1 vs 133.6 at its own 64, so not capped).
+_MAX_REGISTERS = 64
+
+
+def _cap(fmt: FastFormat, max_registers: int | None, min_per_word: int) -> int | None:
+    """The register cap: ``max_registers`` if given (0: none), else ``_MAX_REGISTERS``
+    for elements of at least ``min_per_word`` per 8-byte word."""
+    if max_registers is not None:
+        return max_registers or None
+    return _MAX_REGISTERS if fmt.per_word >= min_per_word else None
+
+
+class FastKernels:
+    """rows_fast and cols_fast of one family of forward kinds at one element kind."""
+
+    def __init__(self, element: ElementKind, family: str, words: int | None = None,
+                 col_values: int | None = None, register: bool = True,
+                 cols_max_registers: int | None = None) -> None:
+        fmt = FastFormat(element, family)
+        words = words or (FAST_WORDS if SIMULATOR else _FAST_SIZES[family][0])
+        col_values = col_values or (_FAST_COLS_VALUES if SIMULATOR
+                                    else _FAST_SIZES[family][1])
+        self.format = fmt
+        self.per_word = fmt.per_word
+        self.words = words
+        self.tile = 32 * words * fmt.per_word
+        self.col_rows = max(2, col_values // fmt.per_word)
+        self.acc_bytes = fmt.acc.bitwidth // 8
+        arrays = (_c_flat(fmt.storage), _c_flat(uint64), _c_flat(uint64),
+                  _c_flat(fmt.storage), _c_flat(fmt.acc))
+        tag = f"{element.name},{family}"
+        self.rows = Kernel(f"scan_rows_fast[{tag}]", _make_rows_fast(fmt, words),
+                           arrays + (int64,) * 7 + (boolean, boolean, int64),
+                           register=register)
+        self.cols = Kernel(f"scan_cols_fast[{tag}]",
+                           _make_cols_fast(fmt, self.col_rows, FAST_COLS_CHUNKS),
+                           arrays + (int64,) * 10 + (boolean, boolean, int64),
+                           register=register, max_registers=_cap(fmt, cols_max_registers, 2))
+
+
+def _indexed_ops(acc: types.Type):
+    """identity / combine of Cummax/Cummin with the winner's position, and of their
+    first-occurrence record-flag pre-passes: ``_forward_ops`` restricted to these four
+    codes (the same NaN and tie rules), so the kernel stays small."""
+    _, _, lowest, highest = _constants(acc)
+    no_index = int64(-1)
+
+    @cuda.jit(device=True, inline=True)
+    def identity(code):
+        if code == CODE_CUMMAX or code == CODE_CUMMAX_FIRST_FLAG:
+            return (lowest, no_index)
+        return (highest, no_index)
+
+    @cuda.jit(device=True, inline=True)
+    def combine(a, b, code):
+        if code >= CODE_CUMMAX_FIRST_FLAG:
+            if a[1] < 0:  # the identity: the first element is always a record
+                return b
+            if a[0] != a[0]:  # the first NaN stays the winner
+                return a
+            if b[0] != b[0]:
+                return b
+            if code == CODE_CUMMAX_FIRST_FLAG:
+                return b if b[0] > a[0] else a
+            return b if b[0] < a[0] else a
+        if b[0] != b[0]:  # a later NaN wins (torch: the index of the last NaN)
+            return b
+        if a[0] != a[0]:
+            return a
+        if code == CODE_CUMMAX:
+            return b if b[0] >= a[0] else a
+        return b if b[0] <= a[0] else a
+
+    return identity, combine
+
+
+#: Indexed rows kernel: words per lane per tile. One on the GPU: with 2 or 4 the word loop
+#: stays a loop and the (value, position) pairs go to local memory (PTX, compute 9.0).
+_INDEXED_WORDS = 2 if SIMULATOR else 1
+#: Codes of the indexed rows kernel: Cummax/Cummin with an index output, and the record
+#: flags of their backward (a 1 where the element is the running winner, else 0).
+INDEXED_CODES = (CODE_CUMMAX, CODE_CUMMIN, CODE_CUMMAX_FIRST_FLAG, CODE_CUMMIN_FIRST_FLAG)
+
+
+def _make_rows_indexed(fmt: FastFormat, words: int):
+    """rows_fast for the (value, position) state of Cummax/Cummin (striped tiles; the
+    combine is not commutative, so phase 1 reduces each word group in scan order)."""
+    acc = fmt.acc
+    per_word = fmt.per_word
+    per_lane = words * per_word
+    tile = 32 * per_lane
+    zero, one, _, _ = _constants(acc)
+    identity, combine = _indexed_ops(acc)
+    widen, narrow = fmt.widen, fmt.narrow
+    unpack, pack_one, store_word = _word_codecs(fmt)
+
+    @cuda.jit(device=True, inline=True)
+    def shfl_pair_up(state, delta):
+        return (shfl_up(state[0], delta), shfl_up(state[1], delta))
+
+    @cuda.jit(device=True, inline=True)
+    def warp_total(state, lane, code):
+        delta = 1
+        while delta < 32:
+            other = (shfl_down(state[0], delta), shfl_down(state[1], delta))
+            if lane + delta < 32:
+                state = combine(state, other, code)
+            delta *= 2
+        return (shfl_idx(state[0], 0), shfl_idx(state[1], 0))
+
+    def scan_rows_indexed(x, xw, yw, y, out_idx, ws_a, ws_b, lines, extent, x_pitch,
+                          y_pitch, i_pitch, seg_len, nseg, phase, reverse, vec, write_index,
+                          code):
+        vals = cuda.local.array(per_lane, acc)
+        idxs = cuda.local.array(per_lane, int64)
+        lane = int64(cuda.threadIdx.x % 32)
+        warps = int64(cuda.blockDim.x // 32)
+        item = int64(cuda.blockIdx.x) * warps + int64(cuda.threadIdx.x // 32)
+        step = int64(cuda.gridDim.x) * warps
+        extent_words = extent // per_word
+        flags = code >= CODE_CUMMAX_FIRST_FLAG
+        while item < lines * nseg:
+            line = item // nseg
+            seg = item - line * nseg
+            xb = line * x_pitch
+            yb = line * y_pitch
+            ib = line * i_pitch
+            s_begin = seg * seg_len
+            s_end = min(extent, s_begin + seg_len)
+            carry = identity(code)
+            if phase == 2:
+                # combine(ws[first], ..., ws[first + seg - 1]) in order, on every lane
+                first = line * nseg
+                per = (seg + 31) // 32
+                lo = min(seg, lane * per)
+                hi = min(seg, lo + per)
+                part = identity(code)
+                for g in range(lo, hi):
+                    part = combine(part, (ws_a[uint64(first + g)], ws_b[uint64(first + g)]),
+                                   code)
+                carry = warp_total(part, lane, code)
+            base = s_begin
+            while base < s_end:
+                full = vec and base + tile <= s_end
+                for k in range(words):
+                    sw = base // per_word + k * 32 + lane
+                    w = uint64(0)
+                    if full:
+                        if reverse:
+                            w = xw[uint64(xb // per_word + extent_words - 1 - sw)]
+                        else:
+                            w = xw[uint64(xb // per_word + sw)]
+                    for j in range(per_word):
+                        s = sw * per_word + j
+                        pos = extent - 1 - s if reverse else s
+                        v = identity(code)[0]
+                        p = int64(-1)
+                        if full:
+                            v = unpack(w, per_word - 1 - j if reverse else j)
+                            p = pos
+                        elif s < s_end:
+                            v = widen(x[uint64(xb + pos)])
+                            p = pos
+                        vals[k * per_word + j] = v
+                        idxs[k * per_word + j] = p
+                for k in range(words):
+                    run = (vals[k * per_word], idxs[k * per_word])
+                    for j in range(1, per_word):
+                        run = combine(run, (vals[k * per_word + j], idxs[k * per_word + j]),
+                                      code)
+                        vals[k * per_word + j] = run[0]
+                        idxs[k * per_word + j] = run[1]
+                    if phase == 1:
+                        carry = combine(carry, warp_total(run, lane, code), code)
+                    else:
+                        inc = run
+                        delta = 1
+                        while delta < 32:
+                            other = shfl_pair_up(inc, delta)
+                            if lane >= delta:
+                                inc = combine(other, inc, code)
+                            delta *= 2
+                        excl = shfl_pair_up(inc, 1)
+                        prefix = carry
+                        if lane > 0:
+                            prefix = combine(carry, excl, code)
+                        for j in range(per_word):
+                            state = combine(prefix, (vals[k * per_word + j],
+                                                     idxs[k * per_word + j]), code)
+                            value = state[0]
+                            if flags:
+                                s = (base // per_word + k * 32 + lane) * per_word + j
+                                pos = extent - 1 - s if reverse else s
+                                value = one if state[1] == pos else zero
+                            vals[k * per_word + j] = value
+                            idxs[k * per_word + j] = state[1]
+                        carry = combine(carry, (shfl_idx(inc[0], 31), shfl_idx(inc[1], 31)),
+                                        code)
+                if phase != 1:
+                    for k in range(words):
+                        sw = base // per_word + k * 32 + lane
+                        if full:
+                            w = uint64(0)
+                            for j in range(per_word):
+                                w |= pack_one(vals[k * per_word + j],
+                                              per_word - 1 - j if reverse else j)
+                            if reverse:
+                                store_word(yw, y, yb // per_word + extent_words - 1 - sw, w)
+                            else:
+                                store_word(yw, y, yb // per_word + sw, w)
+                        for j in range(per_word):
+                            s = sw * per_word + j
+                            if s < s_end:
+                                pos = extent - 1 - s if reverse else s
+                                if not full:
+                                    y[uint64(yb + pos)] = narrow(vals[k * per_word + j])
+                                if write_index:
+                                    out_idx[uint64(ib + pos)] = idxs[k * per_word + j]
+                base += tile
+            if phase == 1 and lane == 0:
+                ws_a[uint64(item)] = carry[0]
+                ws_b[uint64(item)] = carry[1]
+            item += step
+
+    scan_rows_indexed.__qualname__ = f"scan_rows_indexed_{fmt.element.name}_{words}"
+    return scan_rows_indexed
+
+
+class IndexedKernels:
+    """rows_fast with the winner's position: Cummax/Cummin with indices and the record
+    flags of their backward, at one element kind."""
+
+    def __init__(self, element: ElementKind, words: int = _INDEXED_WORDS,
+                 register: bool = True, max_registers: int | None = None) -> None:
+        fmt = FastFormat(element, "extremum")
+        self.per_word = fmt.per_word
+        self.tile = 32 * words * fmt.per_word
+        arrays = (_c_flat(fmt.storage), _c_flat(uint64), _c_flat(uint64),
+                  _c_flat(fmt.storage), _c_flat(int64), _c_flat(fmt.acc), _c_flat(int64))
+        self.rows = Kernel(f"scan_rows_indexed[{element.name}]",
+                           _make_rows_indexed(fmt, words),
+                           arrays + (int64,) * 8 + (boolean, boolean, boolean, int64),
+                           register=register, max_registers=_cap(fmt, max_registers, 4))
+
+
 # -- the table ----------------------------------------------------------------------------
 
 _TUPLE8 = types.UniTuple(int64, 8)
@@ -620,3 +1391,13 @@ class ScanKernels:
 SCAN_KERNELS: dict[tuple[bool, ElementKind], ScanKernels] = {
     (False, e): ScanKernels(False, e) for e in FLOAT_ELEMENTS + INT_ELEMENTS
 } | {(True, e): ScanKernels(True, e) for e in FLOAT_ELEMENTS}
+
+#: (family, element kind) -> fast kernels (forward, scalar-state kinds, uniform pitch).
+FAST_KERNELS: dict[tuple[str, ElementKind], FastKernels] = {
+    (family, e): FastKernels(e, family) for family, elements in FAST_ELEMENTS.items()
+    for e in elements
+}
+#: element kind -> the indexed rows kernel (Cummax/Cummin with indices, record flags).
+INDEXED_KERNELS: dict[ElementKind, IndexedKernels] = {
+    e: IndexedKernels(e) for e in FLOAT_ELEMENTS + INT_ELEMENTS
+}
