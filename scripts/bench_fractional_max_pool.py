@@ -5,8 +5,9 @@ aten's fractional_max_pool{2,3}d_backward (atomics; includes zeroing grad_input)
 Bytes counted as the minimum traffic: forward x + y + indices (i64), backward
 dy + indices + dx. The plain rows use the default (fast, contiguous) kernels.
 ``FMP_TUNE=1`` adds the other fast forward window walks (unrolled / looped), other run
-lengths, the opt-in tiled backward (block sizes, tile cap), the general (any-stride,
-64-bit, gather-backward) kernels on the same arrays, and the zero fill alone.
+lengths, the tiled backward's other phase 2, block size and a smaller tile cap, the
+leader-scatter backward, the general (any-stride, 64-bit, gather-backward) kernels on the
+same arrays, and the zero fill alone.
 """
 
 from __future__ import annotations
@@ -83,10 +84,7 @@ def _bench_one(ctx, label, shape_in, windows, shape_out, dtype_name, tune) -> No
     ctx.row(f"{label} fw", dtype_name, us, fw_bytes, torch_fw_us)
     bw = [bw_args(dy, idx, dx) for dy in dys]
     us = ctx.time_gpu(lambda i: plan.run_bw(bw[i]), sets)
-    tiles = plan._tile_shape()
-    ctx.row(f"{label} bw", dtype_name, us, bw_bytes, torch_bw_us,
-            f"deterministic; tiles of {tiles[0]}x{tiles[1]} rows, no zero fill" if tiles
-            else "deterministic; zero fill included")
+    ctx.row(f"{label} bw", dtype_name, us, bw_bytes, torch_bw_us, _bw_note(plan))
 
     # TORCH placement: the same windows as torch (checked before timing)
     plan_t, _, _ = _plan(shape_in, windows, shape_out, element, fmp.FractionalPlacement.TORCH)
@@ -124,17 +122,23 @@ def _bench_one(ctx, label, shape_in, windows, shape_out, dtype_name, tune) -> No
             ctx.row(f"{label} fw {default_walk} {rows} rows/thread", dtype_name, us, fw_bytes,
                     torch_fw_us, "tuning")
         plan.rows_per_thread = None
-        plan.tiled_backward = True
         if plan._tile_shape() is not None:
-            for threads, elems in ((fmp._TILE_THREADS, None), (128, None), (512, None),
-                                   (fmp._TILE_THREADS, 2048)):
-                plan.tile_threads, plan.tile_elems = threads, elems
+            default_fused, default_threads = plan.fused_sums, plan.tile_threads
+            for fused, threads, elems in ((not default_fused, default_threads, None),
+                                          (default_fused, 768 - default_threads, None),
+                                          (not default_fused, 768 - default_threads, None),
+                                          (default_fused, default_threads, 2048)):
+                plan.fused_sums, plan.tile_threads, plan.tile_elems = fused, threads, elems
                 us = ctx.time_gpu(lambda i: plan.run_bw(bw[i]), sets)
-                ctx.row(f"{label} bw tiled, {threads} threads", dtype_name, us, bw_bytes,
-                        torch_bw_us, "tuning, no zero fill, tiles of {}x{} rows".format(
-                            *plan._tile_shape()[:2]))
-            plan.tile_threads, plan.tile_elems = fmp._TILE_THREADS, None
-        plan.tiled_backward = False
+                ctx.row(f"{label} bw variant", dtype_name, us, bw_bytes, torch_bw_us,
+                        "tuning; " + _bw_note(plan))
+            plan.fused_sums, plan.tile_threads, plan.tile_elems = (default_fused,
+                                                                   default_threads, None)
+            plan.tiled_backward = False
+            us = ctx.time_gpu(lambda i: plan.run_bw(bw[i]), sets)
+            ctx.row(f"{label} bw leader scatter", dtype_name, us, bw_bytes, torch_bw_us,
+                    "tuning; " + _bw_note(plan))
+            plan.tiled_backward = True
         plan.fast = False
         us = ctx.time_gpu(lambda i: plan.run_fw(fw[i]), sets)
         ctx.row(f"{label} fw general kernel", dtype_name, us, fw_bytes, torch_fw_us,
@@ -148,8 +152,22 @@ def _bench_one(ctx, label, shape_in, windows, shape_out, dtype_name, tune) -> No
                 "part of the leader-scatter bw")
 
 
+def _bw_note(plan) -> str:
+    tiles = plan._tile_shape()
+    if tiles is None:
+        return "deterministic; leader scatter, zero fill included"
+    return (f"deterministic; tiled {tiles[0]}x{tiles[1]} rows, "
+            f"{'fused' if plan.fused_sums else 'per-element'} sums, {plan.tile_threads} "
+            "threads, no zero fill")
+
+
 def bench(ctx) -> None:
     tune = os.environ.get("FMP_TUNE") == "1"
+    # FMP_FUSED_SUMS="2:0,3:1" overrides the plans' default phase 2 per rank (for tuning
+    # runs; the committed defaults live in plans/fractional_max_pool.py)
+    for item in filter(None, os.environ.get("FMP_FUSED_SUMS", "").split(",")):
+        rank, fused = item.split(":")
+        fmp._FUSED_SUMS[int(rank)] = fused == "1"
     for label, shape_in, windows, shape_out in CASES:
         for dtype_name in DTYPES:
             _bench_one(ctx, label, shape_in, windows, shape_out, dtype_name, tune)

@@ -121,22 +121,23 @@ PATH_NAMES = ("fast", "fast-tiles", "fast-alt", "general")
 
 def set_path(plan, path):
     """``fast``: the plan's default fast kernels (the row-caching forward for the
-    FAST_WINDOWS, else the looped window; the leader-scatter backward); ``fast-tiles``:
-    the unrolled forward window and the tiled backward with tiles of two rows (many tiles
-    per plane, candidate boxes straddling tiles); ``fast-alt``: the looped forward window
-    and the tiled backward with its default tiles (one per plane on the small test
-    shapes); ``general``: the any-stride 64-bit kernels (gather backward), forced on
-    contiguous arrays. The tiled backward applies where the candidate box fits its mask
-    (else the leader scatter runs: test_tile_choice_respects_the_shared_memory)."""
+    FAST_WINDOWS, else the looped window; the tiled backward where its mask fits, with
+    the plan's phase 2, else the leader scatter); ``fast-tiles``: the unrolled forward
+    window and the tiled backward with tiles of two rows (many tiles per plane, candidate
+    boxes straddling tiles) and the other phase 2 (fused or per element); ``fast-alt``:
+    the looped forward window and the leader-scatter backward; ``general``: the any-stride
+    64-bit kernels (gather backward), forced on contiguous arrays. The tiled backward
+    applies where the candidate box fits its mask (else the leader scatter runs:
+    test_tile_choice_respects_the_shared_memory)."""
     assert plan.fast  # every test shape qualifies for the fast kernels
     if path == "fast-tiles":
         if "unrolled" in plan._fw_fast_kernels:
             plan.forward_walk = "unrolled"
-        plan.tiled_backward = True
         plan.tile_elems = 2 * plan._w_in
+        plan.fused_sums = not plan.fused_sums
     elif path == "fast-alt":
         plan.forward_walk = "looped"
-        plan.tiled_backward = True
+        plan.tiled_backward = False
     elif path == "general":
         plan.fast = False
     return plan
@@ -590,8 +591,7 @@ def test_tile_choice_respects_the_shared_memory(rng):
         for element in (ElementKind.BF16, ElementKind.F64):
             for placement in (BARACUDA, TORCH):
                 plan = make_plan(shape_in, windows, shape_out, element, placement)[0]
-                assert plan._tile_shape() is None  # opt-in
-                plan.tiled_backward = True
+                assert plan.tiled_backward  # the default where it applies
                 tile_cap, stage_cap = BW_TILE_CAPS[element]
                 ranges = [_candidate_ranges(extent, window, out, placement.value)
                           for extent, window, out in ((plan._d_in, plan._kd, plan._d_out),
@@ -617,16 +617,19 @@ def test_tile_choice_respects_the_shared_memory(rng):
                          ids=lambda c: "x".join(map(str, c[0])))
 def test_tiled_backward_is_deterministic_across_tilings(rng, case):
     """Two runs bit-identical, and the same bits for every tiling (one tile per plane, two
-    rows, one row per tile) and for the leader scatter: the sums never depend on which
-    block or thread computes them."""
+    rows, one row per tile), both phase-2 loops (per element, fused) and the leader
+    scatter: the sums never depend on which block or thread computes them."""
     element = ElementKind.BF16
     shape_in, windows, shape_out = case
     _, _, _, idx, _ = run_and_check(rng, shape_in, windows, shape_out, element)
     dy = to_device(random_values(shape_in[:2] + shape_out, element, rng))
     results = []
-    for tile_rows, tiled in ((None, True), (None, True), (2, True), (1, True), (None, False)):
+    for tile_rows, tiled, fused in ((None, True, False), (None, True, False),
+                                    (2, True, False), (1, True, False), (None, True, True),
+                                    (None, True, True), (1, True, True), (None, False, False)):
         plan, _, bw_args = make_plan(shape_in, windows, shape_out, element)
         plan.tiled_backward = tiled
+        plan.fused_sums = fused
         if tile_rows is not None:
             plan.tile_elems = tile_rows * plan._w_in
         assert (plan._tile_shape() is not None) == tiled

@@ -409,15 +409,16 @@ def _make_backward(load, store, zero):
 # and ignores foreign indices the same way. It does ~2x (2-D) to ~3x (3-D) fewer index
 # checks than the gather, which visits every input element.
 #
-# An opt-in fast backward (BARACUDA placement, at most 32 candidate outputs per input
-# element) is *tiled* (``_make_backward_tiled``): a block owns a tile of whole input rows,
-# stages dy of the outputs that may reach it in shared memory and records, per tile
-# element, which of its candidate outputs chose it as a bit of a 32-bit mask (integer
-# ``atomic_or``: order-independent); each element then sums the chosen dy in ascending bit
-# = output order and writes dx. No per-output search, no zero fill, coalesced dx stores,
-# and again bit-identical to the gather; but measured slower than the leader scatter on
-# three of the four benchmark cases (see docs/notes/fractional_max_pool.md), so the plan
-# keeps the leader scatter by default.
+# The default fast backward where it applies (BARACUDA placement, at most 32 candidate
+# outputs per input element) is *tiled* (``_make_backward_tiled``): a block owns a tile of
+# whole input rows, stages dy of the outputs that may reach it in shared memory and
+# records, per tile element, which of its candidate outputs chose it as a bit of a 32-bit
+# mask (integer ``atomic_or``: order-independent); each element then sums the chosen dy in
+# ascending bit = output order and writes dx. No per-output search, no zero fill,
+# coalesced dx stores, 32-bit arithmetic, and again bit-identical to the gather. Nsight
+# Compute (H100, 2-D f32): leader scatter 305M instructions (546 per 32 outputs: 64-bit
+# setup and a divergent candidate loop, 15 of 32 lanes active, waiting on each index load),
+# tiled 196M; 249 us vs 539. The leader scatter remains for the other cases.
 #
 # The default fast forward for the FAST_WINDOWS caches row maxima across a thread's run of
 # rows (``_make_forward_rows``): only the window rows that enter are loaded (2-D k3 at
@@ -938,7 +939,7 @@ def _make_forward_rows(load, torch_start, storage, window):
 @cuda.jit(device=True, inline=True)
 def candidates_baracuda(coord, extent, window, out, multiplier, shift):
     """``candidate_outputs_fast`` for the BARACUDA placement only (no general fallback
-    compiled in: the tiled backward needs 30 fewer registers without it)."""
+    compiled in)."""
     max_start = extent - window
     last = out - 1
     if max_start <= 0 or last <= 0:
@@ -951,44 +952,97 @@ def candidates_baracuda(coord, extent, window, out, multiplier, shift):
     return first, end
 
 
+#: Packed candidate range of one coordinate in the tiled backward's tables:
+#: ``first | count << CANDIDATE_COUNT_SHIFT`` (first < 2^24, count <= 255: the plan checks).
+CANDIDATE_COUNT_SHIFT = 24
+_FIRST_MASK = (1 << CANDIDATE_COUNT_SHIFT) - 1
+
+
 @cuda.jit(device=True, inline=True)
-def _mark_choice(masks, target, staged, od, plane_in, dims, windows, box, multipliers,
-                 shifts):
-    """Set output ``(od, oh_lo + staged // w_out, staged % w_out)``'s bit in the mask of
-    its saved index ``target`` if that lies in the tile ``box = (d0, d1, h0, h1, oh_lo,
-    tile_h, reach_h, reach_w)`` and the output is one of its candidates (else the index is
-    foreign: ignored). Integer OR: the masks do not depend on the order of the calls."""
-    d_in, h_in, w_in = dims[2], dims[3], dims[4]
-    d_out, h_out, w_out = dims[5], dims[6], dims[7]
-    d0, d1, h0, h1, oh_lo, tile_h, reach_h, reach_w = box
-    hw_in = h_in * w_in
-    local = target - plane_in
-    if local >= 0 and local < d_in * hw_in:
-        d = int64(0)
-        rem = local
-        if d_in > 1:
-            d = fast_div(local, multipliers[4], shifts[4])
-            rem = local - d * hw_in
-        h = fast_div(rem, multipliers[3], shifts[3])
-        if d0 <= d and d < d1 and h0 <= h and h < h1:
-            w = rem - h * w_in
-            oh_rel = fast_div(staged, multipliers[5], shifts[5])
-            ow = staged - oh_rel * w_out
-            oh = oh_lo + oh_rel
-            ow_first, ow_end = candidates_baracuda(w, w_in, windows[2], w_out, multipliers[2],
-                                                   shifts[2])
-            oh_first, oh_end = candidates_baracuda(h, h_in, windows[1], h_out, multipliers[1],
-                                                   shifts[1])
-            od_first, od_end = candidates_baracuda(d, d_in, windows[0], d_out, multipliers[0],
-                                                   shifts[0])
-            if (ow_first <= ow and ow < ow_end and oh_first <= oh and oh < oh_end
-                    and od_first <= od and od < od_end):
-                bit = ((od - od_first) * reach_h + oh - oh_first) * reach_w + ow - ow_first
-                cuda.atomic.or_(masks, ((d - d0) * tile_h + h - h0) * w_in + w,
-                                uint32(uint32(1) << uint32(bit)))
+def _fill_candidates(table, coord0, count, extent, window, out, multiplier, shift):
+    """``table[j]`` = packed candidate range of coordinate ``coord0 + j``, j < count (the
+    block's threads share the work; the caller synchronises)."""
+    j = int64(cuda.threadIdx.x)
+    while j < count:
+        first, end = candidates_baracuda(coord0 + j, extent, window, out, multiplier, shift)
+        table[j] = uint32(first | ((end - first) << CANDIDATE_COUNT_SHIFT))
+        j += cuda.blockDim.x
 
 
-def _make_backward_tiled(load, store, zero, storage, tile_cap, stage_cap):
+@cuda.jit(device=True, inline=True)
+def _candidate_offset(packed, coord):
+    """(coord - first) of a packed candidate range as uint32, and whether coord is in it
+    (no wraparound below ``first``: the result is then 0 and out of the range)."""
+    first = packed & _FIRST_MASK
+    rel = uint32(coord - min(first, coord))
+    return rel, (coord >= first) & (rel < (packed >> CANDIDATE_COUNT_SHIFT))
+
+
+@cuda.jit(device=True, inline=True)
+def _pop_lowest_bit(mask):
+    """(index of the lowest set bit, mask without it) of a non-zero uint32 mask."""
+    below = uint32(mask - uint32(1))
+    return uint32(cuda.popc(uint32(mask ^ below)) - 1), uint32(mask & below)
+
+
+@cuda.jit(device=True, inline=True)
+def _first_choice_offset(rem, dl, d_table, h_table, w_table, od_lo, oh_lo, staged_h, w_in,
+                         w_out, m_row, s_row):
+    """Staged offset of the first candidate output of the tile element at depth ``dl``,
+    offset ``rem`` in that depth (row ``rem // w_in``, column ``rem % w_in``)."""
+    hl = uint32(fast_div(rem, m_row, s_row))
+    w = uint32(rem - hl * w_in)
+    return uint32(uint32(uint32((d_table[dl] & _FIRST_MASK) - od_lo) * staged_h
+                         + (h_table[hl] & _FIRST_MASK) - oh_lo) * w_out
+                  + (w_table[w] & _FIRST_MASK))
+
+
+@cuda.jit(device=True, inline=True)
+def _sum_choices_fused(masks, dy_stage, deltas, d_table, h_table, w_table, dx, tile_origin,
+                       tile_slots, depth_elems, run, hw_in, od_lo, oh_lo, staged_h, w_in,
+                       w_out, m_row, s_row, load, store, zero):
+    """Phase 2 of the tiled backward as one loop per thread over its mask slots
+    ``e = tid, tid + threads, ...`` (slot ``e`` = depth ``e // depth_elems``, offset
+    ``rem``; offsets from ``run`` on are rows past the tile's end: never chosen, never
+    stored). Each step either adds the dy of the current element's lowest remaining bit
+    or, once no bit is left, stores the element and loads the next mask: the same sums
+    in the same order as the per-element loop."""
+    threads = uint32(cuda.blockDim.x)
+    e = uint32(cuda.threadIdx.x)
+    rem = e
+    dl = uint32(0)
+    while rem >= depth_elems:
+        rem = uint32(rem - depth_elems)
+        dl = uint32(dl + 1)
+    chosen = uint32(0)
+    base = uint32(0)
+    total = zero
+    if e < tile_slots:
+        chosen = masks[e]
+        if chosen != 0:
+            base = _first_choice_offset(rem, dl, d_table, h_table, w_table, od_lo, oh_lo,
+                                        staged_h, w_in, w_out, m_row, s_row)
+    while e < tile_slots:
+        if chosen != 0:
+            bit, chosen = _pop_lowest_bit(chosen)
+            total += load(dy_stage[uint32(base + deltas[bit])])
+        else:
+            if rem < run:
+                dx[uint32(tile_origin + dl * hw_in + rem)] = store(total)
+            total = zero
+            e = uint32(e + threads)
+            rem = uint32(rem + threads)
+            while rem >= depth_elems:
+                rem = uint32(rem - depth_elems)
+                dl = uint32(dl + 1)
+            if e < tile_slots:
+                chosen = masks[e]
+                if chosen != 0:
+                    base = _first_choice_offset(rem, dl, d_table, h_table, w_table, od_lo,
+                                                oh_lo, staged_h, w_in, w_out, m_row, s_row)
+
+
+def _make_backward_tiled(load, store, zero, storage, tile_cap, stage_cap, fused):
     """Tiled backward kernel for one element kind: no float atomics, no pre-zeroed dx,
     every dx element written once with a coalesced store.
 
@@ -1003,37 +1057,55 @@ def _make_backward_tiled(load, store, zero, storage, tile_cap, stage_cap):
 
     (``reach_a`` = the most candidates one coordinate has on axis ``a``; the plan uses
     this kernel only for the BARACUDA placement and ``reach_d * reach_h * reach_w <= 32``).
-    1. Zero the masks; each staged output o whose saved index i lies in the tile and that
-       is a candidate of i (else the index is foreign and ignored) sets its bit with an
-       integer ``atomic_or``: OR is commutative, so the masks do not depend on the order.
+    1. Zero the masks and fill shared tables of the packed candidate range of every
+       column and of the tile's rows and depths; each staged output o whose saved index i
+       lies in the tile and that is a candidate of i (else the index is foreign and
+       ignored) sets its bit with an integer ``atomic_or``: OR is commutative, so the
+       masks do not depend on the order of the calls.
     2. Each tile element sums dy over the set bits of its mask in ascending bit order,
        which is ascending (od, oh, ow) order, in the accumulate type, and writes dx (0
-       where no output chose it).
+       where no output chose it). A bit's staged offset relative to the element's first
+       candidate is a per-tile table. ``fused``: each thread walks its elements and
+       their bits in one loop (an element with no bit left is stored and the thread moves
+       on while others still sum), instead of one element per pass with the pass as long
+       as its lane with the most bits: local maxima are chosen by up to ~10 outputs in 3-D,
+       and a warp then waited on a few lanes.
     Same (o, i) pairs, same order and same accumulate type as the gather: bit-identical
-    to it, deterministic."""
+    to it, deterministic. All per-element arithmetic is 32-bit (the plan requires
+    offsets below 2^31 on this path): Nsight Compute showed the previous 64-bit version
+    issue-bound at ~330 instructions per staged output and element (H100)."""
 
     def fractional_max_pool_bw_tiled(dy, indices, dx, dims, windows, multipliers, shifts,
                                      tiles):
         """multipliers/shifts: magic divisors of (ms_d, ms_h, ms_w, w_in, h_in*w_in, w_out,
-        reach_h*reach_w, reach_w); tiles = (tile_d, tile_h, tiles_d, tiles_h, total_tiles,
-        reach_h, reach_w, ...). dy, indices, dx row-major contiguous; one block per tile
-        (grid-strided)."""
+        ...); tiles = (tile_d, tile_h, tiles_d, tiles_h, total_tiles, reach_h, reach_w,
+        ...). dy, indices, dx row-major contiguous; one block per tile (grid-strided)."""
         masks = cuda.shared.array(tile_cap, uint32)
         dy_stage = cuda.shared.array(stage_cap, storage)
+        w_table = cuda.shared.array(BW_TABLE_W, uint32)
+        h_table = cuda.shared.array(BW_TABLE_H, uint32)
+        d_table = cuda.shared.array(BW_TABLE_D, uint32)
+        deltas = cuda.shared.array(BW_MASK_BITS, uint32)
         d_in, h_in, w_in = dims[2], dims[3], dims[4]
         d_out, h_out, w_out = dims[5], dims[6], dims[7]
         kd, kh, kw = windows[0], windows[1], windows[2]
-        hw_in = h_in * w_in
-        plane_size = d_in * hw_in
-        out_hw = h_out * w_out
-        out_plane = d_out * out_hw
+        hw_in = uint32(h_in * w_in)
+        plane_size = uint32(d_in * hw_in)
+        out_hw = uint32(h_out * w_out)
+        out_plane = uint32(d_out * out_hw)
+        w_in32 = uint32(w_in)
+        w_out32 = uint32(w_out)
         tile_d, tile_h, tiles_d, tiles_h, total_tiles = (tiles[0], tiles[1], tiles[2],
                                                          tiles[3], tiles[4])
         reach_h, reach_w = tiles[5], tiles[6]
         m_d, m_h, m_w = multipliers[0], multipliers[1], multipliers[2]
         s_d, s_h, s_w = shifts[0], shifts[1], shifts[2]
-        tid = int64(cuda.threadIdx.x)
-        threads = int64(cuda.blockDim.x)
+        m_row, s_row = multipliers[3], shifts[3]
+        m_depth, s_depth = multipliers[4], shifts[4]
+        m_wout, s_wout = multipliers[5], shifts[5]
+        tid = uint32(cuda.threadIdx.x)
+        threads = uint32(cuda.blockDim.x)
+        _fill_candidates(w_table, int64(0), w_in, w_in, kw, w_out, m_w, s_w)
         tile = int64(cuda.blockIdx.x)
         while tile < total_tiles:
             rest = int64(uint32(tile) // uint32(tiles_h))
@@ -1046,73 +1118,114 @@ def _make_backward_tiled(load, store, zero, storage, tile_cap, stage_cap):
             _, od_hi = candidates_baracuda(d1 - 1, d_in, kd, d_out, m_d, s_d)
             oh_lo, _ = candidates_baracuda(h0, h_in, kh, h_out, m_h, s_h)
             _, oh_hi = candidates_baracuda(h1 - 1, h_in, kh, h_out, m_h, s_h)
-            staged_h = oh_hi - oh_lo
-            row_len = staged_h * w_out  # staged outputs per output depth: contiguous
-            plane_in = plane * plane_size
-            box = (d0, d1, h0, h1, oh_lo, tile_h, reach_h, reach_w)
+            staged_h = uint32(oh_hi - oh_lo)
+            row_len = uint32(staged_h * w_out32)  # staged outputs per output depth
+            plane_in = uint32(plane * plane_size)
+            tile_origin = uint32(plane_in + d0 * hw_in + h0 * w_in)
+            tile_rows = uint32(h1 - h0)
+            tile_depths = uint32(d1 - d0)
+            tile_span = uint32((tile_depths - 1) * hw_in + tile_rows * w_in32)
+            depth_elems = uint32(tile_h * w_in32)  # mask slots per tile depth
             j = tid
-            while j < (d1 - d0) * tile_h * w_in:
+            while j < tile_depths * depth_elems:
                 masks[j] = uint32(0)
-                j += threads
+                j = uint32(j + threads)
+            _fill_candidates(h_table, h0, h1 - h0, h_in, kh, h_out, m_h, s_h)
+            _fill_candidates(d_table, d0, d1 - d0, d_in, kd, d_out, m_d, s_d)
+            if tid < BW_MASK_BITS:  # bit (dd, dh, dw) -> staged offset from the first
+                bit_w = tid % reach_w
+                bit_h = (tid // reach_w) % reach_h
+                bit_d = tid // (reach_w * reach_h)
+                deltas[tid] = uint32((bit_d * staged_h + bit_h) * w_out32 + bit_w)
             cuda.syncthreads()
             # 1. stage dy, mark each choice in its element's mask
-            stage_at = int64(0)
+            stage_at = uint32(0)
             o_d = od_lo
             while o_d < od_hi:
                 src = uint32(plane * out_plane + o_d * out_hw + oh_lo * w_out)
                 s = tid
                 while s < row_len:  # two independent index and dy loads per pass
-                    s1 = s + threads
-                    at1 = uint32(src + min(s1, row_len - 1))
+                    s1 = uint32(s + threads)
+                    at1 = uint32(src + min(s1, uint32(row_len - 1)))
                     target0 = indices[uint32(src + s)]
                     target1 = indices[at1]
                     raw0 = dy[uint32(src + s)]
                     raw1 = dy[at1]
-                    dy_stage[stage_at + s] = raw0
-                    _mark_choice(masks, target0, s, o_d, plane_in, dims, windows, box,
-                                 multipliers, shifts)
+                    dy_stage[uint32(stage_at + s)] = raw0
+                    _mark_choice(masks, target0, s, o_d, oh_lo, tile_origin, tile_span,
+                                 hw_in, w_in32, depth_elems, tile_rows, w_table, h_table,
+                                 d_table, reach_h, reach_w, m_wout, s_wout, w_out32,
+                                 m_row, s_row, m_depth, s_depth)
                     if s1 < row_len:
-                        dy_stage[stage_at + s1] = raw1
-                        _mark_choice(masks, target1, s1, o_d, plane_in, dims, windows, box,
-                                     multipliers, shifts)
-                    s += 2 * threads
-                stage_at += row_len
+                        dy_stage[uint32(stage_at + s1)] = raw1
+                        _mark_choice(masks, target1, s1, o_d, oh_lo, tile_origin,
+                                     tile_span, hw_in, w_in32, depth_elems, tile_rows,
+                                     w_table, h_table, d_table, reach_h, reach_w, m_wout,
+                                     s_wout, w_out32, m_row, s_row, m_depth, s_depth)
+                    s = uint32(s + 2 * threads)
+                stage_at = uint32(stage_at + row_len)
                 o_d += 1
             cuda.syncthreads()
             # 2. sum the chosen dy of every element in ascending output order; write dx
-            run = (h1 - h0) * w_in
-            dl = int64(0)
-            while dl < d1 - d0:
-                od_first, _ = candidates_baracuda(d0 + dl, d_in, kd, d_out, m_d, s_d)
-                dst = uint32(plane_in + (d0 + dl) * hw_in + h0 * w_in)
-                from_at = dl * tile_h * w_in
-                j = tid
-                while j < run:
-                    chosen = masks[from_at + j]
-                    total = zero
-                    if chosen != 0:
-                        hl = fast_div(j, multipliers[3], shifts[3])
-                        w = j - hl * w_in
-                        ow_first, _ = candidates_baracuda(w, w_in, kw, w_out, m_w, s_w)
-                        oh_first, _ = candidates_baracuda(h0 + hl, h_in, kh, h_out, m_h, s_h)
-                        base = ((od_first - od_lo) * staged_h + oh_first - oh_lo) * w_out \
-                            + ow_first
-                        while chosen != 0:
-                            bit = int64(cuda.popc(uint32(chosen ^ uint32(chosen - uint32(1)))))
-                            bit -= 1
-                            chosen = uint32(chosen & uint32(chosen - uint32(1)))
-                            dd = fast_div(bit, multipliers[6], shifts[6])
-                            rem = bit - dd * (reach_h * reach_w)
-                            dh = fast_div(rem, multipliers[7], shifts[7])
-                            total += load(dy_stage[base + (dd * staged_h + dh) * w_out + rem
-                                                   - dh * reach_w])
-                    dx[uint32(dst + j)] = store(total)
-                    j += threads
-                dl += 1
+            run = uint32(tile_rows * w_in32)  # valid elements per tile depth
+            if fused:
+                _sum_choices_fused(masks, dy_stage, deltas, d_table, h_table, w_table, dx,
+                                   tile_origin, uint32(tile_depths * depth_elems),
+                                   depth_elems, run, hw_in, od_lo, oh_lo, staged_h,
+                                   w_in32, w_out32, m_row, s_row, load, store, zero)
+            else:
+                dl = uint32(0)
+                while dl < tile_depths:
+                    dst = uint32(tile_origin + dl * hw_in)
+                    from_at = uint32(dl * depth_elems)
+                    j = tid
+                    while j < run:
+                        chosen = masks[uint32(from_at + j)]
+                        total = zero
+                        if chosen != 0:
+                            base = _first_choice_offset(j, dl, d_table, h_table, w_table,
+                                                        od_lo, oh_lo, staged_h, w_in32,
+                                                        w_out32, m_row, s_row)
+                            while chosen != 0:
+                                bit, chosen = _pop_lowest_bit(chosen)
+                                total += load(dy_stage[uint32(base + deltas[bit])])
+                        dx[uint32(dst + j)] = store(total)
+                        j = uint32(j + threads)
+                    dl = uint32(dl + 1)
             cuda.syncthreads()
             tile += cuda.gridDim.x
 
     return fractional_max_pool_bw_tiled
+
+
+@cuda.jit(device=True, inline=True)
+def _mark_choice(masks, target, staged, od, oh_lo, tile_origin, tile_span, hw_in, w_in,
+                 depth_elems, tile_rows, w_table, h_table, d_table, reach_h, reach_w,
+                 m_wout, s_wout, w_out, m_row, s_row, m_depth, s_depth):
+    """Set output ``(od, oh_lo + staged // w_out, staged % w_out)``'s bit in the mask of
+    its saved index ``target`` if that lies in the tile (``tile_span`` elements from
+    ``tile_origin``: depths of ``hw_in``, rows of ``w_in``, ``tile_rows`` rows per depth)
+    and the output is one of its candidates (else the index is foreign: ignored). Integer
+    OR: the masks do not depend on the order of the calls. 32-bit arithmetic only."""
+    local64 = target - int64(tile_origin)
+    if local64 >= 0 and local64 < int64(tile_span):
+        local = uint32(local64)
+        d_rel = uint32(0)
+        if local >= hw_in:
+            d_rel = uint32(fast_div(local, m_depth, s_depth))
+        rem = uint32(local - d_rel * hw_in)
+        h_rel = uint32(fast_div(rem, m_row, s_row))
+        if h_rel < tile_rows:
+            w = uint32(rem - h_rel * w_in)
+            oh_rel = uint32(fast_div(staged, m_wout, s_wout))
+            ow = uint32(staged - oh_rel * w_out)
+            rel_w, in_w = _candidate_offset(w_table[w], ow)
+            rel_h, in_h = _candidate_offset(h_table[h_rel], uint32(oh_lo + oh_rel))
+            rel_d, in_d = _candidate_offset(d_table[d_rel], uint32(od))
+            if in_w and in_h and in_d:
+                bit = uint32((rel_d * reach_h + rel_h) * reach_w + rel_w)
+                cuda.atomic.or_(masks, uint32(d_rel * depth_elems + rem),
+                                uint32(uint32(1) << bit))
 
 
 # -- the dtype table -------------------------------------------------------------------------
@@ -1211,29 +1324,37 @@ FRACTIONAL_MAX_POOL_BW_FAST_KERNELS = {
 }
 
 #: element -> (tile elements, staged outputs) of the tiled backward's shared memory, below
-#: the 48 KiB of static shared memory a block may hold: a u32 mask per tile element, dy
-#: in storage per staged output (f16/bf16: 24 + 22 KiB; f32: 24 + 23.5 KiB; f64: 16 + 31
-#: KiB). The 2-D [32,64,128,128]->91x91 case gets 48-row tiles, the 3-D
-#: [8,32,32,64,64]->22x45x45 case 8x12-row tiles.
+#: the 48 KiB of static shared memory a block may hold next to the candidate tables
+#: (5.5 KiB): a u32 mask per tile element, dy in storage per staged output (f16/bf16:
+#: 24 + 14 KiB; f32: 20 + 20 KiB; f64: 16 + 22 KiB).
 BW_TILE_CAPS = {
-    ElementKind.F16: (6144, 11264),
-    ElementKind.BF16: (6144, 11264),
-    ElementKind.F32: (6144, 6016),
-    ElementKind.F64: (4096, 3968),
+    ElementKind.F16: (6144, 7168),
+    ElementKind.BF16: (6144, 7168),
+    ElementKind.F32: (5120, 5120),
+    ElementKind.F64: (4096, 2816),
 }
 
 #: The masks hold one bit per candidate output of an element.
 BW_MASK_BITS = 32
+#: Entries of the tiled backward's candidate tables: input columns (the whole row), tile
+#: rows and tile depths (the plan falls back to the leader scatter beyond them).
+BW_TABLE_W = 1024
+BW_TABLE_H = 256
+BW_TABLE_D = 64
+
 
 def _tiled_backward_signature(storage):
     return (_dense(storage), _dense(int64), _dense(storage), _TUPLE8, _TUPLE8, _TUPLE8,
             _TUPLE8, _TUPLE8)
 
 
+#: (element, fused phase 2) -> the tiled backward (see ``_make_backward_tiled``).
 FRACTIONAL_MAX_POOL_BW_TILED_KERNELS = {
-    element: Kernel(f"fractional_max_pool_bw_tiled[{element.name}]",
-                    _make_backward_tiled(load, store, zero, storage, *BW_TILE_CAPS[element]),
-                    _tiled_backward_signature(storage), grid_stride=True)
+    (element, fused): Kernel(
+        f"fractional_max_pool_bw_tiled[{element.name}{',fused' if fused else ''}]",
+        _make_backward_tiled(load, store, zero, storage, *BW_TILE_CAPS[element], fused),
+        _tiled_backward_signature(storage), grid_stride=True)
     for element, (storage, load, store, zero, _torch_start)
     in FRACTIONAL_MAX_POOL_TABLE.items()
+    for fused in (False, True)
 }

@@ -27,19 +27,20 @@ Backward (``run_bw``): ``dx[i] = sum dy[o]`` over outputs whose saved index is `
 computed without atomics: deterministic, bit-stable, f32 accumulation for f16/bf16, summed
 in ascending output order. Every element of ``dx`` is written, so the caller need not
 zero ``dx`` (upstream requires a zeroed ``dx``). Contiguous arrays take the fast path:
-the plan zeroes ``dx`` on the stream and the first output of each group that saved ``i``
-writes the sum (opt-in, ``plan.tiled_backward = True``: for BARACUDA placement with at
-most 32 candidate outputs per input element, tiles of input rows whose elements collect
-the outputs that chose them as bits of an integer mask in shared memory, then sum them
-in ascending output order; no zero fill). Other layouts run a gather per input element.
-All give bit-identical results. Each input element looks only at the outputs whose window can
-contain it for any sample in ``[0, 1)`` (a closed-form range per axis: the backward needs
-no samples), so indices are validated for free: an index that does not point into its own
-output's window (the forward never writes one) is ignored, not scattered.
+for BARACUDA placement with at most 32 candidate outputs per input element, tiles of
+input rows whose elements collect the outputs that chose them as bits of an integer mask
+in shared memory, then sum them in ascending output order (``plan.tiled_backward``, the
+default); otherwise the plan zeroes ``dx`` on the stream and the first output of each
+group that saved ``i`` writes the sum (leader scatter). Other layouts run a gather per
+input element. All give bit-identical results. Each input element looks only at the
+outputs whose window can contain it for any sample in ``[0, 1)`` (a closed-form range per
+axis: the backward needs no samples), so indices are validated for free: an index that
+does not point into its own output's window (the forward never writes one) is ignored,
+not scattered.
 
 Performance (H100, 2026-11-22): row-major contiguous arrays below 2^31 elements take fast
 kernels (32-bit offsets, magic-number division, row maxima cached across a thread's rows
-for 2x2 / 3x3 / 3x3x3 windows, leader-scatter backward); other layouts run the general
+for 2x2 / 3x3 / 3x3x3 windows, tiled or leader-scatter backward); other layouts run the general
 64-bit kernels (2-3x slower). Figures per case: docs/notes/fractional_max_pool.md.
 
 Arrays: any strides (non-negative) for ``x``, ``y``, ``indices``, ``dy``, ``dx`` and
@@ -68,7 +69,11 @@ from ..errors import InvalidProblem, Unsupported
 from ..kernels.common import pad8
 from ..kernels.fractional_max_pool import (
     BW_MASK_BITS,
+    BW_TABLE_D,
+    BW_TABLE_H,
+    BW_TABLE_W,
     BW_TILE_CAPS,
+    CANDIDATE_COUNT_SHIFT,
     FAST_WINDOWS,
     FRACTIONAL_MAX_POOL_BW_FAST_KERNELS,
     FRACTIONAL_MAX_POOL_BW_KERNELS,
@@ -122,9 +127,14 @@ _ROWS_PER_THREAD = 2 if SIMULATOR else 8
 _CACHED_ROWS_PER_THREAD = 2 if SIMULATOR else 16
 _MAX_GRID_Y = 65535
 _FAST_LIMIT = 1 << 31  # the fast kernels' offsets and magic-division numerators stay below
-# Tiled backward: threads per block (one block per dx tile; 48 KiB of shared memory each,
-# so at most 4 blocks per SM) and the longest d/h axis whose tiling the host plans.
+# Tiled backward: threads per block (one block per dx tile; ~46 KiB of shared memory each,
+# so at most 4 blocks per SM): 256 for 2-byte elements, 512 for wider ones (measured, see
+# the plan's defaults), and the longest d/h axis whose tiling the host plans.
 _TILE_THREADS = 32 if SIMULATOR else 256
+_TILE_THREADS_WIDE = 32 if SIMULATOR else 512
+# Phase 2 of the tiled backward per rank: fused loop over elements and bits, or one element
+# per pass (measured, see docs/notes/fractional_max_pool.md).
+_FUSED_SUMS = {2: False, 3: False}
 _TILE_AXIS_LIMIT = 1 << 20
 _MAX_GRID_X = (1 << 31) - 1
 
@@ -164,16 +174,17 @@ def _staged_outputs(ranges: tuple[np.ndarray, np.ndarray], tile: int) -> tuple[i
 def _choose_tiles(d_in: int, h_in: int, w_in: int, w_out: int,
                   ranges_d: tuple[np.ndarray, np.ndarray],
                   ranges_h: tuple[np.ndarray, np.ndarray], tile_cap: int,
-                  stage_cap: int) -> tuple[int, int] | None:
+                  stage_cap: int, max_depths: int = 64,
+                  max_rows: int | None = None) -> tuple[int, int] | None:
     """(tile_d, tile_h) of the tiled backward (tiles of whole rows: tile_d * tile_h * w_in
-    <= tile_cap, at most stage_cap staged outputs per tile) that stages the fewest outputs
-    in all (each output is staged by every tile its window may meet), then the fewest
-    tiles; None if no tile fits."""
-    max_rows = tile_cap // w_in
+    <= tile_cap, tile_d <= max_depths, tile_h <= max_rows, at most stage_cap staged
+    outputs per tile) that stages the fewest outputs in all (each output is staged by
+    every tile its window may meet), then the fewest tiles; None if no tile fits."""
+    tile_rows = tile_cap // w_in
     best = None
-    for tile_d in range(1, min(d_in, max_rows, 64) + 1):
+    for tile_d in range(1, min(d_in, tile_rows, max_depths) + 1):
         sum_d, max_d = _staged_outputs(ranges_d, tile_d)
-        tile_h = min(h_in, max_rows // tile_d)
+        tile_h = min(h_in, tile_rows // tile_d, max_rows or h_in)
         while tile_h >= 1:
             sum_h, max_h = _staged_outputs(ranges_h, tile_h)
             if max_d * max_h * w_out <= stage_cap:
@@ -449,19 +460,23 @@ class _FractionalMaxPoolPlan(Plan):
             self._fw_fast_kernels["rows"] = FRACTIONAL_MAX_POOL_FW_ROWS_KERNELS[
                 element, window]
         self._bw_fast_kernel = FRACTIONAL_MAX_POOL_BW_FAST_KERNELS[element]
-        self._bw_tiled_kernel = FRACTIONAL_MAX_POOL_BW_TILED_KERNELS[element]
+        self._bw_tiled_kernels = {fused: FRACTIONAL_MAX_POOL_BW_TILED_KERNELS[element, fused]
+                                  for fused in (False, True)}
         # Tests and benchmarks may change these (every value is tested): the fast forward's
         # window walk ("rows": row maxima cached across a thread's rows, "unrolled", or
-        # "looped"), the fast backward (the leader scatter over a zeroed dx, or tiled), the
-        # tiled backward's largest tile (elements; None: the shared-memory capacity) and
-        # its threads per block. Defaults measured on the H100 (2026-11-22): "rows" 2-D f32
-        # fw 203 us vs unrolled 208 / looped 295, 3-D f32 349 vs 479 / 527; the tiled
-        # backward is slower than the leader scatter except 3-D f32 (2-D f32 685 vs 539 us,
-        # bf16 700 vs 492; 3-D f32 895 vs 933, bf16 912 vs 879), so it is opt-in.
+        # "looped"), the fast backward (tiled where it applies, else the leader scatter
+        # over a zeroed dx), the tiled backward's phase 2 (``fused_sums``: one loop over a
+        # thread's elements and bits), its largest tile (elements; None: the shared-memory
+        # capacity) and its threads per block. Defaults measured on the H100 (2026-11-22):
+        # "rows" 2-D f32 fw 203 us vs unrolled 208 / looped 295, 3-D f32 349 vs 479 / 527;
+        # tiled backward 2-D f32 249 us vs leader scatter 539, bf16 249 vs 493, 3-D f32
+        # 331 vs 930, bf16 297 vs 880; 512 threads for 4-byte elements (2-D f32 249 vs 271
+        # at 256, 3-D 331 vs 341), 256 for 2-byte ones (3-D bf16 297 vs 328 at 512).
         self.forward_walk = "rows" if window in FAST_WINDOWS else "looped"
-        self.tiled_backward = False
+        self.tiled_backward = True
+        self.fused_sums = _FUSED_SUMS[self._rank]
         self.tile_elems: int | None = None
-        self.tile_threads = _TILE_THREADS
+        self.tile_threads = _TILE_THREADS if element.storage_bits < 32 else _TILE_THREADS_WIDE
         self._tiles: dict[int | None, tuple[int, int] | None] = {}
         # The fast kernels divide by magic numbers: every numerator (o * (in - k),
         # (coord + 1) * (out - 1) + in - k) must stay below 2^31.
@@ -487,6 +502,10 @@ class _FractionalMaxPoolPlan(Plan):
     def _fw_fast_kernel(self) -> Any:
         return self._fw_fast_kernels[self.forward_walk]
 
+    @property
+    def _bw_tiled_kernel(self) -> Any:
+        return self._bw_tiled_kernels[self.fused_sums]
+
     def _tile_shape(self) -> tuple[int, int, int, int] | None:
         """(tile_d, tile_h, reach_h, reach_w) of the tiled backward, or None where it does
         not apply (then the leader scatter runs): BARACUDA placement, a candidate box of at
@@ -499,7 +518,9 @@ class _FractionalMaxPoolPlan(Plan):
             if limit is not None:
                 tile_cap = min(tile_cap, limit)
             choice = None
-            if max(self._d_in, self._h_in) <= _TILE_AXIS_LIMIT and self._w_in <= tile_cap:
+            if (max(self._d_in, self._h_in) <= _TILE_AXIS_LIMIT
+                    and self._w_in <= min(tile_cap, BW_TABLE_W)
+                    and max(self._d_out, self._h_out, self._w_out) < 1 << CANDIDATE_COUNT_SHIFT):
                 ranges = [_candidate_ranges(extent, window, out, self._placement)
                           for extent, window, out in ((self._d_in, self._kd, self._d_out),
                                                       (self._h_in, self._kh, self._h_out),
@@ -507,7 +528,8 @@ class _FractionalMaxPoolPlan(Plan):
                 reach = [int((end - first).max()) for first, end in ranges]
                 if reach[0] * reach[1] * reach[2] <= BW_MASK_BITS:
                     tiles = _choose_tiles(self._d_in, self._h_in, self._w_in, self._w_out,
-                                          ranges[0], ranges[1], tile_cap, stage_cap)
+                                          ranges[0], ranges[1], tile_cap, stage_cap,
+                                          BW_TABLE_D, BW_TABLE_H)
                     if tiles is not None:
                         choice = tiles + (reach[1], reach[2])
             self._tiles[limit] = choice
@@ -626,7 +648,8 @@ class _FractionalMaxPoolPlan(Plan):
         no-overlap checks still run per call)."""
         memo_key, hit = self._memo.lookup(
             (args.dy, args.indices, args.dx),
-            ("bw", self.fast, self.tiled_backward, self.tile_elems, self.tile_threads,
+            ("bw", self.fast, self.tiled_backward, self.fused_sums, self.tile_elems,
+             self.tile_threads,
              self.rows_per_thread, self.threads)) if workspace is None else (None, None)
         if hit is not None:
             launch, pointers = hit
@@ -638,7 +661,8 @@ class _FractionalMaxPoolPlan(Plan):
         if self._planes == 0:
             return
         fast = self.fast and _fast_layout(dy, indices, dx)
-        key = ("bw", fast, self.tiled_backward, self.tile_elems, self.tile_threads,
+        key = ("bw", fast, self.tiled_backward, self.fused_sums, self.tile_elems,
+               self.tile_threads,
                self.rows_per_thread, dy.strides, indices.strides, dx.strides)
         found = self._bound.get(key)
         if found is None:
@@ -672,12 +696,11 @@ class _FractionalMaxPoolPlan(Plan):
             magic = [magic_divisor(extent - window) for extent, window in
                      ((self._d_in, self._kd), (self._h_in, self._kh), (self._w_in, self._kw))]
             magic += [magic_divisor(self._w_in), magic_divisor(self._h_in * self._w_in),
-                      magic_divisor(self._w_out), magic_divisor(reach_h * reach_w),
-                      magic_divisor(reach_w)]
+                      magic_divisor(self._w_out)]
             return self._bw_tiled_kernel.bind(
                 min(total, _MAX_GRID_X), self.tile_threads,
-                arrays + (self._dims, self._windows, tuple(m for m, _ in magic),
-                          tuple(sh for _, sh in magic),
+                arrays + (self._dims, self._windows, tuple(m for m, _ in magic) + (0, 0),
+                          tuple(sh for _, sh in magic) + (0, 0),
                           (tile_d, tile_h, tiles_d, tiles_h, total, reach_h, reach_w, 0))), 0
         run = self._run_length()
         if fast:
