@@ -76,7 +76,7 @@ from ..types import (
     PrecisionGuarantee,
     ReduceKind,
 )
-from .base import LayoutMemo, Plan, fail, product
+from .base import LayoutMemo, Plan, fail, plan_args, product
 
 __all__ = [
     "ARG_REDUCE_KINDS",
@@ -342,7 +342,7 @@ class ReduceDescriptor:
         return _keepdim(self.input_shape, self.reduce_axis)
 
 
-@dataclass(frozen=True, slots=True)
+@plan_args
 class ReduceArgs:
     """``x`` of ``input_shape``, ``y`` of ``output_shape()`` (written)."""
 
@@ -368,7 +368,7 @@ class ReduceBackwardDescriptor:
         return _keepdim(self.input_shape, self.reduce_axis)
 
 
-@dataclass(frozen=True, slots=True)
+@plan_args
 class ReduceBackwardArgs:
     """``dy`` (keepdim), ``dx`` (input shape, written); saved ``x`` (input shape) and
     ``y`` (keepdim) are required by every kind but Sum and Mean (which ignore them)."""
@@ -395,7 +395,7 @@ class ArgReduceDescriptor:
         return _keepdim(self.input_shape, self.reduce_axis)
 
 
-@dataclass(frozen=True, slots=True)
+@plan_args
 class ArgReduceArgs:
     """``x`` of ``input_shape``, ``y`` int64 of ``output_shape()`` (written)."""
 

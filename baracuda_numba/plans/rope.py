@@ -49,7 +49,7 @@ from ..types import (
     PrecisionGuarantee,
     RopePairing,
 )
-from .base import Plan, fail
+from .base import Plan, fail, plan_args
 
 __all__ = [
     "ROPE_DEFAULT_BASE",
@@ -129,7 +129,7 @@ class RopeBackwardDescriptor:
         return cls(**{f.name: getattr(forward, f.name) for f in fields(forward)})
 
 
-@dataclass(frozen=True, slots=True)
+@plan_args
 class RopeArgs:
     """``x`` is read, ``y`` written (may be ``x``); ``positions`` i64 ``[S]``/``[B, S]``."""
 
@@ -138,7 +138,7 @@ class RopeArgs:
     positions: Any = None
 
 
-@dataclass(frozen=True, slots=True)
+@plan_args
 class RopeBackwardArgs:
     """``dy`` is read, ``dx`` written (may be ``dy``); ``positions`` as in the forward."""
 

@@ -57,7 +57,7 @@ from ..types import (
     PrecisionGuarantee,
     ShapeLayoutKind,
 )
-from .base import Plan, fail, product
+from .base import Plan, fail, plan_args, product
 
 __all__ = ["WRITE_SLICE_ELEMENTS", "WriteSliceArgs", "WriteSliceDescriptor", "WriteSlicePlan"]
 
@@ -84,7 +84,7 @@ class WriteSliceDescriptor:
         object.__setattr__(self, "ranges", tuple(tuple(r) for r in self.ranges))
 
 
-@dataclass(frozen=True, slots=True)
+@plan_args
 class WriteSliceArgs:
     """``dest`` is written in the window only; ``source`` is read once."""
 
