@@ -3,6 +3,7 @@
 * bf16 <-> f32 in registers: bf16 is the top half of an f32, so widening is a shift;
   narrowing rounds to nearest even, ``(bits + 0x7FFF + ((bits >> 16) & 1)) >> 16``,
   with NaN kept quiet (``0x7FC0`` | sign).
+* ``bitcast(value, target)``: the same bits as another numeric type of the same width.
 * NaN-propagating max/min: once either side is NaN the result is NaN.
 * Strided offsets for rank <= 8 (shape/strides padded to 8 with leading extent 1).
 * Full-warp shuffles. The simulator has no shuffles: there they are emulated with a
@@ -55,6 +56,30 @@ else:
             return uint16(((bits >> uint32(16)) & uint32(0x8000)) | uint32(0x7FC0))
         rounded = bits + uint32(0x7FFF) + ((bits >> uint32(16)) & uint32(1))
         return uint16(rounded >> uint32(16))
+
+
+# -- bit casts -----------------------------------------------------------------------------
+
+if SIMULATOR:
+
+    @cuda.jit(device=True)
+    def bitcast(value, target):
+        """``value``'s bits read as numeric type ``target`` (same width)."""
+        return np.asarray(value).view(np.dtype(str(target)))[()]
+
+else:
+    from numba.cuda.extending import intrinsic
+
+    @intrinsic
+    def bitcast(typingctx, value, target):
+        """``value``'s bits read as numeric type ``target`` (same width): one LLVM
+        ``bitcast``, no instruction (f16 lives in an i16 register, f32 in a b32 one)."""
+        to = target.instance_type
+
+        def codegen(context, builder, signature, args):
+            return builder.bitcast(args[0], context.get_value_type(to))
+
+        return to(value, target), codegen
 
 
 # -- NaN-propagating comparisons ---------------------------------------------------------

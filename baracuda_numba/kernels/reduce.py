@@ -55,7 +55,16 @@ from numba import cuda, float32, float64, int32, int64, types, uint16, uint32, u
 from .._runtime import SIMULATOR
 from ..launch import Kernel
 from ..types import ElementKind, ReduceKind
-from .common import MAX_RANK, bf16_to_f32, div_mod, f32_to_bf16, nan_max, nan_min, shfl_xor
+from .common import (
+    MAX_RANK,
+    bf16_to_f32,
+    bitcast,
+    div_mod,
+    f32_to_bf16,
+    nan_max,
+    nan_min,
+    shfl_xor,
+)
 
 #: Shared-array capacity: the largest block the kernels are launched with.
 SHARED_SLOTS = 256
@@ -609,17 +618,43 @@ def _lane_reducer(kind: Any, element: ElementKind) -> Any:
     return lane_reduce
 
 
+def _state_writer(kind: Any, element: ElementKind, final: Any) -> Any:
+    """Device function that writes output ``o``'s combined state ``(a, b, c, k)``: to
+    ``y[y_off]`` as ``store(final(a, b, c, k, param))``, or with ``to_workspace`` as
+    split ``split``'s partial state (workspace layout: ``ws_acc`` [n_acc][splits][out_numel]
+    accumulators, ``ws_k`` [splits][out_numel] int64 states). Shared by every forward
+    kernel, so the workspace layout is written in one place."""
+    ops = KIND_OPS[kind]
+    store = _store_i64 if ops.arg else ELEMENTS[element].store
+    N_ACC, USES_K = ops.n_acc, ops.uses_k
+
+    @cuda.jit(device=True, inline=True)
+    def write_state(y, y_off, ws_acc, ws_k, to_workspace, a, b, c, k, param, o, out_numel,
+                    split, splits):
+        if not to_workspace:
+            y[uint64(y_off)] = store(final(a, b, c, k, param))
+        else:
+            if N_ACC >= 1:
+                ws_acc[uint64(split * out_numel + o)] = a
+            if N_ACC >= 2:
+                ws_acc[uint64((splits + split) * out_numel + o)] = b
+            if USES_K:
+                ws_k[uint64(split * out_numel + o)] = k
+
+    return write_state
+
+
 def _make_reduce(kind: Any, element: ElementKind) -> Callable[..., None]:
     ops = KIND_OPS[kind]
     spec = ELEMENTS[element]
     ACC = spec.acc
     load = spec.load
-    store = _store_i64 if ops.arg else spec.store
     merge = ops.functions(ACC)[2]
     lane_reduce = _lane_reducer(kind, element)
     combine = _lane_combiner(kind, element)
     # integer sums must not go through a float division
     final = _final_a if element in INT_ELEMENTS and kind is ReduceKind.SUM else ops.final
+    write_state = _state_writer(kind, element, final)
     INIT_A, INIT_K = ops.init_a(spec), ops.init_k
     N_ACC, USES_K, USES_AUX = ops.n_acc, ops.uses_k, ops.uses_aux
 
@@ -657,17 +692,12 @@ def _make_reduce(kind: Any, element: ElementKind) -> Callable[..., None]:
                         s += lanes
                 a, b, c, k = combine(a, b, c, k, tid, lane, lanes, slots, 0, sa, sb, sk)
                 if valid and lane == 0:
-                    if mode == 3:
-                        if N_ACC >= 1:
-                            ws_acc[uint64(o)] = a
-                        if N_ACC >= 2:
-                            ws_acc[uint64(splits * out_numel + o)] = b
-                        if USES_K:
-                            ws_k[uint64(o)] = k
-                    else:
+                    y_off = int64(0)
+                    if mode != 3:
                         _, y_off, _, _ = _offsets4(o, out_shape, x_strides, y_strides,
                                                    aux_strides, aux_strides)
-                        y[uint64(y_off)] = store(final(a, b, c, k, param))
+                    write_state(y, y_off, ws_acc, ws_k, mode == 3, a, b, c, k, param, o,
+                                out_numel, 0, splits)
                 group += cuda.gridDim.x
             return
 
@@ -692,15 +722,8 @@ def _make_reduce(kind: Any, element: ElementKind) -> Callable[..., None]:
             a, b, c, k = lane_reduce(x, x_off, x_axis_stride, aux_value, valid, begin, end,
                                      tid, lane, lanes, slots, row_layout, sa, sb, sk)
             if lane == 0 and valid:
-                if mode == 0:
-                    y[uint64(y_off)] = store(final(a, b, c, k, param))
-                else:
-                    if N_ACC >= 1:
-                        ws_acc[uint64(split * out_numel + o)] = a
-                    if N_ACC >= 2:
-                        ws_acc[uint64((splits + split) * out_numel + o)] = b
-                    if USES_K:
-                        ws_k[uint64(split * out_numel + o)] = k
+                write_state(y, y_off, ws_acc, ws_k, mode != 0, a, b, c, k, param, o,
+                            out_numel, split, splits)
             group += cuda.gridDim.x
 
     return reduce_rows
@@ -916,63 +939,24 @@ VEC_LOADS = 8
 #: capped, ptxas spills 36-200 bytes, outside the load loop for Sum).
 VEC_MAX_REGISTERS = 64
 
-if SIMULATOR:
+@cuda.jit(device=True, inline=True)
+def _bits_as_f32(bits):
+    return bitcast(uint32(bits & 0xFFFFFFFF), float32)
 
-    @cuda.jit(device=True)
-    def _bits_as_f32(bits):
-        return np.uint32(bits & 0xFFFFFFFF).view(np.float32)
 
-    @cuda.jit(device=True)
-    def _f32_as_bits(value):
-        return np.uint64(np.float32(value).view(np.uint32))
+@cuda.jit(device=True, inline=True)
+def _f32_as_bits(value):
+    return uint64(bitcast(float32(value), uint32))
 
-    @cuda.jit(device=True)
-    def _f16_from_bits(bits):
-        return np.float32(np.uint16(bits & 0xFFFF).view(np.float16))
 
-    @cuda.jit(device=True)
-    def _f16_as_bits(value):
-        return np.uint64(np.float16(value).view(np.uint16))
+@cuda.jit(device=True, inline=True)
+def _f16_from_bits(bits):
+    return float32(bitcast(uint16(bits & 0xFFFF), types.float16))
 
-else:
-    from llvmlite import ir
-    from numba.cuda import libdevice
-    from numba.cuda.extending import intrinsic
 
-    @intrinsic
-    def _f16_of_bits(typingctx, bits):
-        """float16 whose storage is the low 16 bits of ``bits`` (a truncation: Numba keeps
-        float16 in an i16 register)."""
-
-        def codegen(context, builder, signature, args):
-            return builder.trunc(args[0], ir.IntType(16))
-
-        return types.float16(bits), codegen
-
-    @intrinsic
-    def _f16_bits(typingctx, value):
-        """uint64 holding the 16 storage bits of float16 ``value``."""
-
-        def codegen(context, builder, signature, args):
-            return builder.zext(args[0], ir.IntType(64))
-
-        return uint64(value), codegen
-
-    @cuda.jit(device=True, inline=True)
-    def _bits_as_f32(bits):
-        return libdevice.int_as_float(int32(uint32(bits)))
-
-    @cuda.jit(device=True, inline=True)
-    def _f32_as_bits(value):
-        return uint64(uint32(libdevice.float_as_int(float32(value))))
-
-    @cuda.jit(device=True, inline=True)
-    def _f16_from_bits(bits):
-        return float32(_f16_of_bits(uint32(bits)))
-
-    @cuda.jit(device=True, inline=True)
-    def _f16_as_bits(value):
-        return _f16_bits(value)
+@cuda.jit(device=True, inline=True)
+def _f16_as_bits(value):
+    return uint64(bitcast(types.float16(value), uint16))
 
 
 @cuda.jit(device=True, inline=True)
@@ -1190,10 +1174,9 @@ def _make_reduce_rows_vec(kind: Any, element: ElementKind) -> Callable[..., None
     spec = ELEMENTS[element]
     ACC = spec.acc
     load = spec.load
-    store = _store_i64 if ops.arg else spec.store
     vec_lane_reduce = _vec_lane_reducer(kind, element)
-    final = ops.final
-    N_ACC, USES_K, USES_AUX = ops.n_acc, ops.uses_k, ops.uses_aux
+    write_state = _state_writer(kind, element, ops.final)
+    USES_AUX = ops.uses_aux
 
     def reduce_rows_vec(x, xv, y, ws_acc, ws_k, aux, out_numel, extent, out_shape, x_strides,
                         y_strides, aux_strides, lanes, splits, chunk_vecs, mode, param, shift):
@@ -1224,15 +1207,8 @@ def _make_reduce_rows_vec(kind: Any, element: ElementKind) -> Callable[..., None
                                          splits, chunk_vecs, tid, lane, lanes, slots, sa, sb,
                                          sk)
             if lane == 0 and valid:
-                if mode == 0:
-                    y[uint64(y_off)] = store(final(a, b, c, k, param))
-                else:
-                    if N_ACC >= 1:
-                        ws_acc[uint64(split * out_numel + o)] = a
-                    if N_ACC >= 2:
-                        ws_acc[uint64((splits + split) * out_numel + o)] = b
-                    if USES_K:
-                        ws_k[uint64(split * out_numel + o)] = k
+                write_state(y, y_off, ws_acc, ws_k, mode != 0, a, b, c, k, param, o,
+                            out_numel, split, splits)
             group += cuda.gridDim.x
 
     return reduce_rows_vec
@@ -1244,15 +1220,14 @@ def _make_reduce_cols_vec(kind: Any, element: ElementKind) -> Callable[..., None
     vec = VECTOR[element]
     ACC = spec.acc
     load = spec.load
-    store = _store_i64 if ops.arg else spec.store
     step, fold_chunk, merge = ops.functions(ACC)
     combine = _lane_combiner(kind, element)
-    final = ops.final
+    write_state = _state_writer(kind, element, ops.final)
     unpack = vec.unpack
     W, LOG_W = vec.width, vec.log_width
     CHUNK_VALUES = CHUNK * W
     INIT_A, INIT_K = ops.init_a(spec), ops.init_k
-    N_ACC, USES_K, USES_AUX = ops.n_acc, ops.uses_k, ops.uses_aux
+    USES_AUX = ops.uses_aux
 
     def reduce_cols_vec(xv, y, ws_acc, ws_k, aux, out_numel, extent, axis_words, y_stride,
                         aux_stride, lanes, splits, chunk_len, mode, param):
@@ -1333,15 +1308,8 @@ def _make_reduce_cols_vec(kind: Any, element: ElementKind) -> Callable[..., None
                                      sa, sb, sk)
                 if lane == 0 and valid:
                     o = (ow << LOG_W) + e
-                    if mode == 0:
-                        y[uint64(o * y_stride)] = store(final(a, b, c, k, param))
-                    else:
-                        if N_ACC >= 1:
-                            ws_acc[uint64(split * out_numel + o)] = a
-                        if N_ACC >= 2:
-                            ws_acc[uint64((splits + split) * out_numel + o)] = b
-                        if USES_K:
-                            ws_k[uint64(split * out_numel + o)] = k
+                    write_state(y, o * y_stride, ws_acc, ws_k, mode != 0, a, b, c, k, param, o,
+                                out_numel, split, splits)
             group += cuda.gridDim.x
 
     return reduce_cols_vec

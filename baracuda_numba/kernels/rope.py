@@ -43,13 +43,13 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import cuda, float32, float64, int32, int64, types, uint16, uint32, uint64
+from numba import cuda, float32, float64, int64, types, uint16, uint32, uint64
 from numba.types import float16
 
 from .._runtime import SIMULATOR
 from ..launch import Kernel
 from ..types import ElementKind
-from .common import bf16_to_f32, f32_to_bf16
+from .common import bf16_to_f32, bitcast, f32_to_bf16
 
 #: Heads a thread loads before storing any (memory-level parallelism; registers bound it:
 #: see docs/notes/rope.md for the sweep).
@@ -57,15 +57,31 @@ HEAD_BATCH = 8
 
 # -- bit casts and accurate trig (simulator: NumPy views and the math module) -----------
 
+
+@cuda.jit(device=True, inline=True)
+def _bits_as_f32(bits):
+    return bitcast(uint32(bits), float32)
+
+
+@cuda.jit(device=True, inline=True)
+def _f32_as_bits(value):
+    return bitcast(float32(value), uint32)
+
+
+@cuda.jit(device=True, inline=True)
+def f16_from_bits(bits):
+    """The float16 stored in the low 16 bits of integer ``bits`` (f16 -> f32 is then the
+    hardware ``cvt``)."""
+    return bitcast(uint16(bits & 0xFFFF), float16)
+
+
+@cuda.jit(device=True, inline=True)
+def f16_to_bits(value):
+    """uint32 holding the 16 storage bits of float16 ``value``."""
+    return uint32(bitcast(float16(value), uint16))
+
+
 if SIMULATOR:
-
-    @cuda.jit(device=True, inline=True)
-    def _bits_as_f32(bits):
-        return np.uint32(bits).view(np.float32)
-
-    @cuda.jit(device=True, inline=True)
-    def _f32_as_bits(value):
-        return np.float32(value).view(np.uint32)
 
     @cuda.jit(device=True, inline=True)
     def _sincos32(theta):
@@ -80,40 +96,13 @@ if SIMULATOR:
         return math.pow(2.0, value)
 
     @cuda.jit(device=True, inline=True)
-    def f16_from_bits(bits):
-        return np.uint16(bits & 0xFFFF).view(np.float16)
-
-    @cuda.jit(device=True, inline=True)
     def _pack_bf16x2(low, high):
         return uint32(f32_to_bf16(low)) | (uint32(f32_to_bf16(high)) << uint32(16))
-
-    @cuda.jit(device=True, inline=True)
-    def f16_to_bits(value):
-        return np.uint32(np.float16(value).view(np.uint16))
 
 else:
     from llvmlite import ir
     from numba.cuda import libdevice
     from numba.cuda.extending import intrinsic
-
-    @intrinsic
-    def f16_from_bits(typingctx, bits):
-        """The float16 whose storage is the low 16 bits of integer ``bits`` (no code: Numba
-        keeps float16 in an i16 register), so that f16 -> f32 is the hardware ``cvt``."""
-
-        def codegen(context, builder, signature, args):
-            return builder.trunc(args[0], ir.IntType(16))
-
-        return float16(bits), codegen
-
-    @intrinsic
-    def f16_to_bits(typingctx, value):
-        """uint32 holding the 16 storage bits of float16 ``value``."""
-
-        def codegen(context, builder, signature, args):
-            return builder.zext(args[0], ir.IntType(32))
-
-        return uint32(value), codegen
 
     @intrinsic
     def _cvt_bf16x2(typingctx, high, low):
@@ -133,14 +122,6 @@ else:
     @cuda.jit(device=True, inline=True)
     def _pack_bf16x2(low, high):
         return _cvt_bf16x2(float32(high), float32(low))
-
-    @cuda.jit(device=True, inline=True)
-    def _bits_as_f32(bits):
-        return libdevice.int_as_float(int32(uint32(bits)))
-
-    @cuda.jit(device=True, inline=True)
-    def _f32_as_bits(value):
-        return uint32(libdevice.float_as_int(float32(value)))
 
     @cuda.jit(device=True, inline=True)
     def _sincos32(theta):
