@@ -7,13 +7,16 @@ the default stream is that framework's current stream.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import numpy as np
 
 from .types import ElementKind
 
-__all__ = ["current_stream", "element_of", "empty", "framework_of"]
+__all__ = ["allocator", "current_stream", "device_token", "element_of", "empty",
+           "framework_of", "stream_source"]
 
 _KINDS: dict[type, str] = {}
 
@@ -51,33 +54,62 @@ def element_of(array: Any) -> ElementKind:
 _TORCH_DTYPES: dict[ElementKind, Any] = {}
 
 
-def empty(like: Any, shape: tuple[int, ...], element: ElementKind) -> Any:
-    """An uninitialised array of ``shape``/``element`` in ``like``'s framework and device."""
+def _torch_dtype(element: ElementKind) -> Any:
+    import torch
+
+    if not _TORCH_DTYPES:
+        _TORCH_DTYPES.update({
+            ElementKind.F16: torch.float16, ElementKind.BF16: torch.bfloat16,
+            ElementKind.F32: torch.float32, ElementKind.F64: torch.float64,
+            ElementKind.I32: torch.int32, ElementKind.I64: torch.int64,
+            ElementKind.S8: torch.int8, ElementKind.U8: torch.uint8,
+            ElementKind.BOOL: torch.bool, ElementKind.COMPLEX32: torch.complex64,
+            ElementKind.COMPLEX64: torch.complex128,
+        })
+    return _TORCH_DTYPES[element]
+
+
+def allocator(like: Any, shape: tuple[int, ...], element: ElementKind) -> Callable[[Any], Any]:
+    """A function ``alloc(like)`` that allocates an uninitialised array of ``shape`` /
+    ``element`` in ``like``'s framework and on its device; everything but the allocation
+    is resolved now, so the functional API builds it once per call site (and calls it with
+    arrays of the same type, shape, dtype and device).
+
+    torch, CPU box 2026-11-22: ``torch.empty_like(like)`` 1.4-1.9 µs where shape and dtype
+    are ``like``'s (it keeps a dense input's strides, as torch's own ops do), else
+    ``torch.empty(*shape, dtype=, device=)`` 1.5-2.2 µs; ``like.new_empty(shape, dtype=)``
+    is 2.7-3.2 µs (it parses a size tuple)."""
     kind = framework_of(like)
     if kind == "torch":
         import torch
 
-        if not _TORCH_DTYPES:
-            _TORCH_DTYPES.update({
-                ElementKind.F16: torch.float16, ElementKind.BF16: torch.bfloat16,
-                ElementKind.F32: torch.float32, ElementKind.F64: torch.float64,
-                ElementKind.I32: torch.int32, ElementKind.I64: torch.int64,
-                ElementKind.S8: torch.int8, ElementKind.U8: torch.uint8,
-                ElementKind.BOOL: torch.bool, ElementKind.COMPLEX32: torch.complex64,
-                ElementKind.COMPLEX64: torch.complex128,
-            })
-        return like.new_empty(shape, dtype=_TORCH_DTYPES[element])
+        dtype, device = _torch_dtype(element), like.device
+        if tuple(like.shape) == tuple(shape) and like.dtype == dtype:
+            return torch.empty_like
+        empty_ = torch.empty
+        if not shape:
+            return lambda _like: empty_((), dtype=dtype, device=device)
+        return lambda _like: empty_(*shape, dtype=dtype, device=device)
     if kind == "cupy":
         import cupy
 
-        with cupy.cuda.Device(like.device.id):
-            if element is ElementKind.BF16:
-                return cupy.empty(shape, dtype=like.dtype if element_of(like) is element
-                                  else np.uint16)
-            return cupy.empty(shape, dtype=element.storage_dtype)
+        device_id = like.device.id
+        dtype = like.dtype if element is ElementKind.BF16 and element_of(like) is element \
+            else (np.uint16 if element is ElementKind.BF16 else element.storage_dtype)
+
+        def cupy_empty(_like: Any) -> Any:
+            with cupy.cuda.Device(device_id):
+                return cupy.empty(shape, dtype=dtype)
+
+        return cupy_empty
     from numba import cuda
 
-    return cuda.device_array(shape, dtype=element.storage_dtype)
+    return lambda _like: cuda.device_array(shape, dtype=element.storage_dtype)
+
+
+def empty(like: Any, shape: tuple[int, ...], element: ElementKind) -> Any:
+    """An uninitialised array of ``shape``/``element`` in ``like``'s framework and device."""
+    return allocator(like, shape, element)(like)
 
 
 _RAW_STREAM: list[Any] = []
@@ -91,18 +123,56 @@ def _torch_raw_stream() -> Any:
     return _RAW_STREAM[0]
 
 
-def current_stream(like: Any) -> Any:
-    """The framework's current stream for ``like``'s device (0: Numba's default stream)."""
+def _cupy_stream() -> int:
+    import cupy
+
+    return cupy.cuda.get_current_stream().ptr
+
+
+def _legacy_stream() -> int:
+    return 0
+
+
+def stream_source(like: Any) -> Callable[[], Any]:
+    """A zero-argument function returning the framework's current stream for ``like``'s
+    device (0, the legacy default stream, for Numba arrays)."""
     kind = framework_of(like)
     if kind == "torch":
         raw = _torch_raw_stream()
         if raw is not None:  # the raw handle without building a torch.cuda.Stream (~0.3 µs)
-            return raw(like.get_device())
+            return partial(raw, like.get_device())
         import torch
 
-        return torch.cuda.current_stream(like.device).cuda_stream
+        device = like.device
+        return lambda: torch.cuda.current_stream(device).cuda_stream
     if kind == "cupy":
-        import cupy
+        return _cupy_stream
+    return _legacy_stream
 
-        return cupy.cuda.get_current_stream().ptr
-    return 0
+
+def current_stream(like: Any) -> Any:
+    """The framework's current stream for ``like``'s device (0: Numba's default stream)."""
+    return stream_source(like)()
+
+
+_DEVICE_TOKENS: dict[type, Callable[[Any], Any]] = {}
+
+
+def device_token(like: Any) -> Any:
+    """A hashable token of ``like``'s device (torch: ``.device``; CuPy: the device id;
+    Numba: None, arrays live on the current context's device); one dict lookup and one
+    call per array after the first of its type."""
+    token = _DEVICE_TOKENS.get(type(like))
+    if token is None:
+        kind = framework_of(like)
+        if kind == "torch":
+            def token(a: Any) -> Any:
+                return a.device
+        elif kind == "cupy":
+            def token(a: Any) -> Any:
+                return a.device.id
+        else:
+            def token(a: Any) -> Any:
+                return None
+        _DEVICE_TOKENS[type(like)] = token
+    return token(like)

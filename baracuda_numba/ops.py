@@ -16,9 +16,9 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
-from ._frameworks import current_stream, element_of, empty
+from ._frameworks import allocator, device_token, element_of, stream_source
 from .errors import InvalidProblem
 from .plans.fractional_max_pool import (
     FractionalMaxPool2dBwArgs,
@@ -70,25 +70,75 @@ __all__ = [
 ]
 
 _CACHE_SIZE = 1024
-_plans: OrderedDict[Any, Any] = OrderedDict()
-_lock = threading.Lock()
+
+
+class _Bounded:
+    """A bounded, thread-safe map filled on demand: ``get(key, make)`` returns the cached
+    value or stores ``make()``; past ``size`` entries the oldest insertion is dropped.
+    Hits take no lock (one ``dict.get``)."""
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._values: OrderedDict[Any, Any] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: Any, make: Callable[[], Any]) -> Any:
+        value = self._values.get(key)
+        if value is None:
+            value = make()
+            with self._lock:
+                self._values[key] = value
+                if len(self._values) > self._size:
+                    self._values.popitem(last=False)
+        return value
+
+    def clear(self) -> None:
+        with self._lock:
+            self._values.clear()
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+
+_plans = _Bounded(_CACHE_SIZE)  # (family, descriptor fields) -> plan
+_sites = _Bounded(_CACHE_SIZE)  # (family, options, array type, shape, dtype, device) -> _Site
 
 
 def plan_for(key: Any, make: Callable[[], Any]) -> Any:
-    """The cached plan for ``key``; ``make()`` selects it on a miss (LRU-bounded)."""
-    plan = _plans.get(key)
-    if plan is None:
-        plan = make()
-        with _lock:
-            _plans[key] = plan
-            if len(_plans) > _CACHE_SIZE:
-                _plans.popitem(last=False)
-    return plan
+    """The cached plan for ``key``; ``make()`` selects it on a miss (bounded cache)."""
+    return _plans.get(key, make)
 
 
 def clear_plan_cache() -> None:
-    with _lock:
-        _plans.clear()
+    _plans.clear()
+    _sites.clear()
+
+
+class _Site(NamedTuple):
+    """What a call with given options and input layout facts needs besides ``run``: the
+    plan, output allocators (``alloc(input)``; ``None`` where there is no such output) and
+    the framework's
+    current-stream source; ``axis`` is the normalised ``dim`` (reductions)."""
+
+    plan: Any
+    outputs: tuple[Callable[[Any], Any] | None, ...]
+    stream: Callable[[], Any]
+    axis: int = 0
+
+
+def _site(x: Any, options: tuple[Any, ...],
+          make: Callable[[tuple[int, ...], ElementKind], tuple[Any, tuple, int]]) -> _Site:
+    """The call site of ``options`` with input ``x``: on a miss, ``make(shape, element)``
+    returns ``(plan, ((shape, element) | None, ...) per output, axis)``. Keyed by what
+    decides plan and allocation: the options, the array type, shape, dtype and device."""
+    key = (options, type(x), x.shape, x.dtype, device_token(x))
+
+    def build() -> _Site:
+        plan, outputs, axis = make(tuple(int(s) for s in x.shape), element_of(x))
+        allocs = tuple(None if spec is None else allocator(x, *spec) for spec in outputs)
+        return _Site(plan, allocs, stream_source(x), axis)
+
+    return _sites.get(key, build)
 
 
 def _dim(dim: int, rank: int, fn: str) -> int:
@@ -112,19 +162,19 @@ def _drop_dim(array: Any, dim: int) -> Any:
 def write_slice(dest: Any, source: Any, offsets: Sequence[int], *, stream: Any = None) -> Any:
     """``dest[o_0:o_0+n_0, ..., o_k:o_k+n_k] = source`` in place (``n = source.shape``);
     returns ``dest``. Bit-exact; any strides."""
-    dest_shape = tuple(dest.shape)
-    source_shape = tuple(source.shape)
-    offsets = tuple(int(o) for o in offsets)
-    element = element_of(dest)
+    offsets = tuple(offsets)
 
-    def make() -> WriteSlicePlan:
-        ranges = tuple((o, o + n) for o, n in zip(offsets, source_shape))
-        return WriteSlicePlan.select(WriteSliceDescriptor(dest_shape, source_shape, ranges,
-                                                          element))
+    def make(dest_shape: tuple[int, ...], element: ElementKind) -> tuple[Any, tuple, int]:
+        source_shape = tuple(int(s) for s in source.shape)
+        starts = tuple(int(o) for o in offsets)
+        ranges = tuple((o, o + n) for o, n in zip(starts, source_shape))
+        return plan_for(("write_slice", dest_shape, source_shape, starts, element),
+                        lambda: WriteSlicePlan.select(WriteSliceDescriptor(
+                            dest_shape, source_shape, ranges, element))), (), 0
 
-    plan = plan_for(("write_slice", dest_shape, source_shape, offsets, element), make)
-    plan.run(WriteSliceArgs(dest, source), stream=current_stream(dest) if stream is None
-             else stream)
+    site = _site(dest, ("write_slice", source.shape, offsets), make)
+    site.plan.run(WriteSliceArgs(dest, source), stream=site.stream() if stream is None
+                  else stream)
     return dest
 
 
@@ -133,14 +183,18 @@ def write_slice(dest: Any, source: Any, offsets: Sequence[int], *, stream: Any =
 
 def _scan(kind: ScanKind, x: Any, dim: int, reverse: bool, stream: Any,
           with_indices: bool) -> Any:
-    shape = tuple(x.shape)
-    axis = _dim(dim, len(shape), kind.name.lower())
-    element = element_of(x)
-    plan = plan_for(("scan", kind, shape, axis, reverse, element), lambda: ScanPlan.select(
-        ScanDescriptor(kind, shape, axis, reverse, element=element)))
-    y = empty(x, shape, element)
-    indices = empty(x, shape, ElementKind.I64) if with_indices else None
-    plan.run(ScanArgs(x, y, indices), stream=current_stream(x) if stream is None else stream)
+    def make(shape: tuple[int, ...], element: ElementKind) -> tuple[Any, tuple, int]:
+        axis = _dim(dim, len(shape), kind.name.lower())
+        plan = plan_for(("scan", kind, shape, axis, reverse, element), lambda: ScanPlan.select(
+            ScanDescriptor(kind, shape, axis, reverse, element=element)))
+        return plan, ((shape, element), (shape, ElementKind.I64) if with_indices else None), \
+            axis
+
+    plan, (alloc_y, alloc_indices), current, _ = _site(
+        x, ("scan", kind, dim, reverse, with_indices), make)
+    y = alloc_y(x)
+    indices = None if alloc_indices is None else alloc_indices(x)
+    plan.run(ScanArgs(x, y, indices), stream=current() if stream is None else stream)
     return (y, indices) if with_indices else y
 
 
@@ -173,15 +227,16 @@ def scan_backward(kind: ScanKind, dy: Any, dim: int, *, x: Any = None, y: Any = 
                   reverse: bool = False, stream: Any = None) -> Any:
     """Gradient of the ``kind`` scan: ``dx`` from ``dy`` and the saved ``x``/``y``
     (Cumsum: none; Cumprod and LogCumsumExp: x and y; Cummax/Cummin: x)."""
-    shape = tuple(dy.shape)
-    axis = _dim(dim, len(shape), "scan_backward")
-    element = element_of(dy)
-    plan = plan_for(("scan_bw", kind, shape, axis, reverse, element),
-                    lambda: ScanBackwardPlan.select(ScanBackwardDescriptor(
-                        kind, shape, axis, reverse, element=element)))
-    dx = empty(dy, shape, element)
-    plan.run(ScanBackwardArgs(dy, dx, x, y), stream=current_stream(dy) if stream is None
-             else stream)
+    def make(shape: tuple[int, ...], element: ElementKind) -> tuple[Any, tuple, int]:
+        axis = _dim(dim, len(shape), "scan_backward")
+        return plan_for(("scan_bw", kind, shape, axis, reverse, element),
+                        lambda: ScanBackwardPlan.select(ScanBackwardDescriptor(
+                            kind, shape, axis, reverse, element=element))), \
+            ((shape, element),), axis
+
+    plan, (alloc_dx,), current, _ = _site(dy, ("scan_bw", kind, dim, reverse), make)
+    dx = alloc_dx(dy)
+    plan.run(ScanBackwardArgs(dy, dx, x, y), stream=current() if stream is None else stream)
     return dx
 
 
@@ -190,23 +245,34 @@ def scan_backward(kind: ScanKind, dy: Any, dim: int, *, x: Any = None, y: Any = 
 
 def _reduce(kind: ReduceKind, x: Any, dim: int, keepdim: bool, correction: int,
             stream: Any) -> Any:
-    shape = tuple(x.shape)
-    axis = _dim(dim, len(shape), kind.name.lower())
-    element = element_of(x)
-    plan = plan_for(("reduce", kind, shape, axis, element, correction),
-                    lambda: ReducePlan.select(ReduceDescriptor(kind, shape, axis, element,
-                                                               correction)))
-    y = empty(x, shape[:axis] + (1,) + shape[axis + 1:], element)
-    _run_with_workspace(plan, ReduceArgs(x, y), x, stream)
-    return y if keepdim else _drop_dim(y, axis)
+    def make(shape: tuple[int, ...], element: ElementKind) -> tuple[Any, tuple, int]:
+        axis = _dim(dim, len(shape), kind.name.lower())
+        plan = plan_for(("reduce", kind, shape, axis, element, correction),
+                        lambda: ReducePlan.select(ReduceDescriptor(kind, shape, axis, element,
+                                                                   correction)))
+        return plan, ((_keepdim(shape, axis), element), _workspace(plan)), axis
+
+    site = _site(x, ("reduce", kind, dim, correction), make)
+    y = site.outputs[0](x)
+    _run_with_workspace(site, ReduceArgs(x, y), x, stream)
+    return y if keepdim else _drop_dim(y, site.axis)
 
 
-def _run_with_workspace(plan: Any, args: Any, like: Any, stream: Any) -> None:
-    """Run with a workspace of the plan's size from the input's framework (none if 0)."""
+def _keepdim(shape: tuple[int, ...], axis: int) -> tuple[int, ...]:
+    return shape[:axis] + (1,) + shape[axis + 1:]
+
+
+def _workspace(plan: Any) -> tuple[tuple[int], ElementKind] | None:
+    """The workspace output spec of ``plan`` (bytes), None if it needs none."""
     size = plan.workspace_size
-    workspace = empty(like, (size,), ElementKind.U8) if size else None
-    plan.run(args, stream=current_stream(like) if stream is None else stream,
-             workspace=workspace)
+    return ((size,), ElementKind.U8) if size else None
+
+
+def _run_with_workspace(site: _Site, args: Any, like: Any, stream: Any) -> None:
+    """Run with a workspace of the plan's size from the input's framework (none if 0)."""
+    alloc_workspace = site.outputs[1]
+    site.plan.run(args, stream=site.stream() if stream is None else stream,
+                  workspace=None if alloc_workspace is None else alloc_workspace(like))
 
 
 def sum(x: Any, dim: int, *, keepdim: bool = False, stream: Any = None) -> Any:  # noqa: A001
@@ -257,15 +323,17 @@ def std(x: Any, dim: int, *, correction: int = 1, keepdim: bool = False,
 
 
 def _arg_reduce(kind: ReduceKind, x: Any, dim: int, keepdim: bool, stream: Any) -> Any:
-    shape = tuple(x.shape)
-    axis = _dim(dim, len(shape), kind.name.lower())
-    element = element_of(x)
-    plan = plan_for(("arg_reduce", kind, shape, axis, element),
-                    lambda: ArgReducePlan.select(ArgReduceDescriptor(kind, shape, axis,
-                                                                     element)))
-    y = empty(x, shape[:axis] + (1,) + shape[axis + 1:], ElementKind.I64)
-    _run_with_workspace(plan, ArgReduceArgs(x, y), x, stream)
-    return y if keepdim else _drop_dim(y, axis)
+    def make(shape: tuple[int, ...], element: ElementKind) -> tuple[Any, tuple, int]:
+        axis = _dim(dim, len(shape), kind.name.lower())
+        plan = plan_for(("arg_reduce", kind, shape, axis, element),
+                        lambda: ArgReducePlan.select(ArgReduceDescriptor(kind, shape, axis,
+                                                                         element)))
+        return plan, ((_keepdim(shape, axis), ElementKind.I64), _workspace(plan)), axis
+
+    site = _site(x, ("arg_reduce", kind, dim), make)
+    y = site.outputs[0](x)
+    _run_with_workspace(site, ArgReduceArgs(x, y), x, stream)
+    return y if keepdim else _drop_dim(y, site.axis)
 
 
 def argmax(x: Any, dim: int, *, keepdim: bool = False, stream: Any = None) -> Any:
@@ -284,15 +352,20 @@ def reduce_backward(kind: ReduceKind, dy: Any, input_shape: Sequence[int], dim: 
     """``dx`` of the ``kind`` reduction over ``dim``; ``dy`` and the saved ``y`` keepdim
     (Sum/Mean need neither ``x`` nor ``y``; the others need both). Max/Min split the
     gradient equally across tied maxima."""
-    shape = tuple(int(s) for s in input_shape)
-    axis = _dim(dim, len(shape), "reduce_backward")
-    element = element_of(dy)
-    plan = plan_for(("reduce_bw", kind, shape, axis, element, correction),
-                    lambda: ReduceBackwardPlan.select(ReduceBackwardDescriptor(
-                        kind, shape, axis, element, correction)))
-    dx = empty(dy, shape, element)
-    plan.run(ReduceBackwardArgs(dy, dx, x, y), stream=current_stream(dy) if stream is None
-             else stream)
+    input_shape = tuple(input_shape)
+
+    def make(_dy_shape: tuple[int, ...], element: ElementKind) -> tuple[Any, tuple, int]:
+        shape = tuple(int(s) for s in input_shape)
+        axis = _dim(dim, len(shape), "reduce_backward")
+        return plan_for(("reduce_bw", kind, shape, axis, element, correction),
+                        lambda: ReduceBackwardPlan.select(ReduceBackwardDescriptor(
+                            kind, shape, axis, element, correction))), \
+            ((shape, element),), axis
+
+    plan, (alloc_dx,), current, _ = _site(
+        dy, ("reduce_bw", kind, input_shape, dim, correction), make)
+    dx = alloc_dx(dy)
+    plan.run(ReduceBackwardArgs(dy, dx, x, y), stream=current() if stream is None else stream)
     return dx
 
 
@@ -307,24 +380,27 @@ def _pairing(pairing: RopePairing | str) -> RopePairing:
 
 def _rope(backward: bool, x: Any, positions: Any, base: float, pairing: Any,
           rotary_dim: int | None, inplace: bool, stream: Any) -> Any:
-    if len(x.shape) != 4:
-        raise InvalidProblem(f"{'rope_backward' if backward else 'rope'}: x must be "
-                             f"[B, H, S, D], got shape {tuple(x.shape)}")
-    batch, heads, seq, head_dim = (int(s) for s in x.shape)
-    element = element_of(x)
-    pair = _pairing(pairing)
-    fields = (batch, heads, seq, head_dim)
-    options = dict(base=float(base), element=element, pairing=pair, rotary_dim=rotary_dim)
-    if backward:
-        plan = plan_for(("rope_bw", fields, float(base), element, pair, rotary_dim),
-                        lambda: RopeBackwardPlan.select(RopeBackwardDescriptor(*fields,
-                                                                               **options)))
-    else:
-        plan = plan_for(("rope", fields, float(base), element, pair, rotary_dim),
-                        lambda: RopePlan.select(RopeDescriptor(*fields, **options)))
-    y = x if inplace else empty(x, tuple(x.shape), element)
+    def make(shape: tuple[int, ...], element: ElementKind) -> tuple[Any, tuple, int]:
+        if len(shape) != 4:
+            raise InvalidProblem(f"{'rope_backward' if backward else 'rope'}: x must be "
+                                 f"[B, H, S, D], got shape {shape}")
+        pair = _pairing(pairing)
+        options = dict(base=float(base), element=element, pairing=pair,
+                       rotary_dim=rotary_dim)
+        if backward:
+            plan = plan_for(("rope_bw", shape, float(base), element, pair, rotary_dim),
+                            lambda: RopeBackwardPlan.select(RopeBackwardDescriptor(
+                                *shape, **options)))
+        else:
+            plan = plan_for(("rope", shape, float(base), element, pair, rotary_dim),
+                            lambda: RopePlan.select(RopeDescriptor(*shape, **options)))
+        return plan, (None if inplace else (shape, element),), 0
+
+    plan, (alloc_y,), current, _ = _site(
+        x, ("rope", backward, base, pairing, rotary_dim, inplace), make)
+    y = x if alloc_y is None else alloc_y(x)
     args = (RopeBackwardArgs if backward else RopeArgs)(x, y, positions)
-    plan.run(args, stream=current_stream(x) if stream is None else stream)
+    plan.run(args, stream=current() if stream is None else stream)
     return y
 
 
@@ -372,31 +448,45 @@ def _fmp_plan(dims: int, shape: tuple[int, ...], window: tuple[int, ...],
 
 def _fmp(dims: int, x: Any, kernel_size: Sequence[int] | int, output_size: Sequence[int],
          random_samples: Any, placement: Any, stream: Any) -> tuple[Any, Any]:
-    shape = tuple(int(s) for s in x.shape)
-    if len(shape) != dims + 2:
-        raise InvalidProblem(f"fractional_max_pool{dims}d: x must have rank {dims + 2}, got "
-                             f"shape {shape}")
-    window = (kernel_size,) * dims if isinstance(kernel_size, int) else tuple(kernel_size)
-    out = tuple(int(o) for o in output_size)
-    element = element_of(x)
-    plan = _fmp_plan(dims, shape, window, out, element, _placement(placement))
-    y = empty(x, shape[:2] + out, element)
-    indices = empty(x, shape[:2] + out, ElementKind.I64)
+    window = _window(kernel_size, dims)
+    output_size = tuple(output_size)
+
+    def make(shape: tuple[int, ...], element: ElementKind) -> tuple[Any, tuple, int]:
+        if len(shape) != dims + 2:
+            raise InvalidProblem(f"fractional_max_pool{dims}d: x must have rank {dims + 2}, "
+                                 f"got shape {shape}")
+        out = tuple(int(o) for o in output_size)
+        plan = _fmp_plan(dims, shape, window, out, element, _placement(placement))
+        return plan, ((shape[:2] + out, element), (shape[:2] + out, ElementKind.I64)), 0
+
+    plan, (alloc_y, alloc_indices), current, _ = _site(
+        x, ("fmp", dims, window, output_size, placement), make)
+    y, indices = alloc_y(x), alloc_indices(x)
     plan.run_fw(_FMP_CLASSES[dims][2](x, y, indices, random_samples),
-                stream=current_stream(x) if stream is None else stream)
+                stream=current() if stream is None else stream)
     return y, indices
+
+
+def _window(kernel_size: Sequence[int] | int, dims: int) -> tuple[int, ...]:
+    return (int(kernel_size),) * dims if isinstance(kernel_size, int) \
+        else tuple(int(k) for k in kernel_size)
 
 
 def _fmp_backward(dims: int, dy: Any, indices: Any, input_shape: Sequence[int],
                   kernel_size: Sequence[int] | int, placement: Any, stream: Any) -> Any:
-    shape = tuple(int(s) for s in input_shape)
-    window = (kernel_size,) * dims if isinstance(kernel_size, int) else tuple(kernel_size)
-    out = tuple(int(o) for o in dy.shape[2:])
-    element = element_of(dy)
-    plan = _fmp_plan(dims, shape, window, out, element, _placement(placement))
-    dx = empty(dy, shape, element)
-    plan.run_bw(_FMP_CLASSES[dims][3](dy, indices, dx), stream=current_stream(dy) if stream is None
-                else stream)
+    window = _window(kernel_size, dims)
+    input_shape = tuple(input_shape)
+
+    def make(dy_shape: tuple[int, ...], element: ElementKind) -> tuple[Any, tuple, int]:
+        shape = tuple(int(s) for s in input_shape)
+        plan = _fmp_plan(dims, shape, window, dy_shape[2:], element, _placement(placement))
+        return plan, ((shape, element),), 0
+
+    plan, (alloc_dx,), current, _ = _site(
+        dy, ("fmp_bw", dims, input_shape, window, placement), make)
+    dx = alloc_dx(dy)
+    plan.run_bw(_FMP_CLASSES[dims][3](dy, indices, dx),
+                stream=current() if stream is None else stream)
     return dx
 
 

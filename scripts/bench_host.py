@@ -179,8 +179,9 @@ def bench(ctx) -> None:
     _functional(ctx, torch)
     device_row = _breakdown(ctx, torch)
     best = _measure_rows(ctx)
-    ctx.notes.append("functional / plan.run host ratio (cumsum): "
-                     f"{best[FUNCTIONAL_LABEL] / best[PLAN_LABEL]:.2f}")
+    ctx.notes.append("functional / plan.run host ratio: cumsum "
+                     f"{best[FUNCTIONAL_LABEL] / best[PLAN_LABEL]:.2f}, sum "
+                     f"{best[REDUCE_FUNCTIONAL_LABEL] / best[REDUCE_PLAN_LABEL]:.2f}")
     device_row()
     with tempfile.TemporaryDirectory() as cache_dir:
         env = dict(os.environ, NUMBA_CACHE_DIR=cache_dir, BARACUDA_CACHE_DIR=cache_dir)
@@ -207,6 +208,8 @@ def bench(ctx) -> None:
 
 PLAN_LABEL = "cumsum: ScanPlan.run with preallocated y (torch)"
 FUNCTIONAL_LABEL = "cumsum: ops.cumsum(x, 1) (allocates y, current stream)"
+REDUCE_PLAN_LABEL = "sum: ReducePlan.run with preallocated y (torch)"
+REDUCE_FUNCTIONAL_LABEL = "sum: ops.sum(x, 1, keepdim=True) (allocates y, current stream)"
 
 
 def _functional(ctx, torch) -> None:
@@ -226,6 +229,13 @@ def _functional(ctx, torch) -> None:
     except Exception as exc:  # noqa: BLE001 - report, don't fail the benchmark
         ctx.notes.append(f"torch custom op not measured: {exc}")
     host_row(ctx, "cumsum: torch.cumsum(x, 1)", "f32", lambda: torch.cumsum(x, 1))
+    red = bn.ReducePlan.select(bn.ReduceDescriptor(bn.ReduceKind.SUM, (4, 64), 1,
+                                                   bn.ElementKind.F32))
+    y1 = torch.empty(4, 1, device="cuda")
+    host_row(ctx, REDUCE_PLAN_LABEL, "f32", lambda: red.run(bn.ReduceArgs(x, y1)))
+    host_row(ctx, REDUCE_FUNCTIONAL_LABEL, "f32", lambda: ops.sum(x, 1, keepdim=True))
+    host_row(ctx, "sum: torch.sum(x, 1, keepdim=True)", "f32",
+             lambda: torch.sum(x, 1, keepdim=True))
 
 
 def _breakdown(ctx, torch):

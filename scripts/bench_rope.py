@@ -10,6 +10,7 @@ Decode shape [64, 32, 1, 128] with positions [64, 1]: device time and host time 
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from baracuda_numba.plans.rope import (
@@ -65,10 +66,13 @@ def bench(ctx: Any) -> None:
             compiled[pairing] = torch.compile(fn)
         except Exception as exc:  # record, keep going
             ctx.notes.append(f"torch.compile({fn.__name__}) failed: {exc!r}")
-    _large(ctx, torch, compiled)
-    _decode(ctx, torch, compiled)
-    _host_breakdown(ctx, torch)
-    _tuning(ctx, torch)
+    only = os.environ.get("ROPE_BENCH_ONLY", "")  # e.g. "decode" or "large,decode"
+    for part, run in (("large", lambda: _large(ctx, torch, compiled)),
+                      ("decode", lambda: _decode(ctx, torch, compiled)),
+                      ("host", lambda: _host_breakdown(ctx, torch)),
+                      ("tuning", lambda: _tuning(ctx, torch))):
+        if not only or part in only.split(","):
+            run()
 
 
 def _time_torch(ctx: Any, fn: Any, xs: list[Any], cos: Any, sin: Any) -> float | None:
