@@ -81,7 +81,7 @@ def _bench_one(ctx, label, shape_in, windows, shape_out, dtype_name, tune) -> No
                                    fmp.FractionalPlacement.BARACUDA)
     fw = [fw_args(x, y, idx, samples) for x in xs]
     us = ctx.time_gpu(lambda i: plan.run_fw(fw[i]), sets)
-    ctx.row(f"{label} fw", dtype_name, us, fw_bytes, torch_fw_us)
+    ctx.row(f"{label} fw", dtype_name, us, fw_bytes, torch_fw_us, f"{plan.forward_walk} walk")
     bw = [bw_args(dy, idx, dx) for dy in dys]
     us = ctx.time_gpu(lambda i: plan.run_bw(bw[i]), sets)
     ctx.row(f"{label} bw", dtype_name, us, bw_bytes, torch_bw_us, _bw_note(plan))
@@ -110,7 +110,9 @@ def _bench_one(ctx, label, shape_in, windows, shape_out, dtype_name, tune) -> No
 
     if tune:  # variants of the same computation, for the notes
         default_walk = plan.forward_walk
-        for walk in ("unrolled", "looped"):
+        for walk in ("rows", "rows32", "unrolled", "looped"):
+            if walk == default_walk or walk not in plan._fw_fast_kernels:
+                continue
             plan.forward_walk = walk
             us = ctx.time_gpu(lambda i: plan.run_fw(fw[i]), sets)
             ctx.row(f"{label} fw {walk} window", dtype_name, us, fw_bytes, torch_fw_us,
@@ -168,6 +170,7 @@ def bench(ctx) -> None:
     for item in filter(None, os.environ.get("FMP_FUSED_SUMS", "").split(",")):
         rank, fused = item.split(":")
         fmp._FUSED_SUMS[int(rank)] = fused == "1"
+    fmp._ROW_WALK = os.environ.get("FMP_ROW_WALK", fmp._ROW_WALK)  # likewise ("rows32")
     for label, shape_in, windows, shape_out in CASES:
         for dtype_name in DTYPES:
             _bench_one(ctx, label, shape_in, windows, shape_out, dtype_name, tune)

@@ -116,13 +116,14 @@ def make_plan(shape_in, windows, shape_out, element, placement=BARACUDA):
     return plan, FractionalMaxPool3dFwArgs, FractionalMaxPool3dBwArgs
 
 
-PATH_NAMES = ("fast", "fast-tiles", "fast-alt", "general")
+PATH_NAMES = ("fast", "fast-rows", "fast-tiles", "fast-alt", "general")
 
 
 def set_path(plan, path):
     """``fast``: the plan's default fast kernels (the row-caching forward for the
     FAST_WINDOWS, else the looped window; the tiled backward where its mask fits, with
-    the plan's phase 2, else the leader scatter); ``fast-tiles``: the unrolled forward
+    the plan's phase 2, else the leader scatter); ``fast-rows``: the other row-caching
+    forward (64- or 32-bit offsets); ``fast-tiles``: the unrolled forward
     window and the tiled backward with tiles of two rows (many tiles per plane, candidate
     boxes straddling tiles) and the other phase 2 (fused or per element); ``fast-alt``:
     the looped forward window and the leader-scatter backward; ``general``: the any-stride
@@ -130,7 +131,10 @@ def set_path(plan, path):
     applies where the candidate box fits its mask (else the leader scatter runs:
     test_tile_choice_respects_the_shared_memory)."""
     assert plan.fast  # every test shape qualifies for the fast kernels
-    if path == "fast-tiles":
+    if path == "fast-rows":
+        if "rows" in plan._fw_fast_kernels:
+            plan.forward_walk = "rows32" if plan.forward_walk == "rows" else "rows"
+    elif path == "fast-tiles":
         if "unrolled" in plan._fw_fast_kernels:
             plan.forward_walk = "unrolled"
         plan.tile_elems = 2 * plan._w_in
@@ -390,7 +394,8 @@ def test_fast_window_kernels_are_selected():
             plan = make_plan(shape_in, window, (2, 2, 2), ElementKind.F32)[0]
         if window in FAST_WINDOWS:
             name = "x".join(map(str, window))
-            assert plan._fw_fast_kernel.name == f"fractional_max_pool_fw_rows[F32,{name}]"
+            walk = plan.forward_walk
+            assert plan._fw_fast_kernel.name == f"fractional_max_pool_fw_{walk}[F32,{name}]"
             plan.forward_walk = "unrolled"
             assert plan._fw_fast_kernel.name == f"fractional_max_pool_fw_fast[F32,{name}]"
         else:

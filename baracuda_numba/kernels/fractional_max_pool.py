@@ -485,6 +485,52 @@ def baracuda_start_fast(o, max_start, last, threshold, multiplier, shift):
 
 
 @cuda.jit(device=True, inline=True)
+def baracuda_start32(o, max_start, last, threshold, multiplier, shift):
+    """``baracuda_start_fast`` on uint32 operands only (LLVM then emits 32-bit adds and
+    one wide multiply per address instead of 64-bit adds and masks)."""
+    if last == 0:
+        return threshold
+    p = uint32(o * max_start)
+    q = uint32(fast_div(p, multiplier, shift))
+    if uint32(p - uint32(q * last)) >= threshold:
+        q = uint32(q + uint32(1))
+    return min(q, max_start)
+
+
+def _make_plane_setup(torch_start):
+    """Device function ``(plane, samples, dims, sample_strides, windows, ow, multiplier_w,
+    shift_w) -> (alpha_d, alpha_h, thr_d, thr_h, sw)`` of the fast forwards: a plane's
+    clamped d/h samples, their BARACUDA thresholds (0 for TORCH placement) and the window
+    start ``sw`` (uint32) of output column ``ow``."""
+
+    @cuda.jit(device=True, inline=True)
+    def plane_setup(plane, samples, dims, sample_strides, windows, ow, multiplier_w, shift_w):
+        channels = dims[1]
+        n = int64(uint32(plane) // uint32(channels))
+        c = plane - n * channels
+        sample_base = n * sample_strides[0] + c * sample_strides[1]
+        alpha_d = float32(0.0)
+        if sample_strides[3] >= 0:
+            alpha_d = clamp_sample(samples[sample_base + sample_strides[3] * sample_strides[2]])
+        alpha_h = clamp_sample(samples[sample_base + sample_strides[4] * sample_strides[2]])
+        alpha_w = clamp_sample(samples[sample_base + sample_strides[5] * sample_strides[2]])
+        w_in, w_out, kw = dims[4], dims[7], windows[2]
+        thr_d = thr_h = uint32(0)
+        if windows[3] == PLACEMENT_BARACUDA:
+            thr_d = uint32(baracuda_threshold(alpha_d, dims[2] - windows[0], dims[5] - 1))
+            thr_h = uint32(baracuda_threshold(alpha_h, dims[3] - windows[1], dims[6] - 1))
+            sw = baracuda_start32(
+                uint32(ow), uint32(w_in - kw), uint32(w_out - 1),
+                uint32(baracuda_threshold(alpha_w, w_in - kw, w_out - 1)), multiplier_w,
+                shift_w)
+        else:
+            sw = uint32(torch_start(ow, w_out, w_in, kw, alpha_w))
+        return alpha_d, alpha_h, thr_d, thr_h, sw
+
+    return plane_setup
+
+
+@cuda.jit(device=True, inline=True)
 def candidate_outputs_fast(coord, extent, window, out, placement, multiplier, shift):
     """``candidate_outputs`` with magic division by ``max_start`` (BARACUDA; numerators
     below ``extent * (out + 1) < 2^31``); TORCH placement uses the general function."""
@@ -571,6 +617,7 @@ def _make_window_max(load, storage, window):
 def _make_forward_fast(load, torch_start, window_max):
     """Fast forward kernel for one element kind (contiguous, 32-bit offsets) and one
     ``_make_window_max`` window walker."""
+    plane_setup = _make_plane_setup(torch_start)
 
     def fractional_max_pool_fw_fast(x, y, indices, samples, dims, sample_strides, windows,
                                     multipliers, shifts, rows_per_thread):
@@ -586,8 +633,8 @@ def _make_forward_fast(load, torch_start, window_max):
         out_hw = h_out * w_out
         out_plane = d_out * out_hw
         total_rows = dims[0] * channels * d_out * h_out
-        ms_d, ms_h, ms_w = d_in - kd, h_in - kh, w_in - kw
-        last_d, last_h, last_w = d_out - 1, h_out - 1, w_out - 1
+        ms_d, ms_h = d_in - kd, h_in - kh
+        last_d, last_h = d_out - 1, h_out - 1
         baracuda = placement == PLACEMENT_BARACUDA
         group_step = int64(cuda.gridDim.y) * cuda.blockDim.y
         ow = int64(cuda.blockIdx.x) * cuda.blockDim.x + cuda.threadIdx.x
@@ -606,24 +653,9 @@ def _make_forward_fast(load, torch_start, window_max):
                 thr_d = thr_h = sd = x_col = y_plane = int64(0)
                 while row < row_end:
                     if new_plane:
-                        n = int64(uint32(plane) // uint32(channels))
-                        c = plane - n * channels
-                        sample_base = n * sample_strides[0] + c * sample_strides[1]
-                        if sample_strides[3] >= 0:
-                            alpha_d = clamp_sample(samples[sample_base + sample_strides[3]
-                                                           * sample_strides[2]])
-                        alpha_h = clamp_sample(samples[sample_base + sample_strides[4]
-                                                       * sample_strides[2]])
-                        alpha_w = clamp_sample(samples[sample_base + sample_strides[5]
-                                                       * sample_strides[2]])
-                        if baracuda:
-                            thr_d = baracuda_threshold(alpha_d, ms_d, last_d)
-                            thr_h = baracuda_threshold(alpha_h, ms_h, last_h)
-                            sw = baracuda_start_fast(
-                                ow, ms_w, last_w, baracuda_threshold(alpha_w, ms_w, last_w),
-                                multipliers[2], shifts[2])
-                        else:
-                            sw = torch_start(ow, w_out, w_in, kw, alpha_w)
+                        alpha_d, alpha_h, thr_d, thr_h, sw = plane_setup(
+                            plane, samples, dims, sample_strides, windows, ow, multipliers[2],
+                            shifts[2])
                         x_col = plane * plane_size + sw
                         y_plane = plane * out_plane + ow
                         new_plane = False
@@ -934,6 +966,135 @@ def _make_forward_rows(load, torch_start, storage, window):
 
     return fractional_max_pool_fw_rows
 
+
+
+def _make_forward_rows32(load, torch_start, storage, window):
+    """``_make_forward_rows`` with every offset, counter and window start a uint32 value
+    (uint32 operands throughout, so LLVM keeps the adds 32-bit and each address is one
+    wide multiply; the int64 version spent ~6 instructions per load on 64-bit adds and
+    masks, Nsight Compute / SASS, H100)."""
+    win_d, win_h, win_w = window
+    slots = win_d * win_h
+    fresh_size = slots * win_w
+    slide, _, _, combine = _make_row_cache(load, storage, window)
+    plane_setup = _make_plane_setup(torch_start)
+
+    @cuda.jit(device=True, inline=True)
+    def load_rows(x, fresh, first, shift, hw_in, w_in):
+        """Load the last ``shift`` window rows (of every window depth)."""
+        for dd in range(win_d):
+            for j in range(win_h):
+                if shift >= uint32(win_h - j):
+                    # uint64(first) + a loop-invariant uint64 row offset: one wide multiply
+                    # per row and the column in the load's immediate (a uint32 sum here is
+                    # widened back by LLVM into 64-bit adds and masks, 6 SASS per load)
+                    row_at = uint64(first) + (uint64(dd) * uint64(hw_in)
+                                              + uint64(j) * uint64(w_in))
+                    for k in range(win_w):
+                        fresh[(dd * win_h + j) * win_w + k] = x[row_at + uint64(k)]
+
+    @cuda.jit(device=True, inline=True)
+    def absorb(fresh, cache_raw, cache_at, first, shift, hw_in, w_in):
+        """Row maxima of the loaded rows into their cache slots."""
+        for dd in range(win_d):
+            for j in range(win_h):
+                if shift >= uint32(win_h - j):
+                    base = (dd * win_h + j) * win_w
+                    best_raw = fresh[base]
+                    best = load(best_raw)
+                    best_k = uint32(0)
+                    for k in range(1, win_w):
+                        value = load(fresh[base + k])
+                        if _takes_over_fast(best, value):
+                            best, best_raw, best_k = value, fresh[base + k], uint32(k)
+                    cache_at[dd * win_h + j] = uint32(first + uint32(dd) * hw_in
+                                                      + uint32(j) * w_in + best_k)
+                    cache_raw[dd * win_h + j] = best_raw
+
+    @cuda.jit(device=True, inline=True)
+    def window_start(o, baracuda, max_start, last, threshold, multiplier, shift, out, extent,
+                     window_size, alpha):
+        if baracuda:
+            return baracuda_start32(o, max_start, last, threshold, multiplier, shift)
+        return uint32(torch_start(int64(o), out, extent, window_size, alpha))
+
+    def fractional_max_pool_fw_rows32(x, y, indices, samples, dims, sample_strides, windows,
+                                      multipliers, shifts, rows_per_thread):
+        """As ``fractional_max_pool_fw_fast``; ``windows[:3]`` equals ``window``."""
+        d_in, h_in, w_in = uint32(dims[2]), uint32(dims[3]), uint32(dims[4])
+        d_out, h_out, w_out = uint32(dims[5]), uint32(dims[6]), uint32(dims[7])
+        kd, kh = windows[0], windows[1]
+        hw_in = uint32(h_in * w_in)
+        plane_size = uint32(d_in * hw_in)
+        out_hw = uint32(h_out * w_out)
+        out_plane = uint32(d_out * out_hw)
+        total_rows = uint32(dims[0] * dims[1] * dims[5] * dims[6])
+        ms_d, ms_h = uint32(dims[2] - kd), uint32(dims[3] - kh)
+        last_d, last_h = uint32(dims[5] - 1), uint32(dims[6] - 1)
+        baracuda = windows[3] == PLACEMENT_BARACUDA
+        run = uint32(rows_per_thread)
+        group_step = uint32(cuda.gridDim.y * cuda.blockDim.y)
+        cache_raw = cuda.local.array(slots, storage)  # registers: constant indices only
+        cache_at = cuda.local.array(slots, uint32)
+        fresh = cuda.local.array(fresh_size, storage)
+        ow = uint32(cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x)
+        while ow < w_out:
+            group = uint32(cuda.blockIdx.y * cuda.blockDim.y + cuda.threadIdx.y)
+            while int64(group) * run < total_rows:
+                row = uint32(group * run)
+                row_end = uint32(min(int64(row) + run, int64(total_rows)))
+                rest = uint32(row // h_out)
+                oh = uint32(row - uint32(rest * h_out))
+                plane = uint32(rest // d_out)
+                od = uint32(rest - uint32(plane * d_out))
+                new_plane = True
+                new_depth = True
+                cached = False
+                alpha_d = alpha_h = float32(0.0)
+                thr_d = thr_h = sd = x_col = y_plane = cached_sh = uint32(0)
+                while row < row_end:
+                    if new_plane:
+                        alpha_d, alpha_h, thr_d, thr_h, sw = plane_setup(
+                            int64(plane), samples, dims, sample_strides, windows, int64(ow),
+                            multipliers[2], shifts[2])
+                        x_col = uint32(uint32(plane * plane_size) + sw)
+                        y_plane = uint32(uint32(plane * out_plane) + ow)
+                        new_plane = False
+                        cached = False
+                    if new_depth:
+                        sd = window_start(od, baracuda, ms_d, last_d, thr_d, multipliers[0],
+                                          shifts[0], dims[5], dims[2], kd, alpha_d)
+                        new_depth = False
+                        cached = False
+                    sh = window_start(oh, baracuda, ms_h, last_h, thr_h, multipliers[1],
+                                      shifts[1], dims[6], dims[3], kh, alpha_h)
+                    shift = uint32(win_h)
+                    if cached and sh >= cached_sh:  # (starts never decrease)
+                        shift = min(uint32(sh - cached_sh), shift)
+                    cached_sh = sh
+                    cached = True
+                    slide(cache_raw, cache_at, shift)
+                    first = uint32(x_col + uint32(sd * hw_in) + uint32(sh * w_in))
+                    load_rows(x, fresh, first, shift, hw_in, w_in)  # before any compare
+                    absorb(fresh, cache_raw, cache_at, first, shift, hw_in, w_in)
+                    best_raw, best_at = combine(cache_raw, cache_at)
+                    out_at = uint32(y_plane + uint32(od * out_hw) + uint32(oh * w_out))
+                    y[out_at] = best_raw
+                    indices[out_at] = int64(best_at)
+                    row = uint32(row + uint32(1))
+                    oh = uint32(oh + uint32(1))
+                    if oh == h_out:
+                        oh = uint32(0)
+                        od = uint32(od + uint32(1))
+                        new_depth = True
+                        if od == d_out:
+                            od = uint32(0)
+                            plane = uint32(plane + uint32(1))
+                            new_plane = True
+                group = uint32(group + group_step)
+            ow = uint32(ow + uint32(cuda.gridDim.x * cuda.blockDim.x))
+
+    return fractional_max_pool_fw_rows32
 
 
 @cuda.jit(device=True, inline=True)
@@ -1302,6 +1463,17 @@ FRACTIONAL_MAX_POOL_FW_FAST_KERNELS = {
     for element, (storage, load, _store, _zero, torch_start)
     in FRACTIONAL_MAX_POOL_TABLE.items()
     for window in (None,) + FAST_WINDOWS
+}
+
+#: (element, window in FAST_WINDOWS) -> the row-caching forward with 32-bit offsets.
+FRACTIONAL_MAX_POOL_FW_ROWS32_KERNELS = {
+    (element, window): Kernel(
+        f"fractional_max_pool_fw_rows32[{element.name},{_window_name(window)}]",
+        _make_forward_rows32(load, torch_start, storage, window),
+        _fast_signature(storage), grid_stride=True)
+    for element, (storage, load, _store, _zero, torch_start)
+    in FRACTIONAL_MAX_POOL_TABLE.items()
+    for window in FAST_WINDOWS
 }
 
 #: (element, window in FAST_WINDOWS) -> the row-caching forward (the default for them).

@@ -81,6 +81,7 @@ from ..kernels.fractional_max_pool import (
     FRACTIONAL_MAX_POOL_ELEMENTS,
     FRACTIONAL_MAX_POOL_FW_FAST_KERNELS,
     FRACTIONAL_MAX_POOL_FW_KERNELS,
+    FRACTIONAL_MAX_POOL_FW_ROWS32_KERNELS,
     FRACTIONAL_MAX_POOL_FW_ROWS_KERNELS,
     PLACEMENT_BARACUDA,
     magic_divisor,
@@ -135,6 +136,8 @@ _TILE_THREADS_WIDE = 32 if SIMULATOR else 512
 # Phase 2 of the tiled backward per rank: fused loop over elements and bits, or one element
 # per pass (measured, see docs/notes/fractional_max_pool.md).
 _FUSED_SUMS = {2: False, 3: False}
+# Default forward walk for the FAST_WINDOWS (measured, see docs/notes/fractional_max_pool.md).
+_ROW_WALK = "rows"
 _TILE_AXIS_LIMIT = 1 << 20
 _MAX_GRID_X = (1 << 31) - 1
 
@@ -459,11 +462,14 @@ class _FractionalMaxPoolPlan(Plan):
                 element, window]
             self._fw_fast_kernels["rows"] = FRACTIONAL_MAX_POOL_FW_ROWS_KERNELS[
                 element, window]
+            self._fw_fast_kernels["rows32"] = FRACTIONAL_MAX_POOL_FW_ROWS32_KERNELS[
+                element, window]
         self._bw_fast_kernel = FRACTIONAL_MAX_POOL_BW_FAST_KERNELS[element]
         self._bw_tiled_kernels = {fused: FRACTIONAL_MAX_POOL_BW_TILED_KERNELS[element, fused]
                                   for fused in (False, True)}
         # Tests and benchmarks may change these (every value is tested): the fast forward's
-        # window walk ("rows": row maxima cached across a thread's rows, "unrolled", or
+        # window walk ("rows": row maxima cached across a thread's rows, "rows32": the same
+        # with 32-bit offsets, "unrolled", or
         # "looped"), the fast backward (tiled where it applies, else the leader scatter
         # over a zeroed dx), the tiled backward's phase 2 (``fused_sums``: one loop over a
         # thread's elements and bits), its largest tile (elements; None: the shared-memory
@@ -472,7 +478,7 @@ class _FractionalMaxPoolPlan(Plan):
         # tiled backward 2-D f32 249 us vs leader scatter 539, bf16 249 vs 493, 3-D f32
         # 331 vs 930, bf16 297 vs 880; 512 threads for 4-byte elements (2-D f32 249 vs 271
         # at 256, 3-D 331 vs 341), 256 for 2-byte ones (3-D bf16 297 vs 328 at 512).
-        self.forward_walk = "rows" if window in FAST_WINDOWS else "looped"
+        self.forward_walk = _ROW_WALK if window in FAST_WINDOWS else "looped"
         self.tiled_backward = True
         self.fused_sums = _FUSED_SUMS[self._rank]
         self.tile_elems: int | None = None
@@ -614,7 +620,7 @@ class _FractionalMaxPoolPlan(Plan):
     def _bind_fw(self, fast: bool, x: TensorRef, y: TensorRef, indices: TensorRef,
                  samples: TensorRef) -> Any:
         """The forward launch for one layout; only pointers change per call."""
-        run = self._run_length(fast and self.forward_walk == "rows")
+        run = self._run_length(fast and self.forward_walk in ("rows", "rows32"))
         grid, block = self._launch_shape(self._planes * self._d_out * self._h_out, self._w_out,
                                          run)
         arrays = ((0, flat_span(x.shape, x.strides)), (0, flat_span(y.shape, y.strides)),
