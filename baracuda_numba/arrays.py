@@ -238,33 +238,25 @@ def _view(cls: type[TensorRef], obj: Any, plan: str, arg: str,
     """The hot path of every ``run``: one extractor call, two cached dict lookups and one
     combined test; anything unusual (TensorRef inputs, flat buffers, every failure) goes
     to :func:`_view_checked`, which redoes the checks one by one with their messages."""
-    if type(obj) is _TORCH_TENSOR and obj.is_cuda:
+    found = _TORCH_TYPESTR.get(obj.dtype) if type(obj) is _TORCH_TENSOR and obj.is_cuda \
+        else None
+    if found is not None:
         # torch.Tensor inline (the common case: one call and one tuple less per view)
-        found = _TORCH_TYPESTR.get(obj.dtype)
-        if found is not None:
-            typestr, itemsize = found
-            ptr, shape, strides, readonly = obj.data_ptr(), obj.shape, obj.stride(), False
-            negative, overlapping = (_LAYOUTS.get((shape, strides))
-                                     or _layout_facts(shape, strides))
-            if (negative or ptr % itemsize or (overlapping and cls is TensorMut)
-                    or (element is not None and typestr not in element._accepts)  # type: ignore[attr-defined]
-                    or (expected_shape is not None and shape != expected_shape)):
-                return _view_checked(cls, TensorRef(ptr, shape, strides, typestr, itemsize,
-                                                    obj), False, plan, arg, element,
-                                     expected_shape)
-            return cls(ptr, shape, strides, typestr, itemsize, obj)
-    if isinstance(obj, TensorRef):
+        typestr, itemsize = found
+        ptr, shape, strides, readonly = obj.data_ptr(), obj.shape, obj.stride(), False
+    elif isinstance(obj, TensorRef):
         return _check_given_view(cls, obj, plan, arg, element, expected_shape)
-    try:
-        ptr, shape, strides, typestr, itemsize, readonly = (
-            _EXTRACTORS.get(type(obj)) or _extractor_for(type(obj), obj))(obj)
-    except _Misaligned as exc:
-        raise _fail(plan, arg, MisalignedOperand, str(exc)) from None
-    except (TypeError, InvalidProblem, Unsupported) as exc:
-        kind = InvalidProblem if isinstance(exc, TypeError) else type(exc)
-        raise _fail(plan, arg, kind, f"cannot be used: {exc}") from None
-    if strides is None:
-        strides = _CONTIGUOUS.get(shape) or _contiguous_cached(shape)
+    else:
+        try:
+            ptr, shape, strides, typestr, itemsize, readonly = (
+                _EXTRACTORS.get(type(obj)) or _extractor_for(type(obj), obj))(obj)
+        except _Misaligned as exc:
+            raise _fail(plan, arg, MisalignedOperand, str(exc)) from None
+        except (TypeError, InvalidProblem, Unsupported) as exc:
+            kind = InvalidProblem if isinstance(exc, TypeError) else type(exc)
+            raise _fail(plan, arg, kind, f"cannot be used: {exc}") from None
+        if strides is None:
+            strides = _CONTIGUOUS.get(shape) or _contiguous_cached(shape)
     negative, overlapping = _LAYOUTS.get((shape, strides)) or _layout_facts(shape, strides)
     if (readonly or negative or ptr % itemsize or (overlapping and cls is TensorMut)
             or (element is not None and typestr not in element._accepts)  # type: ignore[attr-defined]

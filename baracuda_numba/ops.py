@@ -252,10 +252,12 @@ def _reduce(kind: ReduceKind, x: Any, dim: int, keepdim: bool, correction: int,
                                                                    correction)))
         return plan, ((_keepdim(shape, axis), element), _workspace(plan)), axis
 
-    site = _site(x, ("reduce", kind, dim, correction), make)
-    y = site.outputs[0](x)
-    _run_with_workspace(site, ReduceArgs(x, y), x, stream)
-    return y if keepdim else _drop_dim(y, site.axis)
+    plan, (alloc_y, alloc_workspace), current, axis = _site(
+        x, ("reduce", kind, dim, correction), make)
+    y = alloc_y(x)
+    plan.run(ReduceArgs(x, y), stream=current() if stream is None else stream,
+             workspace=None if alloc_workspace is None else alloc_workspace(x))
+    return y if keepdim else _drop_dim(y, axis)
 
 
 def _keepdim(shape: tuple[int, ...], axis: int) -> tuple[int, ...]:
@@ -263,16 +265,10 @@ def _keepdim(shape: tuple[int, ...], axis: int) -> tuple[int, ...]:
 
 
 def _workspace(plan: Any) -> tuple[tuple[int], ElementKind] | None:
-    """The workspace output spec of ``plan`` (bytes), None if it needs none."""
+    """The workspace spec of ``plan`` (bytes, allocated per call with the input's
+    framework), None if it needs none."""
     size = plan.workspace_size
     return ((size,), ElementKind.U8) if size else None
-
-
-def _run_with_workspace(site: _Site, args: Any, like: Any, stream: Any) -> None:
-    """Run with a workspace of the plan's size from the input's framework (none if 0)."""
-    alloc_workspace = site.outputs[1]
-    site.plan.run(args, stream=site.stream() if stream is None else stream,
-                  workspace=None if alloc_workspace is None else alloc_workspace(like))
 
 
 def sum(x: Any, dim: int, *, keepdim: bool = False, stream: Any = None) -> Any:  # noqa: A001
@@ -330,10 +326,12 @@ def _arg_reduce(kind: ReduceKind, x: Any, dim: int, keepdim: bool, stream: Any) 
                                                                          element)))
         return plan, ((_keepdim(shape, axis), ElementKind.I64), _workspace(plan)), axis
 
-    site = _site(x, ("arg_reduce", kind, dim), make)
-    y = site.outputs[0](x)
-    _run_with_workspace(site, ArgReduceArgs(x, y), x, stream)
-    return y if keepdim else _drop_dim(y, site.axis)
+    plan, (alloc_y, alloc_workspace), current, axis = _site(x, ("arg_reduce", kind, dim),
+                                                            make)
+    y = alloc_y(x)
+    plan.run(ArgReduceArgs(x, y), stream=current() if stream is None else stream,
+             workspace=None if alloc_workspace is None else alloc_workspace(x))
+    return y if keepdim else _drop_dim(y, axis)
 
 
 def argmax(x: Any, dim: int, *, keepdim: bool = False, stream: Any = None) -> Any:

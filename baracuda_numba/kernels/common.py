@@ -4,7 +4,8 @@
   narrowing rounds to nearest even, ``(bits + 0x7FFF + ((bits >> 16) & 1)) >> 16``,
   with NaN kept quiet (``0x7FC0`` | sign).
 * ``bitcast(value, target)``: the same bits as another numeric type of the same width.
-* NaN-propagating max/min: once either side is NaN the result is NaN.
+* NaN-propagating max/min: once either side is NaN the result is NaN (f32: one
+  ``max.NaN``/``min.NaN`` instruction).
 * Strided offsets for rank <= 8 (shape/strides padded to 8 with leading extent 1).
 * Full-warp shuffles. The simulator has no shuffles: there they are emulated with a
   block-shared scratch row and two barriers, so every thread of the block must call them
@@ -16,7 +17,7 @@ Everything here is ``inline`` so helpers cost nothing over hand-written code.
 from __future__ import annotations
 
 import numpy as np
-from numba import cuda, float32, int32, int64, uint16, uint32
+from numba import cuda, float32, int32, int64, types, uint16, uint32
 
 from .._runtime import SIMULATOR
 
@@ -103,6 +104,44 @@ def nan_min(a, b):
     if b != b:
         return b
     return a if a <= b else b
+
+
+if SIMULATOR:
+
+    @cuda.jit(device=True)
+    def max_nan_f32(a, b):
+        """f32 :func:`nan_max` (the simulator's stand-in for ``max.NaN.f32``)."""
+        return nan_max(np.float32(a), np.float32(b))
+
+    @cuda.jit(device=True)
+    def min_nan_f32(a, b):
+        """f32 :func:`nan_min` (the simulator's stand-in for ``min.NaN.f32``)."""
+        return nan_min(np.float32(a), np.float32(b))
+
+else:
+    from llvmlite import ir as _ir
+
+    def _nan_extremum_f32(op: str):  # noqa: ANN202 - returns a Numba intrinsic
+        @intrinsic
+        def extremum(typingctx, a, b):
+            def codegen(context, builder, signature, args):
+                a32, b32 = (context.cast(builder, v, t, types.float32)
+                            for v, t in zip(args, signature.args))
+                fnty = _ir.FunctionType(_ir.FloatType(), [_ir.FloatType(), _ir.FloatType()])
+                asm = _ir.InlineAsm(fnty, f"{op}.NaN.f32 $0, $1, $2;", "=f,f,f")
+                return builder.call(asm, [a32, b32])
+
+            return types.float32(a, b), codegen
+
+        return extremum
+
+    #: ``max.NaN.f32`` (sm_80+): one instruction for :func:`nan_max` of two f32 values (the
+    #: result is the canonical NaN if either is NaN; -0 < +0). nan_max's compare-and-select
+    #: chain is 4-5 dependent instructions, which bound the Max reductions' sequential
+    #: folds (bf16 [256, 1e6] Max along rows: 78% of copy vs 93% for Sum).
+    max_nan_f32 = _nan_extremum_f32("max")
+    #: ``min.NaN.f32``: as :data:`max_nan_f32` for :func:`nan_min`.
+    min_nan_f32 = _nan_extremum_f32("min")
 
 
 # -- strided indexing ------------------------------------------------------------------
