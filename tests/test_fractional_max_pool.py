@@ -616,6 +616,12 @@ def test_tile_choice_respects_the_shared_memory(rng):
                 assert max_d * max_h * plan._w_out <= stage_cap
                 plan.tile_elems = plan._w_in - 1
                 assert plan._tile_shape() is None
+    # rows wider than the shared column table of candidate ranges take the leader scatter
+    from baracuda_numba.kernels.fractional_max_pool import BW_TABLE_W
+    wide = make_plan((1, 1, 8, BW_TABLE_W + 1), (2, 2), (5, 700), ElementKind.BF16)[0]
+    assert wide._tile_shape() is None
+    wide = make_plan((1, 1, 8, BW_TABLE_W), (2, 2), (5, 700), ElementKind.BF16)[0]
+    assert wide._tile_shape() is not None
 
 
 @pytest.mark.parametrize("case", [SIM_CASES[1], SIM_CASES[5]],

@@ -421,8 +421,13 @@ def _make_backward(load, store, zero):
 # tiled 196M; 249 us vs 539. The leader scatter remains for the other cases.
 #
 # The default fast forward for the FAST_WINDOWS caches row maxima across a thread's run of
-# rows (``_make_forward_rows``): only the window rows that enter are loaded (2-D k3 at
-# alpha 1.39: ~4.8 loads per output instead of 9).
+# rows (``_make_forward_rows32``): only the window rows that enter are loaded (2-D k3 at
+# alpha 1.39: ~4.8 loads per output instead of 9), with every offset and counter uint32.
+# Wrapping 64-bit expressions in ``uint32(...)`` is not enough: LLVM turns the
+# zext(trunc(x)) of an index back into ``x & 0xffffffff`` with 64-bit adds (6 SASS per
+# load in ``_make_forward_rows``); the operands must be uint32 values themselves, and a
+# window row is indexed as ``uint64(first) + row_offset`` so its columns become the loads'
+# immediates (2-D f32: 87M instructions vs 133M, 169 us vs 204, H100).
 
 
 def magic_divisor(divisor: int) -> tuple[int, int]:
@@ -1465,23 +1470,13 @@ FRACTIONAL_MAX_POOL_FW_FAST_KERNELS = {
     for window in (None,) + FAST_WINDOWS
 }
 
-#: (element, window in FAST_WINDOWS) -> the row-caching forward with 32-bit offsets.
-FRACTIONAL_MAX_POOL_FW_ROWS32_KERNELS = {
-    (element, window): Kernel(
-        f"fractional_max_pool_fw_rows32[{element.name},{_window_name(window)}]",
-        _make_forward_rows32(load, torch_start, storage, window),
-        _fast_signature(storage), grid_stride=True)
-    for element, (storage, load, _store, _zero, torch_start)
-    in FRACTIONAL_MAX_POOL_TABLE.items()
-    for window in FAST_WINDOWS
-}
-
-#: (element, window in FAST_WINDOWS) -> the row-caching forward (the default for them).
+#: (walk, element, window in FAST_WINDOWS) -> the row-caching forward: walk "rows32" (32-bit
+#: offsets, the default for these windows) or "rows" (64-bit offsets).
 FRACTIONAL_MAX_POOL_FW_ROWS_KERNELS = {
-    (element, window): Kernel(
-        f"fractional_max_pool_fw_rows[{element.name},{_window_name(window)}]",
-        _make_forward_rows(load, torch_start, storage, window),
-        _fast_signature(storage), grid_stride=True)
+    (walk, element, window): Kernel(
+        f"fractional_max_pool_fw_{walk}[{element.name},{_window_name(window)}]",
+        make(load, torch_start, storage, window), _fast_signature(storage), grid_stride=True)
+    for walk, make in (("rows", _make_forward_rows), ("rows32", _make_forward_rows32))
     for element, (storage, load, _store, _zero, torch_start)
     in FRACTIONAL_MAX_POOL_TABLE.items()
     for window in FAST_WINDOWS

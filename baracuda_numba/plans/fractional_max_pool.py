@@ -81,7 +81,6 @@ from ..kernels.fractional_max_pool import (
     FRACTIONAL_MAX_POOL_ELEMENTS,
     FRACTIONAL_MAX_POOL_FW_FAST_KERNELS,
     FRACTIONAL_MAX_POOL_FW_KERNELS,
-    FRACTIONAL_MAX_POOL_FW_ROWS32_KERNELS,
     FRACTIONAL_MAX_POOL_FW_ROWS_KERNELS,
     PLACEMENT_BARACUDA,
     magic_divisor,
@@ -124,7 +123,9 @@ _MAX_EXTENT = (1 << 31) - 1  # placement arithmetic keeps o * (in - k) below 2^6
 _THREADS = 16 if SIMULATOR else 128
 _ROWS_PER_THREAD = 2 if SIMULATOR else 8
 # The row-caching fast forwards reset their cache once per run: 16 rows, 2-D f32 fw 203 us
-# vs 216 at 8 and 251 at 4 (one row per step); 3-D f32 349 vs 373 / 433 (H100, 2026-11-22).
+# vs 216 at 8 and 251 at 4 (one row per step); 3-D f32 349 vs 373 / 433 (H100, 2026-11-22,
+# 64-bit walk). rows32: 16 rows 2-D f32 169 us vs 162 at 8 / 186 at 32, bf16 143 vs 151 /
+# 142; 3-D f32 241 vs 252 / 245, bf16 251 vs 268 / 248: 16 kept.
 _CACHED_ROWS_PER_THREAD = 2 if SIMULATOR else 16
 _MAX_GRID_Y = 65535
 _FAST_LIMIT = 1 << 31  # the fast kernels' offsets and magic-division numerators stay below
@@ -133,11 +134,15 @@ _FAST_LIMIT = 1 << 31  # the fast kernels' offsets and magic-division numerators
 # the plan's defaults), and the longest d/h axis whose tiling the host plans.
 _TILE_THREADS = 32 if SIMULATOR else 256
 _TILE_THREADS_WIDE = 32 if SIMULATOR else 512
-# Phase 2 of the tiled backward per rank: fused loop over elements and bits, or one element
-# per pass (measured, see docs/notes/fractional_max_pool.md).
+# Phase 2 of the tiled backward per rank: one element per pass (the default) or the fused
+# loop over a thread's elements and bits, which executes more instructions than it saves
+# in divergence: 2-D f32 341 us vs 257, bf16 336 vs 257; 3-D f32 356 vs 332, bf16 335 vs
+# 302 (H100, 2026-11-22; Nsight Compute 2-D f32: 306M instructions vs 196M).
 _FUSED_SUMS = {2: False, 3: False}
-# Default forward walk for the FAST_WINDOWS (measured, see docs/notes/fractional_max_pool.md).
-_ROW_WALK = "rows"
+# Forward walk for the FAST_WINDOWS: row maxima cached across a thread's rows with 32-bit
+# offsets. 2-D f32 169 us vs 204 with 64-bit offsets ("rows"), bf16 143 vs 199; 3-D f32
+# 241 vs 349, bf16 251 vs 374 (H100, 2026-11-22; 2-D f32 87M instructions vs 133M).
+_ROW_WALK = "rows32"
 _TILE_AXIS_LIMIT = 1 << 20
 _MAX_GRID_X = (1 << 31) - 1
 
@@ -460,10 +465,9 @@ class _FractionalMaxPoolPlan(Plan):
         if window in FAST_WINDOWS:
             self._fw_fast_kernels["unrolled"] = FRACTIONAL_MAX_POOL_FW_FAST_KERNELS[
                 element, window]
-            self._fw_fast_kernels["rows"] = FRACTIONAL_MAX_POOL_FW_ROWS_KERNELS[
-                element, window]
-            self._fw_fast_kernels["rows32"] = FRACTIONAL_MAX_POOL_FW_ROWS32_KERNELS[
-                element, window]
+            for walk in ("rows", "rows32"):
+                self._fw_fast_kernels[walk] = FRACTIONAL_MAX_POOL_FW_ROWS_KERNELS[
+                    walk, element, window]
         self._bw_fast_kernel = FRACTIONAL_MAX_POOL_BW_FAST_KERNELS[element]
         self._bw_tiled_kernels = {fused: FRACTIONAL_MAX_POOL_BW_TILED_KERNELS[element, fused]
                                   for fused in (False, True)}
@@ -474,10 +478,11 @@ class _FractionalMaxPoolPlan(Plan):
         # over a zeroed dx), the tiled backward's phase 2 (``fused_sums``: one loop over a
         # thread's elements and bits), its largest tile (elements; None: the shared-memory
         # capacity) and its threads per block. Defaults measured on the H100 (2026-11-22):
-        # "rows" 2-D f32 fw 203 us vs unrolled 208 / looped 295, 3-D f32 349 vs 479 / 527;
-        # tiled backward 2-D f32 249 us vs leader scatter 539, bf16 249 vs 493, 3-D f32
-        # 331 vs 930, bf16 297 vs 880; 512 threads for 4-byte elements (2-D f32 249 vs 271
-        # at 256, 3-D 331 vs 341), 256 for 2-byte ones (3-D bf16 297 vs 328 at 512).
+        # "rows32" 2-D f32 fw 169 us vs rows 204 / unrolled 203 / looped 298, 3-D f32 241
+        # vs 349 / 469 / 530; tiled backward 2-D f32 257 us vs leader scatter 540, bf16
+        # 257 vs 493, 3-D f32 332 vs 931, bf16 302 vs 882; 512 threads for 4-byte
+        # elements (2-D f32 257 vs 277 at 256, 3-D 332 vs 343), 256 for 2-byte ones
+        # (3-D bf16 302 vs 329 at 512).
         self.forward_walk = _ROW_WALK if window in FAST_WINDOWS else "looped"
         self.tiled_backward = True
         self.fused_sums = _FUSED_SUMS[self._rank]
