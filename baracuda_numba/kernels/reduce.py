@@ -1089,8 +1089,8 @@ VECTOR: dict[ElementKind, VectorSpec] = {
 
 def _vec_chunk(kind: Any, acc: types.Type, width: int) -> Any:
     """Fold the ``VEC_LOADS * width`` values of one batch of words (``values[u * width +
-    e]`` at row index ``i0 + u * vspan + e``): Welford exactly (one merge), every other
-    kind step by step in index order."""
+    e]`` at row index ``i0 + u * vspan + e``): Welford exactly (one merge), Sum in
+    ``width`` independent chains, every other kind step by step in index order."""
     count = VEC_LOADS * width
     ops = KIND_OPS[kind]
     step, _, merge = ops.functions(acc)
@@ -1110,6 +1110,24 @@ def _vec_chunk(kind: Any, acc: types.Type, width: int) -> Any:
             return merge(a, b, c, k, chunk_mean, chunk_m2, c, int64(count))
 
         return welford_vec_chunk
+
+    if ops.functions is _SUM_FUNCTIONS:
+        # Sum/Mean: ``width`` independent chains (one per element position of a word) of
+        # VEC_LOADS adds each, then the chains in order, then ``a``: a fixed order, so still
+        # deterministic and bit-stable, and a dependency chain of VEC_LOADS + width adds
+        # instead of VEC_LOADS * width (bf16: 12 instead of 32).
+
+        @cuda.jit(device=True, inline=True)
+        def chains_vec_chunk(a, b, c, k, values, i0, vspan, aux):
+            for e in range(width):
+                for u in range(1, VEC_LOADS):
+                    values[e] += values[u * width + e]
+            total = values[0]
+            for e in range(1, width):
+                total += values[e]
+            return a + total, b, c, k
+
+        return chains_vec_chunk
 
     @cuda.jit(device=True, inline=True)
     def sequential_vec_chunk(a, b, c, k, values, i0, vspan, aux):
