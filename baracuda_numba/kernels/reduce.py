@@ -201,46 +201,6 @@ def _prod_merge(a, b, c, k, a2, b2, c2, k2):
 
 
 @cuda.jit(device=True, inline=True)
-def _max_step(a, b, c, k, v, i, aux):
-    return nan_max(a, v), b, c, k
-
-
-@cuda.jit(device=True, inline=True)
-def _max_merge(a, b, c, k, a2, b2, c2, k2):
-    return nan_max(a, a2), b, c, k
-
-
-@cuda.jit(device=True, inline=True)
-def _min_step(a, b, c, k, v, i, aux):
-    return nan_min(a, v), b, c, k
-
-
-@cuda.jit(device=True, inline=True)
-def _min_merge(a, b, c, k, a2, b2, c2, k2):
-    return nan_min(a, a2), b, c, k
-
-
-@cuda.jit(device=True, inline=True)
-def _max_step_f32(a, b, c, k, v, i, aux):
-    return max_nan_f32(a, v), b, c, k
-
-
-@cuda.jit(device=True, inline=True)
-def _max_merge_f32(a, b, c, k, a2, b2, c2, k2):
-    return max_nan_f32(a, a2), b, c, k
-
-
-@cuda.jit(device=True, inline=True)
-def _min_step_f32(a, b, c, k, v, i, aux):
-    return min_nan_f32(a, v), b, c, k
-
-
-@cuda.jit(device=True, inline=True)
-def _min_merge_f32(a, b, c, k, a2, b2, c2, k2):
-    return min_nan_f32(a, a2), b, c, k
-
-
-@cuda.jit(device=True, inline=True)
 def _norm2_step(a, b, c, k, v, i, aux):
     return a + v * v, b, c, k
 
@@ -435,14 +395,27 @@ def _plain(step: Any, merge: Any) -> Callable[[types.Type], tuple[Any, Any, Any]
     return lambda acc: functions
 
 
-def _extremum(step: Any, merge: Any, step_f32: Any, merge_f32: Any
-              ) -> Callable[[types.Type], tuple[Any, Any, Any]]:
+def _extremum_functions(op: Any) -> Callable[[types.Type], tuple[Any, Any, Any]]:
+    """Functions of Max or Min from the NaN-propagating binary ``op``."""
+
+    @cuda.jit(device=True, inline=True)
+    def step(a, b, c, k, v, i, aux):
+        return op(a, v), b, c, k
+
+    @cuda.jit(device=True, inline=True)
+    def merge(a, b, c, k, a2, b2, c2, k2):
+        return op(a, a2), b, c, k
+
+    return _plain(step, merge)
+
+
+def _extremum(op: Any, op_f32: Any) -> Callable[[types.Type], tuple[Any, Any, Any]]:
     """Max/Min: the f32 accumulator (f16, bf16 and f32 inputs) folds with one
-    ``max.NaN``/``min.NaN`` instruction per value; other types with nan_max/nan_min. Same
-    values (NaN wins; the result is one of the inputs), so the fold order does not matter
-    beyond the sign of a zero and a NaN's payload."""
-    generic = _plain(step, merge)
-    fast = _plain(step_f32, merge_f32)
+    ``max.NaN``/``min.NaN`` instruction per value (``op_f32``); other types with ``op``
+    (nan_max/nan_min). Same values (NaN wins; the result is one of the inputs), so the
+    fold order does not matter beyond the sign of a zero and a NaN's payload."""
+    generic = _extremum_functions(op)
+    fast = _extremum_functions(op_f32)
     return lambda acc: fast(acc) if acc == types.float32 else generic(acc)
 
 
@@ -493,9 +466,9 @@ KIND_OPS: dict[Any, KindOps] = {
     ReduceKind.SUM: KindOps(_SUM_FUNCTIONS, _final_mean),
     ReduceKind.PROD: KindOps(_plain(_prod_step, _prod_merge), _final_a,
                              init_a=lambda spec: 1),
-    ReduceKind.MAX: KindOps(_extremum(_max_step, _max_merge, _max_step_f32, _max_merge_f32),
+    ReduceKind.MAX: KindOps(_extremum(nan_max, max_nan_f32),
                             _final_a, init_a=lambda spec: spec.lowest),
-    ReduceKind.MIN: KindOps(_extremum(_min_step, _min_merge, _min_step_f32, _min_merge_f32),
+    ReduceKind.MIN: KindOps(_extremum(nan_min, min_nan_f32),
                             _final_a, init_a=lambda spec: spec.highest),
     ReduceKind.NORM2: KindOps(_plain(_norm2_step, _sum_merge), _final_sqrt),
     ReduceKind.LOG_SUM_EXP: KindOps(_lse_for, _final_lse, init_a=lambda spec: -_INF,
