@@ -40,7 +40,8 @@ def _plan(shape_in, windows, shape_out, element, placement):
             fmp.FractionalMaxPool3dFwArgs, fmp.FractionalMaxPool3dBwArgs)
 
 
-def _bench_one(ctx, label, shape_in, windows, shape_out, dtype_name, tune) -> None:
+def _bench_one(ctx, label, shape_in, windows, shape_out, dtype_name, tune,
+               tune_bw_only=False) -> None:
     torch = ctx.torch
     functional = torch.nn.functional
     rank = len(shape_out)
@@ -108,6 +109,8 @@ def _bench_one(ctx, label, shape_in, windows, shape_out, dtype_name, tune) -> No
     ctx.row(f"{label} bw TORCH placement", dtype_name, us, bw_bytes, torch_bw_us,
             "matches torch" if close else "MISMATCH vs torch")
 
+    if tune_bw_only and plan._tile_shape() is not None:
+        _tune_tiled_backward(ctx, plan, bw, sets, label, dtype_name, bw_bytes, torch_bw_us)
     if tune:  # variants of the same computation, for the notes
         default_walk = plan.forward_walk
         for walk in ("rows", "rows32", "unrolled", "looped"):
@@ -125,17 +128,8 @@ def _bench_one(ctx, label, shape_in, windows, shape_out, dtype_name, tune) -> No
                     torch_fw_us, "tuning")
         plan.rows_per_thread = None
         if plan._tile_shape() is not None:
-            default_fused, default_threads = plan.fused_sums, plan.tile_threads
-            for fused, threads, elems in ((not default_fused, default_threads, None),
-                                          (default_fused, 768 - default_threads, None),
-                                          (not default_fused, 768 - default_threads, None),
-                                          (default_fused, default_threads, 2048)):
-                plan.fused_sums, plan.tile_threads, plan.tile_elems = fused, threads, elems
-                us = ctx.time_gpu(lambda i: plan.run_bw(bw[i]), sets)
-                ctx.row(f"{label} bw variant", dtype_name, us, bw_bytes, torch_bw_us,
-                        "tuning; " + _bw_note(plan))
-            plan.fused_sums, plan.tile_threads, plan.tile_elems = (default_fused,
-                                                                   default_threads, None)
+            _tune_tiled_backward(ctx, plan, bw, sets, label, dtype_name, bw_bytes,
+                                 torch_bw_us)
             plan.tiled_backward = False
             us = ctx.time_gpu(lambda i: plan.run_bw(bw[i]), sets)
             ctx.row(f"{label} bw leader scatter", dtype_name, us, bw_bytes, torch_bw_us,
@@ -154,17 +148,55 @@ def _bench_one(ctx, label, shape_in, windows, shape_out, dtype_name, tune) -> No
                 "part of the leader-scatter bw")
 
 
+def _tune_tiled_backward(ctx, plan, bw, sets, label, dtype_name, bw_bytes, torch_bw_us):
+    """The tiled backward's variants: listed sums at several dynamic shared-memory budgets
+    (``FMP_LISTED_KIB``), block sizes and loads per staging pass, and the static kernel's
+    per-element phase 2 (all bit-identical: each variant's dx is checked against the
+    default's here)."""
+    torch = ctx.torch
+    fields = ("listed_sums", "listed_bytes", "listed_loads", "fused_sums", "tile_threads")
+    defaults = tuple(getattr(plan, name) for name in fields)
+    plan.run_bw(bw[0])
+    bits = torch.int16 if bw[0].dx.element_size() == 2 else torch.int32
+    expected = bw[0].dx.clone().view(bits)
+    variants = [(False, defaults[1], defaults[2], False, threads) for threads in (256, 512)]
+    if plan._bw_listed_kernels:
+        budgets = [int(kib) * 1024 for kib in
+                   os.environ.get("FMP_LISTED_KIB", "48,56,64,72").split(",")]
+        variants = [(True, budget, loads, False, threads) for budget in budgets
+                    for loads in (2, 4) for threads in (256, 512)] + variants
+    for variant in variants:
+        if variant == defaults:
+            continue
+        for name, value in zip(fields, variant):
+            setattr(plan, name, value)
+        bw[0].dx.fill_(float("nan"))
+        plan.run_bw(bw[0])
+        same = torch.equal(bw[0].dx.view(bits), expected)
+        us = ctx.time_gpu(lambda i: plan.run_bw(bw[i]), sets)
+        ctx.row(f"{label} bw variant", dtype_name, us, bw_bytes, torch_bw_us,
+                "tuning; " + _bw_note(plan) + ("" if same else "; BITS DIFFER"))
+    for name, value in zip(fields, defaults):
+        setattr(plan, name, value)
+
+
 def _bw_note(plan) -> str:
     tiles = plan._tile_shape()
     if tiles is None:
         return "deterministic; leader scatter, zero fill included"
-    return (f"deterministic; tiled {tiles[0]}x{tiles[1]} rows, "
-            f"{'fused' if plan.fused_sums else 'per-element'} sums, {plan.tile_threads} "
+    if plan._listed:
+        sums = (f"listed sums in {plan.listed_bytes // 1024} KiB, {plan.listed_loads} loads "
+                "per pass")
+    else:
+        sums = f"{'fused' if plan.fused_sums else 'per-element'} sums"
+    return (f"deterministic; tiled {tiles[0]}x{tiles[1]} rows, {sums}, {plan.tile_threads} "
             "threads, no zero fill")
 
 
 def bench(ctx) -> None:
     tune = os.environ.get("FMP_TUNE") == "1"
+    # FMP_TUNE=bw: only the tiled backward's variants (and the plain rows)
+    tune_bw_only = os.environ.get("FMP_TUNE") == "bw"
     # FMP_FUSED_SUMS="2:0,3:1" overrides the plans' default phase 2 per rank (for tuning
     # runs; the committed defaults live in plans/fractional_max_pool.py)
     for item in filter(None, os.environ.get("FMP_FUSED_SUMS", "").split(",")):
@@ -173,7 +205,8 @@ def bench(ctx) -> None:
     fmp._ROW_WALK = os.environ.get("FMP_ROW_WALK", fmp._ROW_WALK)  # likewise ("rows32")
     for label, shape_in, windows, shape_out in CASES:
         for dtype_name in DTYPES:
-            _bench_one(ctx, label, shape_in, windows, shape_out, dtype_name, tune)
+            _bench_one(ctx, label, shape_in, windows, shape_out, dtype_name, tune,
+                       tune_bw_only)
             ctx.torch.cuda.empty_cache()
     torch = ctx.torch
 
@@ -191,17 +224,22 @@ def bench(ctx) -> None:
 
 
 def profile_once() -> None:
-    """One forward and one backward launch of the 2-D bf16 case (for ``ncu``)."""
+    """One forward and one backward launch (for ``ncu``): the 2-D bf16 case, or
+    ``FMP_PROFILE="<case index>,<dtype>"`` (e.g. ``1,float32``: the 3-D f32 case)."""
     import torch
 
-    shape_in, windows, shape_out = CASES[0][1:]
-    plan, fw_args, bw_args = _plan(shape_in, windows, shape_out, ElementKind.BF16,
+    case, dtype_name = os.environ.get("FMP_PROFILE", "0,bfloat16").split(",")
+    shape_in, windows, shape_out = CASES[int(case)][1:]
+    dtype = getattr(torch, dtype_name)
+    plan, fw_args, bw_args = _plan(shape_in, windows, shape_out,
+                                   ElementKind.from_dtype(dtype_name),
                                    fmp.FractionalPlacement.BARACUDA)
     full_out = shape_in[:2] + shape_out
-    x = torch.randn(shape_in, device="cuda", dtype=torch.bfloat16)
-    y = torch.empty(full_out, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(shape_in, device="cuda", dtype=dtype)
+    y = torch.empty(full_out, device="cuda", dtype=dtype)
     idx = torch.empty(full_out, device="cuda", dtype=torch.int64)
-    plan.run_fw(fw_args(x, y, idx, torch.rand(shape_in[0], shape_in[1], 2, device="cuda")))
+    rank = len(shape_out)
+    plan.run_fw(fw_args(x, y, idx, torch.rand(shape_in[0], shape_in[1], rank, device="cuda")))
     plan.run_bw(bw_args(torch.randn_like(y), idx, torch.empty_like(x)))
     torch.cuda.synchronize()
 

@@ -123,9 +123,11 @@ def set_path(plan, path):
     """``fast``: the plan's default fast kernels (the row-caching forward for the
     FAST_WINDOWS, else the looped window; the tiled backward where its mask fits, with
     the plan's phase 2, else the leader scatter); ``fast-rows``: the other row-caching
-    forward (64- or 32-bit offsets); ``fast-tiles``: the unrolled forward
+    forward (64- or 32-bit offsets) and the listed backward's other loads per pass (2 or
+    4); ``fast-tiles``: the unrolled forward
     window and the tiled backward with tiles of two rows (many tiles per plane, candidate
-    boxes straddling tiles) and the other phase 2 (fused or per element); ``fast-alt``:
+    boxes straddling tiles), the other phase 2 (fused or per element) and the static
+    tiled kernel where the listed one is the default (or vice versa); ``fast-alt``:
     the looped forward window and the leader-scatter backward; ``general``: the any-stride
     64-bit kernels (gather backward), forced on contiguous arrays. The tiled backward
     applies where the candidate box fits its mask (else the leader scatter runs:
@@ -134,11 +136,13 @@ def set_path(plan, path):
     if path == "fast-rows":
         if "rows" in plan._fw_fast_kernels:
             plan.forward_walk = "rows32" if plan.forward_walk == "rows" else "rows"
+        plan.listed_loads = 6 - plan.listed_loads  # the listed kernel's other pass width
     elif path == "fast-tiles":
         if "unrolled" in plan._fw_fast_kernels:
             plan.forward_walk = "unrolled"
         plan.tile_elems = 2 * plan._w_in
         plan.fused_sums = not plan.fused_sums
+        plan.listed_sums = not plan.listed_sums
     elif path == "fast-alt":
         plan.forward_walk = "looped"
         plan.tiled_backward = False
@@ -608,12 +612,20 @@ def test_tile_choice_respects_the_shared_memory(rng):
                     assert placement is TORCH or shape_out in ((9, 11), (39, 11, 17))
                     assert plan._tile_shape() is None
                     continue
-                tile_d, tile_h, reach_h, reach_w = plan._tile_shape()
-                assert (reach_h, reach_w) == tuple(reach[1:])
-                assert tile_d * tile_h * plan._w_in <= tile_cap
-                _, max_d = _staged_outputs(ranges[0], tile_d)
-                _, max_h = _staged_outputs(ranges[1], tile_h)
-                assert max_d * max_h * plan._w_out <= stage_cap
+                for listed in (True, False):
+                    plan.listed_sums = listed
+                    tile_d, tile_h, reach_h, reach_w = plan._tile_shape()
+                    assert (reach_h, reach_w) == tuple(reach[1:])
+                    _, max_d = _staged_outputs(ranges[0], tile_d)
+                    _, max_h = _staged_outputs(ranges[1], tile_h)
+                    slots, staged = tile_d * tile_h * plan._w_in, max_d * max_h * plan._w_out
+                    if plan._listed:  # u32 mask per slot, u32 list entry + dy per output
+                        assert element is not ElementKind.F64
+                        item = element.storage_bits // 8
+                        assert 4 * slots + (4 + item) * staged <= plan.listed_bytes
+                    else:
+                        assert slots <= tile_cap
+                        assert staged <= stage_cap
                 plan.tile_elems = plan._w_in - 1
                 assert plan._tile_shape() is None
     # rows wider than the shared column table of candidate ranges take the leader scatter
@@ -628,19 +640,25 @@ def test_tile_choice_respects_the_shared_memory(rng):
                          ids=lambda c: "x".join(map(str, c[0])))
 def test_tiled_backward_is_deterministic_across_tilings(rng, case):
     """Two runs bit-identical, and the same bits for every tiling (one tile per plane, two
-    rows, one row per tile), both phase-2 loops (per element, fused) and the leader
-    scatter: the sums never depend on which block or thread computes them."""
+    rows, one row per tile), every phase 2 (listed elements, per element, fused) and the
+    leader scatter: the sums never depend on which block or thread computes them (nor on
+    the order of the listed kernel's list)."""
     element = ElementKind.BF16
     shape_in, windows, shape_out = case
     _, _, _, idx, _ = run_and_check(rng, shape_in, windows, shape_out, element)
     dy = to_device(random_values(shape_in[:2] + shape_out, element, rng))
     results = []
-    for tile_rows, tiled, fused in ((None, True, False), (None, True, False),
-                                    (2, True, False), (1, True, False), (None, True, True),
-                                    (None, True, True), (1, True, True), (None, False, False)):
+    for tile_rows, tiled, fused, listed in (
+            (None, True, False, 2), (None, True, False, 2), (2, True, False, 2),
+            (1, True, False, 2), (None, True, False, 4), (1, True, False, 4),
+            (None, True, False, 0), (2, True, False, 0),
+            (1, True, False, 0), (None, True, True, 0), (None, True, True, 0),
+            (1, True, True, 0), (None, False, False, 0)):
         plan, _, bw_args = make_plan(shape_in, windows, shape_out, element)
         plan.tiled_backward = tiled
         plan.fused_sums = fused
+        plan.listed_sums = bool(listed)
+        plan.listed_loads = listed or 2
         if tile_rows is not None:
             plan.tile_elems = tile_rows * plan._w_in
         assert (plan._tile_shape() is not None) == tiled
@@ -649,6 +667,40 @@ def test_tiled_backward_is_deterministic_across_tilings(rng, case):
         results.append(to_host(dx))
     for other in results[1:]:
         np.testing.assert_array_equal(results[0].view(np.uint16), other.view(np.uint16))
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", [((1, 2, 128, 128), (3, 3), (91, 91)),
+                                  ((1, 2, 32, 64, 64), (3, 3, 3), (22, 45, 45))],
+                         ids=("2d", "3d"))
+def test_listed_backward_with_large_tiles(rng, case):
+    """The listed tiled backward with tiles in more than 48 KiB of shared memory (dynamic
+    + static: 2-D at 48 KiB has 45 KiB of dynamic shared memory, over the limit only with
+    the static tables; larger budgets), both loads per pass: the same bits as the static
+    tiled kernel and the leader scatter on the benchmark's plane shapes."""
+    shape_in, windows, shape_out = case
+    element = ElementKind.F32
+    full_out = shape_in[:2] + shape_out
+    plan, fw_args, _ = make_plan(shape_in, windows, shape_out, element)
+    idx = to_device(poisoned(full_out, ElementKind.I64))  # the forward's saved indices
+    plan.run_fw(fw_args(to_device(random_values(shape_in, element, rng)),
+                        to_device(poisoned(full_out, element)), idx,
+                        to_device(samples_for(rng, *shape_in[:2], len(shape_out)))))
+    dy = to_device(random_values(full_out, element, rng))
+    results = []
+    for listed, budget, loads in ((False, 0, 2), (True, 44, 2), (True, 48, 4),
+                                  (True, 64, 2), (True, 64, 4), (True, 160, 2), (None, 0, 2)):
+        plan, _, bw_args = make_plan(shape_in, windows, shape_out, element)
+        plan.tiled_backward = listed is not None
+        plan.listed_sums = bool(listed)
+        plan.listed_bytes = budget * 1024
+        plan.listed_loads = loads
+        assert (plan._tile_shape() is not None) == (listed is not None)
+        dx = to_device(poisoned(shape_in, element))
+        plan.run_bw(bw_args(dy, idx, dx))
+        results.append(to_host(dx))
+    for other in results[1:]:
+        np.testing.assert_array_equal(results[0].view(np.uint32), other.view(np.uint32))
+
 
 # -- rejections: each raises before anything is written -----------------------------------
 

@@ -54,7 +54,7 @@ from numba.types import float16
 
 from ..launch import Kernel, flat
 from ..types import ElementKind
-from .common import bf16_to_f32, f32_to_bf16
+from .common import bf16_to_f32, bitcast, f32_to_bf16
 
 PLACEMENT_BARACUDA = 0
 PLACEMENT_TORCH = 1
@@ -1364,15 +1364,226 @@ def _make_backward_tiled(load, store, zero, storage, tile_cap, stage_cap, fused)
     return fractional_max_pool_bw_tiled
 
 
+def _make_backward_listed(load, store, storage, loads):
+    """Tiled backward with a list of chosen elements (f16/bf16/f32: f32 sums), tiles in
+    dynamic shared memory (sized by the plan, above 48 KiB where it helps).
+
+    Same tiles, staging, masks and candidate tables as ``_make_backward_tiled``, but
+    phase 2 visits only the elements some output chose: when an output's mark turns its
+    element's mask from 0 to non-zero, the element's packed tile coordinates are appended
+    to a list (an integer ``atomic_add`` on a shared counter; the list's order varies, its
+    content does not). Then each thread takes list entries, sums dy over the entry's bits
+    in ascending bit = output order (f32, from +0.0: the gather's sum) and writes the
+    sum's bits over the entry's mask; a last pass writes the whole tile to dx, coalesced,
+    reading each slot as f32 (an unchosen element's mask is 0 = +0.0, the gather's empty
+    sum). Bit-identical to the gather. The per-element phase 2 of the other tiled kernel
+    runs a warp as long as its lane with the most bits while ~3 of 32 lanes have any in
+    3-D (~10% of the elements are chosen); here all lanes hold chosen elements.
+
+    Phase 1 walks the tile's staged box as one range, ``loads`` (2 or 4) independent
+    index and dy loads per pass (the static kernel's loop per output depth waits for one
+    round trip per depth: ~10 in sequence for a 3-D tile).
+
+    Dynamic shared memory (``words`` = u32 view, ``stage`` = storage view of the same
+    bytes): masks at [0, tile slots), list at [list_at, list_at + staged cap),
+    staged dy from ``stage_from`` (storage units)."""
+
+    def fractional_max_pool_bw_listed(dy, indices, dx, dims, windows, multipliers, shifts,
+                                      tiles):
+        """As ``fractional_max_pool_bw_tiled``; windows = (kd, kh, kw, placement, list_at,
+        stage_from, 0, 0)."""
+        words = cuda.shared.array(0, uint32)
+        stage = cuda.shared.array(0, storage)
+        listed_count = cuda.shared.array(1, uint32)
+        w_table = cuda.shared.array(BW_TABLE_W, uint32)
+        h_table = cuda.shared.array(BW_TABLE_H, uint32)
+        d_table = cuda.shared.array(BW_TABLE_D, uint32)
+        deltas = cuda.shared.array(BW_MASK_BITS, uint32)
+        d_in, h_in, w_in = dims[2], dims[3], dims[4]
+        d_out, h_out, w_out = dims[5], dims[6], dims[7]
+        kd, kh, kw = windows[0], windows[1], windows[2]
+        list_at = uint32(windows[4])
+        stage_from = uint32(windows[5])
+        hw_in = uint32(h_in * w_in)
+        plane_size = uint32(d_in * hw_in)
+        out_hw = uint32(h_out * w_out)
+        out_plane = uint32(d_out * out_hw)
+        w_in32 = uint32(w_in)
+        w_out32 = uint32(w_out)
+        tile_d, tile_h, tiles_d, tiles_h, total_tiles = (tiles[0], tiles[1], tiles[2],
+                                                         tiles[3], tiles[4])
+        reach_h, reach_w = tiles[5], tiles[6]
+        m_d, m_h, m_w = multipliers[0], multipliers[1], multipliers[2]
+        s_d, s_h, s_w = shifts[0], shifts[1], shifts[2]
+        m_row, s_row = multipliers[3], shifts[3]
+        m_depth, s_depth = multipliers[4], shifts[4]
+        m_wout, s_wout = multipliers[5], shifts[5]
+        tid = uint32(cuda.threadIdx.x)
+        threads = uint32(cuda.blockDim.x)
+        _fill_candidates(w_table, int64(0), w_in, w_in, kw, w_out, m_w, s_w)
+        tile = int64(cuda.blockIdx.x)
+        while tile < total_tiles:
+            rest = int64(uint32(tile) // uint32(tiles_h))
+            h0 = (tile - rest * tiles_h) * tile_h
+            plane = int64(uint32(rest) // uint32(tiles_d))
+            d0 = (rest - plane * tiles_d) * tile_d
+            d1 = min(d0 + tile_d, d_in)
+            h1 = min(h0 + tile_h, h_in)
+            od_lo, _ = candidates_baracuda(d0, d_in, kd, d_out, m_d, s_d)
+            _, od_hi = candidates_baracuda(d1 - 1, d_in, kd, d_out, m_d, s_d)
+            oh_lo, _ = candidates_baracuda(h0, h_in, kh, h_out, m_h, s_h)
+            _, oh_hi = candidates_baracuda(h1 - 1, h_in, kh, h_out, m_h, s_h)
+            staged_h = uint32(oh_hi - oh_lo)
+            row_len = uint32(staged_h * w_out32)  # staged outputs per output depth
+            plane_in = uint32(plane * plane_size)
+            tile_origin = uint32(plane_in + d0 * hw_in + h0 * w_in)
+            tile_rows = uint32(h1 - h0)
+            tile_depths = uint32(d1 - d0)
+            tile_span = uint32((tile_depths - 1) * hw_in + tile_rows * w_in32)
+            depth_elems = uint32(tile_h * w_in32)  # mask slots per tile depth
+            j = tid
+            while j < tile_depths * depth_elems:
+                words[j] = uint32(0)
+                j = uint32(j + threads)
+            if tid == 0:
+                listed_count[0] = uint32(0)
+            _fill_candidates(h_table, h0, h1 - h0, h_in, kh, h_out, m_h, s_h)
+            _fill_candidates(d_table, d0, d1 - d0, d_in, kd, d_out, m_d, s_d)
+            if tid < BW_MASK_BITS:  # bit (dd, dh, dw) -> staged offset from the first
+                bit_w = tid % reach_w
+                bit_h = (tid // reach_w) % reach_h
+                bit_d = tid // (reach_w * reach_h)
+                deltas[tid] = uint32((bit_d * staged_h + bit_h) * w_out32 + bit_w)
+            cuda.syncthreads()
+            # 1. stage dy, mark each choice in its element's mask, list new elements. The
+            #    staged box (n_od output depths x row_len outputs) is walked as one range
+            #    s = dd * row_len + r, ``loads`` outputs per pass, (dd, r) advanced by
+            #    ``threads`` without dividing: every load of a pass is independent.
+            staged_total = uint32(uint32(od_hi - od_lo) * row_len)
+            out_base = uint32(plane * out_plane + od_lo * out_hw + oh_lo * w_out)
+            row_div = max(row_len, uint32(1))  # an empty box has no pass
+            step_dd = uint32(threads // row_div)
+            step_r = uint32(threads - step_dd * row_div)
+            s = tid
+            dd = uint32(s // row_div)
+            r = uint32(s - dd * row_div)
+            while s < staged_total:
+                at0 = uint32(out_base + dd * out_hw + r)
+                s1 = uint32(s + threads)
+                dd1, r1 = _advance(dd, r, step_dd, step_r, row_len)
+                at1 = at0 if s1 >= staged_total else uint32(out_base + dd1 * out_hw + r1)
+                target0 = indices[at0]
+                target1 = indices[at1]
+                if loads == 4:
+                    s2 = uint32(s1 + threads)
+                    dd2, r2 = _advance(dd1, r1, step_dd, step_r, row_len)
+                    s3 = uint32(s2 + threads)
+                    dd3, r3 = _advance(dd2, r2, step_dd, step_r, row_len)
+                    at2 = at0 if s2 >= staged_total else uint32(out_base + dd2 * out_hw + r2)
+                    at3 = at0 if s3 >= staged_total else uint32(out_base + dd3 * out_hw + r3)
+                    target2 = indices[at2]
+                    target3 = indices[at3]
+                    raw2 = dy[at2]
+                    raw3 = dy[at3]
+                raw0 = dy[at0]
+                raw1 = dy[at1]
+                stage[uint32(stage_from + s)] = raw0
+                _mark_listed(words, listed_count, list_at, target0, r, uint32(od_lo + dd),
+                             oh_lo, tile_origin, tile_span, hw_in, w_in32, depth_elems,
+                             tile_rows, w_table, h_table, d_table, reach_h, reach_w,
+                             m_wout, s_wout, w_out32, m_row, s_row, m_depth, s_depth)
+                if s1 < staged_total:
+                    stage[uint32(stage_from + s1)] = raw1
+                    _mark_listed(words, listed_count, list_at, target1, r1,
+                                 uint32(od_lo + dd1), oh_lo, tile_origin, tile_span, hw_in,
+                                 w_in32, depth_elems, tile_rows, w_table, h_table, d_table,
+                                 reach_h, reach_w, m_wout, s_wout, w_out32, m_row, s_row,
+                                 m_depth, s_depth)
+                if loads == 4:
+                    if s2 < staged_total:
+                        stage[uint32(stage_from + s2)] = raw2
+                        _mark_listed(words, listed_count, list_at, target2, r2,
+                                     uint32(od_lo + dd2), oh_lo, tile_origin, tile_span,
+                                     hw_in, w_in32, depth_elems, tile_rows, w_table, h_table,
+                                     d_table, reach_h, reach_w, m_wout, s_wout, w_out32,
+                                     m_row, s_row, m_depth, s_depth)
+                    if s3 < staged_total:
+                        stage[uint32(stage_from + s3)] = raw3
+                        _mark_listed(words, listed_count, list_at, target3, r3,
+                                     uint32(od_lo + dd3), oh_lo, tile_origin, tile_span,
+                                     hw_in, w_in32, depth_elems, tile_rows, w_table, h_table,
+                                     d_table, reach_h, reach_w, m_wout, s_wout, w_out32,
+                                     m_row, s_row, m_depth, s_depth)
+                    s = uint32(s3 + threads)
+                    dd, r = _advance(dd3, r3, step_dd, step_r, row_len)
+                else:
+                    s = uint32(s1 + threads)
+                    dd, r = _advance(dd1, r1, step_dd, step_r, row_len)
+            cuda.syncthreads()
+            # 2. each listed element: sum its chosen dy in ascending output order, keep
+            #    the f32 sum's bits in its mask slot
+            listed = listed_count[0]
+            k = tid
+            while k < listed:
+                packed = words[uint32(list_at + k)]
+                dl = uint32(packed >> uint32(18))
+                hl = uint32((packed >> uint32(10)) & uint32(0xFF))
+                w = uint32(packed & uint32(0x3FF))
+                slot = uint32(dl * depth_elems + hl * w_in32 + w)
+                chosen = words[slot]
+                base = uint32(stage_from + uint32(
+                    uint32(uint32((d_table[dl] & _FIRST_MASK) - od_lo) * staged_h
+                           + (h_table[hl] & _FIRST_MASK) - oh_lo) * w_out32
+                    + (w_table[w] & _FIRST_MASK)))
+                total = float32(0.0)
+                while chosen != 0:
+                    bit, chosen = _pop_lowest_bit(chosen)
+                    total += load(stage[uint32(base + deltas[bit])])
+                words[slot] = bitcast(total, uint32)
+                k = uint32(k + threads)
+            cuda.syncthreads()
+            # 3. write the tile: whole rows, coalesced
+            run = uint32(tile_rows * w_in32)  # valid elements per tile depth
+            dl = uint32(0)
+            while dl < tile_depths:
+                dst = uint32(tile_origin + dl * hw_in)
+                from_at = uint32(dl * depth_elems)
+                j = tid
+                while j < run:
+                    dx[uint32(dst + j)] = store(bitcast(words[uint32(from_at + j)], float32))
+                    j = uint32(j + threads)
+                dl = uint32(dl + 1)
+            cuda.syncthreads()
+            tile += cuda.gridDim.x
+
+    return fractional_max_pool_bw_listed
+
+
 @cuda.jit(device=True, inline=True)
-def _mark_choice(masks, target, staged, od, oh_lo, tile_origin, tile_span, hw_in, w_in,
-                 depth_elems, tile_rows, w_table, h_table, d_table, reach_h, reach_w,
-                 m_wout, s_wout, w_out, m_row, s_row, m_depth, s_depth):
-    """Set output ``(od, oh_lo + staged // w_out, staged % w_out)``'s bit in the mask of
-    its saved index ``target`` if that lies in the tile (``tile_span`` elements from
+def _advance(dd, r, step_dd, step_r, row_len):
+    """(dd, r) of position dd * row_len + r advanced by step_dd * row_len + step_r
+    (step_r < row_len): no division."""
+    dd = uint32(dd + step_dd)
+    r = uint32(r + step_r)
+    if r >= row_len:
+        r = uint32(r - row_len)
+        dd = uint32(dd + 1)
+    return dd, r
+
+
+@cuda.jit(device=True, inline=True)
+def _choice_bit(target, staged, od, oh_lo, tile_origin, tile_span, hw_in, w_in,
+                depth_elems, tile_rows, w_table, h_table, d_table, reach_h, reach_w,
+                m_wout, s_wout, w_out, m_row, s_row, m_depth, s_depth):
+    """(mask slot, bit, packed tile coordinates ``d << 18 | h << 10 | w``) of staged output
+    ``(od, oh_lo + staged // w_out, staged % w_out)``'s choice ``target``; bit 0 (no
+    choice) unless the saved index lies in the tile (``tile_span`` elements from
     ``tile_origin``: depths of ``hw_in``, rows of ``w_in``, ``tile_rows`` rows per depth)
-    and the output is one of its candidates (else the index is foreign: ignored). Integer
-    OR: the masks do not depend on the order of the calls. 32-bit arithmetic only."""
+    and the output is one of its candidates (else the index is foreign: ignored). 32-bit
+    arithmetic only."""
+    slot = uint32(0)
+    bit_mask = uint32(0)
+    packed = uint32(0)
     local64 = target - int64(tile_origin)
     if local64 >= 0 and local64 < int64(tile_span):
         local = uint32(local64)
@@ -1390,8 +1601,41 @@ def _mark_choice(masks, target, staged, od, oh_lo, tile_origin, tile_span, hw_in
             rel_d, in_d = _candidate_offset(d_table[d_rel], uint32(od))
             if in_w and in_h and in_d:
                 bit = uint32((rel_d * reach_h + rel_h) * reach_w + rel_w)
-                cuda.atomic.or_(masks, uint32(d_rel * depth_elems + rem),
-                                uint32(uint32(1) << bit))
+                slot = uint32(d_rel * depth_elems + rem)
+                bit_mask = uint32(uint32(1) << bit)
+                packed = uint32((d_rel << uint32(18)) | (h_rel << uint32(10)) | w)
+    return slot, bit_mask, packed
+
+
+@cuda.jit(device=True, inline=True)
+def _mark_choice(masks, target, staged, od, oh_lo, tile_origin, tile_span, hw_in, w_in,
+                 depth_elems, tile_rows, w_table, h_table, d_table, reach_h, reach_w,
+                 m_wout, s_wout, w_out, m_row, s_row, m_depth, s_depth):
+    """Set the bit of a staged output's choice (``_choice_bit``) in its element's mask.
+    Integer OR: the masks do not depend on the order of the calls."""
+    slot, bit_mask, _ = _choice_bit(target, staged, od, oh_lo, tile_origin, tile_span,
+                                    hw_in, w_in, depth_elems, tile_rows, w_table, h_table,
+                                    d_table, reach_h, reach_w, m_wout, s_wout, w_out, m_row,
+                                    s_row, m_depth, s_depth)
+    if bit_mask != 0:
+        cuda.atomic.or_(masks, slot, bit_mask)
+
+
+@cuda.jit(device=True, inline=True)
+def _mark_listed(words, listed_count, list_at, target, staged, od, oh_lo, tile_origin,
+                 tile_span, hw_in, w_in, depth_elems, tile_rows, w_table, h_table, d_table,
+                 reach_h, reach_w, m_wout, s_wout, w_out, m_row, s_row, m_depth, s_depth):
+    """``_mark_choice`` that also appends the element's packed coordinates to the tile's
+    list of chosen elements when its mask was empty (integer atomics: the set of listed
+    elements does not depend on the order, only their positions do)."""
+    slot, bit_mask, packed = _choice_bit(target, staged, od, oh_lo, tile_origin, tile_span,
+                                         hw_in, w_in, depth_elems, tile_rows, w_table,
+                                         h_table, d_table, reach_h, reach_w, m_wout, s_wout,
+                                         w_out, m_row, s_row, m_depth, s_depth)
+    if bit_mask != 0:
+        if cuda.atomic.or_(words, slot, bit_mask) == 0:
+            at = cuda.atomic.add(listed_count, 0, uint32(1))
+            words[uint32(list_at + at)] = packed
 
 
 # -- the dtype table -------------------------------------------------------------------------
@@ -1524,4 +1768,26 @@ FRACTIONAL_MAX_POOL_BW_TILED_KERNELS = {
     for element, (storage, load, store, zero, _torch_start)
     in FRACTIONAL_MAX_POOL_TABLE.items()
     for fused in (False, True)
+}
+
+
+#: Elements of the listed tiled backward (f32 sums kept in the u32 mask slots).
+BW_LISTED_ELEMENTS = (ElementKind.F16, ElementKind.BF16, ElementKind.F32)
+#: The listed kernel's dynamic shared memory limit: sm_90 allows 227 KiB per block, of
+#: which its static tables take 5.4 KiB (ptxas: 5520 bytes); kept a little below.
+BW_LISTED_MAX_DYNAMIC = 220 * 1024
+
+#: Independent loads per pass of the listed kernel's staging loop.
+BW_LISTED_LOADS = (2, 4)
+
+#: (element, loads per pass) -> the listed tiled backward (see ``_make_backward_listed``).
+FRACTIONAL_MAX_POOL_BW_LISTED_KERNELS = {
+    (element, loads): Kernel(
+        f"fractional_max_pool_bw_listed[{element.name},{loads}]",
+        _make_backward_listed(FRACTIONAL_MAX_POOL_TABLE[element][1],
+                              FRACTIONAL_MAX_POOL_TABLE[element][2],
+                              FRACTIONAL_MAX_POOL_TABLE[element][0], loads),
+        _tiled_backward_signature(FRACTIONAL_MAX_POOL_TABLE[element][0]), grid_stride=True)
+    for element in BW_LISTED_ELEMENTS
+    for loads in BW_LISTED_LOADS
 }

@@ -30,8 +30,10 @@ zero ``dx`` (upstream requires a zeroed ``dx``). Contiguous arrays take the fast
 for BARACUDA placement with at most 32 candidate outputs per input element, tiles of
 input rows whose elements collect the outputs that chose them as bits of an integer mask
 in shared memory, then sum them in ascending output order (``plan.tiled_backward``, the
-default); otherwise the plan zeroes ``dx`` on the stream and the first output of each
-group that saved ``i`` writes the sum (leader scatter). Other layouts run a gather per
+default; for f16/bf16/f32 only the chosen elements, listed, are summed, with the tile in
+up to ``plan.listed_bytes`` of dynamic shared memory); otherwise the plan zeroes ``dx``
+on the stream and the first output of each group that saved ``i`` writes the sum (leader
+scatter). Other layouts run a gather per
 input element. All give bit-identical results. Each input element looks only at the
 outputs whose window can contain it for any sample in ``[0, 1)`` (a closed-form range per
 axis: the backward needs no samples), so indices are validated for free: an index that
@@ -68,6 +70,8 @@ from ..driver import memset_d8_async
 from ..errors import InvalidProblem, Unsupported
 from ..kernels.common import pad8
 from ..kernels.fractional_max_pool import (
+    BW_LISTED_LOADS,
+    BW_LISTED_MAX_DYNAMIC,
     BW_MASK_BITS,
     BW_TABLE_D,
     BW_TABLE_H,
@@ -77,6 +81,7 @@ from ..kernels.fractional_max_pool import (
     FAST_WINDOWS,
     FRACTIONAL_MAX_POOL_BW_FAST_KERNELS,
     FRACTIONAL_MAX_POOL_BW_KERNELS,
+    FRACTIONAL_MAX_POOL_BW_LISTED_KERNELS,
     FRACTIONAL_MAX_POOL_BW_TILED_KERNELS,
     FRACTIONAL_MAX_POOL_ELEMENTS,
     FRACTIONAL_MAX_POOL_FW_FAST_KERNELS,
@@ -143,6 +148,17 @@ _FUSED_SUMS = {2: False, 3: False}
 # offsets. 2-D f32 169 us vs 204 with 64-bit offsets ("rows"), bf16 143 vs 199; 3-D f32
 # 241 vs 349, bf16 251 vs 374 (H100, 2026-11-22; 2-D f32 87M instructions vs 133M).
 _ROW_WALK = "rows32"
+# Listed tiled backward (f16/bf16/f32): dynamic shared memory per block for its masks,
+# list and staged dy; the plan picks the tile that stages the fewest outputs within it.
+# 64 KiB at 512 threads (3 blocks per SM): with the per-depth staging loop, 3-D f32 240 us
+# vs 251 at 48 KiB, 249 at 96, 345 at 128; 3-D bf16 212 vs 228 / 230; 2-D bf16 189 vs 196
+# / 226 (H100, 2026-11-22); 2-D f32 measured 181 at its 48 KiB tile (1x45 rows), which
+# 64 KiB now also picks (tiles evened out: 1x43). With the one-range staging loop below
+# (2 loads per pass), Nsight Compute times 3-D f32 at 192.5 us (154M instructions). 4
+# loads per pass (44 registers vs 32) is not measured yet: the tuning run's launch of it
+# failed (48 KiB opt-in, since fixed).
+_LISTED_BYTES = 64 * 1024
+_LISTED_LOADS = 2
 _TILE_AXIS_LIMIT = 1 << 20
 _MAX_GRID_X = (1 << 31) - 1
 
@@ -183,11 +199,14 @@ def _choose_tiles(d_in: int, h_in: int, w_in: int, w_out: int,
                   ranges_d: tuple[np.ndarray, np.ndarray],
                   ranges_h: tuple[np.ndarray, np.ndarray], tile_cap: int,
                   stage_cap: int, max_depths: int = 64,
-                  max_rows: int | None = None) -> tuple[int, int] | None:
+                  max_rows: int | None = None,
+                  shared: tuple[int, int, int] | None = None) -> tuple[int, int] | None:
     """(tile_d, tile_h) of the tiled backward (tiles of whole rows: tile_d * tile_h * w_in
     <= tile_cap, tile_d <= max_depths, tile_h <= max_rows, at most stage_cap staged
-    outputs per tile) that stages the fewest outputs in all (each output is staged by
-    every tile its window may meet), then the fewest tiles; None if no tile fits."""
+    outputs per tile and, given ``shared = (bytes per tile element, bytes per staged
+    output, budget)``, within that many bytes) that stages the fewest outputs in all (each
+    output is staged by every tile its window may meet), then the fewest tiles; None if no
+    tile fits."""
     tile_rows = tile_cap // w_in
     best = None
     for tile_d in range(1, min(d_in, tile_rows, max_depths) + 1):
@@ -195,11 +214,22 @@ def _choose_tiles(d_in: int, h_in: int, w_in: int, w_out: int,
         tile_h = min(h_in, tile_rows // tile_d, max_rows or h_in)
         while tile_h >= 1:
             sum_h, max_h = _staged_outputs(ranges_h, tile_h)
-            if max_d * max_h * w_out <= stage_cap:
+            staged = max_d * max_h * w_out
+            if staged <= stage_cap and (shared is None or tile_d * tile_h * w_in * shared[0]
+                                        + staged * shared[1] <= shared[2]):
                 break
             tile_h = tile_h - 1 if tile_h < 64 else tile_h * 7 // 8
         if tile_h < 1:
             continue
+        if shared is not None:  # the same tile count with the smallest tiles: less
+            # shared memory per block, more blocks per SM (if they still fit)
+            even_d, even_h = -(-d_in // -(-d_in // tile_d)), -(-h_in // -(-h_in // tile_h))
+            even_sum_d, even_max_d = _staged_outputs(ranges_d, even_d)
+            even_sum_h, even_max_h = _staged_outputs(ranges_h, even_h)
+            staged = even_max_d * even_max_h * w_out
+            if staged <= stage_cap and (even_d * even_h * w_in * shared[0]
+                                        + staged * shared[1] <= shared[2]):
+                tile_d, tile_h, sum_d, sum_h = even_d, even_h, even_sum_d, even_sum_h
         tiles = -(-d_in // tile_d) * -(-h_in // tile_h)
         score = (sum_d * sum_h * w_out, tiles)
         if best is None or score < best[0]:
@@ -471,6 +501,9 @@ class _FractionalMaxPoolPlan(Plan):
         self._bw_fast_kernel = FRACTIONAL_MAX_POOL_BW_FAST_KERNELS[element]
         self._bw_tiled_kernels = {fused: FRACTIONAL_MAX_POOL_BW_TILED_KERNELS[element, fused]
                                   for fused in (False, True)}
+        self._bw_listed_kernels = {loads: FRACTIONAL_MAX_POOL_BW_LISTED_KERNELS[element, loads]
+                                   for loads in BW_LISTED_LOADS
+                                   if (element, loads) in FRACTIONAL_MAX_POOL_BW_LISTED_KERNELS}
         # Tests and benchmarks may change these (every value is tested): the fast forward's
         # window walk ("rows": row maxima cached across a thread's rows, "rows32": the same
         # with 32-bit offsets, "unrolled", or
@@ -487,8 +520,17 @@ class _FractionalMaxPoolPlan(Plan):
         self.tiled_backward = True
         self.fused_sums = _FUSED_SUMS[self._rank]
         self.tile_elems: int | None = None
-        self.tile_threads = _TILE_THREADS if element.storage_bits < 32 else _TILE_THREADS_WIDE
-        self._tiles: dict[int | None, tuple[int, int] | None] = {}
+        # listed_sums: the tiled backward with a list of chosen elements (f16/bf16/f32) in
+        # ``listed_bytes`` of dynamic shared memory, else the static per-element/fused one
+        # (``listed_loads`` independent loads per staging pass). The listed kernel runs
+        # 512 threads for every element: 3-D bf16 212 us vs 237 at 256 (64 KiB), 2-D bf16
+        # 189 vs 225 (H100, 2026-11-22); the static kernel alone keeps 256 for f16/bf16.
+        self.listed_sums = bool(self._bw_listed_kernels)
+        self.listed_bytes = _LISTED_BYTES
+        self.listed_loads = _LISTED_LOADS
+        self.tile_threads = (_TILE_THREADS_WIDE if element.storage_bits >= 32
+                             or self._bw_listed_kernels else _TILE_THREADS)
+        self._tiles: dict[tuple[Any, ...], tuple[int, int, int, int] | None] = {}
         # The fast kernels divide by magic numbers: every numerator (o * (in - k),
         # (coord + 1) * (out - 1) + in - k) must stay below 2^31.
         self.fast = all(extent * (out + 1) < _FAST_LIMIT for _, extent, _, out in axes)
@@ -506,6 +548,8 @@ class _FractionalMaxPoolPlan(Plan):
                 self._fw_fast_kernel.prepare()
                 if self._tile_shape() is not None:
                     self._bw_tiled_kernel.prepare()
+                    if self._listed:
+                        self._bw_tiled_kernel.allow_dynamic_shared(BW_LISTED_MAX_DYNAMIC)
                 else:
                     self._bw_fast_kernel.prepare()
 
@@ -514,7 +558,13 @@ class _FractionalMaxPoolPlan(Plan):
         return self._fw_fast_kernels[self.forward_walk]
 
     @property
+    def _listed(self) -> bool:
+        return self.listed_sums and bool(self._bw_listed_kernels)
+
+    @property
     def _bw_tiled_kernel(self) -> Any:
+        if self._listed:
+            return self._bw_listed_kernels[self.listed_loads]
         return self._bw_tiled_kernels[self.fused_sums]
 
     def _tile_shape(self) -> tuple[int, int, int, int] | None:
@@ -524,8 +574,16 @@ class _FractionalMaxPoolPlan(Plan):
         if not self.tiled_backward or self._placement != PLACEMENT_BARACUDA:
             return None
         limit = self.tile_elems
-        if limit not in self._tiles:
+        listed = self._listed
+        key = (limit, listed and self.listed_bytes)
+        if key not in self._tiles:
             tile_cap, stage_cap = BW_TILE_CAPS[self.descriptor.element]
+            shared = None
+            if listed:  # u32 mask per element; u32 list entry + dy per staged output
+                budget = min(self.listed_bytes, BW_LISTED_MAX_DYNAMIC)
+                item = self.descriptor.element.storage_bits // 8
+                shared = (4, 4 + item, budget)
+                tile_cap, stage_cap = budget // 4, budget // (4 + item)
             if limit is not None:
                 tile_cap = min(tile_cap, limit)
             choice = None
@@ -540,11 +598,16 @@ class _FractionalMaxPoolPlan(Plan):
                 if reach[0] * reach[1] * reach[2] <= BW_MASK_BITS:
                     tiles = _choose_tiles(self._d_in, self._h_in, self._w_in, self._w_out,
                                           ranges[0], ranges[1], tile_cap, stage_cap,
-                                          BW_TABLE_D, BW_TABLE_H)
+                                          BW_TABLE_D, BW_TABLE_H, shared)
                     if tiles is not None:
                         choice = tiles + (reach[1], reach[2])
-            self._tiles[limit] = choice
-        return self._tiles[limit]
+            self._tiles[key] = choice
+        return self._tiles[key]
+
+    def _staged_max(self, extent: int, window: int, out: int, tile: int) -> int:
+        """The most outputs of one axis whose window may meet a tile of ``tile`` coordinates
+        (the staged rows / depths per tile)."""
+        return _staged_outputs(_candidate_ranges(extent, window, out, self._placement), tile)[1]
 
     def _run_length(self, cached: bool = False) -> int:
         """Rows per thread: the override, else the row-caching forwards' or the others'."""
@@ -660,7 +723,7 @@ class _FractionalMaxPoolPlan(Plan):
         memo_key, hit = self._memo.lookup(
             (args.dy, args.indices, args.dx),
             ("bw", self.fast, self.tiled_backward, self.fused_sums, self.tile_elems,
-             self.tile_threads,
+             self.tile_threads, self.listed_sums, self.listed_bytes, self.listed_loads,
              self.rows_per_thread, self.threads)) if workspace is None else (None, None)
         if hit is not None:
             launch, pointers = hit
@@ -673,7 +736,7 @@ class _FractionalMaxPoolPlan(Plan):
             return
         fast = self.fast and _fast_layout(dy, indices, dx)
         key = ("bw", fast, self.tiled_backward, self.fused_sums, self.tile_elems,
-               self.tile_threads,
+               self.tile_threads, self.listed_sums, self.listed_bytes, self.listed_loads,
                self.rows_per_thread, dy.strides, indices.strides, dx.strides)
         found = self._bound.get(key)
         if found is None:
@@ -708,11 +771,24 @@ class _FractionalMaxPoolPlan(Plan):
                      ((self._d_in, self._kd), (self._h_in, self._kh), (self._w_in, self._kw))]
             magic += [magic_divisor(self._w_in), magic_divisor(self._h_in * self._w_in),
                       magic_divisor(self._w_out)]
+            windows, shared_bytes = self._windows, 0
+            if self._listed:  # masks, list, staged dy in dynamic shared memory
+                slots = tile_d * tile_h * self._w_in
+                staged = (self._staged_max(self._d_in, self._kd, self._d_out, tile_d)
+                          * self._staged_max(self._h_in, self._kh, self._h_out, tile_h)
+                          * self._w_out)
+                item = self.descriptor.element.storage_bits // 8
+                shared_bytes = 4 * (slots + staged) + item * staged
+                windows = self._windows[:4] + (slots, (slots + staged) * 4 // item, 0, 0)
+                # the opt-in is needed as soon as dynamic + static (5.5 KiB of tables)
+                # shared memory exceeds 48 KiB, so every listed kernel gets the full limit
+                self._bw_tiled_kernel.allow_dynamic_shared(BW_LISTED_MAX_DYNAMIC)
             return self._bw_tiled_kernel.bind(
                 min(total, _MAX_GRID_X), self.tile_threads,
-                arrays + (self._dims, self._windows, tuple(m for m, _ in magic) + (0, 0),
+                arrays + (self._dims, windows, tuple(m for m, _ in magic) + (0, 0),
                           tuple(sh for _, sh in magic) + (0, 0),
-                          (tile_d, tile_h, tiles_d, tiles_h, total, reach_h, reach_w, 0))), 0
+                          (tile_d, tile_h, tiles_d, tiles_h, total, reach_h, reach_w, 0)),
+                shared_bytes=shared_bytes), 0
         run = self._run_length()
         if fast:
             grid, block = self._launch_shape(self._planes * self._d_out * self._h_out,
