@@ -71,6 +71,7 @@ def libcuda() -> ctypes.CDLL:
     lib.cuModuleLoadData.argtypes = [ctypes.POINTER(_ptr), ctypes.c_char_p]
     lib.cuModuleGetFunction.argtypes = [ctypes.POINTER(_ptr), _ptr, ctypes.c_char_p]
     lib.cuFuncGetAttribute.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_int, _ptr]
+    lib.cuFuncSetAttribute.argtypes = [_ptr, ctypes.c_int, ctypes.c_int]
     return lib
 
 
@@ -134,6 +135,13 @@ def load_function(cubin: bytes, name: bytes) -> int:
           "cuModuleGetFunction")
     _modules.append(module.value or 0)
     return function.value or 0
+
+
+def set_max_dynamic_shared(function: int, nbytes: int) -> None:
+    """Allow launches of ``function`` with up to ``nbytes`` of dynamic shared memory
+    (``CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES``; needed above 48 KiB, up to the
+    device's opt-in limit: 227 KiB on sm_90)."""
+    check(libcuda().cuFuncSetAttribute(function, 8, int(nbytes)), "cuFuncSetAttribute")
 
 
 def function_registers(function: int) -> int:

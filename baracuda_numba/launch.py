@@ -41,7 +41,14 @@ import numpy as np
 from numba import cuda, types
 
 from ._runtime import SIMULATOR
-from .driver import CU_ERROR_INVALID_CONTEXT, check, launch_kernel, load_function, prepared_launch
+from .driver import (
+    CU_ERROR_INVALID_CONTEXT,
+    check,
+    launch_kernel,
+    load_function,
+    prepared_launch,
+    set_max_dynamic_shared,
+)
 
 __all__ = [
     "BoundLaunch",
@@ -233,6 +240,7 @@ class Kernel:
         self._pointers_address = ctypes.addressof(self._pointers)
         self._lock = threading.Lock()
         self._function: int | None = None
+        self._dynamic_shared = 0  # bytes of dynamic shared memory opted in so far
         self._dispatcher_obj: Any = None
         if register:
             _REGISTRY.append(self)
@@ -275,6 +283,22 @@ class Kernel:
             self._function = _as_cufunction(handle)
             if path is not None:
                 _write_cubin(path, library, cc)
+        return self
+
+    def allow_dynamic_shared(self, nbytes: int) -> Kernel:
+        """Opt this kernel in to ``nbytes`` of dynamic shared memory per block
+        (``cuda.shared.array(0, dtype)`` in the kernel, ``shared_bytes`` at launch). The
+        opt-in is needed once static plus dynamic shared memory exceeds 48 KiB, so it is
+        set for any request (the kernel's static tables count too). A no-op in the
+        simulator, whose launches take any size. Idempotent; the largest request so far
+        stays in force."""
+        if SIMULATOR or nbytes <= self._dynamic_shared:
+            return self
+        self.prepare()
+        with _PREPARE_LOCK:
+            if nbytes > self._dynamic_shared:
+                set_max_dynamic_shared(self._function, nbytes)
+                self._dynamic_shared = nbytes
         return self
 
     def bind(self, grid: int | tuple[int, ...], block: int | tuple[int, ...],

@@ -10,6 +10,7 @@ import sys
 import numpy as np
 import pytest
 from conftest import SIMULATOR, torch_or_skip
+from numba import cuda, float32
 
 import baracuda_numba as bn
 from baracuda_numba.arrays import as_mut, as_ref, contiguous_strides, flat_span
@@ -188,7 +189,7 @@ def test_torch_extraction_and_cpu_rejection():
 
 CUBIN_SNIPPET = r"""
 import numpy as np
-from numba import cuda
+from numba import cuda, float32
 import baracuda_numba as bn
 dest = cuda.to_device(np.zeros((4, 8), np.float32))
 plan = bn.WriteSlicePlan.select(bn.WriteSliceDescriptor((4, 8), (2, 3), ((1, 3), (2, 5)),
@@ -210,3 +211,38 @@ def test_cubin_cache_round_trip(tmp_path):
                                 capture_output=True, text=True, timeout=300)
         assert result.returncode == 0 and "ok" in result.stdout, result.stderr
         assert list(tmp_path.glob("*.cubin")), f"attempt {attempt}: nothing cached"
+
+
+def _dynamic_shared_kernel(out, n):
+    """Each block stages ``n`` floats in dynamic shared memory and writes them back in
+    reverse: correct only if the whole buffer exists."""
+    buf = cuda.shared.array(0, float32)
+    tid = cuda.threadIdx.x
+    i = tid
+    while i < n:
+        buf[i] = np.float32(i)
+        i += cuda.blockDim.x
+    cuda.syncthreads()
+    i = tid
+    while i < n:
+        out[i] = buf[n - 1 - i]
+        i += cuda.blockDim.x
+
+
+def test_dynamic_shared_above_48k():
+    """``Kernel.allow_dynamic_shared`` opts a kernel in to more than 48 KiB of dynamic
+    shared memory; a launch with 96 KiB then runs (on the GPU; the simulator takes any
+    size) and sees all of it."""
+    from numba import types
+
+    from baracuda_numba.launch import Kernel, flat
+
+    kernel = Kernel("test_dynamic_shared", _dynamic_shared_kernel,
+                    (flat(types.float32), types.int64), register=False)
+    n = 96 * 1024 // 4 if not SIMULATOR else 256
+    out = to_device(np.zeros(n, np.float32))
+    kernel.allow_dynamic_shared(n * 4)
+    bound = kernel.bind(1, 256 if not SIMULATOR else 32, ((0, n), n), shared_bytes=n * 4)
+    bound(0, as_mut(out, "test", "out").ptr)
+    cuda.synchronize()
+    np.testing.assert_array_equal(out.copy_to_host(), np.arange(n, dtype=np.float32)[::-1])
