@@ -9,7 +9,8 @@ with indices: + 8 bytes per element).
 ``python scripts/bench_scan.py --precompile`` compiles the generic scan kernels in
 parallel worker processes (``scripts/precompile.py --only scan`` compiles all of them,
 the fast kernels included). ``SCAN_BENCH=quick`` runs the target cases and tuning runs
-only.
+only; ``SCAN_BENCH=extremum_backward`` the Cummax/Cummin backward cases
+(``extremum_backward_tuning``: with the fused kernel's tile variants).
 """
 
 from __future__ import annotations
@@ -88,7 +89,11 @@ def _forward(ctx: Any, kind: ScanKind, shape: tuple[int, ...], axis: int, dtype_
 
 
 def _backward(ctx: Any, kind: ScanKind, shape: tuple[int, ...], axis: int, dtype_name: str,
-              element: ElementKind) -> None:
+              element: ElementKind, fused: dict[str, Any] | bool | None = None,
+              note: str = "vs torch autograd") -> None:
+    """``fused`` (Cummax/Cummin): ``ExtremumBackwardKernels`` keyword arguments for a
+    tuning run of the fused backward, or False for the record-flag pre-pass and the
+    generic kernels."""
     torch = ctx.torch
     dtype = getattr(torch, dtype_name)
     numel = shape[0] * shape[1]
@@ -108,13 +113,20 @@ def _backward(ctx: Any, kind: ScanKind, shape: tuple[int, ...], axis: int, dtype
         dys.append(torch.randn(shape, device="cuda").to(dtype))
         dxs.append(torch.empty(shape, device="cuda", dtype=dtype))
     plan = ScanBackwardPlan.select(ScanBackwardDescriptor(kind, shape, axis, element=element))
-    ws = torch.empty(max(plan.workspace_size, 1), dtype=torch.uint8, device="cuda")
+    if fused is False:
+        plan._extremum_backward = None
+    elif fused:
+        from baracuda_numba.kernels.scan import ExtremumBackwardKernels
+
+        plan._extremum_backward = ExtremumBackwardKernels(element, register=False, **fused)
+        plan._geometry.extremum_backward(plan._extremum_backward, None)
+    ws = torch.empty(max(plan._geometry.workspace_size, 1), dtype=torch.uint8, device="cuda")
     args = [ScanBackwardArgs(dy, dx, x.detach(), y) for dy, dx, x, y in zip(dys, dxs, xs, ys)]
     ours = ctx.time_gpu(lambda i: plan.run(args[i], workspace=ws), sets)
     theirs = ctx.time_gpu(lambda i: torch.autograd.grad(graphs[i], xs[i], dys[i],
                                                         retain_graph=True), sets)
     ctx.row(f"{kind.name.lower()} bw {list(shape)} axis={axis}", dtype_name, ours,
-            tensors * numel * item, theirs, "vs torch autograd")
+            tensors * numel * item, theirs, note)
 
 
 def _variant(ctx: Any, shape: tuple[int, ...], axis: int, dtype_name: str = "float32",
@@ -182,9 +194,38 @@ def _quick(ctx: Any) -> None:
     ctx.torch.cuda.synchronize()
 
 
+def _extremum_backward_cases(ctx: Any, tuning: bool = True) -> None:
+    """Cummax/Cummin backward (the fused kernel) on the target shapes and the previous
+    path (record-flag pre-pass + generic backward) for reference; ``tuning``: the fused
+    kernel with other tiles."""
+    pairs = (("float32", ElementKind.F32), ("bfloat16", ElementKind.BF16))
+    for dtype_name, element in pairs:
+        for kind in (ScanKind.CUMMAX, ScanKind.CUMMIN):
+            for shape, axis in ((SQUARE, 1), (SQUARE, 0), (WIDE, 1)):
+                _guarded(ctx, _backward, kind, shape, axis, dtype_name, element)
+    for dtype_name, element in pairs:
+        for shape, axis in ((SQUARE, 1), (SQUARE, 0), (WIDE, 1)):
+            _guarded(ctx, _backward, ScanKind.CUMMAX, shape, axis, dtype_name, element,
+                     fused=False, note="previous path: flag pre-pass + generic backward")
+    if not tuning:
+        return
+    for fused, note in (({"words": 2}, "fused rows words=2"),
+                        ({"blocked": False}, "fused rows words=4 striped")):
+        _guarded(ctx, _backward, ScanKind.CUMMAX, SQUARE, 1, "float32", ElementKind.F32,
+                 fused=fused, note=note)
+    for fused, note in (({"col_values": 4}, "fused cols values=4"),
+                        ({"col_values": 16}, "fused cols values=16"),
+                        ({"cols_max_registers": 0}, "fused cols values=8, no register cap")):
+        _guarded(ctx, _backward, ScanKind.CUMMAX, SQUARE, 0, "float32", ElementKind.F32,
+                 fused=fused, note=note)
+
+
 def bench(ctx: Any) -> None:
     if os.environ.get("SCAN_BENCH") == "quick":
         _quick(ctx)
+        return
+    if os.environ.get("SCAN_BENCH", "").startswith("extremum_backward"):
+        _extremum_backward_cases(ctx, os.environ["SCAN_BENCH"].endswith("tuning"))
         return
     pairs = (("float32", ElementKind.F32), ("bfloat16", ElementKind.BF16))
     for dtype_name, element in pairs:
@@ -221,9 +262,10 @@ def bench(ctx: Any) -> None:
     _guarded(ctx, _forward, ScanKind.CUMMAX, SQUARE, 1, "float32", ElementKind.F32,
              indexed_cap=56, note="indexed_cap=56")
     for dtype_name, element in pairs:
-        for kind in ScanKind:
+        for kind in (ScanKind.CUMSUM, ScanKind.CUMPROD, ScanKind.LOG_CUMSUM_EXP):
             for axis in (1, 0):
                 _guarded(ctx, _backward, kind, SQUARE, axis, dtype_name, element)
+    _extremum_backward_cases(ctx)
     ctx.torch.cuda.synchronize()
     ctx.notes.append("Targets (issue 4): cumsum last axis >= 2x torch and >= 50% of copy; "
                      "axis 0 >= 10x torch; logcumsumexp and cummax >= 2x torch; every "

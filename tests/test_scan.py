@@ -123,11 +123,12 @@ def reference_backward(kind: ScanKind, x, y, dy, axis: int, reverse: bool):
             dx[..., j] = np.sum(ldy[..., j:] * weight, -1)
             scale[..., j] = np.sum(np.abs(ldy[..., j:]) * weight, -1)
     else:
+        # dx[j] = sum of dy[i] over the i whose running winner is j
         winner = _running_winner(lx, kind is ScanKind.CUMMAX, later_wins=False)
-        for j in range(n):
-            hit = winner == j
-            dx[..., j] = np.sum(np.where(hit, ldy, 0.0), -1)
-            scale[..., j] = np.sum(np.where(hit, np.abs(ldy), 0.0), -1)
+        lines = np.arange(winner.size // max(n, 1)).reshape(winner.shape[:-1] + (1,)) * n
+        flat_dx, flat_scale = dx.reshape(-1), scale.reshape(-1)
+        np.add.at(flat_dx, (winner + lines).ravel(), ldy.ravel())
+        np.add.at(flat_scale, (winner + lines).ravel(), np.abs(ldy).ravel())
     return _unlines(dx, axis, reverse), _unlines(scale, axis, reverse)
 
 
@@ -227,9 +228,16 @@ def misaligned(values: np.ndarray):
 
 
 def used_fast(plan) -> bool:
-    """Whether the plan's layouts went to a fast kernel (rows_fast, cols_fast or the
-    indexed rows kernel)."""
-    return any(key[0] in ("fast", "indexed") and found[0]
+    """Whether the plan's layouts went to a fast kernel (rows_fast, cols_fast, the
+    indexed rows kernel or the fused Cummax/Cummin backward)."""
+    return any(key[0] in ("fast", "indexed", "extremum_backward") and found[0]
+               for key, found in plan._bound.items())
+
+
+def used_fused_backward(plan) -> bool:
+    """Whether the fused Cummax/Cummin backward ran (rather than the record-flag
+    pre-pass and the generic backward kernel)."""
+    return any(key[0] == "extremum_backward" and found[0]
                for key, found in plan._bound.items())
 
 
@@ -265,27 +273,42 @@ def check_forward(kind, x_host, axis, reverse, element, with_indices=False, work
     return plan
 
 
-def run_backward(kind, dy_host, x_host, y_host, axis, reverse, element, workspace=False):
+_NEEDS_Y = (ScanKind.CUMPROD, ScanKind.LOG_CUMSUM_EXP)
+
+
+def run_backward(kind, dy_host, x_host, y_host, axis, reverse, element, workspace=False,
+                 place=None):
+    """(plan, dx); ``place`` (default ``device``) makes x, dy and dx (``misaligned``, or
+    ``spaced`` for dy alone when given as ``("dy", spaced)``)."""
     shape = dy_host.shape
     plan = ScanBackwardPlan.select(ScanBackwardDescriptor(kind, shape, axis, reverse,
                                                           element=element))
-    dx = device(poisoned(shape, element))
+    place_dy = place[1] if isinstance(place, tuple) else place or device
+    place = device if isinstance(place, tuple) else place or device
+    dx = place(poisoned(shape, element))
     ws = None
     if workspace and plan.workspace_size:
         ws = device(np.zeros(plan.workspace_size, dtype=np.uint8))
-    saved_x = device(x_host) if kind is not ScanKind.CUMSUM else None
-    saved_y = device(y_host) if kind in (ScanKind.CUMPROD, ScanKind.LOG_CUMSUM_EXP) else None
-    plan.run(ScanBackwardArgs(device(dy_host), dx, saved_x, saved_y), workspace=ws)
-    return host(dx)
+    saved_x = place(x_host) if kind is not ScanKind.CUMSUM else None
+    saved_y = device(y_host) if kind in _NEEDS_Y else None
+    plan.run(ScanBackwardArgs(place_dy(dy_host), dx, saved_x, saved_y), workspace=ws)
+    return plan, host(dx)
 
 
-def check_backward(kind, shape, axis, reverse, element, rng, x_host=None, workspace=False):
+def check_backward(kind, shape, axis, reverse, element, rng, x_host=None, workspace=False,
+                   place=None, dy_host=None):
+    """Run the backward and compare with the NumPy reference; returns the plan."""
     if x_host is None:
         x_host = inputs(shape, element, rng, kind)
-    dy_host = random_values(shape, element, rng)
-    _, y_host, _ = run_forward(kind, x_host, axis, reverse, element)
-    dx = run_backward(kind, dy_host, x_host, y_host, axis, reverse, element, workspace)
-    x, y, dy = (from_storage(a, element) for a in (x_host, y_host, dy_host))
+    if dy_host is None:
+        dy_host = random_values(shape, element, rng)
+    y_host = None
+    if kind in _NEEDS_Y:
+        _, y_host, _ = run_forward(kind, x_host, axis, reverse, element)
+    plan, dx = run_backward(kind, dy_host, x_host, y_host, axis, reverse, element, workspace,
+                            place)
+    x, dy = (from_storage(a, element) for a in (x_host, dy_host))
+    y = from_storage(y_host, element) if y_host is not None else None
     expected, scale = reference_backward(kind, x, y, dy, axis, reverse)
     if element is not ElementKind.F64:
         expected = rounded(expected, element)
@@ -295,6 +318,7 @@ def check_backward(kind, shape, axis, reverse, element, rng, x_host=None, worksp
         scale = scale * (1 + TOLERANCE[element][0] / 2.0 ** -24 / max(n, 1))
     check_close(from_storage(dx, element), expected, scale, element, n + 2,
                 f"{kind.name} backward {element.name} {shape} axis={axis} reverse={reverse}")
+    return plan
 
 
 # -- simulator-sized tests (also run on the GPU) ---------------------------------------
@@ -338,14 +362,27 @@ FAST_COLS_SHAPES = (((3, 9, 40), 1), ((9, 70), 0))
 
 FAST_CASES = [(kind, element) for kind in KINDS for element in FLOAT_ELEMENTS + INT_ELEMENTS
               if element in FAST_ELEMENTS[FAST_FAMILY[int(kind)]]]
+if SIMULATOR:
+    # The simulator runs one Python thread per CUDA thread (CI time): every kind at F32 and
+    # every element kind (word width: 1, 2 or 4 elements per word) at some kind. The GPU
+    # runs the whole grid.
+    FAST_CASES = [c for c in FAST_CASES if c[1] is ElementKind.F32 or c in (
+        (ScanKind.CUMSUM, ElementKind.F16), (ScanKind.CUMSUM, ElementKind.I64),
+        (ScanKind.CUMMAX, ElementKind.BF16), (ScanKind.CUMMIN, ElementKind.I32),
+        (ScanKind.CUMPROD, ElementKind.F64), (ScanKind.LOG_CUMSUM_EXP, ElementKind.BF16))]
+
+
+def reverses(index: int) -> tuple[bool, ...]:
+    """Both directions on a GPU; in the simulator one, alternating with ``index``."""
+    return (bool(index % 2),) if SIMULATOR else (False, True)
 
 
 @pytest.mark.parametrize("kind,element", FAST_CASES, ids=lambda v: getattr(v, "name", v))
 def test_forward_fast_kernels(kind, element, rng):
     # values only (Cummax/Cummin without indices): rows_fast and cols_fast
-    for shape, axis in (FAST_ROWS_SHAPE,) + FAST_COLS_SHAPES:
+    for index, (shape, axis) in enumerate((FAST_ROWS_SHAPE,) + FAST_COLS_SHAPES):
         x = inputs(shape, element, rng, kind)
-        for reverse in (False, True):
+        for reverse in reverses(index + int(kind)):
             workspace = bool(rng.integers(0, 2))
             plan = check_forward(kind, x, axis, reverse, element, workspace=workspace)
             assert used_fast(plan)
@@ -356,9 +393,14 @@ def test_forward_fast_kernels(kind, element, rng):
 def test_fast_kernels_odd_unaligned_split(element, rng):
     # odd extents (a partial last word), misaligned pointers (element-wise path), the
     # two-phase split, and a layout that does not collapse (generic kernels)
-    for shape, axis in (((1, 131), 1), ((3, 131), 1), ((2, 520), 1), ((5, 3, 37), 1)):
+    shapes = (((1, 131), 1), ((3, 131), 1), ((2, 520), 1), ((5, 3, 37), 1))
+    if SIMULATOR:  # (2, 520): the split of 2-byte elements (test_forward_fast_kernels
+        # splits the wider ones)
+        shapes = (((2, 131), 1), ((5, 3, 37), 1)) + (
+            (((2, 520), 1),) if element is not ElementKind.F32 else ())
+    for index, (shape, axis) in enumerate(shapes):
         x = inputs(shape, element, rng)
-        for reverse in (False, True):
+        for reverse in reverses(index):
             plan = check_forward(ScanKind.CUMSUM, x, axis, reverse, element, workspace=True)
             assert used_fast(plan)
             plan = check_forward(ScanKind.CUMMAX, x, axis, reverse, element,
@@ -381,8 +423,13 @@ def test_backward_lines(kind, element, rng):
 
 @pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.name)
 def test_backward_rows(kind, rng):
+    # Cummax/Cummin with a strided dy: the record-flag pre-pass (indexed rows kernel: x
+    # and dx collapse) and the generic rows backward, not the fused kernel
     shape, axis = ROWS_SHAPE
-    check_backward(kind, shape, axis, bool(rng.integers(0, 2)), ElementKind.F32, rng)
+    place = ("dy", spaced) if kind in EXTREMA else None
+    plan = check_backward(kind, shape, axis, bool(rng.integers(0, 2)), ElementKind.F32, rng,
+                          place=place)
+    assert not used_fused_backward(plan)
 
 
 @pytest.mark.parametrize("length", EDGE_LENGTHS)
@@ -432,27 +479,110 @@ def test_fast_indexed_extrema(element, rng):
     special = np.array([[1.0, 3.0, 3.0, np.nan, 5.0, np.nan, -np.inf, 7.0],
                         [-np.inf, -np.inf, 2.0, 2.0, np.inf, 1.0, np.inf, 0.0],
                         [0.0, -0.0, 0.0, -1.0, -1.0, -1.0, 2.0, 2.0]])
-    n = 136 if SIMULATOR else 1000  # two simulator tiles of f32 and a partial one
+    # simulator: one full f32 tile (64 elements a word group) and a partial one; one line
+    # of special values, one of quarters (ties)
+    n = 72 if SIMULATOR else 1000
     if element.is_float:
         quarters = np.round(rng.uniform(-3, 3, (2, n)) * 4) / 4
         quarters[1, :8] = special[2]
-        candidates = [to_storage(np.resize(special, (3, n)), element),
-                      to_storage(quarters, element)]
+        quarters[0] = np.resize(special, n)
+        candidates = [to_storage(quarters, element)]
+        if not SIMULATOR:
+            candidates.append(to_storage(np.resize(special, (3, n)), element))
     else:
         candidates = [rng.integers(-3, 4, size=(2, n)).astype(element.storage_dtype)]
     for x in candidates:
         for kind in EXTREMA:
-            for reverse in (False, True):
+            for reverse in reverses(int(kind)):
                 workspace = bool(rng.integers(0, 2))
                 plan = check_forward(kind, x, 1, reverse, element, with_indices=True,
                                      workspace=workspace)
                 assert used_fast(plan)
-                if element.is_float and (reverse or not SIMULATOR):
-                    check_backward(kind, x.shape, 1, reverse, element, rng, x_host=x,
-                                   workspace=workspace)
         plan = check_forward(ScanKind.CUMMAX, x, 1, True, element, with_indices=True,
                              place=misaligned)
         assert used_fast(plan)
+
+
+# (shape, axis, kind, reverse, workspace): the fused Cummax/Cummin backward along rows
+# (extent >= 64) and columns (inner >= 32). Simulator (f32 rows tile 128, cols tile 2
+# chunks x 2 rows): rows split in two segments (f32; one bf16 tile), an odd extent
+# (element-wise in reverse), columns split (the fix-up pass: one simulated warp per
+# column, the costliest simulator case), columns over three outer indices.
+# GPU (f32 rows tile 256, cols 8 chunks x 4 rows): the same with larger extents.
+_S = SIMULATOR
+FUSED_CASES = (
+    ((1, 256) if _S else (3, 5000), 1, ScanKind.CUMMAX, False, True),
+    ((1, 131) if _S else (5, 1031), 1, ScanKind.CUMMIN, True, False),
+    ((40, 33) if _S else (3000, 40), 0, ScanKind.CUMMAX, True, True),
+    ((3, 9, 40) if _S else (3, 400, 70), 1, ScanKind.CUMMIN, False, False),
+)
+
+
+def extremum_lines(shape, axis, element, rng, pattern: str) -> np.ndarray:
+    """Contiguous x whose lines (along ``axis``) hold special values and ties
+    ("special"), or rise (every element a record) or fall (one record: its run crosses
+    every tile and segment)."""
+    lines = np.round(rng.uniform(-3, 3, np.moveaxis(np.empty(shape), axis, -1).shape) * 2) / 2
+    n = lines.shape[-1]
+    if pattern == "special":
+        special = [1.0, 3.0, 3.0, np.nan, 5.0, np.nan, -np.inf, 7.0, -np.inf, -np.inf, 2.0,
+                   2.0, np.inf, 1.0, np.inf, 0.0, 0.0, -0.0, 0.0, -1.0, -1.0, 2.0, 2.0]
+        lines[..., 0, :min(n, 23)] = special[:n]
+        lines[..., -1, -3:] = np.nan  # a NaN record near the end of a line
+    elif pattern == "rise":
+        lines = np.broadcast_to(np.arange(n, dtype=np.float64) / 8, lines.shape).copy()
+    elif pattern == "fall":
+        lines = np.broadcast_to(-np.arange(n, dtype=np.float64) / 8, lines.shape).copy()
+    return to_storage(np.ascontiguousarray(np.moveaxis(lines, -1, axis)), element)
+
+
+@pytest.mark.parametrize("element", (ElementKind.F32, ElementKind.BF16, ElementKind.F16,
+                                     ElementKind.F64), ids=lambda e: e.name)
+def test_fused_extremum_backward(element, rng):
+    # rows and cols kernels, split (workspace) or not, both directions, special values
+    # (NaN, ties, +-inf, signed zeros), every element a record or only the first,
+    # misaligned pointers (element-wise path). The simulator runs each case once (F16
+    # and F64: the rows cases), the GPU every kind, direction and workspace choice.
+    patterns = ("special", "rise", "fall")
+    cases = FUSED_CASES
+    if SIMULATOR and element in (ElementKind.F16, ElementKind.F64):
+        cases = cases[1:2]
+    if SIMULATOR and element is ElementKind.BF16:
+        cases = cases[::2]
+    for index, (shape, axis, kind, reverse, workspace) in enumerate(cases):
+        variants = [(kind, reverse, workspace)] if SIMULATOR else [
+            (k, r, w) for k in EXTREMA for r in (False, True) for w in (False, True)]
+        for count, (kind, reverse, workspace) in enumerate(variants):
+            pattern = patterns[(index + count) % 3]
+            x = extremum_lines(shape, axis, element, rng, pattern)
+            plan = check_backward(kind, shape, axis, reverse, element, rng, x_host=x,
+                                  workspace=workspace)
+            assert used_fused_backward(plan), (shape, axis)
+    if element is ElementKind.F32 or not SIMULATOR:
+        for shape, axis, *_ in FUSED_CASES[1:3]:
+            x = extremum_lines(shape, axis, element, rng, "special")
+            plan = check_backward(ScanKind.CUMMAX, shape, axis, True, element, rng,
+                                  x_host=x, place=misaligned)
+            assert used_fused_backward(plan)
+
+
+def test_fused_extremum_backward_falls_back(rng):
+    # an x whose outer axes are out of order (no uniform pitch) does not collapse: the
+    # record-flag pre-pass and the generic backward kernel
+    element = ElementKind.F32
+    base = extremum_lines((2, 3, 66), 2, element, rng, "special")
+    dy = random_values((3, 2, 66), element, rng)
+    plan = ScanBackwardPlan.select(ScanBackwardDescriptor(ScanKind.CUMMAX, (3, 2, 66), 2,
+                                                          element=element))
+    x = base.swapaxes(0, 1) if SIMULATOR else device(base).swapaxes(0, 1)
+    dx = device(poisoned((3, 2, 66), element))
+    plan.run(ScanBackwardArgs(device(dy), dx, x))
+    assert not used_fused_backward(plan)
+    expected, scale = reference_backward(ScanKind.CUMMAX, from_storage(base.swapaxes(0, 1),
+                                                                       element),
+                                         None, from_storage(dy, element), 2, False)
+    check_close(from_storage(host(dx), element), expected, scale, element, 68,
+                "CUMMAX backward, outer axes out of order")
 
 
 def test_special_values_log_cumsum_exp(rng):
@@ -685,12 +815,17 @@ def test_gpu_backward_against_autograd(kind, element, rng):
     for shape, axis in [((16, 300), 1), ((300, 16), 0), ((2, 1500), 1)]:
         reverse = bool(rng.integers(0, 2))
         x_host = inputs(shape, element, rng, kind)
+        if kind is ScanKind.CUMPROD:
+            # factors +-(1 +- 2^-7): products of 1500 stay inside the f16 range (factors in
+            # [0.8, 1.25] can overflow it, and the saved f16 y is then inf)
+            x_host = to_storage(rng.choice([-1, 1], size=shape) * (
+                1 + rng.choice([-1, 0, 1], size=shape) / 128), element)
         if kind in EXTREMA:
             x_host = np.moveaxis(distinct_inputs(np.moveaxis(np.empty(shape), axis, -1).shape,
                                                  element, rng), -1, axis)
         dy_host = random_values(shape, element, rng)
         _, y_host, _ = run_forward(kind, x_host, axis, reverse, element)
-        dx = run_backward(kind, dy_host, x_host, y_host, axis, reverse, element)
+        _, dx = run_backward(kind, dy_host, x_host, y_host, axis, reverse, element)
         x_t = device(x_host).double().requires_grad_()
         y_t, _ = _torch_forward(torch, kind, x_t, axis, reverse)
         y_t.backward(device(dy_host).double())
@@ -701,6 +836,37 @@ def test_gpu_backward_against_autograd(kind, element, rng):
             scale = scale * (1 + TOLERANCE[element][0] / 2.0 ** -24 / shape[axis])
         check_close(from_storage(dx, element), rounded(expected, element), scale, element,
                     shape[axis] + 2, f"{kind.name} backward {element.name} {shape}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("element", FLOAT_ELEMENTS, ids=lambda e: e.name)
+def test_gpu_fused_extremum_backward_against_autograd(element, rng):
+    # the fused kernel (rows and cols, split through the workspace or not) against
+    # float64 torch autograd on inputs without ties, and bit-identical across runs
+    torch = torch_or_skip()
+    for shape, axis in (((64, 1000), 1), ((1000, 96), 0), ((2, 1500), 1), ((1500, 64), 0)):
+        for kind in EXTREMA:
+            reverse = bool(rng.integers(0, 2))
+            x_host = np.moveaxis(distinct_inputs(np.moveaxis(np.empty(shape), axis, -1).shape,
+                                                 element, rng), -1, axis)
+            x_host = np.ascontiguousarray(x_host)
+            dy_host = random_values(shape, element, rng)
+            x_t = device(x_host).double().requires_grad_()
+            y_t, _ = _torch_forward(torch, kind, x_t, axis, reverse)
+            y_t.backward(device(dy_host).double())
+            expected = x_t.grad.cpu().numpy()
+            _, scale = reference_backward(kind, from_storage(x_host, element), None,
+                                          from_storage(dy_host, element), axis, reverse)
+            for workspace in (False, True):
+                runs = [run_backward(kind, dy_host, x_host, None, axis, reverse, element,
+                                     workspace) for _ in range(2)]
+                assert used_fused_backward(runs[0][0])
+                what = f"{kind.name} backward {element.name} {shape} axis={axis} " \
+                    f"reverse={reverse} workspace={workspace}"
+                np.testing.assert_array_equal(runs[0][1].view(np.uint8),
+                                              runs[1][1].view(np.uint8), what)
+                check_close(from_storage(runs[0][1], element), rounded(expected, element),
+                            scale, element, shape[axis] + 2, what)
 
 
 @pytest.mark.gpu

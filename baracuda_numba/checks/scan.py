@@ -1,7 +1,7 @@
 """baracuda-check cases for ScanPlan / ScanBackwardPlan: every kind x element kind x
 (forward, backward) on a last-axis and an outer-axis shape, forward and reverse
-(contiguous: the fast rows/cols kernels where the kind and element have one, the
-indexed rows kernel for the Cummax/Cummin backward's pre-pass, else the generic ones).
+(contiguous: the fast rows/cols kernels where the kind and element have one, the fused
+rows/cols kernels for the Cummax/Cummin backward, else the generic ones).
 
 Each case compares with a NumPy float64 reference; the error is the largest
 ``|got - ref| / bound`` with the bound of ``tests/test_scan.py`` (output rounding of

@@ -27,14 +27,16 @@ C-contiguous tensor, for instance): *rows_fast* (inner = 1, extent >= 64: one wa
 line, 8-byte word accesses when pointers and pitches allow) or *cols_fast* (inner >= 32:
 32 x V columns per block, rows in registers) for Cumsum, Cumprod, LogCumsumExp and
 Cummax/Cummin values (and the Cumsum gradient); the *indexed* rows kernel for
-Cummax/Cummin with ``indices`` and the record flags of their backward. Otherwise the
-generic kernels: *rows* when the output's scan axis is contiguous (block-level tile
-scan), else *lines* (one thread per line, consecutive threads on the output's
-smallest-stride outer axis). Problems with few, long lines are split over warps or blocks
-in two phases through a workspace of ``workspace_size`` bytes; pass one to ``run`` to
-enable the split (with ``workspace=None`` ``run`` takes the unsplit path: same result up
-to the order of the f32/f64 additions). Results are deterministic and bit-stable for a
-given layout, alignment and workspace choice.
+Cummax/Cummin with ``indices``; the *fused* Cummax/Cummin backward (rows or cols, when
+``x``, ``dy`` and ``dx`` all collapse: one pass over the three; else a record-flag
+pre-pass, on the indexed kernel where ``x`` and ``dx`` collapse, and the generic backward
+kernel). Otherwise the generic kernels: *rows* when the output's scan axis is
+contiguous (block-level tile scan), else *lines* (one thread per line, consecutive
+threads on the output's smallest-stride outer axis). Problems with few, long lines are
+split over warps or blocks in two phases through a workspace of ``workspace_size``
+bytes; pass one to ``run`` to enable the split (with ``workspace=None`` ``run`` takes
+the unsplit path: same result up to the order of the f32/f64 additions). Results are
+deterministic and bit-stable for a given layout, alignment and workspace choice.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ from ..kernels.scan import (
     CODE_CUMMIN_FIRST_FLAG,
     CODE_CUMSUM,
     CODE_EXTREMUM_BACKWARD,
+    EXTREMUM_BACKWARD_KERNELS,
     FAST_COLS_CHUNKS,
     FAST_FAMILY,
     FAST_KERNELS,
@@ -61,6 +64,7 @@ from ..kernels.scan import (
     SCAN_BACKWARD_ELEMENTS,
     SCAN_FORWARD_ELEMENTS,
     SCAN_KERNELS,
+    ExtremumBackwardKernels,
     FastKernels,
     ScanKernels,
 )
@@ -253,6 +257,32 @@ class _Geometry:
             self.fast_cols_nseg, cols_need = 1, 0
         self.workspace_size = max(self.workspace_size, rows_need, cols_need)
 
+    def extremum_backward(self, kernels: ExtremumBackwardKernels,
+                          max_workspace: int | None) -> None:
+        """Segments of the fused Cummax/Cummin backward (rows_fast's and cols_fast's
+        splits; its cols tile has its own rows per thread) and the workspace they need:
+        per (line, segment) the x aggregate, the head and tail sums (accumulators) and
+        the last record's scan index (int64)."""
+        self.ext_rows_nseg = self.fast_rows_nseg
+        self.ext_cols_nseg = self.fast_cols_nseg
+        self.ext_chunks = max(1, min(kernels.cols_chunks, -(-self.extent // kernels.col_rows)))
+        for attr in ("ext_rows_nseg", "ext_cols_nseg"):
+            need = self.extremum_workspace(getattr(self, attr))[-1]
+            if max_workspace is not None and need > max_workspace:
+                setattr(self, attr, 1)
+        self.workspace_size = max(self.workspace_size,
+                                  self.extremum_workspace(self.ext_rows_nseg)[-1],
+                                  self.extremum_workspace(self.ext_cols_nseg)[-1])
+
+    def extremum_workspace(self, nseg: int) -> tuple[int, int, int, int, int]:
+        """(offsets of ws_x, ws_h, ws_t, ws_p, total bytes) for ``nseg`` segments per
+        line (all 0 for 1 segment: no split, no workspace)."""
+        if nseg == 1:
+            return 0, 0, 0, 0, 0
+        entries = self.lines * nseg
+        a_bytes = (entries * self.acc_bytes + 15) // 16 * 16
+        return 0, a_bytes, 2 * a_bytes, 3 * a_bytes, 3 * a_bytes + 8 * entries
+
     def fast_workspace(self, nseg: int) -> int:
         """Bytes of the fast kernels' segment aggregates (one accumulator each)."""
         return 0 if nseg == 1 else (self.lines * nseg * self.acc_bytes + 15) // 16 * 16
@@ -350,10 +380,15 @@ class _ScanLauncher(Plan):
         self._fast_code = fast_code
         self._fast = FAST_KERNELS.get((FAST_FAMILY.get(fast_code, ""), element))
         # Cummax/Cummin with indices, and the record flags of their backward
-        self._indexed = INDEXED_KERNELS.get(element) \
-            if desc.kind in (ScanKind.CUMMAX, ScanKind.CUMMIN) else None
+        extremum = desc.kind in (ScanKind.CUMMAX, ScanKind.CUMMIN)
+        self._indexed = INDEXED_KERNELS.get(element) if extremum else None
+        # the fused Cummax/Cummin backward (uniform-pitch layouts)
+        self._extremum_backward = EXTREMUM_BACKWARD_KERNELS.get(element) \
+            if extremum and backward else None
+        if self._extremum_backward is not None:
+            self._geometry.extremum_backward(self._extremum_backward, max_ws)
         super().__init__(desc, _sku(desc.kind, element), pref, self._geometry.workspace_size)
-        self._bound: dict[Any, tuple[list[Any], int, int]] = {}
+        self._bound: dict[Any, tuple[Any, ...]] = {}
         if self._geometry.numel:
             for kernels in {id(k): k for k in (self._forward, self._backward) if k}.values():
                 kernels.rows.prepare()
@@ -363,6 +398,10 @@ class _ScanLauncher(Plan):
                 self._fast.cols.prepare()
             if self._indexed is not None:
                 self._indexed.rows.prepare()
+            if self._extremum_backward is not None:
+                for kernel in (self._extremum_backward.rows, self._extremum_backward.cols,
+                               self._extremum_backward.fixup):
+                    kernel.prepare()
 
     @property
     def workspace_size(self) -> int:
@@ -457,6 +496,90 @@ class _ScanLauncher(Plan):
         for bound in launches:
             bound(stream, *pointers)
         return True
+
+    def _launch_extremum_backward(self, reverse: bool, x: TensorRef, dy: TensorRef,
+                                  dx: TensorRef, stream: int, workspace: int | None) -> bool:
+        """The fused Cummax/Cummin backward if x, dy and dx collapse to [outer, extent,
+        inner] (rows: inner = 1; cols: inner >= 32); False (nothing launched) otherwise."""
+        aligned = x.ptr % 8 == 0 and dy.ptr % 8 == 0 and dx.ptr % 8 == 0
+        key = ("extremum_backward", reverse, x.strides, dy.strides, dx.strides, aligned,
+               workspace is None)
+        cache = self._bound
+        found = cache.get(key)
+        if found is None:
+            found = self._bind_extremum_backward(reverse, x, dy, dx, aligned,
+                                                 workspace is not None)
+            if len(cache) >= 64:
+                cache.clear()
+            cache[key] = found
+        launches, offsets = found
+        if not launches:
+            return False
+        ws = (0, 0, 0, 0) if workspace is None else tuple(workspace + o for o in offsets)
+        main = (x.ptr, x.ptr, dy.ptr, dy.ptr, dx.ptr, dx.ptr) + ws
+        fixup = (dx.ptr,) + ws[1:]
+        for bound, is_fixup in launches:
+            bound(stream, *(fixup if is_fixup else main))
+        return True
+
+    def _bind_extremum_backward(self, reverse: bool, x: TensorRef, dy: TensorRef,
+                                dx: TensorRef, aligned: bool, with_workspace: bool
+                                ) -> tuple[list[tuple[Any, bool]], tuple[int, ...]]:
+        geo = self._geometry
+        kernels = self._extremum_backward
+        assert kernels is not None
+        views = (x, dy, dx)
+        layout = _collapse(geo.shape, geo.axis, tuple(v.strides for v in views))
+        if layout is None:
+            return [], ()
+        per_word = kernels.per_word
+        extent, inner = geo.extent, geo.inner
+        (x_outer, x_step), (g_outer, g_step), (o_outer, o_step) = layout
+
+        def span(view: TensorRef) -> tuple[tuple[int, int], tuple[int, int]]:
+            elements = flat_span(geo.shape, view.strides)
+            return (0, elements), (0, elements * view.itemsize // 8)
+
+        (x_flat, x_words), (g_flat, g_words), (o_flat, o_words) = (span(v) for v in views)
+        if inner == 1 and extent >= _ROWS_MIN_EXTENT and x_step == g_step == o_step == 1:
+            vec = aligned and all(p % per_word == 0 for p in (x_outer, g_outer, o_outer)) \
+                and (not reverse or extent % per_word == 0)
+            nseg = geo.ext_rows_nseg if with_workspace else 1
+            seg_len, nseg = geo.fast_segments(nseg, kernels.tile)
+            geometry = [geo.lines, extent, x_outer, g_outer, o_outer, seg_len, nseg]
+            warps = FAST_ROWS_BLOCK // 32
+            grid = min(-(-geo.lines * nseg // warps), _SIM_GRID if SIMULATOR else _MAX_GRID)
+            kernel, block = kernels.rows, FAST_ROWS_BLOCK
+            ws_strides = (nseg, 1)  # [line][segment]
+        elif inner >= _FAST_MIN_INNER:
+            vec = aligned and all(v % per_word == 0 for v in (x_outer, x_step, g_outer,
+                                                                g_step, o_outer, o_step))
+            nseg = geo.ext_cols_nseg if with_workspace else 1
+            chunks = geo.ext_chunks
+            seg_len, nseg = geo.fast_segments(nseg, chunks * kernels.col_rows)
+            geometry = [geo.outer, extent, inner, x_outer, x_step, g_outer, g_step, o_outer,
+                        o_step, seg_len, nseg]
+            work = geo.outer * -(-inner // (32 * per_word)) * nseg
+            grid = min(work, _SIM_GRID if SIMULATOR else _MAX_GRID)
+            kernel, block = kernels.cols, (32, chunks)
+            ws_strides = (1, geo.lines)  # [segment][line]
+        else:
+            return [], ()
+        entries = geo.lines * nseg if nseg > 1 else 0
+        offsets = geo.extremum_workspace(nseg)[:4]
+        ws = [(0, entries)] * 4
+        code = int(self.descriptor.kind)
+        launches = []
+        for phase in ((1, 2) if nseg > 1 else (0,)):
+            args = (x_flat, x_words, g_flat, g_words, o_words, o_flat, *ws, *geometry, phase,
+                    reverse, vec, code)
+            launches.append((kernel.bind(grid, block, args), False))
+        if nseg > 1:
+            fix_grid = min(-(-entries // 256), _SIM_GRID if SIMULATOR else _MAX_GRID)
+            args = (o_flat, *ws[1:], geo.lines, nseg, *ws_strides, inner, o_outer, o_step,
+                    extent, reverse)
+            launches.append((kernels.fixup.bind(fix_grid, 256, args), True))
+        return launches, offsets
 
     def _bind_indexed(self, code: int, reverse: bool, x: TensorRef, y: TensorRef,
                       indices: TensorRef | None, aligned: bool, with_workspace: bool
@@ -704,7 +827,11 @@ class ScanBackwardPlan(_ScanLauncher):
             return
         assert self._backward is not None and x is not None
         if kind in (ScanKind.CUMMAX, ScanKind.CUMMIN):
-            # pre-pass: dx <- 1 at records of the forward scan (first occurrence), else 0
+            if self._extremum_backward is not None and self._launch_extremum_backward(
+                    desc.reverse, x, dy, dx, handle, ws):
+                return
+            # other layouts: a pre-pass writes dx <- 1 at records of the forward scan
+            # (first occurrence), else 0
             flag = CODE_CUMMAX_FIRST_FLAG if kind is ScanKind.CUMMAX \
                 else CODE_CUMMIN_FIRST_FLAG
             self._launch(self._forward, flag, desc.reverse, (x,), dx, None, handle, ws)
