@@ -62,7 +62,16 @@ from numba.types import float16
 from .._runtime import SIMULATOR
 from ..launch import Kernel, flat
 from ..types import ElementKind, ScanKind
-from .common import MAX_RANK, bf16_to_f32, f32_to_bf16, shfl_down, shfl_idx, shfl_up, shfl_xor
+from .common import (
+    MAX_RANK,
+    bf16_to_f32,
+    bitcast,
+    f32_to_bf16,
+    shfl_down,
+    shfl_idx,
+    shfl_up,
+    shfl_xor,
+)
 
 # Threads per block of the rows kernel and elements per thread per tile. Simulator: one
 # Python thread per CUDA thread, so 2 warps of 2 items (still exercises every code path).
@@ -633,42 +642,21 @@ _FAST_COLS_VALUES = 4 if SIMULATOR else 16  # values per thread per tile (rows x
 #: and chunks per cols block. Measured (H100, 2026-11-22, Cummax f32 [4096²]): rows
 #: blocked, words 4 / 2: 147.7 / 182.1 µs (striped words 4: 256.2: one warp scan per
 #: word group); cols, 8 chunks, values 4 / 8 / 16: 453.6 / 282.0 / 208.0 µs (values 8 /
-#: no register cap: 317.6). Values 16 is faster but was timed only, not run through the
-#: GPU tests: 8 stays the default until it is (docs/notes/scan.md).
-_EXTREMUM_BACKWARD_SIZES = (4, 8)
+#: no register cap: 317.6). Values 16 is the default since the lead's final GPU run
+#: (tests and the Cummax/Cummin backward rows, docs/notes/scan.md).
+_EXTREMUM_BACKWARD_SIZES = (4, 16)
 _EXTREMUM_COLS_CHUNKS = FAST_COLS_CHUNKS
 _FAST_SIZES = {"sum": (FAST_WORDS, _FAST_COLS_VALUES), "prod": (FAST_WORDS, _FAST_COLS_VALUES),
                "lse": (4, 8), "extremum": (FAST_WORDS, _FAST_COLS_VALUES)}
 
-if SIMULATOR:
-
-    @cuda.jit(device=True)
-    def _bitcast(value, target):
-        """``value``'s bits read as ``target`` (same width)."""
-        return np.asarray(value).view(np.dtype(str(target)))[()]
-
-else:
-    from numba.cuda.extending import intrinsic
-
-    @intrinsic
-    def _bitcast(typingctx, value, target):
-        """``value``'s bits read as ``target`` (same width): one LLVM bitcast."""
-        to = target.instance_type
-
-        def codegen(context, builder, signature, args):
-            return builder.bitcast(args[0], context.get_value_type(to))
-
-        return to(value, target), codegen
-
-
 @cuda.jit(device=True, inline=True)
 def _f16_from_bits(bits):
-    return _bitcast(uint16(bits), float16)
+    return bitcast(uint16(bits), float16)
 
 
 @cuda.jit(device=True, inline=True)
 def _f16_to_bits(value):
-    return uint64(_bitcast(value, uint16))
+    return uint64(bitcast(value, uint16))
 
 
 @cuda.jit(device=True, inline=True)
@@ -683,42 +671,42 @@ def _u16_to_bits(value):
 
 @cuda.jit(device=True, inline=True)
 def _f32_from_bits(bits):
-    return _bitcast(uint32(bits), float32)
+    return bitcast(uint32(bits), float32)
 
 
 @cuda.jit(device=True, inline=True)
 def _f32_to_bits(value):
-    return uint64(_bitcast(value, uint32))
+    return uint64(bitcast(value, uint32))
 
 
 @cuda.jit(device=True, inline=True)
 def _i32_from_bits(bits):
-    return _bitcast(uint32(bits), int32)
+    return bitcast(uint32(bits), int32)
 
 
 @cuda.jit(device=True, inline=True)
 def _i32_to_bits(value):
-    return uint64(_bitcast(value, uint32))
+    return uint64(bitcast(value, uint32))
 
 
 @cuda.jit(device=True, inline=True)
 def _f64_from_bits(bits):
-    return _bitcast(uint64(bits), float64)
+    return bitcast(uint64(bits), float64)
 
 
 @cuda.jit(device=True, inline=True)
 def _f64_to_bits(value):
-    return _bitcast(value, uint64)
+    return bitcast(value, uint64)
 
 
 @cuda.jit(device=True, inline=True)
 def _i64_from_bits(bits):
-    return _bitcast(uint64(bits), int64)
+    return bitcast(uint64(bits), int64)
 
 
 @cuda.jit(device=True, inline=True)
 def _i64_to_bits(value):
-    return _bitcast(value, uint64)
+    return bitcast(value, uint64)
 
 
 #: element kind -> (storage from its zero-extended bits, storage to bits)

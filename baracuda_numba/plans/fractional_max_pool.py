@@ -102,7 +102,7 @@ from ..types import (
     PoolKind,
     PrecisionGuarantee,
 )
-from .base import LayoutMemo, Plan, fail
+from .base import LayoutMemo, Plan, fail, plan_args
 
 __all__ = [
     "FRACTIONAL_MAX_POOL_ELEMENTS",
@@ -365,7 +365,7 @@ class FractionalMaxPool3dDescriptor:
                 ("w", self.w_in, self.window_w, self.w_out))
 
 
-@dataclass(frozen=True, slots=True)
+@plan_args
 class FractionalMaxPool2dFwArgs:
     """``x`` read; ``y`` and ``indices`` (int64) written; ``random_samples`` f32
     ``[N, C, 2]`` (h, w)."""
@@ -376,7 +376,7 @@ class FractionalMaxPool2dFwArgs:
     random_samples: Any
 
 
-@dataclass(frozen=True, slots=True)
+@plan_args
 class FractionalMaxPool2dBwArgs:
     """``dy`` and the forward's ``indices`` read; every element of ``dx`` written."""
 
@@ -385,7 +385,7 @@ class FractionalMaxPool2dBwArgs:
     dx: Any
 
 
-@dataclass(frozen=True, slots=True)
+@plan_args
 class FractionalMaxPool3dFwArgs:
     """As the 2-D args, ``random_samples`` f32 ``[N, C, 3]`` (d, h, w)."""
 
@@ -395,7 +395,7 @@ class FractionalMaxPool3dFwArgs:
     random_samples: Any
 
 
-@dataclass(frozen=True, slots=True)
+@plan_args
 class FractionalMaxPool3dBwArgs:
     """As the 2-D args."""
 

@@ -80,7 +80,7 @@ from ..types import (
     PrecisionGuarantee,
     ScanKind,
 )
-from .base import Plan, fail, product
+from .base import Plan, fail, plan_args, product
 
 __all__ = [
     "ScanArgs",
@@ -144,7 +144,7 @@ class ScanBackwardDescriptor:
         object.__setattr__(self, "input_shape", tuple(self.input_shape))
 
 
-@dataclass(frozen=True, slots=True)
+@plan_args
 class ScanArgs:
     """``x`` is read, ``y`` written; ``indices`` (int64, Cummax/Cummin only) optional."""
 
@@ -153,7 +153,7 @@ class ScanArgs:
     indices: Any = None
 
 
-@dataclass(frozen=True, slots=True)
+@plan_args
 class ScanBackwardArgs:
     """``dy`` is read, ``dx`` written; ``x``/``y`` are the saved forward input/output."""
 
