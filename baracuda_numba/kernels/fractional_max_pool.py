@@ -1256,13 +1256,11 @@ def _make_backward_tiled(load, store, zero, storage, tile_cap, stage_cap, fused)
         d_out, h_out, w_out = dims[5], dims[6], dims[7]
         kd, kh, kw = windows[0], windows[1], windows[2]
         hw_in = uint32(h_in * w_in)
-        plane_size = uint32(d_in * hw_in)
         out_hw = uint32(h_out * w_out)
         out_plane = uint32(d_out * out_hw)
         w_in32 = uint32(w_in)
         w_out32 = uint32(w_out)
-        tile_d, tile_h, tiles_d, tiles_h, total_tiles = (tiles[0], tiles[1], tiles[2],
-                                                         tiles[3], tiles[4])
+        total_tiles = tiles[4]
         reach_h, reach_w = tiles[5], tiles[6]
         m_d, m_h, m_w = multipliers[0], multipliers[1], multipliers[2]
         s_d, s_h, s_w = shifts[0], shifts[1], shifts[2]
@@ -1274,24 +1272,9 @@ def _make_backward_tiled(load, store, zero, storage, tile_cap, stage_cap, fused)
         _fill_candidates(w_table, int64(0), w_in, w_in, kw, w_out, m_w, s_w)
         tile = int64(cuda.blockIdx.x)
         while tile < total_tiles:
-            rest = int64(uint32(tile) // uint32(tiles_h))
-            h0 = (tile - rest * tiles_h) * tile_h
-            plane = int64(uint32(rest) // uint32(tiles_d))
-            d0 = (rest - plane * tiles_d) * tile_d
-            d1 = min(d0 + tile_d, d_in)
-            h1 = min(h0 + tile_h, h_in)
-            od_lo, _ = candidates_baracuda(d0, d_in, kd, d_out, m_d, s_d)
-            _, od_hi = candidates_baracuda(d1 - 1, d_in, kd, d_out, m_d, s_d)
-            oh_lo, _ = candidates_baracuda(h0, h_in, kh, h_out, m_h, s_h)
-            _, oh_hi = candidates_baracuda(h1 - 1, h_in, kh, h_out, m_h, s_h)
-            staged_h = uint32(oh_hi - oh_lo)
-            row_len = uint32(staged_h * w_out32)  # staged outputs per output depth
-            plane_in = uint32(plane * plane_size)
-            tile_origin = uint32(plane_in + d0 * hw_in + h0 * w_in)
-            tile_rows = uint32(h1 - h0)
-            tile_depths = uint32(d1 - d0)
-            tile_span = uint32((tile_depths - 1) * hw_in + tile_rows * w_in32)
-            depth_elems = uint32(tile_h * w_in32)  # mask slots per tile depth
+            (plane, d0, d1, h0, h1, od_lo, od_hi, oh_lo, staged_h, row_len, tile_origin,
+             tile_rows, tile_depths, tile_span, depth_elems) = _tile_box(
+                tile, tiles, dims, windows, multipliers, shifts)
             j = tid
             while j < tile_depths * depth_elems:
                 masks[j] = uint32(0)
@@ -1405,13 +1388,11 @@ def _make_backward_listed(load, store, storage, loads):
         list_at = uint32(windows[4])
         stage_from = uint32(windows[5])
         hw_in = uint32(h_in * w_in)
-        plane_size = uint32(d_in * hw_in)
         out_hw = uint32(h_out * w_out)
         out_plane = uint32(d_out * out_hw)
         w_in32 = uint32(w_in)
         w_out32 = uint32(w_out)
-        tile_d, tile_h, tiles_d, tiles_h, total_tiles = (tiles[0], tiles[1], tiles[2],
-                                                         tiles[3], tiles[4])
+        total_tiles = tiles[4]
         reach_h, reach_w = tiles[5], tiles[6]
         m_d, m_h, m_w = multipliers[0], multipliers[1], multipliers[2]
         s_d, s_h, s_w = shifts[0], shifts[1], shifts[2]
@@ -1423,24 +1404,9 @@ def _make_backward_listed(load, store, storage, loads):
         _fill_candidates(w_table, int64(0), w_in, w_in, kw, w_out, m_w, s_w)
         tile = int64(cuda.blockIdx.x)
         while tile < total_tiles:
-            rest = int64(uint32(tile) // uint32(tiles_h))
-            h0 = (tile - rest * tiles_h) * tile_h
-            plane = int64(uint32(rest) // uint32(tiles_d))
-            d0 = (rest - plane * tiles_d) * tile_d
-            d1 = min(d0 + tile_d, d_in)
-            h1 = min(h0 + tile_h, h_in)
-            od_lo, _ = candidates_baracuda(d0, d_in, kd, d_out, m_d, s_d)
-            _, od_hi = candidates_baracuda(d1 - 1, d_in, kd, d_out, m_d, s_d)
-            oh_lo, _ = candidates_baracuda(h0, h_in, kh, h_out, m_h, s_h)
-            _, oh_hi = candidates_baracuda(h1 - 1, h_in, kh, h_out, m_h, s_h)
-            staged_h = uint32(oh_hi - oh_lo)
-            row_len = uint32(staged_h * w_out32)  # staged outputs per output depth
-            plane_in = uint32(plane * plane_size)
-            tile_origin = uint32(plane_in + d0 * hw_in + h0 * w_in)
-            tile_rows = uint32(h1 - h0)
-            tile_depths = uint32(d1 - d0)
-            tile_span = uint32((tile_depths - 1) * hw_in + tile_rows * w_in32)
-            depth_elems = uint32(tile_h * w_in32)  # mask slots per tile depth
+            (plane, d0, d1, h0, h1, od_lo, od_hi, oh_lo, staged_h, row_len, tile_origin,
+             tile_rows, tile_depths, tile_span, depth_elems) = _tile_box(
+                tile, tiles, dims, windows, multipliers, shifts)
             j = tid
             while j < tile_depths * depth_elems:
                 words[j] = uint32(0)
@@ -1605,6 +1571,43 @@ def _choice_bit(target, staged, od, oh_lo, tile_origin, tile_span, hw_in, w_in,
                 bit_mask = uint32(uint32(1) << bit)
                 packed = uint32((d_rel << uint32(18)) | (h_rel << uint32(10)) | w)
     return slot, bit_mask, packed
+
+
+@cuda.jit(device=True, inline=True)
+def _tile_box(tile, tiles, dims, windows, multipliers, shifts):
+    """Geometry of dx tile ``tile`` of the tiled backward kernels: its plane, input depths
+    ``[d0, d1)`` and rows ``[h0, h1)`` (all columns), the staged output box (depths
+    ``[od_lo, od_hi)``, rows from ``oh_lo``: ``staged_h`` rows, ``row_len`` outputs per
+    output depth), the tile's flat input origin and span, its rows and depths, and the
+    mask slots per tile depth (``tile_h * w_in``). 32-bit where the kernels need it."""
+    d_in, h_in, w_in = dims[2], dims[3], dims[4]
+    d_out, h_out, w_out = dims[5], dims[6], dims[7]
+    kd, kh = windows[0], windows[1]
+    tile_d, tile_h, tiles_d, tiles_h = tiles[0], tiles[1], tiles[2], tiles[3]
+    m_d, m_h = multipliers[0], multipliers[1]
+    s_d, s_h = shifts[0], shifts[1]
+    hw_in = uint32(h_in * w_in)
+    w_in32 = uint32(w_in)
+    rest = int64(uint32(tile) // uint32(tiles_h))
+    h0 = (tile - rest * tiles_h) * tile_h
+    plane = int64(uint32(rest) // uint32(tiles_d))
+    d0 = (rest - plane * tiles_d) * tile_d
+    d1 = min(d0 + tile_d, d_in)
+    h1 = min(h0 + tile_h, h_in)
+    od_lo, _ = candidates_baracuda(d0, d_in, kd, d_out, m_d, s_d)
+    _, od_hi = candidates_baracuda(d1 - 1, d_in, kd, d_out, m_d, s_d)
+    oh_lo, _ = candidates_baracuda(h0, h_in, kh, h_out, m_h, s_h)
+    _, oh_hi = candidates_baracuda(h1 - 1, h_in, kh, h_out, m_h, s_h)
+    staged_h = uint32(oh_hi - oh_lo)
+    row_len = uint32(staged_h * uint32(w_out))  # staged outputs per output depth
+    plane_in = uint32(plane * uint32(d_in * hw_in))
+    tile_origin = uint32(plane_in + d0 * hw_in + h0 * w_in)
+    tile_rows = uint32(h1 - h0)
+    tile_depths = uint32(d1 - d0)
+    tile_span = uint32((tile_depths - 1) * hw_in + tile_rows * w_in32)
+    depth_elems = uint32(tile_h * w_in32)  # mask slots per tile depth
+    return (plane, d0, d1, h0, h1, od_lo, od_hi, oh_lo, staged_h, row_len, tile_origin,
+            tile_rows, tile_depths, tile_span, depth_elems)
 
 
 @cuda.jit(device=True, inline=True)
