@@ -977,6 +977,24 @@ def _make_rows_fast(fmt: FastFormat, words: int):
     return scan_rows_fast
 
 
+@cuda.jit(device=True, inline=True)
+def _cols_item(item, nseg, groups, width, lane, per_word, inner, vec, seg_len, extent):
+    """Work item ``item`` of the column kernels (segment-fastest, then column group, then
+    outer index): its segment, outer index, this lane's first column and how many of its
+    ``per_word`` columns exist, whether they can move as one word, and the segment's
+    ``[s_begin, s_end)`` along the scan axis."""
+    seg = item % nseg
+    rest = item // nseg
+    group = rest % groups
+    o = rest // groups
+    col = group * width + lane * per_word
+    ncols = min(per_word, inner - col)
+    wide = vec and ncols == per_word
+    s_begin = seg * seg_len
+    s_end = min(extent, s_begin + seg_len)
+    return seg, o, col, ncols, wide, s_begin, s_end
+
+
 def _make_cols_fast(fmt: FastFormat, rows: int, chunks_max: int):
     """The cols_fast kernel (see above): ``rows`` rows per thread per tile, up to
     ``chunks_max`` chunks (blockDim.y) per block."""
@@ -1003,17 +1021,10 @@ def _make_cols_fast(fmt: FastFormat, rows: int, chunks_max: int):
         parity = int64(0)
         item = int64(cuda.blockIdx.x)
         while item < outer * groups * nseg:
-            seg = item % nseg
-            rest = item // nseg
-            group = rest % groups
-            o = rest // groups
-            col = group * width + lane * per_word
-            ncols = min(per_word, inner - col)
-            wide = vec and ncols == per_word
+            seg, o, col, ncols, wide, s_begin, s_end = _cols_item(
+                item, nseg, groups, width, lane, per_word, inner, vec, seg_len, extent)
             xb = o * x_outer + col
             yb = o * y_outer + col
-            s_begin = seg * seg_len
-            s_end = min(extent, s_begin + seg_len)
             for j in range(per_word):
                 carry[j] = identity(code)
             if phase == 2:
@@ -1644,18 +1655,11 @@ def _make_cols_extremum_backward(fmt: FastFormat, rows: int, chunks_max: int):
         parity = int64(0)
         item = int64(cuda.blockIdx.x)
         while item < outer * groups * nseg:
-            seg = item % nseg
-            rest = item // nseg
-            group = rest % groups
-            o = rest // groups
-            col = group * width + lane * per_word
-            ncols = min(per_word, inner - col)
-            wide = vec and ncols == per_word
+            seg, o, col, ncols, wide, s_begin, s_end = _cols_item(
+                item, nseg, groups, width, lane, per_word, inner, vec, seg_len, extent)
             xb = o * x_outer + col
             gb = o * dy_outer + col
             ob = o * dx_outer + col
-            s_begin = seg * seg_len
-            s_end = min(extent, s_begin + seg_len)
             for j in range(per_word):
                 carry[j] = identity(code)
                 open_s[j] = -1
