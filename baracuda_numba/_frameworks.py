@@ -15,8 +15,7 @@ import numpy as np
 
 from .types import ElementKind
 
-__all__ = ["allocator", "current_stream", "device_token", "element_of", "empty",
-           "framework_of", "stream_source"]
+__all__ = ["allocator", "device_token", "element_of", "framework_of", "stream_source"]
 
 _KINDS: dict[type, str] = {}
 
@@ -107,11 +106,6 @@ def allocator(like: Any, shape: tuple[int, ...], element: ElementKind) -> Callab
     return lambda _like: cuda.device_array(shape, dtype=element.storage_dtype)
 
 
-def empty(like: Any, shape: tuple[int, ...], element: ElementKind) -> Any:
-    """An uninitialised array of ``shape``/``element`` in ``like``'s framework and device."""
-    return allocator(like, shape, element)(like)
-
-
 _RAW_STREAM: list[Any] = []
 
 
@@ -148,11 +142,6 @@ def stream_source(like: Any) -> Callable[[], Any]:
     if kind == "cupy":
         return _cupy_stream
     return _legacy_stream
-
-
-def current_stream(like: Any) -> Any:
-    """The framework's current stream for ``like``'s device (0: Numba's default stream)."""
-    return stream_source(like)()
 
 
 _DEVICE_TOKENS: dict[type, Callable[[Any], Any]] = {}
