@@ -46,7 +46,7 @@ from .driver import (
     check,
     launch_kernel,
     load_function,
-    prepared_launch,
+    pointer_launcher,
     set_max_dynamic_shared,
 )
 
@@ -66,6 +66,8 @@ _DISPATCHERS: dict[tuple[Callable[..., Any], int | None], Any] = {}
 _mode = os.environ.get("BARACUDA_LAUNCH", "direct").strip().lower()
 if _mode not in ("direct", "dispatcher"):
     raise ValueError(f"BARACUDA_LAUNCH must be 'direct' or 'dispatcher', not {_mode!r}")
+#: ``[launches go through cuLaunchKernel]``, read by every generated launcher per call
+_DIRECT = [not SIMULATOR and _mode == "direct"]
 
 #: Simulator launches cap grid-stride kernels at this many blocks of this many threads:
 #: the simulator runs one Python thread per CUDA thread (about 0.2 ms each).
@@ -89,6 +91,7 @@ def set_launch_mode(mode: str) -> None:
     if mode not in ("direct", "dispatcher"):
         raise ValueError(f"set_launch_mode: mode must be 'direct' or 'dispatcher', not {mode!r}")
     _mode = mode
+    _DIRECT[0] = not SIMULATOR and mode == "direct"
 
 
 def registered_kernels() -> list[Kernel]:
@@ -370,15 +373,17 @@ class BoundLaunch:
     """A launch of one kernel with grid, block and every non-pointer argument packed once.
 
     ``bound(stream, pointer_0, pointer_1, ...)`` writes the array pointers (in argument
-    order) into its own parameter block and calls ``cuLaunchKernel``. By default the block
-    is passed whole through ``extra`` (``CU_LAUNCH_PARAM_BUFFER_POINTER``); with
-    ``packed=False`` as one pointer per parameter. The dispatcher path rebuilds the full
-    argument list instead.
+    order) into its own parameter block and calls ``cuLaunchKernel``; ``bound.fast`` is
+    the same call as one generated function (:func:`~baracuda_numba.driver.pointer_launcher`),
+    which plans keep for their repeated ``run`` (one Python frame less). By default the
+    block is passed whole through ``extra`` (``CU_LAUNCH_PARAM_BUFFER_POINTER``); with
+    ``packed=False`` as one pointer per parameter. The dispatcher path (simulator,
+    ``set_launch_mode("dispatcher")``) rebuilds the full argument list instead.
     """
 
-    __slots__ = ("_args", "_array_positions", "_block", "_call", "_extra", "_grid",
-                 "_kernel", "_keepalive", "_lock", "_params_address", "_pointer_slots",
-                 "_shared", "_use_extra")
+    __slots__ = ("_args", "_array_positions", "_block", "_extra", "_grid", "_kernel",
+                 "_keepalive", "_lock", "_params_address", "_pointer_slots", "_shared",
+                 "_use_extra", "fast")
 
     def __init__(self, kernel: Kernel, grid: tuple[int, int, int], block: tuple[int, int, int],
                  args: tuple[Any, ...], shared_bytes: int, packed: bool | None = None) -> None:
@@ -395,12 +400,11 @@ class BoundLaunch:
         self._extra = None
         self._params_address = None
         self._keepalive: tuple[Any, ...] = ()
-        self._call: Any = None
+        self.fast: Callable[..., None] = self._dispatch
         if SIMULATOR:
             return
         kernel.prepare()
         assert kernel._function is not None
-        self._call = prepared_launch(kernel._function, grid, block, shared_bytes)
         values: list[Any] = []
         for (kind, info), value in zip(kernel._kinds, args):
             if kind == "array":
@@ -441,23 +445,32 @@ class BoundLaunch:
             self._keepalive = (buffer, pointers)
         self._pointer_slots = [ctypes.c_uint64.from_buffer(buffer, offset)
                                for offset in offsets]
+        self.fast = pointer_launcher(kernel._function, grid, block, shared_bytes,
+                                     self._params_address, self._extra, self._pointer_slots,
+                                     self._lock, _DIRECT, self._dispatch, self._failed)
 
     def __call__(self, stream: int, *pointers: int) -> None:
-        if SIMULATOR or _mode == "dispatcher":
-            args = list(self._args)
-            for position, pointer in zip(self._array_positions, pointers):
-                args[position] = (pointer, args[position][1])
-            self._kernel.launch(self._grid, self._block, stream, args, self._shared)
-            return
-        with self._lock:
-            for slot, pointer in zip(self._pointer_slots, pointers):
-                slot.value = pointer
-            code = self._call(stream, self._params_address, self._extra)
-            if code == CU_ERROR_INVALID_CONTEXT:  # first launch from a new thread
-                cuda.current_context()
-                code = self._call(stream, self._params_address, self._extra)
-        if code:
-            check(int(code), f"cuLaunchKernel({self._kernel.name})")
+        self.fast(stream, *pointers)
+
+    def _dispatch(self, stream: int, *pointers: int) -> None:
+        """The launch through Numba's dispatcher (simulator, dispatcher mode)."""
+        args = list(self._args)
+        for position, pointer in zip(self._array_positions, pointers):
+            args[position] = (pointer, args[position][1])
+        self._kernel.launch(self._grid, self._block, stream, args, self._shared)
+
+    def _failed(self, code: Any, stream: int, *pointers: int) -> None:
+        """A launch returned ``code``: the first launch from a thread without a current
+        context is retried once after making Numba's context current; else raise."""
+        if int(code) == CU_ERROR_INVALID_CONTEXT:
+            cuda.current_context()
+            with self._lock:
+                for slot, pointer in zip(self._pointer_slots, pointers):
+                    slot.value = pointer
+                code = launch_kernel(self._kernel._function, self._grid, self._block,
+                                     self._shared, stream, self._params_address or None,
+                                     self._extra or None)
+        check(int(code), f"cuLaunchKernel({self._kernel.name})")
 
 
 _PREPARE_LOCK = threading.RLock()

@@ -246,3 +246,58 @@ def test_dynamic_shared_above_48k():
     bound(0, as_mut(out, "test", "out").ptr)
     cuda.synchronize()
     np.testing.assert_array_equal(out.copy_to_host(), np.arange(n, dtype=np.float32)[::-1])
+
+
+def test_pointer_launcher_writes_pointers_then_calls_the_driver(monkeypatch):
+    """The generated launcher of BoundLaunch.fast (both driver back ends, faked): pointers
+    land in their slots before the one cuLaunchKernel call, with the launch shape and the
+    parameter block fixed at bind time; the dispatcher flag reroutes; a failing CUresult
+    goes to ``failed`` with the same arguments."""
+    import ctypes
+    import threading
+
+    from baracuda_numba import driver
+
+    calls = []
+    slots = [ctypes.c_uint64(0), ctypes.c_uint64(0)]
+
+    def cu_launch(*args):
+        calls.append((args, [s.value for s in slots]))
+        return (calls_result[0],)
+
+    class FakeBindings:
+        cuLaunchKernel = staticmethod(cu_launch)
+
+        @staticmethod
+        def CUfunction(handle):  # noqa: N802 (the driver's name)
+            return ("CUfunction", handle)
+
+    calls_result = [0]
+    rerouted, failures = [], []
+    direct = [True]
+    for backend in ("bindings", "ctypes"):
+        calls.clear()
+        if backend == "bindings":
+            monkeypatch.setattr(driver, "_bindings", lambda: FakeBindings)
+        else:
+            monkeypatch.setattr(driver, "_bindings", lambda: None)
+            monkeypatch.setattr(driver, "libcuda", lambda: type(
+                "Lib", (), {"cuLaunchKernel": staticmethod(
+                    lambda *a: cu_launch(*a)[0])})())
+        launch = driver.pointer_launcher(
+            0x1234, (3, 2, 1), (128, 1, 1), 48, 0, 0xBEEF, slots, threading.Lock(), direct,
+            lambda *a: rerouted.append(a), lambda *a: failures.append(a))
+        launch(7, 0x1000, 0x2000)
+        args, written = calls[-1]
+        function = ("CUfunction", 0x1234) if backend == "bindings" else 0x1234
+        params = 0 if backend == "bindings" else None
+        assert args == (function, 3, 2, 1, 128, 1, 1, 48, 7, params, 0xBEEF)
+        assert written == [0x1000, 0x2000]
+        calls_result[0] = 700
+        launch(9, 0x3000, 0x4000)
+        assert failures[-1] == (700, 9, 0x3000, 0x4000)
+        calls_result[0] = 0
+        direct[0] = False
+        launch(5, 1, 2)
+        assert rerouted[-1] == (5, 1, 2) and len(calls) == 2
+        direct[0] = True

@@ -107,6 +107,7 @@ class LayoutMemo:
               disjoint: tuple[tuple[int, int], ...] = ()) -> None:
         if key is None:
             return
+        launch = getattr(launch, "fast", launch)  # a BoundLaunch: its generated launcher
         if len(self._entries) >= 64:
             self._entries.clear()
         self._entries[key] = (launch, spans, disjoint)

@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -408,6 +409,18 @@ def _span_bytes(view: TensorRef) -> tuple[int, int]:
     return view.ptr, view.ptr + flat_span(view.shape, view.strides) * view.itemsize
 
 
+def _zeroing_first(launch: Callable[[int, int, int, int], None],
+                   zero_bytes: int) -> Callable[[int, int, int, int], None]:
+    """``launch`` of the leader scatter (see the kernel module): zero ``zero_bytes`` of dx
+    first, then each chosen element is written once, by the first output that chose it."""
+
+    def zero_then_launch(handle: int, dy_ptr: int, indices_ptr: int, dx_ptr: int) -> None:
+        memset_d8_async(dx_ptr, 0, zero_bytes, handle)
+        launch(handle, dy_ptr, indices_ptr, dx_ptr)
+
+    return zero_then_launch
+
+
 def _spans(*views: TensorRef) -> tuple[int, ...]:
     return tuple(flat_span(v.shape, v.strides) * v.itemsize for v in views)
 
@@ -745,14 +758,7 @@ class _FractionalMaxPoolPlan(Plan):
                 self._bound.clear()
             self._bound[key] = found
         bound, zero_bytes = found
-
-        def launch(handle: int, dy_ptr: int, indices_ptr: int, dx_ptr: int) -> None:
-            if zero_bytes:
-                # Leader scatter over the outputs (see the kernel module): zero dx, then
-                # each chosen element is written once, by the first output that chose it.
-                memset_d8_async(dx_ptr, 0, zero_bytes, handle)
-            bound(handle, dy_ptr, indices_ptr, dx_ptr)
-
+        launch = _zeroing_first(bound.fast, zero_bytes) if zero_bytes else bound.fast
         self._memo.store(memo_key, launch, _spans(dy, indices, dx), _BW_DISJOINT)
         launch(handle, dy.ptr, indices.ptr, dx.ptr)
 

@@ -231,7 +231,7 @@ class WriteSlicePlan(Plan):
             if len(self._launches) >= 64:
                 self._launches.clear()
             bound = self._launches[key] = self._bind_rows(dest, source)
-        return bound
+        return bound.fast
 
     def _bind_rows(self, dest: TensorRef, source: TensorRef) -> BoundLaunch:
         """The row-kernel launch for this layout: merge axes contiguous in both tensors,
