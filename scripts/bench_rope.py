@@ -58,6 +58,19 @@ def tables(torch: Any, positions: Any, dim: int) -> tuple[Any, Any]:
     return theta.cos(), theta.sin()
 
 
+def _row(ctx: Any, *args: Any) -> None:
+    """ctx.row, echoed to stdout (a run cut short still shows the rows measured so far)."""
+    ctx.row(*args)
+    row = ctx.rows[-1]
+    print(f"  {row['case']} {row['dtype']}: {row['us']:.2f} µs, torch {row['torch_us']}, "
+          f"{row['note']}", flush=True)
+
+
+def _note(ctx: Any, text: str) -> None:
+    ctx.notes.append(text)
+    print(f"  note: {text}", flush=True)
+
+
 def bench(ctx: Any) -> None:
     torch = ctx.torch
     compiled = {}
@@ -65,14 +78,15 @@ def bench(ctx: Any) -> None:
         try:
             compiled[pairing] = torch.compile(fn)
         except Exception as exc:  # record, keep going
-            ctx.notes.append(f"torch.compile({fn.__name__}) failed: {exc!r}")
-    only = os.environ.get("ROPE_BENCH_ONLY", "")  # e.g. "decode" or "large,decode"
-    for part, run in (("large", lambda: _large(ctx, torch, compiled)),
-                      ("decode", lambda: _decode(ctx, torch, compiled)),
-                      ("host", lambda: _host_breakdown(ctx, torch)),
-                      ("tuning", lambda: _tuning(ctx, torch))):
-        if not only or part in only.split(","):
-            run()
+            _note(ctx, f"torch.compile({fn.__name__}) failed: {exc!r}")
+    parts = {"large": lambda: _large(ctx, torch, compiled),
+             "decode": lambda: _decode(ctx, torch, compiled),
+             "host": lambda: _host_breakdown(ctx, torch),
+             "tuning": lambda: _tuning(ctx, torch)}
+    # e.g. "decode" or "decode,large": those parts, in that order
+    only = os.environ.get("ROPE_BENCH_ONLY", "")
+    for part in only.split(",") if only else parts:
+        parts[part]()
 
 
 def _time_torch(ctx: Any, fn: Any, xs: list[Any], cos: Any, sin: Any) -> float | None:
@@ -80,7 +94,7 @@ def _time_torch(ctx: Any, fn: Any, xs: list[Any], cos: Any, sin: Any) -> float |
         fn(xs[0], cos, sin)
         return ctx.time_gpu(lambda i: fn(xs[i], cos, sin), sets=len(xs))
     except Exception as exc:
-        ctx.notes.append(f"torch timing failed: {type(exc).__name__}: {str(exc)[:200]}")
+        _note(ctx, f"torch timing failed: {type(exc).__name__}: {str(exc)[:200]}")
         return None
 
 
@@ -109,28 +123,28 @@ def _large(ctx: Any, torch: Any, compiled: dict) -> None:
                 if pairing in compiled else None
             label = pairing.name.lower()
             eager_note = f"eager {eager:.0f} µs" if eager else "eager n/a"
-            ctx.row(f"fwd {list(LARGE)} {label}", name, us_fwd, moved, fused,
+            _row(ctx, f"fwd {list(LARGE)} {label}", name, us_fwd, moved, fused,
                     f"vs torch.compile; {eager_note}")
-            ctx.row(f"bwd {list(LARGE)} {label}", name, us_bwd, moved, fused_bwd,
+            _row(ctx, f"bwd {list(LARGE)} {label}", name, us_bwd, moved, fused_bwd,
                     "vs torch.compile (sin negated)")
         del xs, ys
         torch.cuda.empty_cache()
 
 
 def _tuning(ctx: Any, torch: Any) -> None:
-    """Launch-shape sweep (heads per batch, heads per thread, row blocks), f16, bf16, f32."""
+    """Registers per kernel; large shape, forward: the 8-byte unit kernels against the
+    16-byte one by heads per thread (and, f32, with registers capped at 80)."""
     from baracuda_numba.driver import function_registers
-    from baracuda_numba.kernels.rope import HEAD_BATCH, ROPE_BATCH, ROPE_KERNELS, build_rope_kernel
+    from baracuda_numba.kernels.rope import ROPE_KERNELS, build_rope_units_kernel
 
     regs = []
     for (element, layout), kernel in ROPE_KERNELS.items():
         function = kernel.prepare()._function
         if function:
             regs.append(f"{element.name}/{layout}: {function_registers(function)}")
-    ctx.notes.append("registers per thread: " + ", ".join(regs))
+    _note(ctx, "registers per thread: " + ", ".join(regs))
     batch, heads, seq, dim = LARGE
-    for name, element in (("float16", ElementKind.F16), ("bfloat16", ElementKind.BF16),
-                          ("float32", ElementKind.F32)):
+    for name, element in DTYPES:
         dtype = getattr(torch, name)
         moved = 2 * batch * heads * seq * dim * torch.empty((), dtype=dtype).element_size()
         sets = ctx.sets_for(moved)
@@ -139,27 +153,30 @@ def _tuning(ctx: Any, torch: Any) -> None:
         args = [RopeArgs(x, y) for x, y in zip(xs, ys)]
         for pairing in RopePairing:
             plan = RopePlan.select(RopeDescriptor(*LARGE, element=element, pairing=pairing))
-            layout, _ = plan._layout(*plan.can_implement(args[0])[:2])
-            default = plan._kernels[layout]
-            results = [f"layout {layout}"]
-            for head_batch in (4, 8, 16):
-                table_batch = ROPE_BATCH.get((element, layout), HEAD_BATCH)
-                plan._kernels[layout] = default if head_batch == table_batch else \
-                    build_rope_kernel(element, layout, head_batch, register=False).prepare()
-                for hpt, rows in ((8, 2048), (16, 2048), (16, 8192), (32, 8192), (32, 65535)):
-                    if hpt < head_batch:
-                        continue
-                    plan.heads_per_thread, plan.row_blocks = hpt, rows
-                    plan.retune()
-                    us = ctx.time_gpu(lambda i, p=plan, a=args: p.run(a[i]), sets=sets)
-                    results.append(f"batch={head_batch}/hpt={hpt}/rows={rows}: {us:.1f}")
-            plan._kernels[layout] = default
-            plan.heads_per_thread, plan.row_blocks = 16, 2048
-            plan.force_pairs = True
-            plan.retune()
-            us = ctx.time_gpu(lambda i, p=plan, a=args: p.run(a[i]), sets=sets)
-            results.append(f"element path: {us:.1f}")
-            ctx.notes.append(f"tuning {name} {pairing.name.lower()} fwd µs "
+            results = []
+            for units16 in (False, True):
+                plan.units16 = units16
+                plan.retune()
+                layout, _ = plan._layout(*plan.can_implement(args[0])[:2])
+                default = plan._kernels[layout]
+                caps = (None, 80) if units16 and element is ElementKind.F32 else (None,)
+                for cap in caps:
+                    plan._kernels[layout] = default if cap is None else \
+                        build_rope_units_kernel(element, layout, register=False,
+                                                max_registers=cap).prepare()
+                    for hpt in ((4, 8, 16) if units16 else (None,)):
+                        if cap is not None and hpt != 8:
+                            continue
+                        plan.unit_heads_per_thread = hpt
+                        plan.retune()
+                        us = ctx.time_gpu(lambda i, p=plan, a=args: p.run(a[i]), sets=sets)
+                        label = layout if hpt is None else f"{layout}/hpt={hpt}"
+                        if cap is not None:
+                            label += f"/regs<={cap}"
+                        results.append(f"{label}: {us:.1f}")
+                plan._kernels[layout] = default
+            plan.units16, plan.unit_heads_per_thread = None, None
+            _note(ctx, f"tuning {name} {pairing.name.lower()} fwd µs "
                              f"({moved / 1e6:.0f} MB moved): " + "; ".join(results))
         del xs, ys, args  # noqa: F821
         torch.cuda.empty_cache()
@@ -180,7 +197,7 @@ def _host_breakdown(ctx: Any, torch: Any) -> None:
         "run": lambda: plan.run(args),
         "torch.add": lambda: torch.add(x, x, out=y),
     }
-    ctx.notes.append("decode host µs/call: " + "; ".join(
+    _note(ctx, "decode host µs/call: " + "; ".join(
         f"{label} {ctx.time_host(fn, calls=5000):.2f}" for label, fn in parts.items()))
 
 
@@ -205,17 +222,24 @@ def _decode(ctx: Any, torch: Any, compiled: dict) -> None:
             plan = RopePlan.select(desc)
             args = [RopeArgs(x, y, positions) for x, y in zip(xs, ys)]
             us = ctx.time_gpu(lambda i, a=args, p=plan: p.run(a[i]), sets=sets)
-            default_hpt = plan.heads_per_thread
+            layout, _ = plan._layout(*plan.can_implement(args[0])[:2])
             sweep = []
-            for hpt in (1, 2, 4, 8, 16):
-                plan.heads_per_thread = hpt
+            for hpt in (1, 2, 4) if layout.endswith("_16B") else ():
+                plan.unit_heads_per_thread = hpt
                 plan.retune()
                 hpt_us = ctx.time_gpu(lambda i, a=args, p=plan: p.run(a[i]), sets=sets)
-                sweep.append(f"{hpt}: {hpt_us:.2f}")
-            plan.heads_per_thread = default_hpt
+                sweep.append(f"{layout}/hpt={hpt}: {hpt_us:.2f}")
+            plan.unit_heads_per_thread = None
+            plan.units16 = False
             plan.retune()
-            ctx.notes.append(f"decode {name} {pairing.name.lower()} device µs by heads per "
-                             f"thread (default {default_hpt}): " + ", ".join(sweep))
+            old_layout, _ = plan._layout(*plan.can_implement(args[0])[:2])
+            old_us = ctx.time_gpu(lambda i, a=args, p=plan: p.run(a[i]), sets=sets)
+            sweep.append(f"{old_layout} (8-byte units, {plan.heads_per_thread} heads/thread): "
+                         f"{old_us:.2f}")
+            plan.units16 = None
+            plan.retune()
+            _note(ctx, f"decode {name} {pairing.name.lower()} device µs (default "
+                             f"{us:.2f}): " + ", ".join(sweep))
             label = f"fwd decode {list(DECODE)} pos[B,1] {pairing.name.lower()}"
             host_fns[f"{label} {name}"] = lambda a=args, p=plan: p.run(a[0])
             eager = _time_torch(ctx, EAGER[pairing], xs, cos, sin)
@@ -229,10 +253,10 @@ def _decode(ctx: Any, torch: Any, compiled: dict) -> None:
             rows.append((label, name, us, moved, fused or eager, note))
     host = ctx.time_host_many(host_fns)
     torch_host = host["torch.add"]
-    ctx.notes.append(f"decode: host time of one torch.add(a, a, out=b) on {list(DECODE)} "
+    _note(ctx, f"decode: host time of one torch.add(a, a, out=b) on {list(DECODE)} "
                      f"f16: {torch_host:.2f} µs (the 1.5x target: {1.5 * torch_host:.2f} µs), "
                      "measured interleaved with the plans' runs (best of 5 rounds)")
     for label, name, us, moved, reference, note in rows:
         run_host = host[f"{label} {name}"]
-        ctx.row(label, name, us, moved, reference,
+        _row(ctx, label, name, us, moved, reference,
                 f"host {run_host:.2f} µs/run = {run_host / torch_host:.2f}x torch.add" + note)

@@ -47,6 +47,8 @@ INTERLEAVED, HALF_SPLIT = RopePairing.INTERLEAVED, RopePairing.HALF_SPLIT
 # [B, H, S, D]: heads 5 = one batch of 4 + a remainder of 1; D = 12 with R = 8 makes the
 # half-split unit path (R % 4 == 0) and a copied tail; R = 6 forces the element path.
 SHAPE = (2, 5, 3, 12) if SIMULATOR else (3, 13, 37, 72)
+# D = 32: 16-byte units of f16/bf16 (8 elements) tile D, R = 16, their halves and the tail
+SHAPE16 = (2, 5, 3, 32) if SIMULATOR else (3, 13, 37, 144)
 
 
 # -- reference ----------------------------------------------------------------------------
@@ -101,12 +103,14 @@ def expected_storage_values(y64, element):
 
 
 def run_plan(desc, x_host, positions, inverse=False, force_pairs=False, out=None,
-             heads_per_thread=None):
+             heads_per_thread=None, units16=None):
     plan = (RopeBackwardPlan if inverse else RopePlan).select(
         RopeBackwardDescriptor.of(desc) if inverse else desc)
     plan.force_pairs = force_pairs
-    if heads_per_thread is not None:
+    plan.units16 = units16
+    if heads_per_thread is not None:  # both kernels: 8-byte units and 16-byte units
         plan.heads_per_thread = heads_per_thread
+        plan.unit_heads_per_thread = heads_per_thread
         plan.retune()
     x = to_device(x_host)
     y = to_device(poisoned(x_host.shape, desc.element)) if out is None else out
@@ -116,11 +120,12 @@ def run_plan(desc, x_host, positions, inverse=False, force_pairs=False, out=None
     return to_host(y)
 
 
-def check(desc, x_host, positions, inverse=False, force_pairs=False, heads_per_thread=None):
+def check(desc, x_host, positions, inverse=False, force_pairs=False, heads_per_thread=None,
+          units16=None):
     element = desc.element
     rotary = desc.head_dim if desc.rotary_dim is None else desc.rotary_dim
     got = from_storage(run_plan(desc, x_host, positions, inverse, force_pairs,
-                                heads_per_thread=heads_per_thread), element)
+                                heads_per_thread=heads_per_thread, units16=units16), element)
     x64 = from_storage(x_host, element)
     y64, max_theta = rope_reference(x64, positions, desc.base, rotary, desc.pairing, inverse,
                                     element)
@@ -155,13 +160,17 @@ def test_matches_reference(rng, element, pairing, inverse, positions, rotary_dim
 
 @pytest.mark.parametrize("element", [F16, BF16, F32], ids=lambda e: e.name)
 @pytest.mark.parametrize("pairing", [INTERLEAVED, HALF_SPLIT], ids=lambda p: p.name)
-@pytest.mark.parametrize("heads_per_thread", [2, 3, 16])
-def test_several_heads_per_thread(rng, element, pairing, heads_per_thread):
+@pytest.mark.parametrize("heads_per_thread", [1, 2, 3, 16])
+@pytest.mark.parametrize("shape", [SHAPE, SHAPE16], ids=["D12", "D24"])
+def test_several_heads_per_thread(rng, element, pairing, heads_per_thread, shape):
     """Large shapes walk up to 16 heads per thread in batches, small ones 4 (or all their
-    heads); the last batch may be partial: every split must give the same rotation."""
-    desc = RopeDescriptor(*SHAPE, element=element, pairing=pairing, rotary_dim=8)
-    x = random_values(SHAPE, element, rng)
-    check(desc, x, make_positions("per_sequence", SHAPE, rng), heads_per_thread=heads_per_thread)
+    heads); the last batch may be partial: every split must give the same rotation. (The
+    16-byte unit kernel: full batches of 4 or 2 heads, then single heads; one head per
+    thread loads before computing the angles.)"""
+    desc = RopeDescriptor(*shape, element=element, pairing=pairing, rotary_dim=8
+                          if shape is SHAPE else 16)
+    x = random_values(shape, element, rng)
+    check(desc, x, make_positions("per_sequence", shape, rng), heads_per_thread=heads_per_thread)
 
 
 def test_heads_per_thread_follows_problem_size():
@@ -183,12 +192,104 @@ def test_element_path_matches_unit_path(rng, element, pairing):
     np.testing.assert_array_equal(units.view(np.uint8), pairs.view(np.uint8))
 
 
+@pytest.mark.parametrize("element", [F16, BF16, F32], ids=lambda e: e.name)
+@pytest.mark.parametrize("pairing", [INTERLEAVED, HALF_SPLIT], ids=lambda p: p.name)
+@pytest.mark.parametrize("rotary_dim", [None, 16], ids=["full", "R16"])
+@pytest.mark.parametrize("inverse", [False, True], ids=["forward", "backward"])
+def test_16_byte_units_match_the_other_paths(rng, element, pairing, rotary_dim, inverse):
+    """The 16-byte unit kernel, the 8-byte (or 4-byte) unit kernels and the element path
+    give the same bits (D = 32: 16-byte units tile R = 16, its half and the copied tail),
+    and they match the reference."""
+    desc = RopeDescriptor(*SHAPE16, element=element, pairing=pairing, rotary_dim=rotary_dim)
+    x = random_values(SHAPE16, element, rng)
+    positions = make_positions("per_sequence", SHAPE16, rng, high=1_000_001)
+    plan = RopePlan.select(desc)
+    plan.units16 = True
+    view = as_mut(to_device(x), "test", "x")
+    assert plan._layout(view, view)[0].endswith("_16B")
+    wide = run_plan(desc, x, positions, inverse, units16=True)
+    narrow = run_plan(desc, x, positions, inverse, units16=False)
+    pairs = run_plan(desc, x, positions, inverse, force_pairs=True)
+    np.testing.assert_array_equal(wide.view(np.uint8), narrow.view(np.uint8))
+    np.testing.assert_array_equal(wide.view(np.uint8), pairs.view(np.uint8))
+    check(desc, x, positions, inverse, units16=True)
+
+
+@pytest.mark.parametrize("element", [F16, F32], ids=lambda e: e.name)
+@pytest.mark.parametrize("pairing", [INTERLEAVED, HALF_SPLIT], ids=lambda p: p.name)
+def test_16_byte_units_in_place_and_strided(rng, element, pairing):
+    """rope_units in place on q/k views of a fused [B, S, 3, H, D] tensor (outer strides
+    in 16-byte units), v untouched; and out of place into padded strides."""
+    batch, heads, seq, dim = SHAPE16
+    fused = random_values((batch, seq, 3, heads, dim), element, rng)
+    device = to_device(fused.reshape(-1))
+    strides = (seq * 3 * heads * dim, dim, 3 * heads * dim, 1)
+    positions = make_positions("per_sequence", SHAPE16, rng)
+    desc = RopeDescriptor(*SHAPE16, element=element, pairing=pairing, rotary_dim=16)
+    plan = RopePlan.select(desc)
+    plan.units16 = True
+    for which in (0, 1):
+        view = _view(device, which * heads * dim, SHAPE16, strides)
+        assert plan._layout(view, view)[0].endswith("_16B")
+        plan.run(RopeArgs(view, view, to_device(positions)))
+    got = from_storage(to_host(device).reshape(fused.shape), element)
+    fused64 = from_storage(fused, element)
+    for which in (0, 1):
+        x64 = fused64[:, :, which].transpose(0, 2, 1, 3)
+        y64, theta = rope_reference(x64, positions, 10000.0, 16, pairing, False, element)
+        rtol, atol = tolerance(element, x64, theta)
+        assert_close(got[:, :, which].transpose(0, 2, 1, 3),
+                     expected_storage_values(y64, element), rtol, atol, f"qkv[{which}]")
+    np.testing.assert_array_equal(got[:, :, 2], fused64[:, :, 2])
+    # out of place: y with 8 elements of padding per row
+    x_host = random_values(SHAPE16, element, rng)
+    y_strides = (heads * seq * (dim + 8), dim + 8, heads * (dim + 8), 1)
+    y_dev = to_device(poisoned((batch * seq * heads * (dim + 8),), element))
+    y_view = _view(y_dev, 0, SHAPE16, y_strides)
+    x_view = as_mut(to_device(x_host), "test", "x")
+    assert plan._layout(x_view, y_view)[0].endswith("_16B")
+    plan.run(RopeArgs(x_view, y_view, to_device(positions)))
+    y_all = to_host(y_dev)
+    got = np.lib.stride_tricks.as_strided(
+        y_all, SHAPE16, tuple(s * y_all.itemsize for s in y_strides))
+    x64 = from_storage(x_host, element)
+    y64, theta = rope_reference(x64, positions, 10000.0, 16, pairing, False, element)
+    rtol, atol = tolerance(element, x64, theta)
+    assert_close(from_storage(got, element), expected_storage_values(y64, element), rtol, atol,
+                 "strided")
+    padding = y_all.reshape(batch, seq, heads, dim + 8)[..., dim:]
+    assert np.isnan(from_storage(padding, element)).all(), "padding was written"
+
+
+def test_16_byte_units_choice():
+    """f32 always; f16/bf16 only for small interleaved problems (decode), unless forced;
+    16-byte alignment, and strides and dims in whole units, are required."""
+    def layout(shape, element, offset=0, units16=None, rotary_dim=None, pairing=INTERLEAVED):
+        plan = RopePlan.select(RopeDescriptor(*shape, element=element, rotary_dim=rotary_dim,
+                                              pairing=pairing))
+        plan.units16 = units16
+        view = TensorMut(0x10000 + offset * element.byte_width, shape,
+                         contiguous_strides(shape), "<f2", element.byte_width, None)
+        return plan._layout(view, view)[0]
+
+    assert layout((64, 32, 1, 128), F16) == "interleaved_16B"
+    assert layout((64, 32, 1, 128), F16, pairing=HALF_SPLIT) == "half_split4"
+    assert layout((64, 32, 1, 128), F32, pairing=HALF_SPLIT) == "half_split_16B"
+    assert layout((8, 32, 2048, 128), F16) == "interleaved4"
+    assert layout((8, 32, 2048, 128), F16, units16=True) == "interleaved_16B"
+    assert layout((8, 32, 2048, 128), F32) == "interleaved_16B"
+    assert layout((8, 32, 2048, 128), F32, units16=False) == "interleaved"
+    assert layout((64, 32, 1, 128), F16, offset=4) == "interleaved4"  # 8-byte aligned
+    assert layout((64, 32, 1, 12), F32, rotary_dim=8) == "interleaved_16B"
+    assert layout((64, 32, 1, 12), F16, rotary_dim=8) == "interleaved4"  # 12 % 8 != 0
+
+
 @pytest.mark.parametrize("pairing, rotary_dim, offset, layout_f16, layout_f32", [
-    (INTERLEAVED, None, 0, "interleaved4", "interleaved"),
+    (INTERLEAVED, None, 0, "interleaved4", "interleaved_16B"),
     (INTERLEAVED, 6, 0, "interleaved", "interleaved"),
     (INTERLEAVED, 8, 2, "interleaved", "interleaved"),
     (INTERLEAVED, 8, 1, "pairs", "pairs"),
-    (HALF_SPLIT, 8, 0, "half_split4", "half_split"),
+    (HALF_SPLIT, 8, 0, "half_split4", "half_split_16B"),
     (HALF_SPLIT, 12, 0, "half_split", "half_split"),
     (HALF_SPLIT, 6, 0, "pairs", "pairs"),
 ])

@@ -32,8 +32,13 @@ Layouts (``ROPE_LAYOUTS``: elements per memory unit, pairs per item):
 * ``half_split`` / ``half_split4``: an item is a unit from each half, ``[w·j, w·j+w)`` and
   the same plus ``R/2``: 2 / 4 pairs, one access each.
 
+* ``interleaved_16B`` / ``half_split_16B`` (``rope_units``, f16/bf16/f32): 16-byte units
+  (``ld/st.global.v4``), threads numbered along (row, item) in memory order instead of the
+  2-D block above, a few heads per thread (one for decode-sized problems).
+
 The unit layouts need unit-aligned pointers and outer strides and a rotary dim (and copied
-tail) that units tile; the plan picks the widest that fits. Units are reinterpreted in
+tail) that units tile; the plan picks the widest that fits (and ``rope_units`` only where it
+measured faster: see ``plans/rope.py``). Units are reinterpreted in
 registers: f16 by a bit-cast intrinsic plus the hardware ``cvt``, bf16 by shifts (the RNE
 narrowing of ``common.f32_to_bf16``), f32 by bit casts.
 """
@@ -49,7 +54,7 @@ from numba.types import float16
 from .._runtime import SIMULATOR
 from ..launch import Kernel
 from ..types import ElementKind
-from .common import bf16_to_f32, bitcast, f32_to_bf16
+from .common import bf16_to_f32, bitcast, div_mod, f32_to_bf16
 
 #: Heads a thread loads before storing any (memory-level parallelism; registers bound it:
 #: see docs/notes/rope.md for the sweep).
@@ -136,6 +141,73 @@ else:
     @cuda.jit(device=True, inline=True)
     def _exp2_64(value):
         return libdevice.exp2(value)
+
+
+#: A 16-byte memory unit in registers: four 32-bit words (``ld/st.global.v4.u32``).
+WORDS4 = types.UniTuple(uint32, 4)
+
+if SIMULATOR:
+
+    @cuda.jit(device=True, inline=True)
+    def load16(array, index):
+        """Words ``index .. index+3`` of a uint32 array (``index`` a multiple of 4)."""
+        return (array[index], array[index + 1], array[index + 2], array[index + 3])
+
+    @cuda.jit(device=True, inline=True)
+    def store16(array, index, words):
+        """Store the four words of ``words`` at ``index .. index+3``."""
+        array[index] = words[0]
+        array[index + 1] = words[1]
+        array[index + 2] = words[2]
+        array[index + 3] = words[3]
+
+else:
+
+    def _address(context, builder, array_type, array, index_type, index):
+        ary = context.make_array(array_type)(context, builder, array)
+        offset = context.cast(builder, index, index_type, types.int64)
+        return builder.ptrtoint(builder.gep(ary.data, [offset]), ir.IntType(64))
+
+    @intrinsic
+    def load16(typingctx, array, index):
+        """``ld.global.v4.u32``: words ``index .. index+3`` of a uint32 array in one 16-byte
+        access (the address must be 16-byte aligned). Numba has no 16-byte scalar type; its
+        8-byte accesses reached 97 % of torch's copy_ on 537 MB where 16-byte ones reach
+        100 % (H100, 2026-11-22, scripts/probe_rope_f32.py). Volatile: the loads stay in
+        program order before the stores that follow (in place, a repeated head is read
+        before it is written)."""
+
+        def codegen(context, builder, signature, args):
+            address = _address(context, builder, signature.args[0], args[0],
+                               signature.args[1], args[1])
+            word = ir.IntType(32)
+            fnty = ir.FunctionType(ir.LiteralStructType([word] * 4), [ir.IntType(64)])
+            asm = ir.InlineAsm(fnty, "ld.global.v4.u32 {$0, $1, $2, $3}, [$4];",
+                               "=r,=r,=r,=r,l", side_effect=True)
+            loaded = builder.call(asm, [address])
+            return context.make_tuple(builder, WORDS4,
+                                      [builder.extract_value(loaded, i) for i in range(4)])
+
+        return WORDS4(array, index), codegen
+
+    @intrinsic
+    def store16(typingctx, array, index, words):
+        """``st.global.v4.u32``: the four words of ``words`` at ``index .. index+3``."""
+
+        def codegen(context, builder, signature, args):
+            address = _address(context, builder, signature.args[0], args[0],
+                               signature.args[1], args[1])
+            word_types = signature.args[2]  # any tuple of 4 integers: cast to u32 words
+            values = [context.cast(builder, builder.extract_value(args[2], i), word_types[i],
+                                   uint32) for i in range(4)]
+            word = ir.IntType(32)
+            fnty = ir.FunctionType(ir.VoidType(), [ir.IntType(64)] + [word] * 4)
+            asm = ir.InlineAsm(fnty, "st.global.v4.u32 [$0], {$1, $2, $3, $4};",
+                               "l,r,r,r,r", side_effect=True)
+            builder.call(asm, [address] + values)
+            return context.get_dummy_value()
+
+        return types.void(array, index, words), codegen
 
 
 # -- per element kind: how a unit of two elements is unpacked and packed -----------------
@@ -499,3 +571,260 @@ def _build() -> dict[tuple[ElementKind, str], Kernel]:
 
 #: (element kind, layout) -> Kernel, for every layout the element kind has units for.
 ROPE_KERNELS = _build()
+
+
+# -- 16-byte units, one thread per (row, item) ---------------------------------------------
+#
+# ``rope_units``: every access is one 16-byte ``ld/st.global.v4`` (4 f32 or 8 f16/bf16
+# elements); an *item* is one unit (interleaved: 2 or 4 pairs) or a unit from each half
+# (half-split: 4 or 8 pairs). Threads are numbered along (row = (b, s), item) in memory
+# order, so a block covers 256 consecutive units of each of its heads (4 KB: contiguous in a
+# contiguous tensor), and each thread walks a few heads (``heads_per_thread``, a launch
+# parameter: 1 for decode-sized problems, where the one head's load is issued before the
+# angles are computed so the trig overlaps it). No grid-stride in practice: the grid covers
+# the problem (the loops only serve grids that do not).
+
+
+@cuda.jit(device=True, inline=True)
+def _unpack16_f32(unit):
+    return (_bits_as_f32(unit[0]), _bits_as_f32(unit[1]), _bits_as_f32(unit[2]),
+            _bits_as_f32(unit[3]))
+
+
+@cuda.jit(device=True, inline=True)
+def _pack16_f32(values):
+    return (_f32_as_bits(values[0]), _f32_as_bits(values[1]), _f32_as_bits(values[2]),
+            _f32_as_bits(values[3]))
+
+
+@cuda.jit(device=True, inline=True)
+def _unpack16_f16(unit):
+    a0, a1 = _unpack_f16x2(unit[0])
+    a2, a3 = _unpack_f16x2(unit[1])
+    a4, a5 = _unpack_f16x2(unit[2])
+    a6, a7 = _unpack_f16x2(unit[3])
+    return a0, a1, a2, a3, a4, a5, a6, a7
+
+
+@cuda.jit(device=True, inline=True)
+def _pack16_f16(values):
+    return (_pack_f16x2(values[0], values[1]), _pack_f16x2(values[2], values[3]),
+            _pack_f16x2(values[4], values[5]), _pack_f16x2(values[6], values[7]))
+
+
+@cuda.jit(device=True, inline=True)
+def _unpack16_bf16(unit):
+    a0, a1 = _unpack_bf16x2(unit[0])
+    a2, a3 = _unpack_bf16x2(unit[1])
+    a4, a5 = _unpack_bf16x2(unit[2])
+    a6, a7 = _unpack_bf16x2(unit[3])
+    return a0, a1, a2, a3, a4, a5, a6, a7
+
+
+@cuda.jit(device=True, inline=True)
+def _pack16_bf16(values):
+    return (_pack_bf16x2(values[0], values[1]), _pack_bf16x2(values[2], values[3]),
+            _pack_bf16x2(values[4], values[5]), _pack_bf16x2(values[6], values[7]))
+
+
+@cuda.jit(device=True, inline=True)
+def _rotate_interleaved4(v, sins, coss):
+    a0, b0 = rotate_pair(v[0], v[1], sins[0], coss[0])
+    a1, b1 = rotate_pair(v[2], v[3], sins[1], coss[1])
+    return a0, b0, a1, b1
+
+
+@cuda.jit(device=True, inline=True)
+def _rotate_interleaved8(v, sins, coss):
+    a0, b0 = rotate_pair(v[0], v[1], sins[0], coss[0])
+    a1, b1 = rotate_pair(v[2], v[3], sins[1], coss[1])
+    a2, b2 = rotate_pair(v[4], v[5], sins[2], coss[2])
+    a3, b3 = rotate_pair(v[6], v[7], sins[3], coss[3])
+    return a0, b0, a1, b1, a2, b2, a3, b3
+
+
+@cuda.jit(device=True, inline=True)
+def _rotate_half4(a, b, sins, coss):
+    a0, b0 = rotate_pair(a[0], b[0], sins[0], coss[0])
+    a1, b1 = rotate_pair(a[1], b[1], sins[1], coss[1])
+    a2, b2 = rotate_pair(a[2], b[2], sins[2], coss[2])
+    a3, b3 = rotate_pair(a[3], b[3], sins[3], coss[3])
+    return (a0, a1, a2, a3), (b0, b1, b2, b3)
+
+
+@cuda.jit(device=True, inline=True)
+def _rotate_half8(a, b, sins, coss):
+    a0, b0 = rotate_pair(a[0], b[0], sins[0], coss[0])
+    a1, b1 = rotate_pair(a[1], b[1], sins[1], coss[1])
+    a2, b2 = rotate_pair(a[2], b[2], sins[2], coss[2])
+    a3, b3 = rotate_pair(a[3], b[3], sins[3], coss[3])
+    a4, b4 = rotate_pair(a[4], b[4], sins[4], coss[4])
+    a5, b5 = rotate_pair(a[5], b[5], sins[5], coss[5])
+    a6, b6 = rotate_pair(a[6], b[6], sins[6], coss[6])
+    a7, b7 = rotate_pair(a[7], b[7], sins[7], coss[7])
+    return (a0, a1, a2, a3, a4, a5, a6, a7), (b0, b1, b2, b3, b4, b5, b6, b7)
+
+
+#: Named fields of ``rope_units``' int64 parameter tuple; offsets and strides count 16-byte
+#: units.
+ROPE_UNIT_PARAMS = ("rows", "seq_len", "num_heads", "heads_per_thread", "head_groups",
+                    "items_per_row", "rot_items", "partner", "copy_offset", "x_b", "x_h",
+                    "x_s", "y_b", "y_h", "y_s", "pos_b", "pos_s", "has_positions",
+                    "rotary_dim", "inverse")
+
+#: layout -> half-split pairing?  (the 16-byte unit layouts of ``rope_units``)
+ROPE_UNIT_LAYOUTS = {"interleaved_16B": False, "half_split_16B": True}
+
+#: Heads loaded before any is stored in ``rope_units`` (full batches; the rest one by one),
+#: per layout: 4 loads in flight per thread either way. Registers (ptxas sm_90): half-split
+#: f32 at a batch of 4 needed 164 (one 256-thread block per SM) and spilled under a cap of 80.
+UNIT_HEAD_BATCH = {"interleaved_16B": 4, "half_split_16B": 2}
+
+
+def _make_rope_units_kernel(half: bool, elements: int, unpack, pack, batch: int):
+    """``rope_units`` body for 16-byte units of ``elements`` elements."""
+    pairs = elements if half else elements // 2
+
+    if half:
+        rotate = _rotate_half8 if elements == 8 else _rotate_half4
+
+        @cuda.jit(device=True, inline=True)
+        def load_item(x, unit, partner, firsts, seconds, k):
+            first = load16(x, uint64(unit * 4))
+            second = load16(x, uint64((unit + partner) * 4))
+            for w in range(4):
+                firsts[k, w] = first[w]
+                seconds[k, w] = second[w]
+
+        @cuda.jit(device=True, inline=True)
+        def store_item(y, unit, partner, firsts, seconds, k, sins, coss):
+            ya, yb = rotate(unpack((firsts[k, 0], firsts[k, 1], firsts[k, 2], firsts[k, 3])),
+                            unpack((seconds[k, 0], seconds[k, 1], seconds[k, 2],
+                                    seconds[k, 3])), sins, coss)
+            store16(y, uint64(unit * 4), pack(ya))
+            store16(y, uint64((unit + partner) * 4), pack(yb))
+
+    else:
+        rotate = _rotate_interleaved8 if elements == 8 else _rotate_interleaved4
+
+        @cuda.jit(device=True, inline=True)
+        def load_item(x, unit, partner, firsts, seconds, k):
+            first = load16(x, uint64(unit * 4))
+            for w in range(4):
+                firsts[k, w] = first[w]
+
+        @cuda.jit(device=True, inline=True)
+        def store_item(y, unit, partner, firsts, seconds, k, sins, coss):
+            values = unpack((firsts[k, 0], firsts[k, 1], firsts[k, 2], firsts[k, 3]))
+            store16(y, uint64(unit * 4), pack(rotate(values, sins, coss)))
+
+    @cuda.jit(device=True, inline=True)
+    def copy_load(x, unit, firsts, k):
+        first = load16(x, uint64(unit * 4))
+        for w in range(4):
+            firsts[k, w] = first[w]
+
+    @cuda.jit(device=True, inline=True)
+    def copy_store(y, unit, firsts, k):
+        store16(y, uint64(unit * 4), (firsts[k, 0], firsts[k, 1], firsts[k, 2], firsts[k, 3]))
+
+    @cuda.jit(device=True, inline=True)
+    def rotate_heads(x, y, x_unit, y_unit, x_h, y_h, heads, partner, pos, item, rotary_dim,
+                     log2_base, inverse, sins, coss, firsts, seconds):
+        h = int64(0)
+        single = heads < batch
+        if single:  # its load is in flight while the angles are computed
+            load_item(x, x_unit, partner, firsts, seconds, 0)
+        for p in range(pairs):
+            sins[p], coss[p] = rope_sincos32(
+                pos, rope_inv_freq(item * pairs + p, rotary_dim, log2_base), inverse)
+        if single:
+            store_item(y, y_unit, partner, firsts, seconds, 0, sins, coss)
+            h = 1
+        while heads - h >= batch:
+            for k in range(batch):
+                load_item(x, x_unit + (h + k) * x_h, partner, firsts, seconds, k)
+            for k in range(batch):
+                store_item(y, y_unit + (h + k) * y_h, partner, firsts, seconds, k, sins, coss)
+            h += batch
+        while h < heads:
+            load_item(x, x_unit + h * x_h, partner, firsts, seconds, 0)
+            store_item(y, y_unit + h * y_h, partner, firsts, seconds, 0, sins, coss)
+            h += 1
+
+    @cuda.jit(device=True, inline=True)
+    def copy_heads(x, y, x_unit, y_unit, x_h, y_h, heads, firsts):
+        h = int64(0)
+        while heads - h >= batch:
+            for k in range(batch):
+                copy_load(x, x_unit + (h + k) * x_h, firsts, k)
+            for k in range(batch):
+                copy_store(y, y_unit + (h + k) * y_h, firsts, k)
+            h += batch
+        while h < heads:
+            copy_load(x, x_unit + h * x_h, firsts, 0)
+            copy_store(y, y_unit + h * y_h, firsts, 0)
+            h += 1
+
+    def rope_units(x, y, positions, params, log2_base):
+        """Threads along (row, item) over x (grid-stride), head groups over y (grid-stride);
+        ``params`` holds the ``ROPE_UNIT_PARAMS`` fields; x and y are uint32 views."""
+        (rows, seq_len, num_heads, heads_per_thread, groups, items_per_row, rot_items,
+         partner, copy_offset, x_b, x_h, x_s, y_b, y_h, y_s, pos_b, pos_s, has_positions,
+         rotary_dim, inverse) = params
+        work = rows * items_per_row
+        g = int64(cuda.threadIdx.x) + int64(cuda.blockIdx.x) * int64(cuda.blockDim.x)
+        g_step = int64(cuda.blockDim.x) * int64(cuda.gridDim.x)
+        sins = cuda.local.array(pairs, float32)
+        coss = cuda.local.array(pairs, float32)
+        firsts = cuda.local.array((batch, 4), uint32)
+        seconds = cuda.local.array((batch, 4), uint32)
+        while g < work:
+            row, item = div_mod(g, items_per_row)
+            b, s = div_mod(row, seq_len)
+            x_row = b * x_b + s * x_s
+            y_row = b * y_b + s * y_s
+            group = int64(cuda.blockIdx.y)
+            while group < groups:
+                head0 = group * heads_per_thread
+                heads = min(num_heads - head0, heads_per_thread)
+                if item < rot_items:
+                    pos = positions[uint64(b * pos_b + s * pos_s)] if has_positions else s
+                    rotate_heads(x, y, x_row + head0 * x_h + item, y_row + head0 * y_h + item,
+                                 x_h, y_h, heads, partner, pos, item, rotary_dim, log2_base,
+                                 inverse, sins, coss, firsts, seconds)
+                else:
+                    unit = copy_offset + item - rot_items
+                    copy_heads(x, y, x_row + head0 * x_h + unit, y_row + head0 * y_h + unit,
+                               x_h, y_h, heads, firsts)
+                group += int64(cuda.gridDim.y)
+            g += g_step
+
+    return rope_units
+
+
+#: element kind -> (unpack, pack, elements per 16-byte unit)
+ROPE_UNIT_TABLE = {
+    ElementKind.F16: (_unpack16_f16, _pack16_f16, 8),
+    ElementKind.BF16: (_unpack16_bf16, _pack16_bf16, 8),
+    ElementKind.F32: (_unpack16_f32, _pack16_f32, 4),
+}
+
+
+def build_rope_units_kernel(element: ElementKind, layout: str, register: bool = True,
+                            max_registers: int | None = None) -> Kernel:
+    """The ``rope_units`` kernel of ``ROPE_UNIT_TABLE[element]`` for ``layout``
+    (benchmarks build unregistered variants with a register cap)."""
+    unpack, pack, elements = ROPE_UNIT_TABLE[element]
+    body = _make_rope_units_kernel(ROPE_UNIT_LAYOUTS[layout], elements, unpack, pack,
+                                   UNIT_HEAD_BATCH[layout])
+    words = _flat_c(uint32)
+    signature = (words, words, _flat_c(int64), types.UniTuple(int64, len(ROPE_UNIT_PARAMS)),
+                 float64)
+    suffix = f",regs{max_registers}" if max_registers else ""
+    return Kernel(f"rope_units[{element.name},{layout}{suffix}]", body, signature,
+                  grid_stride=True, register=register, max_registers=max_registers)
+
+
+ROPE_KERNELS.update({(element, layout): build_rope_units_kernel(element, layout)
+                     for element in ROPE_UNIT_TABLE for layout in ROPE_UNIT_LAYOUTS})

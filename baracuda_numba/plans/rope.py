@@ -85,6 +85,28 @@ _MIN_THREADS = 1 << 17
 _MIN_HEADS_PER_THREAD = 4
 
 
+# The 16-byte unit kernel (``rope_units``): threads numbered along (row, item) in memory
+# order, _UNIT_HEADS_PER_THREAD heads each, halved while fewer than _MIN_THREADS threads
+# would exist (decode: one head per thread, its load overlapping the angle computation).
+# H100, 2026-11-22, [8,32,2048,128] f32 forward, µs by heads per thread 1/2/4/8/16:
+# interleaved 360.8/247.1/184.4/183.7/186.1 (8-byte kernel 190.1), half-split
+# 293.4/213.4/190.4/186.5/187.3 (188.4). f16/bf16 large: 98.3-102.2 at 8-16 vs 95.6-97.9
+# for the 8-byte kernels, so f16/bf16 use it only for small interleaved problems (decode
+# [64,32,1,128], device µs: f16 5.44 vs 6.34, bf16 5.41 vs 6.08; half-split 6.53 vs
+# 6.53 / 5.89, not taken). Registers capped at 64 or 80: no gain (f32 hpt 4: 185.5 / 186.1).
+_UNIT_HEADS_PER_THREAD = 8
+_UNITS16_MAX_HALF_ELEMENTS = 1 << 22
+
+
+def _unit_heads_per_thread(threads_per_head: int, heads: int) -> int:
+    """_UNIT_HEADS_PER_THREAD heads per thread, fewer (down to 1) while the launch would
+    have fewer than _MIN_THREADS threads."""
+    per_thread = min(heads, _UNIT_HEADS_PER_THREAD) or 1
+    while per_thread > 1 and threads_per_head * -(-heads // per_thread) < _MIN_THREADS:
+        per_thread //= 2
+    return per_thread
+
+
 def _heads_per_thread(rows: int, heads: int, dim: int) -> int:
     """16 heads per thread, fewer (not below 4) while the launch would have fewer than
     _MIN_THREADS threads (a row has about dim / 8 items in the unit layouts)."""
@@ -203,6 +225,10 @@ class _RopeBase(Plan):
         self.heads_per_thread = _heads_per_thread(batch * seq, heads, dim)
         self.row_blocks = _ROW_BLOCKS
         self.force_pairs = False  # tests: take the element path even when units would do
+        #: 16-byte unit kernel: None = automatic (f32; small interleaved f16/bf16)
+        self.units16: bool | None = None
+        #: heads per thread of the 16-byte unit kernel (None: from the problem size)
+        self.unit_heads_per_thread: int | None = None
         self._spans: dict[tuple[int, ...], int] = {}
         self._launches: dict[tuple, Any] = {}
         self._memo: dict[tuple, Any] = {}  # torch layout key -> (launch, x span, y span)
@@ -312,6 +338,17 @@ class _RopeBase(Plan):
         for stride in x.strides[:3] + y.strides[:3]:
             outer |= stride
         if not self.force_pairs:
+            units16 = self.units16
+            if units16 is None:
+                units16 = (self.descriptor.element is ElementKind.F32
+                           or (not half
+                               and math.prod(self._shape) <= _UNITS16_MAX_HALF_ELEMENTS))
+            width = 16 // self._itemsize
+            layout = "half_split_16B" if half else "interleaved_16B"
+            if (units16 and layout in kernels and pointers % 16 == 0 and outer % width == 0
+                    and (dim - rotary) % width == 0
+                    and rotary % (2 * width if half else width) == 0):
+                return layout, width
             for width in (4, 2):
                 layout = ("half_split" if half else "interleaved") + ("4" if width == 4 else "")
                 if (layout in kernels and pointers % (width * self._itemsize) == 0
@@ -329,6 +366,8 @@ class _RopeBase(Plan):
         in_place = x.ptr == y.ptr and x.strides == y.strides
         layout, width = self._layout(x, y)
         kernel = self._kernels[layout]
+        if layout.endswith("_16B"):
+            return self._configure_units16(kernel, x, y, pos, width, in_place)
         if width == 1:
             items, rot_items, copy_offset = dim // 2, rotary // 2, rotary
             pair_step, partner = (1, rotary // 2) if self._half_split else (2, 1)
@@ -364,6 +403,40 @@ class _RopeBase(Plan):
         return kernel.bind(grid, (block_x, block_y),
                            ((0, x_extent), (0, y_extent), (0, pos_extent), params,
                             self._log2_base))
+
+    def _configure_units16(self, kernel: Any, x: TensorRef, y: TensorMut,
+                           pos: TensorRef | None, width: int, in_place: bool) -> Any:
+        """Bound launch of ``rope_units`` (``width`` elements per 16-byte unit): threads
+        along (row, item) in memory order, head groups along grid.y."""
+        batch, heads, seq, dim = self._shape
+        rotary = self._rotary
+        if self._half_split:  # an item: a unit from each half
+            rot_items, partner = rotary // (2 * width), rotary // (2 * width)
+        else:
+            rot_items, partner = rotary // width, 0
+        copy_offset = rotary // width
+        items = rot_items if in_place else rot_items + (dim - rotary) // width
+        if items == 0:
+            return None  # in place with nothing to rotate
+        threads_per_head = self._rows * items
+        hpt = self.unit_heads_per_thread or _unit_heads_per_thread(threads_per_head, heads)
+        grid = (min(-(-threads_per_head // _BLOCK), (1 << 31) - 1),
+                min(-(-heads // hpt), 65535))
+        if pos is None:
+            pos_extent, pos_b, pos_s, has_pos = 0, 0, 0, 0
+        else:
+            pos_extent = flat_span(pos.shape, pos.strides)
+            pos_b, pos_s = pos.strides if len(pos.shape) == 2 else (0, pos.strides[0])
+            has_pos = 1
+        x_words = 4 * -(-flat_span(x.shape, x.strides) // width)
+        y_words = 4 * -(-flat_span(y.shape, y.strides) // width)
+        xs = tuple(stride // width for stride in x.strides[:3])
+        ys = tuple(stride // width for stride in y.strides[:3])
+        params = ((self._rows, seq, heads, hpt, -(-heads // hpt), items, rot_items, partner,
+                   copy_offset)
+                  + xs + ys + (pos_b, pos_s, has_pos, rotary, self._inverse))
+        return kernel.bind(grid, _BLOCK, ((0, x_words), (0, y_words), (0, pos_extent), params,
+                                          self._log2_base))
 
 
 class RopePlan(_RopeBase):
