@@ -317,6 +317,7 @@ class _RopeBase(Plan):
         launch = self._launches.get(key)
         if launch is None:
             launch = self._configure(x, y, pos)
+            launch = getattr(launch, "fast", launch)  # a BoundLaunch: its generated launcher
             if len(self._launches) > 64:
                 self._launches.clear()
             self._launches[key] = launch
