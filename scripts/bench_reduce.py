@@ -62,6 +62,12 @@ def _compile_everything() -> None:
 def bench(ctx: Any) -> None:
     torch = ctx.torch
     only = os.environ.get("REDUCE_BENCH_ONLY", "")  # e.g. "float32" or "SUM,MAX"
+    # REDUCE_BENCH_SHAPES="4096x4096:1,1000000x64:0" limits the shapes and axes;
+    # REDUCE_BENCH_PASSES="backward" (or "forward") limits the rows to one direction.
+    shapes = os.environ.get("REDUCE_BENCH_SHAPES", "")
+    passes = os.environ.get("REDUCE_BENCH_PASSES", "forward,backward")
+    wanted = {(tuple(int(n) for n in item.split(":")[0].split("x")), int(item.split(":")[1]))
+              for item in shapes.split(",") if item}
     # REDUCE_BENCH_WAIT_FOR=FILE: compile first, then wait until FILE exists (other work on
     # the GPU, such as the test suite, has finished) and re-measure the copy ceiling.
     wait_for = os.environ.get("REDUCE_BENCH_WAIT_FOR")
@@ -82,6 +88,8 @@ def bench(ctx: Any) -> None:
             continue
         dtype = getattr(torch, dtype_name)
         for shape, axis in SHAPES:
+            if wanted and (shape, axis) not in wanted:
+                continue
             started = time.perf_counter()
             numel = shape[0] * shape[1]
             nbytes = numel * element.byte_width
@@ -92,7 +100,8 @@ def bench(ctx: Any) -> None:
             out_bytes = nbytes // shape[axis]
             label = f"{list(shape)} axis {axis}"
             for kind, fn in FORWARD.items():
-                if only and kind.name not in only and dtype_name not in only:
+                if only and kind.name not in only and dtype_name not in only \
+                        or "forward" not in passes:
                     continue
                 plan = ReducePlan.select(ReduceDescriptor(kind, shape, axis, element))
                 y = torch.empty(out_shape, device="cuda", dtype=dtype)
@@ -104,7 +113,8 @@ def bench(ctx: Any) -> None:
                                       warmup=3, iters=20)
                 ctx.row(f"{kind.name} {label}", dtype_name, ours, nbytes + out_bytes, theirs)
             for kind, fn in ARG.items():
-                if only and kind.name not in only and dtype_name not in only:
+                if only and kind.name not in only and dtype_name not in only \
+                        or "forward" not in passes:
                     continue
                 arg = ArgReducePlan.select(ArgReduceDescriptor(kind, shape, axis, element))
                 idx = torch.empty(out_shape, device="cuda", dtype=torch.int64)
@@ -119,7 +129,8 @@ def bench(ctx: Any) -> None:
             x = xs[0]
             dx = torch.empty_like(x)
             for kind, fn in FORWARD.items():
-                if only and kind.name not in only and dtype_name not in only:
+                if only and kind.name not in only and dtype_name not in only \
+                        or "backward" not in passes:
                     continue
                 xg = x.detach().requires_grad_(True)
                 out = fn(xg, axis)
@@ -155,9 +166,10 @@ def bench(ctx: Any) -> None:
                      f"{host_us:.1f} µs (torch.sum: {torch_host_us:.1f} µs).")
     ctx.notes.append("Forward bytes = x read + y written; gradient bytes = dx written + dy "
                      "read (+ the saved x and y for every kind but Sum/Mean). The Var/Std and "
-                     "Max/Min gradients read x twice (statistic, then gradient: fused in one "
-                     "kernel when the rows fill the GPU, else a statistic pass into the "
-                     "workspace); the byte count counts x once, as the issue's target does.")
+                     "Max/Min gradients read x once where each line fits in one block's "
+                     "registers ([4096, 4096] both axes, [1e6, 64] axis 1), else twice "
+                     "(statistic, then gradient: [256, 1e6], [1e6, 64] axis 0); the byte "
+                     "count counts x once, as the issue's target does.")
     ctx.notes.append("torch's Sum gradient is dy.expand(...): a view, no memory written, so "
                      "its time is autograd's host overhead; this plan writes dx.")
     ctx.notes.append("Workspace passed (split reductions); torch times its own kernels "

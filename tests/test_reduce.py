@@ -471,7 +471,8 @@ def test_backward_matches_numpy(kind, element, shape, axis, rng):
 def test_backward_statistic_paths_agree(kind, rng):
     """Few long rows: the statistic pass + split gradient (workspace) and the fused
     single-pass gradient (workspace=None) give the same dx."""
-    shape = (EDGE_LENGTHS[1] * 6,) if SIMULATOR else (2_000_000,)
+    # odd extent: the word rows kernel, not the register-resident one (whole words only)
+    shape = (EDGE_LENGTHS[1] * 6 + 1,) if SIMULATOR else (2_000_001,)
     x = to_storage(rng.integers(-3, 4, size=shape) * 0.5, E.F32) if kind in (K.MAX, K.MIN) \
         else random_values(shape, E.F32, rng)
     y = saved_output(kind, x, 0, E.F32)
@@ -671,6 +672,97 @@ def test_word_access_backward(kind, element, layout, rng):
         needs_stat = kind in (K.MAX, K.MIN, K.VAR, K.STD)
         assert chosen == ("generic" if access == "cols" and needs_stat and not workspace
                           else access), what
+
+
+# -- register-resident gradient (Max/Min, Var/Std of lines that fit in one block) --------
+# Word-aligned rows whose extent is a whole number of words take the kernel that holds the
+# row in registers (access "reg"): one warp or less per row, several warps per row, padded
+# rows; column layouts whose strip of columns fits in a block take "reg_cols"; the other
+# layouts must fall back to the word rows / columns kernels ("rows", "cols").
+
+
+def _reg_layouts(width: int) -> dict:
+    """name -> (base shape, index into the base, reduce axis, expected access with a
+    workspace; "cols" falls back to "generic" without one)."""
+    warps = 260 * width  # 260 words: 64 lanes, two warps per row in the simulator's block
+    every = (slice(None), slice(None))
+    layouts = {
+        "reg_rows": ((5, 16), every, 1, "reg"),
+        "reg_padded": ((3, 20), (slice(None), slice(0, 16)), 1, "reg"),
+        "reg_warps": ((2, warps), every, 1, "reg"),
+        "odd_extent": ((3, 18), (slice(None), slice(0, 17)), 1, "rows"),
+        "row_phase": ((3, 17), (slice(None), slice(0, 16)), 1, "rows"),
+        "unaligned": ((3, 17), (slice(None), slice(1, 17)), 1, "rows"),
+        "two_out_dims": ((2, 3, 16), (slice(None), slice(0, 2), slice(None)), 2, "rows"),
+        # columns: 16 row lanes x 4 column words per 64-thread block (two warps) in the
+        # simulator; 128 row lanes x 8 column words per 1024-thread block on the GPU
+        "reg_cols": ((160, 16) if SIMULATOR else (1100, 32), every, 0, "reg_cols"),
+        "cols_padded": ((160, 24) if SIMULATOR else (1100, 40), (slice(None), slice(0, 16)),
+                        0, "reg_cols"),
+        "cols_short": ((20, 16), every, 0, "cols"),  # < 8 rows per thread
+        "cols_long": ((300, 8), every, 0, "cols"),  # more rows than the block holds (sim)
+    }
+    if not SIMULATOR:  # a row per 256-thread block (8 words per lane), and one word more;
+        # 4096 rows x 4 column words per 1024-thread block, and one row more
+        layouts["reg_block"] = ((3, 2048 * width), every, 1, "reg")
+        layouts["too_long"] = ((3, 2049 * width), every, 1, "rows")
+        layouts["cols_block"] = ((4096, 64), every, 0, "reg_cols")
+        layouts["cols_4097"] = ((4097, 32), every, 0, "cols")
+    return layouts
+
+
+_REG_LAYOUT_NAMES = list(_reg_layouts(2))
+
+
+@IEEE_SPECIALS
+@pytest.mark.parametrize("layout", _REG_LAYOUT_NAMES, ids=str)
+@pytest.mark.parametrize("element", WORD_ELEMENTS, ids=lambda e: e.name)
+@pytest.mark.parametrize("kind", [K.MAX, K.MIN, K.VAR, K.STD], ids=lambda k: k.name)
+def test_register_resident_backward(kind, element, layout, rng):
+    """dx against float64 with ties (Max/Min), a NaN line (Max/Min: no position equals the
+    saved NaN, so the line is NaN) or an inf (Var/Std; NaN on the fallback) in one line,
+    correction 0 on the padded layouts; with and without a workspace (the same kernel for
+    "reg*" layouts: bit-identical), bit-identical on a rerun; padding untouched."""
+    width = 2 if element is E.F32 else 4
+    base_shape, index, axis, access = _reg_layouts(width)[layout]
+    correction = 0 if layout in ("reg_padded", "cols_padded") else 1
+    first_row = (0,) * (len(base_shape) - 1)
+    if kind in (K.MAX, K.MIN):
+        base = rng.integers(-3, 4, size=base_shape) * 0.5
+        base[first_row + (3,)] = np.nan
+    else:
+        base = rng.uniform(-2.0, 2.0, size=base_shape)
+        # the sum -> mean of the registers gives torch's x - inf = -inf; the word rows
+        # kernel's Welford mean is NaN for a row with an inf (inf - inf in its merge)
+        base[first_row + (5,)] = np.inf if access.startswith("reg") else np.nan
+    base = to_storage(base, element)
+    shape = np.empty(base_shape)[index].shape
+    x_host = np.ascontiguousarray(base[index])
+    y = saved_output(kind, x_host, axis, element, correction)
+    dy = random_values(y.shape, element, rng)
+    expected = backward_reference(kind, from_storage(dy, element), from_storage(x_host, element),
+                                  from_storage(y, element), axis, correction)
+    results = []
+    for workspace in (True, False, True):
+        dx_base = poisoned(base_shape, element)
+        dx = device_view(dx_base, index, shape, element)
+        desc = ReduceBackwardDescriptor(kind, shape, axis, element, correction)
+        plan = ReduceBackwardPlan.select(desc)
+        ws = to_device(np.zeros(plan.workspace_size, np.uint8)) \
+            if plan.workspace_size and workspace else None
+        plan.run(ReduceBackwardArgs(to_device(dy), dx, device_view(base, index, shape, element),
+                                    to_device(y)), workspace=ws)
+        what = f"{kind.name} backward {element.name} {layout} workspace={workspace}"
+        got = storage_of(dx, element)
+        check_backward(from_storage(got, element), expected, element, what)
+        chosen = next(iter(plan._launches.values()))[1][0]
+        assert chosen == ("generic" if access == "cols" and not workspace else access), what
+        results.append(got.tobytes())
+        if layout.endswith("padded") and SIMULATOR:  # the padding columns stay poisoned
+            assert np.all(np.isnan(from_storage(dx_base[:, 16:], element))), what
+    assert results[0] == results[2], f"{kind.name} {layout}: not deterministic"
+    if access.startswith("reg"):  # the same kernel with and without a workspace
+        assert results[0] == results[1], f"{kind.name} {layout}: workspace changed dx"
 
 
 # -- rejections (raised before anything is written) ---------------------------------------

@@ -1,5 +1,6 @@
 """baracuda-check cases for the reduce family: every kind x element x (forward, gradient,
-arg) x (last axis, first axis), against NumPy float64."""
+arg) x (last axis, first axis), and the Max/Min/Var/Std gradients on lines that the
+register-resident kernels hold, against NumPy float64."""
 
 from __future__ import annotations
 
@@ -37,6 +38,12 @@ from . import CheckCase
 K = ReduceKind
 _SIM_SHAPES = [((3, 37), 1), ((37, 3), 0)]
 _GPU_SHAPES = [((64, 4099), 1), ((4099, 64), 0)]
+# Max/Min/Var/Std gradients whose lines fit in one block's registers (rows of whole words,
+# strips of columns): the register-resident kernels, for the element kinds with word access
+_REG_KINDS = (K.MAX, K.MIN, K.VAR, K.STD)
+_REG_ELEMENTS = (ElementKind.F16, ElementKind.BF16, ElementKind.F32)
+_REG_SIM_SHAPES = [((5, 16), 1), ((160, 16), 0)]
+_REG_GPU_SHAPES = [((64, 4096), 1), ((4096, 64), 0)]
 _INTS = (ElementKind.I32, ElementKind.I64)
 
 
@@ -191,4 +198,10 @@ def cases(simulator: bool) -> list[CheckCase]:
                 out.append(CheckCase("reduce", "ArgReducePlan", element.name,
                                      f"{kind.name} {label}",
                                      _arg_case(kind, element, shape, axis)))
+    for shape, axis in _REG_SIM_SHAPES if simulator else _REG_GPU_SHAPES:
+        for kind in _REG_KINDS:
+            for element in _REG_ELEMENTS:
+                out.append(CheckCase("reduce", "ReduceBackwardPlan", element.name,
+                                     f"{kind.name} {shape} axis {axis} (register-resident)",
+                                     _backward_case(kind, element, shape, axis)))
     return out

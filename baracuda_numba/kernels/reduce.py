@@ -40,6 +40,14 @@ states into ``y``; 3 merge partial states into workspace slot 0 (gradient statis
 
 The gradient kernel uses the same layout (no cross-lane step): every output position
 loads ``dy`` (and ``y``/a statistic) once, then writes its ``extent`` elements of ``dx``.
+The Max/Min (tie count) and Var/Std (mean) gradients of lines that fit in one block's
+registers read ``x`` once: the register-resident kernels load the line as 8-byte words
+into registers, reduce the statistic across the lanes (fixed order), then write ``dx``
+from the registers (rows: ``reduce_backward_rows_reg``; strips of columns:
+``reduce_backward_cols_reg``, 1024-thread blocks)::
+
+    rows    lane l of a row holds words l, l + L, ..., (<= 8 per lane, L <= 256 lanes)
+    columns thread t holds column word t % C of rows t // C + u * (1024 / C), u < 16
 """
 
 from __future__ import annotations
@@ -65,6 +73,7 @@ from .common import (
     min_nan_f32,
     nan_max,
     nan_min,
+    shfl_idx,
     shfl_xor,
 )
 
@@ -1537,6 +1546,238 @@ def _make_backward_cols_vec(kind: ReduceKind, element: ElementKind) -> Callable[
     return reduce_backward_cols_vec
 
 
+# -- the register-resident gradient (Max/Min, Var/Std of rows that fit on chip) ----------
+# The statistic needs the whole row before the first dx value: the lanes of a row load its
+# words once into registers (at most VEC_LOADS per lane), reduce the statistic (tie count
+# or sum -> mean) across the lanes and write dx from the same registers, so x is read from
+# memory once (2 passes: x read, dx written) instead of 3 (statistic, then gradient).
+
+
+def _make_backward_rows_reg(kind: ReduceKind, element: ElementKind) -> Callable[..., None]:
+    ops = GRAD_OPS[kind]
+    spec = ELEMENTS[element]
+    vec = VECTOR[element]
+    ACC = spec.acc
+    load, store = spec.load, spec.store
+    unpack, bits, store_word = vec.unpack, vec.bits, vec.store_word
+    W, LOG_W = vec.width, vec.log_width
+    BITS = 64 // W
+    coefficient, element_fn = ops.coefficient, ops.element
+    READS_Y = ops.reads_y
+    STAT_TIES = ops.stat == "ties"
+    WARPS = SHARED_SLOTS // 32  # most warps of one block
+    PARTIALS = 2 * WARPS  # two buffers: one barrier per group
+
+    def reduce_backward_rows_reg(dy, xv, y, dx, dxv, out_numel, extent, row_words, dy_stride,
+                                 y_stride, log2_lanes, param):
+        """The Max/Min (tie count: ``count = #(x == y)``) or Var/Std (``mean = sum(x) /
+        extent``) gradient of ``out_numel`` word-aligned contiguous rows of ``extent``
+        elements (a multiple of W, at most ``lanes * VEC_LOADS`` words), ``row_words`` words
+        apart in both ``x`` and ``dx``: ``lanes = 2**log2_lanes`` lanes per row
+        (consecutive threads) hold the row's words in registers, lane ``l`` the words ``l +
+        u * lanes``; the per-lane totals meet in an xor-shuffle butterfly (every lane gets
+        the same value), then, for rows wider than a warp, the warps' totals in shared
+        memory in warp order (a fixed order: deterministic)."""
+        # in-row indices are 32-bit (a row holds at most 256 * VEC_LOADS words) and lanes
+        # is a power of two. Registers (ptxas, sm_90): 45-51, 4-5 resident blocks per SM;
+        # with 64-bit index math 89-91 (2 blocks): Max f32 [4096, 4096] 98 µs vs 49.5.
+        # Capped at 40 (6 blocks, 0-32 bytes spilled): 52.0 / 209.8 µs vs 49.5 / 195.8
+        # uncapped ([4096, 4096] / [1e6, 64] f32, H100, 2026-11-22): no cap.
+        tid = uint32(cuda.threadIdx.x)
+        log_lanes = uint32(log2_lanes)
+        lanes = uint32(1) << log_lanes
+        lane = tid & (lanes - uint32(1))
+        slot = tid >> log_lanes
+        slots = uint32(cuda.blockDim.x) >> log_lanes
+        row_warps = lanes >> uint32(5)  # > 1: the row spans several warps
+        partial = cuda.shared.array(PARTIALS, ACC)
+        words = cuda.local.array(VEC_LOADS, uint64)
+        values = cuda.local.array(W, ACC)
+        nvec = uint32(extent >> LOG_W)
+        # words of the row this lane holds (the same for every row)
+        mine = uint32(uint32(nvec + lanes - uint32(1) - lane) >> log_lanes) if lane < nvec \
+            else uint32(0)
+        parity = uint32(0)
+        group = int64(cuda.blockIdx.x)
+        while group * slots < out_numel:  # uniform across the block
+            o = group * slots + slot
+            valid = o < out_numel
+            g = load(dy, o * dy_stride) if valid else ACC(0)
+            yv = load(y, o * y_stride) if READS_Y and valid else g
+            at = uint64(o * row_words) + uint64(lane)
+            held = mine if valid else uint32(0)
+            for u in range(VEC_LOADS):  # every load of the row in flight at once
+                if u < held:
+                    words[u] = xv[at + uint64(uint32(u) << log_lanes)]
+            total = ACC(0)
+            for u in range(VEC_LOADS):
+                if u < held:
+                    unpack(words[u], values, 0)
+                    for e in range(W):
+                        if STAT_TIES:
+                            total += ACC(1) if values[e] == yv else ACC(0)
+                        else:
+                            total += values[e]
+            width = min(lanes, uint32(32)) >> uint32(1)
+            while width >= uint32(1):  # a + b == b + a: both lanes of a pair get the same sum
+                total += shfl_xor(total, width)
+                width = uint32(width >> uint32(1))
+            if row_warps > uint32(1):
+                if tid & uint32(31) == uint32(0):
+                    partial[uint32(parity * uint32(WARPS) + (tid >> uint32(5)))] = total
+                cuda.syncthreads()
+                first = uint32(parity * uint32(WARPS) + slot * row_warps)
+                total = partial[first]
+                for w in range(1, row_warps):
+                    total += partial[uint32(first + uint32(w))]
+                parity = uint32(parity ^ uint32(1))
+            mean = g
+            count = int64(0)
+            if STAT_TIES:
+                count = int64(total)
+            else:
+                mean = total / ACC(extent)
+            cf = ACC(coefficient(g, yv, mean, count, param))
+            for u in range(VEC_LOADS):
+                if u < held:
+                    unpack(words[u], values, 0)
+                    w = uint64(0)
+                    for e in range(W):
+                        w |= bits(store(element_fn(cf, values[e], yv, mean))) \
+                            << uint64(e * BITS)
+                    store_word(dx, dxv, at + uint64(uint32(u) << log_lanes), w, 0)
+            group += cuda.gridDim.x
+
+    return reduce_backward_rows_reg
+
+
+#: Rows (words) each thread of the column register-resident gradient holds, and its block:
+#: a 1024-thread block holds 4096 rows of a 32-byte strip of columns (128 KB of registers).
+REG_COL_WORDS = 16
+REG_COLS_BLOCK = 64 if SIMULATOR else 1024
+#: (column word, element) pairs of one tile at most: one warp lane per pair in the combine.
+_REG_COL_PAIRS = 32
+
+
+def _make_backward_cols_reg(kind: ReduceKind, element: ElementKind) -> Callable[..., None]:
+    ops = GRAD_OPS[kind]
+    spec = ELEMENTS[element]
+    vec = VECTOR[element]
+    ACC = spec.acc
+    load, store = spec.load, spec.store
+    unpack, bits, store_word = vec.unpack, vec.bits, vec.store_word
+    W, LOG_W = vec.width, vec.log_width
+    BITS = 64 // W
+    coefficient, element_fn = ops.coefficient, ops.element
+    READS_Y = ops.reads_y
+    STAT_TIES = ops.stat == "ties"
+    SLOTS = REG_COLS_BLOCK // 32 * _REG_COL_PAIRS  # one buffer of warp partials
+    PARTIALS = 2 * SLOTS
+
+    def reduce_backward_cols_reg(dy, xv, y, dx, dxv, out_numel, extent, axis_words,
+                                 dy_stride, y_stride, log2_cw, param):
+        """The Max/Min or Var/Std gradient (statistic as ``reduce_backward_rows_reg``) in
+        the column layout: ``x`` and ``dx`` are ``extent`` rows of ``out_numel`` contiguous
+        outputs, ``axis_words`` words apart (word aligned). A block owns ``cw = 2**log2_cw``
+        consecutive words of outputs (a strip of columns) over every row: thread ``t``
+        holds column word ``t % cw`` of rows ``t // cw + u * (block / cw)``, u <
+        REG_COL_WORDS, in registers. The column totals meet in xor shuffles within each
+        warp, then every warp adds the warps' partials from shared memory in warp order
+        (fixed order: deterministic) and broadcasts them by shuffles."""
+        tid = uint32(cuda.threadIdx.x)
+        log_cw = uint32(log2_cw)
+        cws = uint32(1) << log_cw
+        cw = tid & (cws - uint32(1))
+        rl = tid >> log_cw
+        row_lanes = uint32(cuda.blockDim.x) >> log_cw
+        pairs = cws * uint32(W)
+        log_pairs = log_cw + uint32(LOG_W)
+        lane = tid & uint32(31)
+        warp = tid >> uint32(5)
+        warps = uint32(cuda.blockDim.x) >> uint32(5)
+        out_words = out_numel >> LOG_W
+        rows = uint32(extent)
+        mine = uint32(uint32(rows + row_lanes - uint32(1) - rl) // row_lanes) if rl < rows \
+            else uint32(0)
+        step = uint64(row_lanes) * uint64(axis_words)
+        partial = cuda.shared.array(PARTIALS, ACC)
+        words = cuda.local.array(REG_COL_WORDS, uint64)
+        values = cuda.local.array(W, ACC)
+        totals = cuda.local.array(W, ACC)
+        ys = cuda.local.array(W, ACC)
+        cfs = cuda.local.array(W, ACC)
+        means = cuda.local.array(W, ACC)
+        parity = uint32(0)
+        group = int64(cuda.blockIdx.x)
+        while group * cws < out_words:  # uniform across the block
+            ow = group * cws + cw
+            valid = ow < out_words
+            held = mine if valid else uint32(0)
+            at = uint64(rl) * uint64(axis_words) + uint64(ow)
+            for u in range(REG_COL_WORDS):  # every load of the strip in flight at once
+                if u < held:
+                    words[u] = xv[at + uint64(u) * step]
+            for e in range(W):
+                o = (ow << LOG_W) + e
+                cfs[e] = load(dy, o * dy_stride) if valid else ACC(0)
+                ys[e] = load(y, o * y_stride) if READS_Y and valid else ACC(0)
+                totals[e] = ACC(0)
+            for u in range(REG_COL_WORDS):
+                if u < held:
+                    unpack(words[u], values, 0)
+                    for e in range(W):
+                        if STAT_TIES:
+                            totals[e] += ACC(1) if values[e] == ys[e] else ACC(0)
+                        else:
+                            totals[e] += values[e]
+            buffer = parity * uint32(SLOTS)
+            for e in range(W):  # the row lanes of a warp (lane bits >= log_cw)
+                total = totals[e]
+                width = uint32(16)
+                while width >= cws:
+                    total += shfl_xor(total, width)
+                    width = uint32(width >> uint32(1))
+                if lane < cws:
+                    partial[uint32(buffer + warp * pairs + cw * uint32(W) + uint32(e))] = total
+            cuda.syncthreads()
+            # every warp: lane -> pair lane % pairs, adding warps lane // pairs + k * parts
+            pair = lane & (pairs - uint32(1))
+            parts = uint32(32) >> log_pairs
+            total = ACC(0)
+            w = lane >> log_pairs
+            while w < warps:
+                total += partial[uint32(buffer + w * pairs + pair)]
+                w = uint32(w + parts)
+            width = uint32(16)
+            while width >= pairs:
+                total += shfl_xor(total, width)
+                width = uint32(width >> uint32(1))
+            for e in range(W):  # lane p < pairs holds pair p's total
+                totals[e] = shfl_idx(total, cw * uint32(W) + uint32(e))
+            parity = uint32(parity ^ uint32(1))
+            for e in range(W):
+                g = cfs[e]
+                mean = g
+                count = int64(0)
+                if STAT_TIES:
+                    count = int64(totals[e])
+                else:
+                    mean = totals[e] / ACC(extent)
+                cfs[e] = ACC(coefficient(g, ys[e], mean, count, param))
+                means[e] = mean
+            for u in range(REG_COL_WORDS):
+                if u < held:
+                    unpack(words[u], values, 0)
+                    packed = uint64(0)
+                    for e in range(W):
+                        packed |= bits(store(element_fn(cfs[e], values[e], ys[e], means[e]))) \
+                            << uint64(e * BITS)
+                    store_word(dx, dxv, at + uint64(u) * step, packed, 0)
+            group += cuda.gridDim.x
+
+    return reduce_backward_cols_reg
+
+
 # -- the kernel tables -------------------------------------------------------------------
 
 _TUPLE8 = types.UniTuple(int64, 8)
@@ -1649,4 +1890,36 @@ REDUCE_BACKWARD_COLS_VEC_KERNELS: dict[tuple[ReduceKind, ElementKind], Kernel] =
         f"reduce_backward_cols_vec[{_kind_name(kind)},{element.name.lower()}]",
         _make_backward_cols_vec(kind, element), _vec_backward_cols_signature(element))
     for element in VECTOR for kind in GRAD_OPS
+}
+
+
+def _reg_backward_signature(element: ElementKind) -> tuple[types.Type, ...]:
+    spec = ELEMENTS[element]
+    arr = flat(spec.storage)
+    words = flat(uint64)
+    return (arr, words, arr, arr, words, int64, int64, int64, int64, int64, int32, float64)
+
+
+#: Gradient kinds with a per-row statistic (Max/Min: tie count, Var/Std: mean).
+STAT_GRAD_KINDS = tuple(kind for kind, ops in GRAD_OPS.items() if ops.stat is not None)
+
+#: (kind, element) -> register-resident gradient of word-aligned rows that fit in the
+#: registers of one block (x read once).
+REDUCE_BACKWARD_ROWS_REG_KERNELS: dict[tuple[ReduceKind, ElementKind], Kernel] = {
+    (kind, element): Kernel(
+        f"reduce_backward_rows_reg[{_kind_name(kind)},{element.name.lower()}]",
+        _make_backward_rows_reg(kind, element), _reg_backward_signature(element))
+    for element in VECTOR for kind in STAT_GRAD_KINDS
+}
+
+
+#: (kind, element) -> register-resident gradient in the column layout (strips of columns
+#: over at most REG_COL_WORDS * REG_COLS_BLOCK / 4 rows). 1024-thread blocks: at most 64
+#: registers.
+REDUCE_BACKWARD_COLS_REG_KERNELS: dict[tuple[ReduceKind, ElementKind], Kernel] = {
+    (kind, element): Kernel(
+        f"reduce_backward_cols_reg[{_kind_name(kind)},{element.name.lower()}]",
+        _make_backward_cols_reg(kind, element), _reg_backward_signature(element),
+        max_registers=64)
+    for element in VECTOR for kind in STAT_GRAD_KINDS
 }

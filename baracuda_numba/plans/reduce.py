@@ -32,9 +32,14 @@ Workspace: a reduction with few outputs splits the axis across blocks and merges
 partial states in a second launch (deterministic, no atomics); ``workspace_size`` is
 what the largest split needs. ``run(..., workspace=None)`` is always accepted for the
 forward plans and falls back to a single pass (one block per output group). The Max,
-Min, Var and Std gradients need a per-output statistic (tie count / mean): with enough
-rows to fill the GPU, or with ``workspace=None``, the gradient kernel reduces it itself
-(the row is re-read from cache); otherwise a statistic pass writes it to the workspace.
+Min, Var and Std gradients need a per-output statistic (tie count / mean): where each
+line fits in one block's registers (word-aligned rows of up to 2048 words, or strips of
+at least 4 column words over at most 4096 rows) a register-resident kernel reads ``x``
+once (statistic and dx from the same registers; the mean is ``sum / n`` there, so a row
+with an inf gives torch's ``x - inf`` rather than the Welford mean's NaN); otherwise, with
+enough rows to fill the GPU or with ``workspace=None``, the gradient kernel reduces it
+itself (the row is re-read from cache); otherwise a statistic pass writes it to the
+workspace (few long lines: 3 passes over memory).
 """
 
 from __future__ import annotations
@@ -54,12 +59,16 @@ from ..kernels.reduce import (
     FORWARD_KINDS,
     GRAD_KERNEL_KIND,
     KIND_OPS,
+    REDUCE_BACKWARD_COLS_REG_KERNELS,
     REDUCE_BACKWARD_COLS_VEC_KERNELS,
     REDUCE_BACKWARD_KERNELS,
+    REDUCE_BACKWARD_ROWS_REG_KERNELS,
     REDUCE_BACKWARD_ROWS_VEC_KERNELS,
     REDUCE_COLS_VEC_KERNELS,
     REDUCE_KERNELS,
     REDUCE_ROWS_VEC_KERNELS,
+    REG_COL_WORDS,
+    REG_COLS_BLOCK,
     TIES,
     VEC_LOADS,
     VECTOR,
@@ -147,9 +156,17 @@ _VEC_MIN_BATCHES = 1 if SIMULATOR else 4
 _VEC_WORDS_PER_LANE = VEC_LOADS * 8
 _VEC_WARP_ROW_WORDS = 512
 
+# Register-resident gradient: words per lane of rows that fit in a warp. (H100,
+# 2026-11-22, Max/Var gradients: f32 [1e6, 64] (32 words) 8 lanes x 4 words 182 µs vs 4 x 8
+# 196-210; bf16 [1e6, 64] (16 words) 4 x 4 97-105 µs vs 8 x 2 116-150; bf16 [4096, 4096]
+# (1024 words) 128 x 8 28.5-30.1 µs vs 256 x 4 32.4-37.8.)
+_REG_SHORT_WORDS = 4
+
 #: How a layout is read: the generic strided kernels, or word access along contiguous
-#: rows (reduce axis stride 1) or contiguous outputs (column layout).
-GENERIC, ROWS, COLS = "generic", "rows", "cols"
+#: rows (reduce axis stride 1) or contiguous outputs (column layout); REG / REG_COLS: the
+#: Max/Min/Var/Std gradient of word-aligned rows / strips of columns held in registers (x
+#: read once).
+GENERIC, ROWS, COLS, REG, REG_COLS = "generic", "rows", "cols", "reg", "reg_cols"
 
 
 def _pow2_at_least(n: int) -> int:
@@ -197,6 +214,29 @@ def _fused_rows_vec_geometry(out_numel: int, extent: int, width: int) -> _Geomet
     lanes = min(_BLOCK, max(_pow2_at_least(-(-words // VEC_LOADS)), _MIN_ROW_LANES))
     groups = max(1, -(-out_numel // (_BLOCK // lanes)))
     return _Geometry(lanes, True, 1, words + 1, groups)
+
+
+def _reg_lanes(extent: int, width: int) -> int:
+    """Lanes per row of the register-resident gradient (a power of two, at least 4: a
+    32-byte sector per row and load): about _REG_SHORT_WORDS words per lane while the row
+    fits in a warp that way, else up to VEC_LOADS; 0 when the row does not fit in one
+    block."""
+    words = extent // width
+    per_lane = _REG_SHORT_WORDS if words <= 32 * _REG_SHORT_WORDS else VEC_LOADS
+    lanes = max(_pow2_at_least(-(-words // per_lane)), _MIN_ROW_LANES)
+    return lanes if lanes <= _BLOCK else 0
+
+
+def _cols_reg_log_cw(extent: int, width: int) -> int:
+    """log2 of the column words per block of the column register-resident gradient, or -1
+    where it does not apply: a strip of at least 4 words (32 bytes per row), at most 32
+    (word, element) pairs, every row in the block's registers (REG_COL_WORDS per thread)
+    and at least 8 rows per thread on average (shorter columns keep the statistic pass)."""
+    row_lanes = _pow2_at_least(-(-extent // REG_COL_WORDS))
+    cw = min(REG_COLS_BLOCK // row_lanes, 32 // width)
+    if cw < 4 or extent < 8 * (REG_COLS_BLOCK // cw):
+        return -1
+    return cw.bit_length() - 1
 
 
 def _cols_vec_geometry(out_numel: int, extent: int, width: int, max_splits: int) -> _Geometry:
@@ -690,6 +730,8 @@ def _gradient_runner(launch: tuple[Any, Any], ws_ptr: int) -> Any:
         if access == ROWS:  # elements and the same bytes as words (x and dx share a phase)
             bound(handle, dy_ptr, x_ptr, x_ptr & ~7, y_ptr, dx_ptr, dx_ptr & ~7, stat_acc,
                   stat_k)
+        elif access in (REG, REG_COLS):  # x as words, dx as elements and words (aligned)
+            bound(handle, dy_ptr, x_ptr, y_ptr, dx_ptr, dx_ptr)
         elif access == COLS:  # x as (aligned) words, dx as elements and words
             bound(handle, dy_ptr, x_ptr, y_ptr, dx_ptr, dx_ptr, stat_acc, stat_k)
         else:
@@ -841,8 +883,20 @@ class ReduceBackwardPlan(Plan):
             pointers = (dx.ptr,) if x is None else (dx.ptr, x.ptr)
             access = _word_access(element, None, extent, row_layout, out_shape, out_strides,
                                   dx.strides[axis], pointers)
-            if access == COLS and self._stat_kind is not None and not with_workspace:
-                access = GENERIC  # the column word kernel reads its statistic
+            if access == COLS and self._stat_kind is not None:
+                log_cw = _cols_reg_log_cw(extent, VECTOR[element].width)
+                if log_cw >= 0:
+                    return None, (REG_COLS, self._bind_reg(dy, dx, y, out_strides, log_cw,
+                                                           dx.strides[axis]))
+                if not with_workspace:
+                    access = GENERIC  # the column word kernel reads its statistic
+        if access == ROWS and self._stat_kind is not None:
+            width = VECTOR[element].width
+            lanes = _reg_lanes(extent, width)
+            if lanes and dx.ptr % 8 == 0 and extent % width == 0 and len(out_shape) <= 1 \
+                    and all(s % width == 0 for s in out_strides[0]):
+                return None, (REG, self._bind_reg(dy, dx, y, out_strides,
+                                                  lanes.bit_length() - 1, None))
         if access == ROWS:
             width = VECTOR[element].width
             geometry = _rows_vec_geometry(self._out_numel, extent, width, 1 << 16)
@@ -912,3 +966,31 @@ class ReduceBackwardPlan(Plan):
              geometry.lanes, int(geometry.row_layout), geometry.chunk_len, self._param,
              int(fused)))
         return stat, (GENERIC, gradient)
+
+    def _bind_reg(self, dy: TensorRef, dx: TensorMut, y: TensorRef | None,
+                  out_strides: list[tuple[int, ...]], log2_lanes: int,
+                  axis_stride: int | None) -> Any:
+        """The register-resident gradient: rows (``axis_stride`` None: at most one collapsed
+        output dim, word aligned, extent a whole number of words, x and dx in the same
+        layout) of ``2**log2_lanes`` lanes each, or strips of ``2**log2_lanes`` column
+        words (COLS layouts, ``axis_stride`` = the axis stride of x and dx)."""
+        element = self.descriptor.element
+        assert y is not None
+        width = VECTOR[element].width
+        grad_kind = GRAD_KERNEL_KIND.get(self.descriptor.kind, self.descriptor.kind)
+        if axis_stride is None:
+            kernel = REDUCE_BACKWARD_ROWS_REG_KERNELS[(grad_kind, element)]
+            block = _BLOCK
+            groups = -(-self._out_numel // (_BLOCK >> log2_lanes))
+        else:
+            kernel = REDUCE_BACKWARD_COLS_REG_KERNELS[(grad_kind, element)]
+            block = REG_COLS_BLOCK
+            groups = -(-self._out_numel // (width << log2_lanes))
+        dx_view = (0, flat_span(dx.shape, dx.strides))
+        words = (0, -(-dx_view[1] * element.byte_width // 8))
+        dx_s, _, y_s, dy_s = [s[0] if s else 0 for s in out_strides]
+        stride_words = (dx_s if axis_stride is None else axis_stride) // width
+        return kernel.bind(min(groups, _MAX_GRID_X), block, (
+            (0, flat_span(dy.shape, dy.strides)), words, (0, flat_span(y.shape, y.strides)),
+            dx_view, _dx_words(words), self._out_numel, self._extent, stride_words, dy_s, y_s,
+            log2_lanes, self._param))
