@@ -10,7 +10,8 @@ with indices: + 8 bytes per element).
 parallel worker processes (``scripts/precompile.py --only scan`` compiles all of them,
 the fast kernels included). ``SCAN_BENCH=quick`` runs the target cases and tuning runs
 only; ``SCAN_BENCH=extremum_backward`` the Cummax/Cummin backward cases
-(``extremum_backward_tuning``: with the fused kernel's tile variants).
+(``extremum_backward_tuning``: with the fused kernel's tile variants);
+``SCAN_BENCH=two_byte`` the cases of the 2-byte paths (packed cols kernel, staged indices).
 """
 
 from __future__ import annotations
@@ -220,9 +221,41 @@ def _extremum_backward_cases(ctx: Any, tuning: bool = True) -> None:
                  fused=fused, note=note)
 
 
+def _two_byte_cases(ctx: Any) -> None:
+    """``SCAN_BENCH=two_byte``: the cases of the packed 2-byte cols kernel (Cumsum,
+    Cumprod, Cummax values, LogCumsumExp and the Cumsum backward along axis 0) and of the
+    indexed rows kernel's staged indices (Cummax/Cummin with indices along the last
+    axis), with f32 for reference."""
+    triples = (("float32", ElementKind.F32), ("bfloat16", ElementKind.BF16),
+               ("float16", ElementKind.F16))
+    for dtype_name, element in triples:
+        for shape in (SQUARE, WIDE):
+            _guarded(ctx, _forward, ScanKind.CUMSUM, shape, 0, dtype_name, element)
+    for kind in (ScanKind.CUMPROD, ScanKind.LOG_CUMSUM_EXP):
+        _guarded(ctx, _forward, kind, SQUARE, 0, "bfloat16", ElementKind.BF16)
+    _guarded(ctx, _forward, ScanKind.CUMMAX, SQUARE, 0, "bfloat16", ElementKind.BF16,
+             indices=False, note="values only (torch computes indices regardless)")
+    for dtype_name, element in triples[:2]:
+        _guarded(ctx, _backward, ScanKind.CUMSUM, SQUARE, 0, dtype_name, element)
+    for dtype_name, element in triples:
+        _guarded(ctx, _forward, ScanKind.CUMMAX, SQUARE, 1, dtype_name, element)
+    _guarded(ctx, _forward, ScanKind.CUMMIN, SQUARE, 1, "bfloat16", ElementKind.BF16)
+    _guarded(ctx, _forward, ScanKind.CUMMAX, WIDE, 1, "bfloat16", ElementKind.BF16)
+    for shape in (SQUARE, WIDE):
+        _guarded(ctx, _variant, shape, 0, "bfloat16", ElementKind.BF16, cols_cap=0)
+    for nseg in (8, 32):  # the default splits bf16 [4096²] axis 0 in 16 segments
+        _guarded(ctx, _variant, SQUARE, 0, "bfloat16", ElementKind.BF16, fast_cols_nseg=nseg)
+    _guarded(ctx, _forward, ScanKind.CUMMAX, SQUARE, 1, "bfloat16", ElementKind.BF16,
+             indexed_cap=0, note="indexed_cap=0 (no register cap)")
+    ctx.torch.cuda.synchronize()
+
+
 def bench(ctx: Any) -> None:
     if os.environ.get("SCAN_BENCH") == "quick":
         _quick(ctx)
+        return
+    if os.environ.get("SCAN_BENCH") == "two_byte":
+        _two_byte_cases(ctx)
         return
     if os.environ.get("SCAN_BENCH", "").startswith("extremum_backward"):
         _extremum_backward_cases(ctx, os.environ["SCAN_BENCH"].endswith("tuning"))

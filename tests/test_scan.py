@@ -413,6 +413,56 @@ def test_fast_kernels_odd_unaligned_split(element, rng):
         assert not used_fast(plan)
 
 
+@pytest.mark.parametrize("element", (ElementKind.BF16, ElementKind.F16), ids=lambda e: e.name)
+def test_fast_cols_2byte_special_values(element, rng):
+    # the packed cols body of 2-byte elements (words kept packed, rescanned, converted in
+    # pairs): rounding ties, NaN, +inf, overflow on the final rounding, along an outer
+    # axis; a partial column word (inner 40 = 32 + 8 columns of a 128-column block) and
+    # a short extent (GPU: 8 rows per thread, 5 chunks); misaligned: element by element
+    extent = 9 if SIMULATOR else 40
+    half_ulp = 2.0 ** -8 if element is ElementKind.BF16 else 2.0 ** -11
+    values = np.round(rng.uniform(-3, 3, (extent, 40)) * 4) / 4
+    values[:, 0] = half_ulp  # 1 + k/2 ulp: every odd k a tie (to even)
+    values[0, 0] = 1.0
+    values[3, 1] = np.nan
+    values[4, 2] = np.inf
+    values[:, 38] = half_ulp * np.arange(extent)  # in the partial word
+    if not SIMULATOR:  # the simulator's NumPy arithmetic warns on overflow (an error)
+        if element is ElementKind.BF16:
+            # (2^127 - 2^119) + 2^127: finite in f32, halfway between the largest bf16
+            # and 2^128: rounds to inf (ties to even); back to finite after -2^127
+            values[:3, 3] = (2.0 ** 127 - 2.0 ** 119, 2.0 ** 127, -2.0 ** 127)
+        else:
+            # 65519 rounds to 65504, 65520 to inf; 80000 (f32) to inf
+            values[:4, 3] = (65504.0, 15.0, 1.0, 14480.0)
+    x = to_storage(values, element)
+    for index, kind in enumerate((ScanKind.CUMSUM, ScanKind.CUMMAX)):
+        for reverse in reverses(index):
+            plan = check_forward(kind, x, 0, reverse, element)
+            assert used_fast(plan)
+    plan = check_forward(ScanKind.CUMSUM, x, 0, False, element, place=misaligned)
+    assert used_fast(plan)
+
+
+@pytest.mark.parametrize("element", (ElementKind.BF16, ElementKind.F16) if not SIMULATOR
+                         else (ElementKind.BF16,), ids=lambda e: e.name)
+def test_fast_indexed_staged_indices(element, rng):
+    # full tiles of 2-byte elements stage their int64 indices through shared memory
+    # (simulator tile: 32 lanes x 2 words x 4 = 256 elements; GPU: 128): one full tile and
+    # a partial one, both directions, NaN (last NaN's index), ties (last index), +-inf;
+    # two lines (simulator: one warp each, in turn; GPU: neighbouring warps of a block)
+    n = 260
+    special = np.array([1.0, 3.0, 3.0, np.nan, 5.0, np.nan, -np.inf, 7.0, np.inf, 2.0])
+    values = np.round(rng.uniform(-3, 3, (2, n)) * 4) / 4
+    values[0, 100:110] = special
+    values[1, 200:210] = special[::-1]
+    x = to_storage(values, element)
+    for index, kind in enumerate(EXTREMA):
+        for reverse in reverses(index):
+            plan = check_forward(kind, x, 1, reverse, element, with_indices=True)
+            assert used_fast(plan)
+
+
 @pytest.mark.parametrize("element", FLOAT_ELEMENTS, ids=lambda e: e.name)
 @pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.name)
 def test_backward_lines(kind, element, rng):

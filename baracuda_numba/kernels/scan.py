@@ -621,7 +621,12 @@ def _make_lines(op: ScanOp):
 #
 # cols_fast (inner >= 32): a block of 32 lanes x CHUNKS rows of threads covers 32*V columns;
 # each thread scans ROWS consecutive rows of its V columns in registers, chunk totals are
-# combined through shared memory (double-buffered: one barrier per tile).
+# combined through shared memory (double-buffered: one barrier per tile). 2-byte elements
+# (but LogCumsumExp) keep the rows as packed words across the barrier (reduce, exchange,
+# rescan):
+#
+#     ROWS words --reduce per column--> chunk totals --smem--> prefix
+#         --> rescan the words from the prefix --> cvt pairs --> words
 #
 # Both split few long lines into segments over warps/blocks in two phases like the generic
 # kernels (phase 1: segment aggregates to ``ws``; phase 2: prefix of the earlier segments,
@@ -635,9 +640,6 @@ FAST_ROWS_BLOCK = 32 if SIMULATOR else 128
 #: cols_fast: chunks per block (threadIdx.y) and rows per thread per tile
 FAST_COLS_CHUNKS = 2 if SIMULATOR else 8
 _FAST_COLS_VALUES = 4 if SIMULATOR else 16  # values per thread per tile (rows x V)
-#: family -> (rows_fast words, cols_fast values) on the GPU: fewer for the families with
-#: large combines, whose unrolled loops otherwise stay loops and put the per-thread values
-#: in local memory (PTX of compute 9.0 checked for ld.local/st.local)
 #: fused Cummax/Cummin backward on the GPU: (rows words per lane, cols values per thread)
 #: and chunks per cols block. Measured (H100, 2026-11-22, Cummax f32 [4096²]): rows
 #: blocked, words 4 / 2: 147.7 / 182.1 µs (striped words 4: 256.2: one warp scan per
@@ -646,8 +648,17 @@ _FAST_COLS_VALUES = 4 if SIMULATOR else 16  # values per thread per tile (rows x
 #: (tests and the Cummax/Cummin backward rows, docs/notes/scan.md).
 _EXTREMUM_BACKWARD_SIZES = (4, 16)
 _EXTREMUM_COLS_CHUNKS = FAST_COLS_CHUNKS
-_FAST_SIZES = {"sum": (FAST_WORDS, _FAST_COLS_VALUES), "prod": (FAST_WORDS, _FAST_COLS_VALUES),
-               "lse": (4, 8), "extremum": (FAST_WORDS, _FAST_COLS_VALUES)}
+#: family -> (rows_fast words, cols_fast values per thread by element size: 8, 4, 2
+#: bytes) on the GPU: fewer for the families with large combines, whose unrolled loops
+#: otherwise stay loops and put the per-thread values in local memory (PTX of compute 9.0
+#: checked for ld.local/st.local). 2-byte elements of the packed cols body (every family
+#: but lse) take 8 rows (32 values). Measured (H100, 2026-11-22, bf16 Cumsum axis 0, 64
+#: registers, before the paired conversion): [64, 1e6] 148.3 µs vs 191.5 at 4 rows,
+#: [4096²] 68.4 vs 92.3 (the unpacked body at 4 rows: 206.2 / 103.9); with it, 8 rows:
+#: 121.7 / 59.1.
+_FAST_COLS_BY_SIZE = (16, 16, 32)
+_FAST_SIZES = {"sum": (FAST_WORDS, _FAST_COLS_BY_SIZE), "prod": (FAST_WORDS, _FAST_COLS_BY_SIZE),
+               "lse": (4, (8, 8, 8)), "extremum": (FAST_WORDS, _FAST_COLS_BY_SIZE)}
 
 @cuda.jit(device=True, inline=True)
 def _f16_from_bits(bits):
@@ -827,6 +838,54 @@ def _word_codecs(fmt: FastFormat):
                 y[uint64(index * per_word + j)] = from_bits((word >> uint64(bits * j)) & mask)
 
     return unpack, pack_one, store_word
+
+
+if SIMULATOR:
+
+    def _make_pair_pack(element: ElementKind):
+        narrow, to_bits = SCAN_STORAGE[element][3], _WORD_BITS[element][1]
+
+        @cuda.jit(device=True)
+        def pack_pair(high, low):
+            return (to_bits(narrow(high)) << uint64(16)) | to_bits(narrow(low))
+
+        return pack_pair
+
+else:
+    from llvmlite import ir
+    from numba.cuda.extending import intrinsic
+
+    def _make_pair_pack(element: ElementKind):
+        op = "cvt.rn.bf16x2.f32" if element is ElementKind.BF16 else "cvt.rn.f16x2.f32"
+
+        @intrinsic
+        def pack_pair(typingctx, high, low):
+            """Bits of (high, low) rounded to 2-byte floats, ``high`` in bits 16-31: one
+            ``cvt.rn.{bf16,f16}x2.f32`` (sm_80+; round to nearest even, NaN stays NaN)."""
+
+            def codegen(context, builder, signature, args):
+                fnty = ir.FunctionType(ir.IntType(32), [ir.FloatType(), ir.FloatType()])
+                bits = builder.call(ir.InlineAsm(fnty, f"{op} $0, $1, $2;", "=r,f,f"), args)
+                return builder.zext(bits, ir.IntType(64))
+
+            return uint64(float32, float32), codegen
+
+        return pack_pair
+
+
+def _make_pack_values(fmt: FastFormat):
+    """pack_values(vals, first) -> the word of 2-byte floats ``vals[first:first + 4]``
+    (element j in place j), converted in pairs (``_make_pair_pack``): 2 instructions per
+    word instead of a rounding sequence per element (bf16 cols_fast was compute-bound
+    with it: SM 78%, memory 50%, Nsight Compute, [64, 1e6] axis 0)."""
+    pack_pair = _make_pair_pack(fmt.element)
+
+    @cuda.jit(device=True, inline=True)
+    def pack_values(vals, first):
+        return pack_pair(vals[first + 1], vals[first]) | \
+            (pack_pair(vals[first + 3], vals[first + 2]) << uint64(32))
+
+    return pack_values
 
 
 def _make_warp_helpers(fmt: FastFormat):
@@ -1104,6 +1163,126 @@ def _make_cols_fast(fmt: FastFormat, rows: int, chunks_max: int):
     return scan_cols_fast
 
 
+def _make_cols_fast_packed(fmt: FastFormat, rows: int, chunks_max: int):
+    """cols_fast for 2-byte elements: ``_make_cols_fast``'s contract and tiles, but a
+    thread keeps its ``rows`` words *packed* (2 registers per row whatever V) from the
+    load to the store instead of holding ``rows x V`` f32 values across the barrier: it
+    reduces them column by column into its chunk total, the chunk totals are combined
+    through shared memory, then it rescans the same words from its prefix,
+    ``y[r] = (...((prefix + x[0]) + x[1]) ...) + x[r]``, and packs the results in pairs
+    (``_make_pack_values``). f32 accumulation, one rounding per output, as before.
+
+    The unpacked body took 137 registers for bf16 at 4 rows (capped at 64: 32 bytes in
+    flight per thread, 41% of copy on [64, 1e6] axis 0); this one holds 8 rows (64 bytes)
+    under the same cap. Wider elements keep ``_make_cols_fast`` (f32 [4096²] axis 0:
+    88.2 µs there vs 89.6 packed), and so does LogCumsumExp, whose ~50-instruction
+    combine is better off independent (``prefix + scanned[r]``) than in the rescan's
+    dependent chain: bf16 [4096²] axis 0 444.5 µs packed vs 439.0 (H100, 2026-11-22)."""
+    acc = fmt.acc
+    per_word = fmt.per_word
+    bits = 64 // per_word
+    width = 32 * per_word  # columns per block
+    identity, combine, narrow, to_bits = fmt.identity, fmt.combine, fmt.narrow, fmt.to_bits
+    unpack, _, store_word = _word_codecs(fmt)
+    pack_values = _make_pack_values(fmt)
+    part_slots = 2 * chunks_max * width
+
+    def scan_cols_fast(x, xw, yw, y, ws, outer, extent, inner, x_outer, x_step, y_outer,
+                       y_step, seg_len, nseg, phase, reverse, vec, code):
+        part = cuda.shared.array(part_slots, acc)
+        words = cuda.local.array(rows, uint64)
+        carry = cuda.local.array(per_word, acc)
+        run = cuda.local.array(per_word, acc)
+        lane = int64(cuda.threadIdx.x)
+        chunk = int64(cuda.threadIdx.y)
+        chunks = int64(cuda.blockDim.y)
+        tile_rows = chunks * rows
+        groups = (inner + width - 1) // width
+        lines = outer * inner
+        parity = int64(0)
+        item = int64(cuda.blockIdx.x)
+        while item < outer * groups * nseg:
+            seg, o, col, ncols, wide, s_begin, s_end = _cols_item(
+                item, nseg, groups, width, lane, per_word, inner, vec, seg_len, extent)
+            xb = o * x_outer + col
+            yb = o * y_outer + col
+            for j in range(per_word):
+                carry[j] = identity(code)
+            if phase == 2:
+                # ws is segment-major ([segment][line]): coalesced across lanes
+                for g in range(seg):
+                    at = g * lines + o * inner + col
+                    for j in range(per_word):
+                        if j < ncols:
+                            carry[j] = combine(carry[j], ws[uint64(at + j)], code)
+            base = s_begin
+            while base < s_end:
+                r0 = base + chunk * rows
+                # rows past the segment end load nothing and are skipped below; columns
+                # past ``inner`` (j >= ncols) carry zero bits and are never stored
+                for r in range(rows):
+                    s = r0 + r
+                    pos = extent - 1 - s if reverse else s
+                    w = uint64(0)
+                    if wide and s < s_end:
+                        w = xw[uint64((xb + pos * x_step) // per_word)]
+                    elif s < s_end:
+                        for j in range(per_word):
+                            if j < ncols:
+                                w |= to_bits(x[uint64(xb + pos * x_step + j)]) << \
+                                    uint64(bits * j)
+                    words[r] = w
+                for j in range(per_word):
+                    run[j] = identity(code)
+                valid = min(rows, s_end - r0)  # rows of this thread in the segment
+                for r in range(rows):
+                    if r < valid:
+                        for j in range(per_word):
+                            run[j] = combine(run[j], unpack(words[r], j), code)
+                # part[parity][chunk][j][lane]: lane-contiguous, free of bank conflicts
+                slot = (parity * chunks + chunk) * width + lane
+                for j in range(per_word):
+                    part[slot + j * 32] = run[j]
+                cuda.syncthreads()
+                # runtime loops outside, unrolled loops over j inside: every local array
+                # index is a constant after unrolling (registers, not local memory)
+                for j in range(per_word):
+                    run[j] = carry[j]
+                for c in range(chunk):
+                    at = (parity * chunks + c) * width + lane
+                    for j in range(per_word):
+                        run[j] = combine(run[j], part[at + j * 32], code)
+                for j in range(per_word):
+                    carry[j] = run[j]
+                for c in range(chunk, chunks):
+                    at = (parity * chunks + c) * width + lane
+                    for j in range(per_word):
+                        carry[j] = combine(carry[j], part[at + j * 32], code)
+                if phase != 1:
+                    for r in range(rows):
+                        s = r0 + r
+                        pos = extent - 1 - s if reverse else s
+                        for j in range(per_word):
+                            run[j] = combine(run[j], unpack(words[r], j), code)
+                        if wide and s < s_end:
+                            store_word(yw, y, (yb + pos * y_step) // per_word,
+                                       pack_values(run, 0))
+                        elif s < s_end:
+                            for j in range(per_word):
+                                if j < ncols:
+                                    y[uint64(yb + pos * y_step + j)] = narrow(run[j])
+                parity = 1 - parity
+                base += tile_rows
+            if phase == 1 and chunk == 0:
+                for j in range(per_word):
+                    if j < ncols:
+                        ws[uint64(seg * lines + o * inner + col + j)] = carry[j]
+            item += cuda.gridDim.x
+
+    scan_cols_fast.__qualname__ = f"scan_cols_fast_packed_{fmt.family}_{fmt.element.name}_{rows}"
+    return scan_cols_fast
+
+
 def _c_flat(array_type: types.Type) -> types.Array:
     return types.Array(array_type, 1, "C")
 
@@ -1115,6 +1294,10 @@ def _c_flat(array_type: types.Type) -> types.Array:
 #: cols_fast [4096²] axis 0 bf16 103.8 µs vs 206.1 uncapped, f32 88.5 vs 100.7;
 #: [64, 1e6] axis 0 bf16 206.3 vs 469.6, f32 194.4 vs 239.8; indexed Cummax [4096²] bf16
 #: 161.5 vs 174.8 (f32 at 56 registers: 135.1 vs 133.6 at its own 64, so not capped).
+#: The packed 2-byte cols body (96 registers uncapped, 84 bytes spilled at 64) and the
+#: indexed kernel with staged indices (98 / 76): bf16 [64, 1e6] axis 0 120.9 µs vs 130.4
+#: at 80 registers and 147.4 uncapped, [4096²] 59.3 vs 65.7 / 67.8; Cummax bf16 115.2 vs
+#: 132.6 / 135.1.
 _MAX_REGISTERS = 64
 
 
@@ -1134,8 +1317,8 @@ class FastKernels:
                  cols_max_registers: int | None = None) -> None:
         fmt = FastFormat(element, family)
         words = words or (FAST_WORDS if SIMULATOR else _FAST_SIZES[family][0])
-        col_values = col_values or (_FAST_COLS_VALUES if SIMULATOR
-                                    else _FAST_SIZES[family][1])
+        col_values = col_values or (_FAST_COLS_VALUES if SIMULATOR else
+                                    _FAST_SIZES[family][1][fmt.per_word.bit_length() - 1])
         self.format = fmt
         self.per_word = fmt.per_word
         self.words = words
@@ -1151,7 +1334,8 @@ class FastKernels:
                            arrays + (int64,) * 7 + (boolean, boolean, int64),
                            register=register)
         self.cols = Kernel(f"scan_cols_fast[{tag},{self.col_rows}]",
-                           _make_cols_fast(fmt, self.col_rows, FAST_COLS_CHUNKS),
+                           (_make_cols_fast_packed if fmt.per_word == 4 and family != "lse"
+                            else _make_cols_fast)(fmt, self.col_rows, FAST_COLS_CHUNKS),
                            arrays + (int64,) * 10 + (boolean, boolean, int64),
                            register=register, max_registers=_cap(fmt, cols_max_registers, 2))
 
@@ -1192,6 +1376,20 @@ def _indexed_ops(acc: types.Type):
     return identity, combine
 
 
+if SIMULATOR:
+
+    @cuda.jit(device=True)
+    def _warp_barrier():
+        """The simulator runs one warp per block where this is used."""
+        cuda.syncthreads()
+
+else:
+
+    @cuda.jit(device=True, inline=True)
+    def _warp_barrier():
+        cuda.syncwarp()
+
+
 #: Indexed rows kernel: words per lane per tile. One on the GPU: with 2 or 4 the word loop
 #: stays a loop and the (value, position) pairs go to local memory (PTX, compute 9.0).
 _INDEXED_WORDS = 2 if SIMULATOR else 1
@@ -1202,11 +1400,24 @@ INDEXED_CODES = (CODE_CUMMAX, CODE_CUMMIN, CODE_CUMMAX_FIRST_FLAG, CODE_CUMMIN_F
 
 def _make_rows_indexed(fmt: FastFormat, words: int):
     """rows_fast for the (value, position) state of Cummax/Cummin (striped tiles; the
-    combine is not commutative, so phase 1 reduces each word group in scan order)."""
+    combine is not commutative, so phase 1 reduces each word group in scan order).
+
+    Full tiles of 2-byte elements write their int64 indices through shared memory (one
+    slice per warp): a lane's 4 consecutive indices stored directly are 4 stores of 8
+    bytes at a 32-byte stride across the warp, each touching 32 sectors in part (L2
+    throughput 79% vs DRAM 33% for bf16 [4096²], Nsight Compute); staged, each store
+    instruction writes 256 consecutive bytes. One padding slot per 16 indices keeps the
+    staging free of bank conflicts (8-byte accesses, both orders). Measured (H100,
+    2026-11-22, Cummax with indices [4096²] last axis): bf16 115.2 µs vs 160.3 direct;
+    f32 (2 per lane, 16-byte stride) 141.2 µs staged vs 133.3 direct, so 4-byte
+    elements store directly."""
     acc = fmt.acc
     per_word = fmt.per_word
     per_lane = words * per_word
     tile = 32 * per_lane
+    stage_indices = per_word == 4
+    warp_slots = tile + tile // 16
+    stage_slots = (FAST_ROWS_BLOCK // 32) * warp_slots if stage_indices else 1
     zero, one, _, _ = _constants(acc)
     identity, combine = _indexed_ops(acc)
     widen, narrow = fmt.widen, fmt.narrow
@@ -1231,10 +1442,12 @@ def _make_rows_indexed(fmt: FastFormat, words: int):
                           code):
         vals = cuda.local.array(per_lane, acc)
         idxs = cuda.local.array(per_lane, int64)
+        stage = cuda.shared.array(stage_slots, int64)
         lane = int64(cuda.threadIdx.x % 32)
         warps = int64(cuda.blockDim.x // 32)
         item = int64(cuda.blockIdx.x) * warps + int64(cuda.threadIdx.x // 32)
         step = int64(cuda.gridDim.x) * warps
+        slice_at = int64(cuda.threadIdx.x // 32) * warp_slots
         extent_words = extent // per_word
         flags = code >= CODE_CUMMAX_FIRST_FLAG
         while item < lines * nseg:
@@ -1315,6 +1528,7 @@ def _make_rows_indexed(fmt: FastFormat, words: int):
                         carry = combine(carry, (shfl_idx(inc[0], 31), shfl_idx(inc[1], 31)),
                                         code)
                 if phase != 1:
+                    staged = stage_indices and full and write_index
                     for k in range(words):
                         sw = base // per_word + k * 32 + lane
                         if full:
@@ -1328,12 +1542,25 @@ def _make_rows_indexed(fmt: FastFormat, words: int):
                                 store_word(yw, y, yb // per_word + sw, w)
                         for j in range(per_word):
                             s = sw * per_word + j
-                            if s < s_end:
+                            if staged:
+                                # offset in the tile's span of memory (ascending positions)
+                                at = (k * 32 + lane) * per_word + j
+                                if reverse:
+                                    at = tile - 1 - at
+                                stage[slice_at + at + at // 16] = idxs[k * per_word + j]
+                            elif s < s_end:
                                 pos = extent - 1 - s if reverse else s
                                 if not full:
                                     y[uint64(yb + pos)] = narrow(vals[k * per_word + j])
                                 if write_index:
                                     out_idx[uint64(ib + pos)] = idxs[k * per_word + j]
+                    if staged:
+                        _warp_barrier()
+                        first = extent - base - tile if reverse else base
+                        for m in range(per_lane):
+                            at = m * 32 + lane
+                            out_idx[uint64(ib + first + at)] = stage[slice_at + at + at // 16]
+                        _warp_barrier()  # the slice is rewritten by the next tile
                 base += tile
             if phase == 1 and lane == 0:
                 ws_a[uint64(item)] = carry[0]
