@@ -301,3 +301,24 @@ def test_pointer_launcher_writes_pointers_then_calls_the_driver(monkeypatch):
         launch(5, 1, 2)
         assert rerouted[-1] == (5, 1, 2) and len(calls) == 2
         direct[0] = True
+
+
+def test_replay_launcher_maps_recorded_pointers_to_arguments():
+    """plans.base.replay_launcher: a recorded launch sequence replays with new array
+    pointers in the same roles (0 stays 0); two arrays at one address or a pointer that is
+    no array's give None (no memo)."""
+    from baracuda_numba.plans.base import replay_launcher
+
+    seen = []
+
+    class Bound:
+        def __init__(self, name):
+            self.fast = lambda stream, *p: seen.append((name, stream, p))
+
+    first, second = Bound("first"), Bound("second")
+    calls = [(first, (0x100, 0x100, 0x200, 0)), (second, (0x200, 0x300, 0))]
+    replay = replay_launcher(calls, (0x100, 0x200, 0x300, 0))
+    replay(5, 0xA00, 0xB00, 0xC00, 0)
+    assert seen == [("first", 5, (0xA00, 0xA00, 0xB00, 0)), ("second", 5, (0xB00, 0xC00, 0))]
+    assert replay_launcher(calls, (0x100, 0x100, 0x300, 0)) is None  # aliasing arrays
+    assert replay_launcher([(first, (0x108,))], (0x100,)) is None  # a derived pointer

@@ -934,3 +934,59 @@ def test_gpu_more_than_2_pow_31_elements():
         assert torch.equal(y, expected), shape
         del x, y, expected
         torch.cuda.empty_cache()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", [ScanKind.CUMSUM, ScanKind.CUMPROD, ScanKind.CUMMAX,
+                                  ScanKind.LOG_CUMSUM_EXP], ids=lambda k: k.name)
+@pytest.mark.parametrize("axis", [0, 1])
+def test_torch_memo_matches_the_checked_path(kind, axis):
+    """After the first run a torch layout goes through the plans' LayoutMemo (no array
+    checks, a replay of the recorded launches): fresh tensors of the same layout give
+    bit-identical results, forward (with indices for Cummax) and backward; overlapping
+    operands with a memoised layout are still rejected before any launch; in place (one
+    address for two operands) is never memoised and still right."""
+    torch = torch_or_skip()
+    shape = (37, 70)
+    forward = ScanPlan.select(ScanDescriptor(kind, shape, axis, element=ElementKind.BF16))
+    backward = ScanBackwardPlan.select(ScanBackwardDescriptor(kind, shape, axis,
+                                                              element=ElementKind.BF16))
+    x = (1 + 0.01 * torch.randn(shape, device="cuda")).to(torch.bfloat16)
+    dy = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
+    with_indices = kind is ScanKind.CUMMAX
+    results = []
+    for _ in range(3):  # the first call checks, the others take the memo
+        y = torch.full(shape, float("nan"), device="cuda", dtype=torch.bfloat16)
+        dx = torch.full(shape, float("nan"), device="cuda", dtype=torch.bfloat16)
+        indices = torch.full(shape, -1, device="cuda", dtype=torch.int64) \
+            if with_indices else None
+        x_copy, dy_copy = x.clone(), dy.clone()
+        forward.run(ScanArgs(x_copy, y, indices))
+        backward.run(ScanBackwardArgs(dy_copy, dx, x_copy, y))
+        results.append((y, dx, indices))
+    assert len(forward._memo._entries) == 1 and len(backward._memo._entries) == 1
+    for y, dx, indices in results[1:]:
+        assert torch.equal(y, results[0][0]) and torch.equal(dx, results[0][1])
+        if with_indices:
+            assert torch.equal(indices, results[0][2])
+    # the same layout keys with overlapping operands: rejected, nothing written
+    buffer = torch.zeros(2 * x.numel(), device="cuda", dtype=torch.bfloat16)
+    y_over = buffer[:x.numel()].view(shape)
+    dx_over = torch.full(shape, 7.0, device="cuda", dtype=torch.bfloat16)
+    if with_indices:
+        wide = torch.zeros(x.numel(), device="cuda", dtype=torch.int64)
+        with pytest.raises(InvalidProblem, match="indices"):
+            forward.run(ScanArgs(x, wide.view(torch.bfloat16)[:x.numel()].view(shape),
+                                 wide.view(shape)))
+    if kind is ScanKind.CUMSUM:  # no saved tensors; dx may alias dy (not memoised)
+        in_place = dy.clone()
+        backward.run(ScanBackwardArgs(in_place, in_place))
+        assert torch.equal(in_place, results[0][1])
+    else:  # x overlapping dx
+        with pytest.raises(InvalidProblem, match="dx"):
+            backward.run(ScanBackwardArgs(dy, dx_over, dx_over, y_over))
+        assert torch.equal(dx_over, torch.full_like(dx_over, 7.0))
+    # in place forward (y is x): not memoised, same values as the checked path
+    z = x.clone()
+    forward.run(ScanArgs(z, z))
+    assert torch.equal(z, results[0][0])

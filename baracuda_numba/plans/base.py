@@ -16,7 +16,8 @@ from ..arrays import as_ref, torch_signature
 from ..errors import InvalidProblem, Unsupported, WorkspaceTooSmall
 from ..types import ElementKind, KernelSku, PlanPreference, PrecisionGuarantee
 
-__all__ = ["MAX_RANK", "LayoutMemo", "Plan", "fail", "plan_args", "product"]
+__all__ = ["MAX_RANK", "LayoutMemo", "Plan", "fail", "plan_args", "product",
+           "replay_launcher"]
 
 MAX_RANK = 8
 
@@ -65,6 +66,38 @@ def product(values: tuple[int, ...] | list[int]) -> int:
     for v in values:
         result *= v
     return result
+
+
+def replay_launcher(calls: list[tuple[Any, tuple[int, ...]]], pointers: tuple[int, ...]
+                    ) -> Any:
+    """``launch(stream, *pointers)`` repeating ``calls`` (``(bound launch, its pointer
+    arguments)`` as the checked path of a ``run`` made them) for new array pointers: each
+    recorded pointer argument must be 0 or one of ``pointers`` (the run's arrays, 0 for an
+    absent one), which it then stands for. None when that is ambiguous (two arrays at one
+    address, or a derived pointer), so the plan stores no memo for the layout.
+
+    Generated as one flat function, like :func:`~baracuda_numba.driver.pointer_launcher`:
+    a repeated ``run`` pays one frame for the replay and one per launch."""
+    present = [p for p in pointers if p]
+    if len(set(present)) != len(present):
+        return None
+    names = {p: f"a{i}" for i, p in enumerate(pointers) if p}
+    namespace: dict[str, Any] = {}
+    body = ""
+    for k, (bound, arguments) in enumerate(calls):
+        values = []
+        for value in arguments:
+            if value == 0:
+                values.append("0")
+            elif value in names:
+                values.append(names[value])
+            else:
+                return None
+        namespace[f"f{k}"] = getattr(bound, "fast", bound)
+        body += f"    f{k}(stream, {', '.join(values)})\n"
+    parameters = ", ".join(["stream", *(f"a{i}" for i in range(len(pointers)))])
+    exec(f"def launch({parameters}):\n{body or '    pass'}\n", namespace)
+    return namespace["launch"]
 
 
 class LayoutMemo:

@@ -80,7 +80,7 @@ from ..types import (
     PrecisionGuarantee,
     ScanKind,
 )
-from .base import Plan, fail, plan_args, product
+from .base import LayoutMemo, Plan, fail, plan_args, product, replay_launcher
 
 __all__ = [
     "ScanArgs",
@@ -314,13 +314,31 @@ def _sku(kind: ScanKind, element: ElementKind) -> KernelSku:
                      BackendKind.BESPOKE, guarantee)
 
 
+def _span(view: TensorRef) -> int:
+    """Bytes from the first to past the last element of ``view``."""
+    return flat_span(view.shape, view.strides) * view.itemsize
+
+
 def _overlaps(a: TensorRef, b: TensorRef) -> bool:
     """Whether the byte ranges spanned by two views intersect."""
-    span_a = flat_span(a.shape, a.strides) * a.itemsize
-    span_b = flat_span(b.shape, b.strides) * b.itemsize
+    span_a, span_b = _span(a), _span(b)
     if span_a == 0 or span_b == 0:
         return False
     return a.ptr < b.ptr + span_b and b.ptr < a.ptr + span_a
+
+
+#: ``[(bound launch, its pointer arguments), ...]``: the launches of one pass, in order
+_Calls = list[tuple[Any, tuple[int, ...]]]
+# Index pairs that the checks require to be disjoint (LayoutMemo re-checks them per call),
+# in run's (x, y, indices) and the backward's (dy, dx, x, y) order.
+_FW_DISJOINT = ((2, 1), (2, 0))
+_BW_DISJOINT = ((1, 0), (1, 2), (1, 3))
+_CUMSUM_BW_DISJOINT = ((1, 2), (1, 3))
+
+
+def _launch(stream: int, calls: _Calls) -> None:
+    for bound, pointers in calls:
+        bound(stream, *pointers)
 
 
 def _collapse(shape: tuple[int, ...], axis: int, view_strides: tuple[tuple[int, ...], ...]
@@ -389,6 +407,7 @@ class _ScanLauncher(Plan):
             self._geometry.extremum_backward(self._extremum_backward, max_ws)
         super().__init__(desc, _sku(desc.kind, element), pref, self._geometry.workspace_size)
         self._bound: dict[Any, tuple[Any, ...]] = {}
+        self._memo = LayoutMemo()
         if self._geometry.numel:
             for kernels in {id(k): k for k in (self._forward, self._backward) if k}.values():
                 kernels.rows.prepare()
@@ -403,6 +422,16 @@ class _ScanLauncher(Plan):
                                self._extremum_backward.fixup):
                     kernel.prepare()
 
+    def _remember(self, key: Any, calls: _Calls, views: tuple[TensorRef | None, ...],
+                  disjoint: tuple[tuple[int, int], ...]) -> None:
+        """Store the replay of ``calls`` under the memo ``key`` (None: not memoised)."""
+        if key is None:
+            return
+        launch = replay_launcher(calls, tuple(0 if v is None else v.ptr for v in views))
+        if launch is not None:
+            self._memo.store(key, launch, tuple(0 if v is None else _span(v) for v in views),
+                             disjoint)
+
     @property
     def workspace_size(self) -> int:
         """Bytes of scratch that enable the split path for few long lines (0: never
@@ -416,19 +445,21 @@ class _ScanLauncher(Plan):
             return None
         return self.check_workspace(workspace)
 
-    def _launch(self, kernels: ScanKernels, code: int, reverse: bool,
-                ins: tuple[TensorRef, ...], out: TensorRef, indices: TensorRef | None,
-                stream: int, workspace: int | None) -> None:
-        """Launch through bound launches cached per layout: per call only pointers move."""
+    def _calls(self, kernels: ScanKernels, code: int, reverse: bool,
+               ins: tuple[TensorRef, ...], out: TensorRef, indices: TensorRef | None,
+               workspace: int | None) -> _Calls:
+        """The launches of one scan pass, ``[(bound launch, its pointers), ...]`` in order,
+        from bound launches cached per layout: per call only pointers move."""
         if self._fast is not None and code == self._fast_code and indices is None \
-                and len(ins) == 1 and self._launch_fast(code, reverse, ins[0], out, stream,
-                                                        workspace):
-            return
+                and len(ins) == 1:
+            calls = self._fast_calls(code, reverse, ins[0], out, workspace)
+            if calls:
+                return calls
         if self._indexed is not None and code in INDEXED_CODES and len(ins) == 1 \
-                and (indices is not None or code not in FAST_FAMILY) \
-                and self._launch_indexed(code, reverse, ins[0], out, indices, stream,
-                                         workspace):
-            return
+                and (indices is not None or code not in FAST_FAMILY):
+            calls = self._indexed_calls(code, reverse, ins[0], out, indices, workspace)
+            if calls:
+                return calls
         operands = list(ins) + [ins[-1]] * (3 - len(ins)) + [out]
         key = (id(kernels), code, reverse, tuple(v.strides for v in operands),
                None if indices is None else indices.strides, workspace is None)
@@ -444,13 +475,12 @@ class _ScanLauncher(Plan):
         ws_b = workspace + offset_b if workspace is not None and offset_b >= 0 else 0
         pointers = (operands[0].ptr, operands[1].ptr, operands[2].ptr, out.ptr,
                     0 if indices is None else indices.ptr, ws_a, ws_b)
-        for bound in launches:
-            bound(stream, *pointers)
+        return [(bound, pointers) for bound in launches]
 
-    def _launch_fast(self, code: int, reverse: bool, x: TensorRef, y: TensorRef, stream: int,
-                     workspace: int | None) -> bool:
-        """Launch rows_fast or cols_fast if the layout collapses to [outer, extent, inner]
-        (inner axes contiguous) for ``x`` and ``y``; False (nothing launched) otherwise."""
+    def _fast_calls(self, code: int, reverse: bool, x: TensorRef, y: TensorRef,
+                    workspace: int | None) -> _Calls:
+        """rows_fast or cols_fast if the layout collapses to [outer, extent, inner] (inner
+        axes contiguous) for ``x`` and ``y``; an empty list otherwise."""
         fast = self._fast
         assert fast is not None
         aligned = x.ptr % 8 == 0 and y.ptr % 8 == 0
@@ -462,19 +492,13 @@ class _ScanLauncher(Plan):
             if len(cache) >= 64:
                 cache.clear()
             cache[key] = found
-        launches = found[0]
-        if not launches:
-            return False
-        ws = workspace if workspace is not None else 0
-        for bound in launches:
-            bound(stream, x.ptr, x.ptr, y.ptr, y.ptr, ws)
-        return True
+        pointers = (x.ptr, x.ptr, y.ptr, y.ptr, workspace if workspace is not None else 0)
+        return [(bound, pointers) for bound in found[0]]
 
-    def _launch_indexed(self, code: int, reverse: bool, x: TensorRef, y: TensorRef,
-                        indices: TensorRef | None, stream: int, workspace: int | None
-                        ) -> bool:
-        """The indexed rows kernel if x, y (and indices) are rows of a uniform pitch;
-        False (nothing launched) otherwise."""
+    def _indexed_calls(self, code: int, reverse: bool, x: TensorRef, y: TensorRef,
+                       indices: TensorRef | None, workspace: int | None) -> _Calls:
+        """The indexed rows kernel if x, y (and indices) are rows of a uniform pitch; an
+        empty list otherwise."""
         aligned = x.ptr % 8 == 0 and y.ptr % 8 == 0
         key = ("indexed", code, reverse, x.strides, y.strides,
                None if indices is None else indices.strides, aligned, workspace is None)
@@ -487,20 +511,16 @@ class _ScanLauncher(Plan):
                 cache.clear()
             cache[key] = found
         launches, offset_a, offset_b = found
-        if not launches:
-            return False
         ws_a = workspace + offset_a if workspace is not None and offset_a >= 0 else 0
         ws_b = workspace + offset_b if workspace is not None and offset_b >= 0 else 0
         pointers = (x.ptr, x.ptr, y.ptr, y.ptr, 0 if indices is None else indices.ptr, ws_a,
                     ws_b)
-        for bound in launches:
-            bound(stream, *pointers)
-        return True
+        return [(bound, pointers) for bound in launches]
 
-    def _launch_extremum_backward(self, reverse: bool, x: TensorRef, dy: TensorRef,
-                                  dx: TensorRef, stream: int, workspace: int | None) -> bool:
+    def _extremum_backward_calls(self, reverse: bool, x: TensorRef, dy: TensorRef,
+                                 dx: TensorRef, workspace: int | None) -> _Calls:
         """The fused Cummax/Cummin backward if x, dy and dx collapse to [outer, extent,
-        inner] (rows: inner = 1; cols: inner >= 32); False (nothing launched) otherwise."""
+        inner] (rows: inner = 1; cols: inner >= 32); an empty list otherwise."""
         aligned = x.ptr % 8 == 0 and dy.ptr % 8 == 0 and dx.ptr % 8 == 0
         key = ("extremum_backward", reverse, x.strides, dy.strides, dx.strides, aligned,
                workspace is None)
@@ -513,14 +533,10 @@ class _ScanLauncher(Plan):
                 cache.clear()
             cache[key] = found
         launches, offsets = found
-        if not launches:
-            return False
         ws = (0, 0, 0, 0) if workspace is None else tuple(workspace + o for o in offsets)
         main = (x.ptr, x.ptr, dy.ptr, dy.ptr, dx.ptr, dx.ptr) + ws
         fixup = (dx.ptr,) + ws[1:]
-        for bound, is_fixup in launches:
-            bound(stream, *(fixup if is_fixup else main))
-        return True
+        return [(bound, fixup if is_fixup else main) for bound, is_fixup in launches]
 
     def _bind_extremum_backward(self, reverse: bool, x: TensorRef, dy: TensorRef,
                                 dx: TensorRef, aligned: bool, with_workspace: bool
@@ -760,15 +776,25 @@ class ScanPlan(_ScanLauncher):
         return x, y, indices
 
     def run(self, args: ScanArgs, stream: Any = None, workspace: Any = None) -> None:
-        """Write the scan of ``x`` to ``y`` (and ``indices``) on ``stream``; no host sync."""
+        """Write the scan of ``x`` to ``y`` (and ``indices``) on ``stream``; no host sync.
+
+        Torch tensors of a layout seen before skip the array checks (``LayoutMemo``; the
+        no-overlap checks of ``indices`` still run per call)."""
+        memo_key, hit = self._memo.lookup((args.x, args.y, args.indices)) \
+            if workspace is None else (None, None)
+        if hit is not None:
+            launch, pointers = hit
+            launch(stream_handle(stream), *pointers)
+            return
         x, y, indices = self.can_implement(args)
         handle = stream_handle(stream)
         ws = self._workspace_ptr(workspace)
         if self._geometry.numel == 0:
             return
         desc = self.descriptor
-        self._launch(self._forward, int(desc.kind), desc.reverse, (x,), y, indices, handle,
-                     ws)
+        calls = self._calls(self._forward, int(desc.kind), desc.reverse, (x,), y, indices, ws)
+        self._remember(memo_key, calls, (x, y, indices), _FW_DISJOINT)
+        _launch(handle, calls)
 
 
 class ScanBackwardPlan(_ScanLauncher):
@@ -812,32 +838,50 @@ class ScanBackwardPlan(_ScanLauncher):
         return dy, dx, x, y
 
     def run(self, args: ScanBackwardArgs, stream: Any = None, workspace: Any = None) -> None:
-        """Write the gradient of the forward scan to ``dx`` on ``stream``; no host sync."""
+        """Write the gradient of the forward scan to ``dx`` on ``stream``; no host sync.
+
+        Torch tensors of a layout seen before skip the array checks (``LayoutMemo``; the
+        no-overlap checks of ``dx`` still run per call)."""
+        desc = self.descriptor
+        kind = desc.kind
+        memo_key, hit = self._memo.lookup(
+            (args.dy, args.dx, args.x if kind in _NEEDS_X else None,
+             args.y if kind in _NEEDS_Y else None)) if workspace is None else (None, None)
+        if hit is not None:
+            launch, pointers = hit
+            launch(stream_handle(stream), *pointers)
+            return
         dy, dx, x, y = self.can_implement(args)
         handle = stream_handle(stream)
         ws = self._workspace_ptr(workspace)
         if self._geometry.numel == 0:
             return
+        calls = self._backward_calls(dy, dx, x, y, ws)
+        self._remember(memo_key, calls, (dy, dx, x, y),
+                       _CUMSUM_BW_DISJOINT if kind is ScanKind.CUMSUM else _BW_DISJOINT)
+        _launch(handle, calls)
+
+    def _backward_calls(self, dy: TensorRef, dx: TensorRef, x: TensorRef | None,
+                        y: TensorRef | None, ws: int | None) -> _Calls:
         desc = self.descriptor
         kind = desc.kind
         backward_reverse = not desc.reverse
         if kind is ScanKind.CUMSUM:
-            self._launch(self._forward, CODE_CUMSUM, backward_reverse, (dy,), dx, None,
-                         handle, ws)
-            return
+            return self._calls(self._forward, CODE_CUMSUM, backward_reverse, (dy,), dx, None,
+                               ws)
         assert self._backward is not None and x is not None
         if kind in (ScanKind.CUMMAX, ScanKind.CUMMIN):
-            if self._extremum_backward is not None and self._launch_extremum_backward(
-                    desc.reverse, x, dy, dx, handle, ws):
-                return
+            if self._extremum_backward is not None:
+                calls = self._extremum_backward_calls(desc.reverse, x, dy, dx, ws)
+                if calls:
+                    return calls
             # other layouts: a pre-pass writes dx <- 1 at records of the forward scan
             # (first occurrence), else 0
             flag = CODE_CUMMAX_FIRST_FLAG if kind is ScanKind.CUMMAX \
                 else CODE_CUMMIN_FIRST_FLAG
-            self._launch(self._forward, flag, desc.reverse, (x,), dx, None, handle, ws)
-            self._launch(self._backward, CODE_EXTREMUM_BACKWARD, backward_reverse,
-                         (dy, dx, dx), dx, None, handle, ws)
-            return
+            return (self._calls(self._forward, flag, desc.reverse, (x,), dx, None, ws)
+                    + self._calls(self._backward, CODE_EXTREMUM_BACKWARD, backward_reverse,
+                                  (dy, dx, dx), dx, None, ws))
         assert y is not None
-        self._launch(self._backward, int(kind), backward_reverse, (dy, x, y), dx, None,
-                     handle, ws)
+        return self._calls(self._backward, int(kind), backward_reverse, (dy, x, y), dx, None,
+                           ws)
