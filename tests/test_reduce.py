@@ -554,6 +554,13 @@ def _word_layouts():
         "rows_split": ((1401,), slice(1, 1401), 1, "rows"),
         "cols_split": ((300, 8), (slice(None), slice(None)), 0, "cols"),
         "cols_misaligned": ((40, 10), (slice(None), slice(1, 9)), 0, "generic"),
+        # 64-element rows: the short-row path (f32: 8 lanes x 4 words, f16/bf16: 4 x 4),
+        # more row groups than the simulator's 2 blocks and a partial last group; padded
+        # rows (stride 66: word aligned for f32 only) and an unaligned start (every element
+        # kind falls back to the generic row loop); see test_short_rows_selection
+        "rows_short": ((37, 64), (slice(None), slice(None)), 1, "rows"),
+        "rows_short_padded": ((37, 66), (slice(None), slice(0, 64)), 1, "rows"),
+        "rows_short_phase": ((37, 66), (slice(None), slice(1, 65)), 1, "rows"),
     }
 
 
@@ -615,6 +622,70 @@ def test_word_access_forward(kind, element, layout, rng):
                                     workspace=workspace)
             check_forward(got, reference(kind, x64, axis), kind, element, x64, axis, what)
         assert _forward_access(plan) == access, what
+
+
+def _short_rows(shape, strides, element, ptr=0):
+    """The chunk_len 0 (short-row path) test of the forward row geometry."""
+    from baracuda_numba.plans.reduce import _problem
+
+    problem = _problem(shape, len(shape) - 1, [strides, strides[:-1] + (1,)], True, 1 << 16,
+                       element, K.SUM, ptr)
+    return problem.access == "rows" and problem.geometry.chunk_len == 0, problem.geometry
+
+
+@pytest.mark.parametrize("element", WORD_ELEMENTS, ids=lambda e: e.name)
+def test_short_rows_selection(element):
+    """Rows of exactly 4 or 8 lanes x SHORT_LOADS words, word aligned, one output dim
+    (after collapsing), take the short-row path; everything else keeps the row loop."""
+    from baracuda_numba.kernels.reduce import SHORT_LOADS, VECTOR
+
+    width = VECTOR[element].width
+    size = element.byte_width
+    for lanes in (4, 8):
+        n = lanes * SHORT_LOADS * width
+        taken, geometry = _short_rows((1000, n), (n, 1), element)
+        assert taken and geometry.lanes == lanes and geometry.splits == 1, (lanes, geometry)
+        assert _short_rows((7, 3, n), (3 * n, n, 1), element)[0]  # collapses to one dim
+        assert _short_rows((1000, n), (n + width, 1), element)[0]  # padded, word aligned
+        assert not _short_rows((1000, n), (n + 1, 1), element)[0]  # rows off the word grid
+        assert not _short_rows((1000, n), (n, 1), element, ptr=size)[0]  # shifted start
+        assert not _short_rows((7, 3, n), (4 * n, n, 1), element)[0]  # two output dims
+        assert not _short_rows((1000, n - width), (n, 1), element)[0]  # not lanes x 4 words
+    n = 2 * SHORT_LOADS * width  # 2 lanes: generic; 16 lanes: several batches per lane
+    assert not _short_rows((1000, n), (n, 1), element)[0]
+    assert not _short_rows((1000, 8 * n), (8 * n, 1), element)[0]
+
+
+@IEEE_SPECIALS
+@pytest.mark.parametrize("element", WORD_ELEMENTS, ids=lambda e: e.name)
+def test_short_rows_specials(element):
+    """NaN / inf / ties / -0 through the short-row path (rows of 64 elements), every kind
+    and the arg-reductions (first occurrence), bit-identical on a rerun."""
+    rows = np.zeros((20, 64))
+    rows[0, 13] = np.nan
+    rows[1, :] = -np.inf
+    rows[2, 5], rows[2, 63] = np.inf, -np.inf
+    rows[3, 2], rows[3, 40] = np.inf, np.inf
+    rows[4, 0], rows[4, 63] = np.nan, np.nan
+    rows[5, :] = -0.0
+    rows[6, 10], rows[6, 50] = 3.0, 3.0  # ties
+    rows[7:] = np.arange(13 * 64).reshape(13, 64) % 7 - 3.0
+    x = to_storage(rows, element)
+    x64 = from_storage(x, element)
+    assert _short_rows(x.shape, (64, 1), element)[0]
+    for kind in REDUCE_KINDS:
+        got, plan = run_forward(kind, x, 1, element)
+        again, _ = run_forward(kind, x, 1, element)
+        check_forward(got, reference(kind, x64, 1), kind, element, x64, 1,
+                      f"{kind.name} short-row specials")
+        np.testing.assert_array_equal(got.view(np.uint8), again.view(np.uint8), kind.name)
+        assert _forward_access(plan) == "rows"
+    for kind in (K.ARGMAX, K.ARGMIN):
+        desc = ArgReduceDescriptor(kind, x.shape, 1, element)
+        plan = ArgReducePlan.select(desc)
+        y = to_device(poisoned(desc.output_shape(), E.I64))
+        plan.run(ArgReduceArgs(to_device(x), y))
+        np.testing.assert_array_equal(host(y), arg_reference(kind, x64, 1), kind.name)
 
 
 @IEEE_SPECIALS
@@ -848,7 +919,7 @@ TORCH_DTYPES = {E.F16: "float16", E.BF16: "bfloat16", E.F32: "float32", E.F64: "
 @pytest.mark.parametrize("element", FLOAT_ELEMENTS, ids=lambda e: e.name)
 @pytest.mark.parametrize("kind", REDUCE_KINDS, ids=lambda k: k.name)
 @pytest.mark.parametrize("shape,axis", [((64, 3000), 1), ((3000, 64), 0), ((5, 300, 7), 1),
-                                        ((200_000,), 0)], ids=str)
+                                        ((200_000,), 0), ((3000, 64), 1)], ids=str)
 def test_gpu_forward_and_autograd_match_torch(kind, element, shape, axis):
     torch = torch_or_skip()
     dtype = getattr(torch, TORCH_DTYPES[element])

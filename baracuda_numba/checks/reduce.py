@@ -45,6 +45,10 @@ _REG_ELEMENTS = (ElementKind.F16, ElementKind.BF16, ElementKind.F32)
 _REG_SIM_SHAPES = [((5, 16), 1), ((160, 16), 0)]
 _REG_GPU_SHAPES = [((64, 4096), 1), ((4096, 64), 0)]
 _INTS = (ElementKind.I32, ElementKind.I64)
+# Forward rows of 64 elements: the short-row path of the word kernel (f32: 8 lanes x 4
+# words, f16/bf16: 4 x 4), every forward and arg kind
+_SHORT_SIM_SHAPES = [((37, 64), 1)]
+_SHORT_GPU_SHAPES = [((4099, 64), 1)]
 
 
 def _reference(kind: ReduceKind, x: np.ndarray, axis: int) -> np.ndarray:
@@ -197,6 +201,16 @@ def cases(simulator: bool) -> list[CheckCase]:
             for element in REDUCE_ELEMENTS[kind]:
                 out.append(CheckCase("reduce", "ArgReducePlan", element.name,
                                      f"{kind.name} {label}",
+                                     _arg_case(kind, element, shape, axis)))
+    for shape, axis in _SHORT_SIM_SHAPES if simulator else _SHORT_GPU_SHAPES:
+        for element in _REG_ELEMENTS:
+            for kind in REDUCE_KINDS:
+                out.append(CheckCase("reduce", "ReducePlan", element.name,
+                                     f"{kind.name} {shape} axis {axis} (short rows)",
+                                     _forward_case(kind, element, shape, axis)))
+            for kind in ARG_REDUCE_KINDS:
+                out.append(CheckCase("reduce", "ArgReducePlan", element.name,
+                                     f"{kind.name} {shape} axis {axis} (short rows)",
                                      _arg_case(kind, element, shape, axis)))
     for shape, axis in _REG_SIM_SHAPES if simulator else _REG_GPU_SHAPES:
         for kind in _REG_KINDS:

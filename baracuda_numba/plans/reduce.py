@@ -69,6 +69,7 @@ from ..kernels.reduce import (
     REDUCE_ROWS_VEC_KERNELS,
     REG_COL_WORDS,
     REG_COLS_BLOCK,
+    SHORT_LOADS,
     TIES,
     VEC_LOADS,
     VECTOR,
@@ -202,6 +203,27 @@ def _rows_vec_geometry(out_numel: int, extent: int, width: int, max_splits: int)
     chunk = -(-chunk // batch) * batch if splits > 1 else words + 1
     splits = max(1, -(-words // chunk))
     return _Geometry(lanes, True, splits, chunk, groups)
+
+
+def _short_rows_geometry(out_numel: int, extent: int, width: int, out_shape: tuple[int, ...],
+                         x_out_strides: tuple[int, ...], shift: int) -> _Geometry | None:
+    """The short-row path of ``reduce_rows_vec`` (``chunk_len`` 0): rows of exactly
+    ``lanes * SHORT_LOADS`` words with lanes 4 or 8 (f32 rows of 32 or 64 elements, f16/bf16
+    of 64 or 128), word aligned (``shift`` 0, row stride a whole number of words), over one
+    collapsed output dim; never split. These are the rows the generic geometry gives at
+    most one batch per lane (4 lanes, <= VEC_LOADS words each), i.e. its one-word-at-a-time
+    remainder path; longer rows (unmeasured with this path) keep it. None where it does not
+    apply. (H100, 2026-11-22, Sum f32 [1e6, 64] axis 1: see ``kernels.reduce.SHORT_LOADS``.)"""
+    if shift or extent % width or len(out_shape) != 1 or x_out_strides[0] < 0 \
+            or x_out_strides[0] % width:
+        return None
+    words = extent // width
+    lanes = words // SHORT_LOADS
+    if words % SHORT_LOADS or lanes & (lanes - 1) or lanes < _MIN_ROW_LANES \
+            or words > _MIN_ROW_LANES * VEC_LOADS:
+        return None
+    groups = max(1, -(-out_numel // (_BLOCK // lanes)))
+    return _Geometry(lanes, True, 1, 0, groups)
 
 
 def _fused_rows_vec_geometry(out_numel: int, extent: int, width: int) -> _Geometry:
@@ -567,8 +589,11 @@ def _problem(shape: tuple[int, ...], axis: int, strides: list[tuple[int, ...]],
                               out_strides, strides[0][axis], (x_ptr,))
     if access == ROWS:
         width = VECTOR[element].width
-        geometry = _rows_vec_geometry(out_numel, extent, width, max_splits)
         shift = (x_ptr & 7) // element.byte_width
+        geometry = _short_rows_geometry(out_numel, extent, width, out_shape, out_strides[0],
+                                        shift)
+        if geometry is None:
+            geometry = _rows_vec_geometry(out_numel, extent, width, max_splits)
         return _Problem(out_shape, out_strides, geometry, axis, ROWS, shift)
     if access == COLS:
         geometry = _cols_vec_geometry(out_numel, extent, VECTOR[element].width, max_splits)
