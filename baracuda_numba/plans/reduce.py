@@ -604,7 +604,8 @@ def _problem(shape: tuple[int, ...], axis: int, strides: list[tuple[int, ...]],
 
 @dataclass(frozen=True, slots=True)
 class _ReduceLaunch:
-    """Bound launches of one reduction layout; pointers are passed per call."""
+    """Bound launches (their ``fast`` launchers) of one reduction layout; pointers are
+    passed per call."""
 
     launches: tuple[Any, ...]
     acc_bytes: int
@@ -673,7 +674,7 @@ def _bind_reduce(kernel: Any, kernel_kind: Any, element: ElementKind, x: TensorR
         merge_args[12:14] = [lanes, 0]
         launches.append(kernel.bind(min(-(-out_numel // slots), _MAX_GRID_X), _BLOCK,
                                     tuple(merge_args) + (2 if final else 3, param)))
-    return _ReduceLaunch(tuple(launches), acc_bytes, ops.n_acc > 0, ops.uses_k,
+    return _ReduceLaunch(tuple(b.fast for b in launches), acc_bytes, ops.n_acc > 0, ops.uses_k,
                          problem.access)
 
 
@@ -746,7 +747,8 @@ class ArgReducePlan(_ForwardPlan):
 def _gradient_runner(launch: tuple[Any, Any], ws_ptr: int) -> Any:
     """``runner(stream, dy_ptr, dx_ptr, x_ptr, y_ptr)`` (0 for an absent x or y): the
     statistic pass if the layout has one, then the gradient launch with its pointers."""
-    stat, (access, bound) = launch
+    stat, (access, gradient) = launch
+    bound = gradient.fast
 
     def runner(handle: int, dy_ptr: int, dx_ptr: int, x_ptr: int, y_ptr: int) -> None:
         stat_acc = stat_k = 0
