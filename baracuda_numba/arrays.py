@@ -388,20 +388,34 @@ def torch_signature(arrays: tuple[Any, ...]) -> tuple[tuple[Any, ...], list[int]
     modulo 16 (alignment, which also picks vector widths). A plan may cache what its
     checks concluded under this key; checks that compare pointers (aliasing between
     operands) must still run per call. None until the first tensor went through
-    :func:`as_ref` (which finds the ``torch.Tensor`` class without importing torch)."""
+    :func:`as_ref` (which finds the ``torch.Tensor`` class without importing torch).
+
+    Host time of every memo-path ``run``: one generated function per number of arrays
+    (no loop, no list building) reads the 5 attributes of each tensor."""
     tensor = _TORCH_TENSOR
     if tensor is None:
         return None
-    key: list[Any] = []
-    pointers: list[int] = []
-    for array in arrays:
-        if array is None:
-            key.append(None)
-            pointers.append(0)
-            continue
-        if type(array) is not tensor or not array.is_cuda:
-            return None
-        pointer = array.data_ptr()
-        key += (array.shape, array.stride(), array.dtype, pointer & 15)
-        pointers.append(pointer)
-    return tuple(key), pointers
+    signature = _SIGNATURES.get(len(arrays))
+    if signature is None:
+        signature = _SIGNATURES[len(arrays)] = _make_signature(len(arrays))
+    return signature(tensor, *arrays)
+
+
+_SIGNATURES: dict[int, Callable[..., Any]] = {}
+
+
+def _make_signature(n: int) -> Callable[..., Any]:
+    """``signature(tensor_type, a0, ..., a{n-1})`` for :func:`torch_signature`."""
+    names = [f"a{i}" for i in range(n)]
+    lines = [f"def signature(T, {', '.join(names)}):"]
+    for a in names:
+        lines += [f"    if {a} is None:", f"        k_{a} = None", f"        p_{a} = 0",
+                  f"    elif type({a}) is T and {a}.is_cuda:",
+                  f"        p_{a} = {a}.data_ptr()",
+                  f"        k_{a} = ({a}.shape, {a}.stride(), {a}.dtype, p_{a} & 15)",
+                  "    else:", "        return None"]
+    keys = "".join(f"k_{a}, " for a in names)
+    lines.append(f"    return ({keys}), [{', '.join(f'p_{a}' for a in names)}]")
+    namespace: dict[str, Any] = {}
+    exec("\n".join(lines) + "\n", namespace)
+    return namespace["signature"]

@@ -322,3 +322,34 @@ def test_replay_launcher_maps_recorded_pointers_to_arguments():
     assert seen == [("first", 5, (0xA00, 0xA00, 0xB00, 0)), ("second", 5, (0xB00, 0xC00, 0))]
     assert replay_launcher(calls, (0x100, 0x100, 0x300, 0)) is None  # aliasing arrays
     assert replay_launcher([(first, (0x108,))], (0x100,)) is None  # a derived pointer
+
+
+def test_torch_signature_keys_and_pointers(monkeypatch):
+    """arrays.torch_signature (generated per number of arrays): the key holds shape,
+    strides, dtype and pointer mod 16 of each tensor (None for an absent one), the
+    pointers come back in order (0 for None), and anything but a CUDA tensor of the
+    registered type gives None."""
+    from baracuda_numba import arrays
+
+    class FakeTensor:
+        def __init__(self, ptr, shape, strides, dtype="f32", is_cuda=True):
+            self._ptr, self.shape, self._strides = ptr, shape, strides
+            self.dtype, self.is_cuda = dtype, is_cuda
+
+        def data_ptr(self):
+            return self._ptr
+
+        def stride(self):
+            return self._strides
+
+    monkeypatch.setattr(arrays, "_TORCH_TENSOR", FakeTensor)
+    a = FakeTensor(0x1004, (2, 3), (3, 1))
+    b = FakeTensor(0x2000, (3,), (1,), "bf16")
+    key, pointers = arrays.torch_signature((a, None, b))
+    assert key == (((2, 3), (3, 1), "f32", 4), None, ((3,), (1,), "bf16", 0))
+    assert pointers == [0x1004, 0, 0x2000]
+    assert arrays.torch_signature((a,)) == ((((2, 3), (3, 1), "f32", 4),), [0x1004])
+    assert arrays.torch_signature((a, FakeTensor(0x10, (1,), (1,), is_cuda=False))) is None
+    assert arrays.torch_signature((a, object())) is None
+    other = FakeTensor(0x1014, (2, 3), (3, 1))  # same layout key, another address
+    assert arrays.torch_signature((other, None, b))[0] == key
