@@ -9,29 +9,14 @@ from __future__ import annotations
 
 import ctypes
 import threading
-import time
 
 import torch
+from probe_launch import timeit  # scripts/ is on sys.path when run as a script
 
 import baracuda_numba as bn
 import baracuda_numba.ops as ops
 from baracuda_numba.arrays import torch_signature
 from baracuda_numba.streams import stream_handle
-
-
-def timeit(label, fn, n=20000, reps=5):
-    for _ in range(500):
-        fn()
-    torch.cuda.synchronize()
-    best = 1e9
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        torch.cuda.synchronize()
-        best = min(best, (time.perf_counter() - t0) / n * 1e6)
-    print(f"{label:64s} {best:7.2f} us/call", flush=True)
-    return best
 
 
 def main():
