@@ -1054,6 +1054,64 @@ def _cols_item(item, nseg, groups, width, lane, per_word, inner, vec, seg_len, e
     return seg, o, col, ncols, wide, s_begin, s_end
 
 
+def _make_cols_steps(fmt: FastFormat):
+    """Device functions shared by the column kernels (``_make_cols_fast`` and
+    ``_make_cols_fast_packed``), each over the ``per_word`` columns of a lane:
+
+    * ``carry_in``: ``carry`` <- identity, then (phase 2) the aggregates of the earlier
+      segments of these columns from ``ws``, combined in segment order;
+    * ``exchange``: write this chunk's total ``total[at0:at0 + per_word]`` to
+      ``part[parity][chunk][j][lane]`` (lane-contiguous, free of bank conflicts), barrier,
+      then ``prefix`` <- ``carry`` + the totals of the earlier chunks and ``carry`` <-
+      ``carry`` + every chunk's total (the carry into the next tile);
+    * ``carry_out``: (phase 1) this segment's aggregate to ``ws``, segment-major.
+
+    Runtime loops outside, unrolled loops over j inside: every local array index is a
+    constant after unrolling (registers, not local memory)."""
+    per_word = fmt.per_word
+    identity, combine = fmt.identity, fmt.combine
+
+    @cuda.jit(device=True, inline=True)
+    def carry_in(carry, ws, phase, seg, lines, o, inner, col, ncols, code):
+        for j in range(per_word):
+            carry[j] = identity(code)
+        if phase == 2:
+            # ws is segment-major ([segment][line]): coalesced across lanes
+            for g in range(seg):
+                at = g * lines + o * inner + col
+                for j in range(per_word):
+                    if j < ncols:
+                        carry[j] = combine(carry[j], ws[uint64(at + j)], code)
+
+    @cuda.jit(device=True, inline=True)
+    def exchange(part, total, at0, prefix, carry, parity, chunk, chunks, width, lane, code):
+        slot = (parity * chunks + chunk) * width + lane
+        for j in range(per_word):
+            part[slot + j * 32] = total[at0 + j]
+        cuda.syncthreads()
+        for j in range(per_word):
+            prefix[j] = carry[j]
+        for c in range(chunk):
+            at = (parity * chunks + c) * width + lane
+            for j in range(per_word):
+                prefix[j] = combine(prefix[j], part[at + j * 32], code)
+        for j in range(per_word):
+            carry[j] = prefix[j]
+        for c in range(chunk, chunks):
+            at = (parity * chunks + c) * width + lane
+            for j in range(per_word):
+                carry[j] = combine(carry[j], part[at + j * 32], code)
+
+    @cuda.jit(device=True, inline=True)
+    def carry_out(ws, carry, phase, chunk, seg, lines, o, inner, col, ncols):
+        if phase == 1 and chunk == 0:
+            for j in range(per_word):
+                if j < ncols:
+                    ws[uint64(seg * lines + o * inner + col + j)] = carry[j]
+
+    return carry_in, exchange, carry_out
+
+
 def _make_cols_fast(fmt: FastFormat, rows: int, chunks_max: int):
     """The cols_fast kernel (see above): ``rows`` rows per thread per tile, up to
     ``chunks_max`` chunks (blockDim.y) per block."""
@@ -1062,6 +1120,7 @@ def _make_cols_fast(fmt: FastFormat, rows: int, chunks_max: int):
     width = 32 * per_word  # columns per block
     identity, combine, widen, narrow = fmt.identity, fmt.combine, fmt.widen, fmt.narrow
     unpack, pack_one, store_word = _word_codecs(fmt)
+    carry_in, exchange, carry_out = _make_cols_steps(fmt)
     part_slots = 2 * chunks_max * width
     values = rows * per_word
 
@@ -1084,15 +1143,7 @@ def _make_cols_fast(fmt: FastFormat, rows: int, chunks_max: int):
                 item, nseg, groups, width, lane, per_word, inner, vec, seg_len, extent)
             xb = o * x_outer + col
             yb = o * y_outer + col
-            for j in range(per_word):
-                carry[j] = identity(code)
-            if phase == 2:
-                # ws is segment-major ([segment][line]): coalesced across lanes
-                for g in range(seg):
-                    at = g * lines + o * inner + col
-                    for j in range(per_word):
-                        if j < ncols:
-                            carry[j] = combine(carry[j], ws[uint64(at + j)], code)
+            carry_in(carry, ws, phase, seg, lines, o, inner, col, ncols, code)
             base = s_begin
             while base < s_end:
                 r0 = base + chunk * rows
@@ -1113,25 +1164,8 @@ def _make_cols_fast(fmt: FastFormat, rows: int, chunks_max: int):
                     for j in range(per_word):
                         vals[r * per_word + j] = combine(vals[(r - 1) * per_word + j],
                                                          vals[r * per_word + j], code)
-                # part[parity][chunk][j][lane]: lane-contiguous, free of bank conflicts
-                slot = (parity * chunks + chunk) * width + lane
-                for j in range(per_word):
-                    part[slot + j * 32] = vals[(rows - 1) * per_word + j]
-                cuda.syncthreads()
-                # runtime loops outside, unrolled loops over j inside: every local array
-                # index is a constant after unrolling (registers, not local memory)
-                for j in range(per_word):
-                    prefix[j] = carry[j]
-                for c in range(chunk):
-                    at = (parity * chunks + c) * width + lane
-                    for j in range(per_word):
-                        prefix[j] = combine(prefix[j], part[at + j * 32], code)
-                for j in range(per_word):
-                    carry[j] = prefix[j]
-                for c in range(chunk, chunks):
-                    at = (parity * chunks + c) * width + lane
-                    for j in range(per_word):
-                        carry[j] = combine(carry[j], part[at + j * 32], code)
+                exchange(part, vals, (rows - 1) * per_word, prefix, carry, parity, chunk,
+                         chunks, width, lane, code)
                 if phase != 1:
                     for r in range(rows):
                         for j in range(per_word):
@@ -1153,10 +1187,7 @@ def _make_cols_fast(fmt: FastFormat, rows: int, chunks_max: int):
                                         vals[r * per_word + j])
                 parity = 1 - parity
                 base += tile_rows
-            if phase == 1 and chunk == 0:
-                for j in range(per_word):
-                    if j < ncols:
-                        ws[uint64(seg * lines + o * inner + col + j)] = carry[j]
+            carry_out(ws, carry, phase, chunk, seg, lines, o, inner, col, ncols)
             item += cuda.gridDim.x
 
     scan_cols_fast.__qualname__ = f"scan_cols_fast_{fmt.family}_{fmt.element.name}_{rows}"
@@ -1185,6 +1216,7 @@ def _make_cols_fast_packed(fmt: FastFormat, rows: int, chunks_max: int):
     identity, combine, narrow, to_bits = fmt.identity, fmt.combine, fmt.narrow, fmt.to_bits
     unpack, _, store_word = _word_codecs(fmt)
     pack_values = _make_pack_values(fmt)
+    carry_in, exchange, carry_out = _make_cols_steps(fmt)
     part_slots = 2 * chunks_max * width
 
     def scan_cols_fast(x, xw, yw, y, ws, outer, extent, inner, x_outer, x_step, y_outer,
@@ -1206,15 +1238,7 @@ def _make_cols_fast_packed(fmt: FastFormat, rows: int, chunks_max: int):
                 item, nseg, groups, width, lane, per_word, inner, vec, seg_len, extent)
             xb = o * x_outer + col
             yb = o * y_outer + col
-            for j in range(per_word):
-                carry[j] = identity(code)
-            if phase == 2:
-                # ws is segment-major ([segment][line]): coalesced across lanes
-                for g in range(seg):
-                    at = g * lines + o * inner + col
-                    for j in range(per_word):
-                        if j < ncols:
-                            carry[j] = combine(carry[j], ws[uint64(at + j)], code)
+            carry_in(carry, ws, phase, seg, lines, o, inner, col, ncols, code)
             base = s_begin
             while base < s_end:
                 r0 = base + chunk * rows
@@ -1239,25 +1263,8 @@ def _make_cols_fast_packed(fmt: FastFormat, rows: int, chunks_max: int):
                     if r < valid:
                         for j in range(per_word):
                             run[j] = combine(run[j], unpack(words[r], j), code)
-                # part[parity][chunk][j][lane]: lane-contiguous, free of bank conflicts
-                slot = (parity * chunks + chunk) * width + lane
-                for j in range(per_word):
-                    part[slot + j * 32] = run[j]
-                cuda.syncthreads()
-                # runtime loops outside, unrolled loops over j inside: every local array
-                # index is a constant after unrolling (registers, not local memory)
-                for j in range(per_word):
-                    run[j] = carry[j]
-                for c in range(chunk):
-                    at = (parity * chunks + c) * width + lane
-                    for j in range(per_word):
-                        run[j] = combine(run[j], part[at + j * 32], code)
-                for j in range(per_word):
-                    carry[j] = run[j]
-                for c in range(chunk, chunks):
-                    at = (parity * chunks + c) * width + lane
-                    for j in range(per_word):
-                        carry[j] = combine(carry[j], part[at + j * 32], code)
+                # run <- carry + the earlier chunks' totals: this thread's prefix
+                exchange(part, run, 0, run, carry, parity, chunk, chunks, width, lane, code)
                 if phase != 1:
                     for r in range(rows):
                         s = r0 + r
@@ -1273,10 +1280,7 @@ def _make_cols_fast_packed(fmt: FastFormat, rows: int, chunks_max: int):
                                     y[uint64(yb + pos * y_step + j)] = narrow(run[j])
                 parity = 1 - parity
                 base += tile_rows
-            if phase == 1 and chunk == 0:
-                for j in range(per_word):
-                    if j < ncols:
-                        ws[uint64(seg * lines + o * inner + col + j)] = carry[j]
+            carry_out(ws, carry, phase, chunk, seg, lines, o, inner, col, ncols)
             item += cuda.gridDim.x
 
     scan_cols_fast.__qualname__ = f"scan_cols_fast_packed_{fmt.family}_{fmt.element.name}_{rows}"
