@@ -117,6 +117,15 @@ def _heads_per_thread(rows: int, heads: int, dim: int) -> int:
     return per_thread
 
 
+def _positions_args(pos: TensorRef | None) -> tuple[int, int, int, int]:
+    """The kernels' positions arguments: (flat extent, batch stride, sequence stride,
+    present); a ``[S]`` tensor has batch stride 0."""
+    if pos is None:
+        return 0, 0, 0, 0
+    pos_b, pos_s = pos.strides if len(pos.shape) == 2 else (0, pos.strides[0])
+    return flat_span(pos.shape, pos.strides), pos_b, pos_s, 1
+
+
 @dataclass(frozen=True, slots=True)
 class RopeDescriptor:
     """``[B, H, S, D]`` extents, rotary ``base``, element kind, pair layout and the number of
@@ -389,12 +398,7 @@ class _RopeBase(Plan):
         block_y = max(1, min(_BLOCK // block_x, self._rows))
         grid = (min(-(-work // block_x), 65535),
                 min(-(-self._rows // block_y), self.row_blocks, 65535))
-        if pos is None:
-            pos_extent, pos_b, pos_s, has_pos = 0, 0, 0, 0
-        else:
-            pos_extent = flat_span(pos.shape, pos.strides)
-            pos_b, pos_s = pos.strides if len(pos.shape) == 2 else (0, pos.strides[0])
-            has_pos = 1
+        pos_extent, pos_b, pos_s, has_pos = _positions_args(pos)
         x_extent = -(-flat_span(x.shape, x.strides) // width)
         y_extent = -(-flat_span(y.shape, y.strides) // width)
         xs = tuple(stride // width for stride in x.strides[:3])
@@ -423,12 +427,7 @@ class _RopeBase(Plan):
         hpt = self.unit_heads_per_thread or _unit_heads_per_thread(threads_per_head, heads)
         grid = (min(-(-threads_per_head // _BLOCK), (1 << 31) - 1),
                 min(-(-heads // hpt), 65535))
-        if pos is None:
-            pos_extent, pos_b, pos_s, has_pos = 0, 0, 0, 0
-        else:
-            pos_extent = flat_span(pos.shape, pos.strides)
-            pos_b, pos_s = pos.strides if len(pos.shape) == 2 else (0, pos.strides[0])
-            has_pos = 1
+        pos_extent, pos_b, pos_s, has_pos = _positions_args(pos)
         x_words = 4 * -(-flat_span(x.shape, x.strides) // width)
         y_words = 4 * -(-flat_span(y.shape, y.strides) // width)
         xs = tuple(stride // width for stride in x.strides[:3])
