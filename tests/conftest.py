@@ -6,6 +6,8 @@ The simulator is chosen before Numba is imported: with no GPU, ``NUMBA_ENABLE_CU
 
 from __future__ import annotations
 
+import sys
+
 from baracuda_numba._detect import use_simulator_without_gpu
 
 SIMULATOR = use_simulator_without_gpu()
@@ -24,7 +26,9 @@ FLOAT_ELEMENTS = (ElementKind.F16, ElementKind.BF16, ElementKind.F32, ElementKin
 EDGE_LENGTHS = (31, 32, 33, 7) if SIMULATOR else (31, 32, 33, 255, 256, 257, 1000)
 
 
+@pytest.hookimpl(trylast=True)  # after -k / -m deselection
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    _overlap_ptx_compile(config, items)
     skip_gpu = pytest.mark.skip(reason="needs a GPU (running in the Numba CUDA simulator)")
     skip_sim = pytest.mark.skip(reason="simulator-only test")
     for item in items:
@@ -32,6 +36,26 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip_gpu)
         if not SIMULATOR and "simulator" in item.keywords:
             item.add_marker(skip_sim)
+
+
+def _overlap_ptx_compile(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Run the PTX compile of ``test_ptx`` beside the other tests (it takes one core for
+    most of the run): start its process now and move the test, which waits for it, last.
+    Not under xdist, whose workers each collect every test."""
+    ptx = [item for item in items if item.module.__name__.endswith("test_ptx")]
+    if not ptx or len(ptx) == len(items) or hasattr(config, "workerinput"):
+        return
+    ptx[0].module.start()
+    items[:] = [item for item in items if item not in ptx] + ptx
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """A run stopped early (``-x``, Ctrl-C) leaves no compile process behind."""
+    module = sys.modules.get("test_ptx") or sys.modules.get("tests.test_ptx")
+    process = getattr(module, "_process", None)
+    if process is not None and process.poll() is None:
+        process.kill()
+        process.communicate()
 
 
 @pytest.fixture
