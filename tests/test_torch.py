@@ -172,6 +172,57 @@ def test_cuda_graph_capture_of_functional_ops():
             torch.testing.assert_close(got, expected)
 
 
+def _layouts(dtype):
+    """Four torch layouts of one shape (8, 33): contiguous, transposed (dense, so
+    ``empty_like`` keeps its strides), a column slice (strided, pointer 12 bytes past an
+    aligned one in f32) and a contiguous view one element past an aligned pointer."""
+    return {
+        "contiguous": torch.randn(8, 33, device="cuda").to(dtype),
+        "transposed": torch.randn(33, 8, device="cuda").to(dtype).t(),
+        "sliced": torch.randn(8, 40, device="cuda").to(dtype)[:, 3:36],
+        "offset": torch.randn(8 * 33 + 1, device="cuda").to(dtype)[1:].view(8, 33),
+    }
+
+
+FAST_CALLS = {
+    "cumsum_1": (lambda x: ops.cumsum(x, 1), lambda x: torch.cumsum(x, 1)),
+    "cumsum_0_reverse": (lambda x: ops.cumsum(x, 0, reverse=True),
+                         lambda x: torch.cumsum(x.flip(0), 0).flip(0)),
+    "cummax_1": (lambda x: ops.cummax(x, 1)[0], lambda x: torch.cummax(x, 1)[0]),
+    "cummin_0_indices": (lambda x: ops.cummin(x, 0)[1].to(torch.float64),
+                         lambda x: torch.cummin(x, 0)[1].to(torch.float64)),
+    "sum_1": (lambda x: ops.sum(x, 1), lambda x: x.sum(1)),
+    "amax_0_keepdim": (lambda x: ops.amax(x, 0, keepdim=True), lambda x: x.amax(0, True)),
+    "var_1": (lambda x: ops.var(x, 1), lambda x: x.var(1)),
+}
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_functional_layout_launches(dtype):
+    """The functional layer's repeated-call path (``ops._fast_launch``: the launch kept per
+    input layout, no ``run``) gives the checked path's results bit for bit, for four
+    layouts of one shape visited in turn (each its own key), with fresh data per call."""
+    tdtype = getattr(torch, dtype)
+    tol = {torch.float32: 1e-5, torch.bfloat16: 2e-2}[tdtype]
+    ops.clear_plan_cache()
+    layouts = _layouts(tdtype)
+    for name, (ours, theirs) in FAST_CALLS.items():
+        for _round in range(3):
+            for label, x in layouts.items():
+                x.copy_(torch.randn(x.shape, device="cuda").to(tdtype))
+                first, again = ours(x), ours(x)
+                assert torch.equal(first, again), (name, label)
+                # no ties in the f32 index check; bf16 values tie, indices then differ
+                if name.endswith("indices") and tdtype != torch.float32:
+                    continue
+                expected = theirs(x.to(torch.float64))
+                scale = expected.abs().max().clamp_min(1.0)
+                assert (first.to(torch.float64) - expected).abs().max() <= tol * scale, \
+                    (name, label)
+    kept = [len(site.launches) for site in ops._sites._values.values() if site.launches]
+    assert len(kept) == len(FAST_CALLS) and all(n == len(layouts) for n in kept), kept
+
+
 def test_cupy_in_cupy_out():
     cp = cupy_or_skip()
     x = cp.random.standard_normal((6, 9)).astype(cp.float32)

@@ -9,6 +9,7 @@ raises before any launch, so nothing is written.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import MISSING, dataclass, fields
 from typing import Any, ClassVar, NoReturn, TypeVar
 
@@ -178,6 +179,18 @@ class Plan:
     def workspace_size(self) -> int:
         """Bytes of device scratch ``run`` needs (pass a buffer at least this large)."""
         return self._workspace_size
+
+    def layout_launch(self, args: Any) -> Callable[..., None] | None:
+        """What a repeated ``run(args)`` (no workspace) replays for torch tensors of these
+        layouts, as ``launch(stream_handle, *pointers)`` with one pointer per array field
+        of ``args`` in field order (0 for an absent one); None where ``run`` keeps no such
+        launch (a plan without a layout memo, other arrays, or a layout not yet run).
+
+        For callers that know more than ``run`` can: the functional API, whose outputs are
+        fresh allocations (so no aliasing to check) with a layout that follows from the
+        input's, keys the result by the input's layout alone and then skips ``run``'s own
+        per-array layout reading."""
+        return None
 
     def check_workspace(self, workspace: Any) -> int:
         """Pointer of a large-enough workspace (0 if none is needed)."""

@@ -44,6 +44,7 @@ workspace (few long lines: 3 passes over memory).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -515,6 +516,18 @@ class _ForwardPlan(Plan):
         x = as_ref(args.x, self.name, "x", element, self._shape)
         y = as_mut(args.y, self.name, "y", self._out_element or element, self._out_shape)
         return x, y
+
+    def layout_launch(self, args: Any) -> Callable[..., None] | None:
+        """``launch(stream_handle, x_ptr, y_ptr)``: see :meth:`Plan.layout_launch`."""
+        hit = self._memo.lookup((args.x, args.y))[1]
+        if hit is None:
+            return None
+        launch = hit[0]
+
+        def launch_xy(stream: int, x_ptr: int, y_ptr: int) -> None:
+            launch(stream, x_ptr, y_ptr, 0, 0)
+
+        return launch_xy
 
     def run(self, args: Any, stream: Any = None, workspace: Any = None) -> None:
         """Reduce ``args.x`` into ``args.y`` on ``stream`` (no host sync). ``workspace``:

@@ -41,6 +41,7 @@ deterministic and bit-stable for a given layout, alignment and workspace choice.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -774,6 +775,12 @@ class ScanPlan(_ScanLauncher):
             if _overlaps(indices, y) or _overlaps(indices, x):
                 fail(self.name, InvalidProblem, "indices", "must not overlap x or y")
         return x, y, indices
+
+    def layout_launch(self, args: ScanArgs) -> Callable[..., None] | None:
+        """``launch(stream_handle, x_ptr, y_ptr, indices_ptr)``: see
+        :meth:`Plan.layout_launch`."""
+        hit = self._memo.lookup((args.x, args.y, args.indices))[1]
+        return None if hit is None else hit[0]
 
     def run(self, args: ScanArgs, stream: Any = None, workspace: Any = None) -> None:
         """Write the scan of ``x`` to ``y`` (and ``indices``) on ``stream``; no host sync.
