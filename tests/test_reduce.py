@@ -745,6 +745,45 @@ def test_word_access_backward(kind, element, layout, rng):
                           else access), what
 
 
+def test_store_only_rows_geometry():
+    """The Sum/Mean gradient (stores only) takes 8 lanes for rows of 128-2048 words when
+    there are at least 4096 rows; everything else keeps the shared row geometry."""
+    from baracuda_numba.plans.reduce import _rows_vec_geometry
+
+    for width in (2, 4):
+        for words in (128, 1000, 2048):
+            geometry = _rows_vec_geometry(4096, words * width, width, 1 << 16, store_only=True)
+            assert geometry.lanes == 8 and geometry.splits == 1 \
+                and geometry.chunk_len > words, (width, words, geometry)
+        for rows, words in ((4096, 127), (4096, 2049), (4095, 1000), (4096, 32)):
+            assert _rows_vec_geometry(rows, words * width, width, 1 << 16, store_only=True) \
+                == _rows_vec_geometry(rows, words * width, width, 1 << 16), (rows, words)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("element", WORD_ELEMENTS, ids=lambda e: e.name)
+@pytest.mark.parametrize("kind", [K.SUM, K.MEAN], ids=lambda k: k.name)
+def test_gpu_store_only_rows(kind, element, rng):
+    """The 8-lane store-only rows (4096 rows of 128-2048 words, a padded row stride, a row
+    length off the word grid) against NumPy, into poisoned outputs."""
+    width = 8 // element.byte_width
+    for cols, pitch in ((128 * width, 128 * width), (1000 * width, 1003 * width),
+                        (2048 * width, 2048 * width), (1000 * width + 1, 1000 * width + 1)):
+        dy = random_values((4096, 1), element, rng)
+        x_host = np.zeros((4096, cols), element.storage_dtype)
+        expected = backward_reference(kind, from_storage(dy, element), x_host, dy, 1)
+        base = to_device(poisoned((4096, pitch), element))
+        dx = base[:, :cols]
+        plan = ReduceBackwardPlan.select(ReduceBackwardDescriptor(kind, (4096, cols), 1,
+                                                                  element))
+        plan.run(ReduceBackwardArgs(to_device(dy), dx))
+        got = from_storage(host(base), element)
+        check_backward(got[:, :cols], expected, element, f"{kind.name} {element.name} {cols}")
+        if pitch > cols:  # the padding keeps its poison
+            np.testing.assert_array_equal(host(base)[:, cols:], poisoned((4096, pitch),
+                                                                          element)[:, cols:])
+
+
 # -- register-resident gradient (Max/Min, Var/Std of lines that fit in one block) --------
 # Word-aligned rows whose extent is a whole number of words take the kernel that holds the
 # row in registers (access "reg"): one warp or less per row, several warps per row, padded

@@ -175,6 +175,11 @@ def _pow2_at_least(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
 
 
+#: Row lengths in words that the store-only gradient gives 8 lanes (``_rows_vec_geometry``).
+_STORE_ONLY_WORDS = range(128, 2049)
+_STORE_ONLY_ROWS = 4096
+
+
 @dataclass(frozen=True, slots=True)
 class _Geometry:
     lanes: int
@@ -184,12 +189,20 @@ class _Geometry:
     groups: int
 
 
-def _rows_vec_geometry(out_numel: int, extent: int, width: int, max_splits: int) -> _Geometry:
+def _rows_vec_geometry(out_numel: int, extent: int, width: int, max_splits: int,
+                       store_only: bool = False) -> _Geometry:
     """Lanes per row and splits for the word-access row kernels: a row of ``extent //
     width`` words gets about _VEC_WORDS_PER_LANE words per lane (short rows: one batch per
     lane, at least 4 lanes = a 32-byte sector per row and load), split only when there are
-    too few row groups; a split is a whole number of batches."""
+    too few row groups; a split is a whole number of batches. ``store_only`` (the Sum/Mean
+    gradient, which writes rows and reads one dy value each): 8 lanes for rows of
+    _STORE_ONLY_WORDS words (H100, 2026-11-22, Sum f32 [4096, 4096] along rows: 26.2 µs
+    with 8 lanes against 28.8 with 32; [65536, 256]: 27.5 against 33.0 with 4; bf16
+    [4096, 4096] 14.5 either way; docs/notes/reduce.md, session 7), when there are at
+    least _STORE_ONLY_ROWS rows (unsplit, as measured)."""
     words = max(extent // width, 1)
+    if store_only and words in _STORE_ONLY_WORDS and out_numel >= _STORE_ONLY_ROWS:
+        return _Geometry(8, True, 1, words + 1, -(-out_numel // (_BLOCK // 8)))
     lanes = _pow2_at_least(-(-words // _VEC_WORDS_PER_LANE))
     if words >= _VEC_WARP_ROW_WORDS:
         lanes = max(lanes, 32)
@@ -939,7 +952,8 @@ class ReduceBackwardPlan(Plan):
                                                   lanes.bit_length() - 1, None))
         if access == ROWS:
             width = VECTOR[element].width
-            geometry = _rows_vec_geometry(self._out_numel, extent, width, 1 << 16)
+            geometry = _rows_vec_geometry(self._out_numel, extent, width, 1 << 16,
+                                          store_only=not self._needs_saved)
         elif access == COLS:
             geometry = _cols_vec_geometry(self._out_numel, extent, VECTOR[element].width,
                                           1 << 16)
