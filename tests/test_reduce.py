@@ -746,18 +746,19 @@ def test_word_access_backward(kind, element, layout, rng):
 
 
 def test_store_only_rows_geometry():
-    """The Sum/Mean gradient (stores only) takes 8 lanes for rows of 128-2048 words when
-    there are at least 4096 rows; everything else keeps the shared row geometry."""
+    """The f32 Sum/Mean gradient (stores only) takes 8 lanes for rows of 128-2048 words
+    when there are at least 4096 rows; everything else (2-byte elements included) keeps
+    the shared row geometry."""
     from baracuda_numba.plans.reduce import _rows_vec_geometry
 
-    for width in (2, 4):
-        for words in (128, 1000, 2048):
-            geometry = _rows_vec_geometry(4096, words * width, width, 1 << 16, store_only=True)
-            assert geometry.lanes == 8 and geometry.splits == 1 \
-                and geometry.chunk_len > words, (width, words, geometry)
-        for rows, words in ((4096, 127), (4096, 2049), (4095, 1000), (4096, 32)):
-            assert _rows_vec_geometry(rows, words * width, width, 1 << 16, store_only=True) \
-                == _rows_vec_geometry(rows, words * width, width, 1 << 16), (rows, words)
+    for words in (128, 1000, 2048):
+        geometry = _rows_vec_geometry(4096, words * 2, 2, 1 << 16, store_only=True)
+        assert geometry.lanes == 8 and geometry.splits == 1 and geometry.chunk_len > words, \
+            (words, geometry)
+    for width, rows, words in ((2, 4096, 127), (2, 4096, 2049), (2, 4095, 1000),
+                               (2, 4096, 32), (4, 4096, 128), (4, 4096, 1024)):
+        assert _rows_vec_geometry(rows, words * width, width, 1 << 16, store_only=True) \
+            == _rows_vec_geometry(rows, words * width, width, 1 << 16), (width, rows, words)
 
 
 @pytest.mark.gpu

@@ -195,13 +195,15 @@ def _rows_vec_geometry(out_numel: int, extent: int, width: int, max_splits: int,
     width`` words gets about _VEC_WORDS_PER_LANE words per lane (short rows: one batch per
     lane, at least 4 lanes = a 32-byte sector per row and load), split only when there are
     too few row groups; a split is a whole number of batches. ``store_only`` (the Sum/Mean
-    gradient, which writes rows and reads one dy value each): 8 lanes for rows of
-    _STORE_ONLY_WORDS words (H100, 2026-11-22, Sum f32 [4096, 4096] along rows: 26.2 µs
-    with 8 lanes against 28.8 with 32; [65536, 256]: 27.5 against 33.0 with 4; bf16
-    [4096, 4096] 14.5 either way; docs/notes/reduce.md, session 7), when there are at
-    least _STORE_ONLY_ROWS rows (unsplit, as measured)."""
+    gradient, which writes rows and reads one dy value each) of f32: 8 lanes for rows of
+    _STORE_ONLY_WORDS words when there are at least _STORE_ONLY_ROWS rows, unsplit
+    (H100, 2026-11-22, Sum f32 [4096, 4096] along rows: 26.2 µs with 8 lanes against 28.8
+    with 32, 26.4 in the bench; [65536, 256]: 27.5 against 33.0 with 4). 2-byte elements
+    keep the shared geometry: bf16 [4096, 4096] took 14.3-14.5 µs with 8-32 lanes in the
+    probe and 14.78 (8 lanes) against 14.43 in the bench (docs/notes/reduce.md, session 7)."""
     words = max(extent // width, 1)
-    if store_only and words in _STORE_ONLY_WORDS and out_numel >= _STORE_ONLY_ROWS:
+    if store_only and width == 2 and words in _STORE_ONLY_WORDS \
+            and out_numel >= _STORE_ONLY_ROWS:
         return _Geometry(8, True, 1, words + 1, -(-out_numel // (_BLOCK // 8)))
     lanes = _pow2_at_least(-(-words // _VEC_WORDS_PER_LANE))
     if words >= _VEC_WARP_ROW_WORDS:
