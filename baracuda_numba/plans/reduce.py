@@ -200,7 +200,7 @@ def _rows_vec_geometry(out_numel: int, extent: int, width: int, max_splits: int,
     (H100, 2026-11-22, Sum f32 [4096, 4096] along rows: 26.2 µs with 8 lanes against 28.8
     with 32, 26.4 in the bench; [65536, 256]: 27.5 against 33.0 with 4). 2-byte elements
     keep the shared geometry: bf16 [4096, 4096] took 14.3-14.5 µs with 8-32 lanes in the
-    probe and 14.78 (8 lanes) against 14.43 in the bench (docs/notes/reduce.md, session 7)."""
+    probe and 14.78 (8 lanes) against 14.43 in the bench (docs/notes/reduce.md, session 6)."""
     words = max(extent // width, 1)
     if store_only and width == 2 and words in _STORE_ONLY_WORDS \
             and out_numel >= _STORE_ONLY_ROWS:
