@@ -745,6 +745,44 @@ def test_word_access_backward(kind, element, layout, rng):
                           else access), what
 
 
+_SHORT_LAYOUTS = ("rows_short", "rows_short_padded", "rows_short_phase")
+
+
+@pytest.mark.parametrize("layout", _SHORT_LAYOUTS, ids=str)
+@pytest.mark.parametrize("element", WORD_ELEMENTS, ids=lambda e: e.name)
+@pytest.mark.parametrize("kind", [K.SUM, K.MEAN, K.PROD, K.NORM2, K.LOG_SUM_EXP],
+                         ids=lambda k: k.name)
+def test_short_rows_backward(kind, element, layout, rng):
+    """The gradients without a statistic take the row kernel's short-row path exactly where
+    the forward does (64-element rows, word aligned; padded rows stay word aligned for f32
+    only; an unaligned start never), into a poisoned buffer whose padding must survive."""
+    base_shape, index, axis, _ = _word_layouts()[layout]
+    shape = _view_shape(layout, base_shape, index)
+    base = inputs_for(kind, base_shape, element, rng)
+    x_host = np.ascontiguousarray(base[index].reshape(shape))
+    y = saved_output(kind, x_host, axis, element)
+    dy = random_values(y.shape, element, rng)
+    expected = backward_reference(kind, from_storage(dy, element), from_storage(x_host, element),
+                                  from_storage(y, element), axis)
+    dx_base = poisoned(base_shape, element)
+    dx = device_view(dx_base, index, shape, element)
+    plan = ReduceBackwardPlan.select(ReduceBackwardDescriptor(kind, shape, axis, element))
+    saved = kind not in (K.SUM, K.MEAN)
+    plan.run(ReduceBackwardArgs(to_device(dy), dx, device_view(base, index, shape, element)
+                                if saved else None, to_device(y) if saved else None))
+    got = storage_of(dx, element)
+    what = f"{kind.name} backward {element.name} {layout}"
+    check_backward(from_storage(got, element), expected, element, what)
+    written = np.zeros(base_shape, bool)
+    written[index] = True
+    whole = dx_base if SIMULATOR else storage_of(dx._base, element)
+    np.testing.assert_array_equal(whole[~written], poisoned(base_shape, element)[~written])
+    access, gradient = next(iter(plan._launches.values()))[1]
+    short = layout == "rows_short" or (layout == "rows_short_padded" and element is E.F32)
+    assert access == "rows", what
+    assert (gradient._args[16] == 0) == short, what  # chunk_vecs 0: the short-row path
+
+
 def test_store_only_rows_geometry():
     """The f32 Sum/Mean gradient (stores only) takes 8 lanes for rows of 128-2048 words
     when there are at least 4096 rows; everything else (2-byte elements included) keeps

@@ -1414,6 +1414,7 @@ def _make_backward_rows_vec(kind: ReduceKind, element: ElementKind) -> Callable[
     STAT_MEAN, STAT_TIES = ops.stat == "mean", ops.stat == "ties"
     HAS_STAT = ops.stat is not None
     stat_reduce = _vec_lane_reducer(TIES if STAT_TIES else ReduceKind.VAR, element)
+    LAST = MAX_RANK - 1
 
     def reduce_backward_rows_vec(dy, x, xv, y, dx, dxv, stat_acc, stat_k, out_numel, extent,
                                  out_shape, dy_strides, x_strides, y_strides, dx_strides,
@@ -1423,7 +1424,13 @@ def _make_backward_rows_vec(kind: ReduceKind, element: ElementKind) -> Callable[
         word-aligned bases of ``xv``/``dxv``), so one word index addresses both. Layout as
         ``reduce_rows_vec``; grid.y splits the rows into ``chunk_vecs`` words (the
         statistic then comes from ``stat_acc``/``stat_k``); ``fused`` (one split) reduces
-        it here first."""
+        it here first.
+
+        ``chunk_vecs == 0`` selects the short-row path of the kinds without a statistic
+        (Sum, Mean, Prod, Norm2, LogSumExp; plans: the conditions of ``reduce_rows_vec``'s
+        short rows, one split): lane ``l`` of row ``o`` loads x words ``l + u * lanes`` (u <
+        SHORT_LOADS) at once, then stores the dx words at the same indices; no head, tail
+        or remainder path and one multiply per offset."""
         tid = cuda.threadIdx.x
         block = cuda.blockDim.x
         slots = block // lanes
@@ -1438,6 +1445,35 @@ def _make_backward_rows_vec(kind: ReduceKind, element: ElementKind) -> Callable[
         words = cuda.local.array(VEC_LOADS, uint64)
         values = cuda.local.array(W, ACC)
         group = int64(cuda.blockIdx.x)
+        if not HAS_STAT and chunk_vecs == 0:
+            row_words = uint64(dx_strides[LAST]) >> uint64(LOG_W)
+            while group * slots < out_numel:  # uniform across the block
+                o = group * slots + slot
+                if o < out_numel:
+                    at = uint64(o) * row_words + uint64(lane)
+                    if READS_X:  # every load of the row in flight at once
+                        for u in range(SHORT_LOADS):
+                            words[u] = xv[at + uint64(u * lanes)]
+                    g = load(dy, o * dy_strides[LAST])
+                    yv = load(y, o * y_strides[LAST]) if READS_Y else g
+                    cf = ACC(coefficient(g, yv, g, int64(0), param))
+                    if READS_X:
+                        for u in range(SHORT_LOADS):
+                            unpack(words[u], values, 0)
+                            w = uint64(0)
+                            for e in range(W):
+                                w |= bits(store(element_fn(cf, values[e], yv, g))) \
+                                    << uint64(e * BITS)
+                            store_word(dx, dxv, at + uint64(u * lanes), w, 0)
+                    else:
+                        one = bits(store(element_fn(cf, cf, yv, g)))
+                        w = uint64(0)
+                        for e in range(W):
+                            w |= one << uint64(e * BITS)
+                        for u in range(SHORT_LOADS):
+                            store_word(dx, dxv, at + uint64(u * lanes), w, 0)
+                group += cuda.gridDim.x
+            return
         while group * slots < out_numel:  # uniform across the block
             o = group * slots + slot
             valid = o < out_numel

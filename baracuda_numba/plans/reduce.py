@@ -954,8 +954,14 @@ class ReduceBackwardPlan(Plan):
                                                   lanes.bit_length() - 1, None))
         if access == ROWS:
             width = VECTOR[element].width
-            geometry = _rows_vec_geometry(self._out_numel, extent, width, 1 << 16,
-                                          store_only=not self._needs_saved)
+            geometry = None
+            if self._stat_kind is None:  # the kernel's short-row path (chunk_len 0)
+                geometry = _short_rows_geometry(self._out_numel, extent, width, out_shape,
+                                                out_strides[0],
+                                                (dx.ptr & 7) // element.byte_width)
+            if geometry is None:
+                geometry = _rows_vec_geometry(self._out_numel, extent, width, 1 << 16,
+                                              store_only=not self._needs_saved)
         elif access == COLS:
             geometry = _cols_vec_geometry(self._out_numel, extent, VECTOR[element].width,
                                           1 << 16)
