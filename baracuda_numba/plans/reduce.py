@@ -952,13 +952,13 @@ class ReduceBackwardPlan(Plan):
                     and all(s % width == 0 for s in out_strides[0]):
                 return None, (REG, self._bind_reg(dy, dx, y, out_strides,
                                                   lanes.bit_length() - 1, None))
+        shift = (dx.ptr & 7) // element.byte_width  # dx's (and x's) elements past a word
         if access == ROWS:
             width = VECTOR[element].width
             geometry = None
             if self._stat_kind is None:  # the kernel's short-row path (chunk_len 0)
                 geometry = _short_rows_geometry(self._out_numel, extent, width, out_shape,
-                                                out_strides[0],
-                                                (dx.ptr & 7) // element.byte_width)
+                                                out_strides[0], shift)
             if geometry is None:
                 geometry = _rows_vec_geometry(self._out_numel, extent, width, 1 << 16,
                                               store_only=not self._needs_saved)
@@ -998,7 +998,6 @@ class ReduceBackwardPlan(Plan):
                       (0, n_stat if self._stat_kind is TIES else 0))
         grad_kind = GRAD_KERNEL_KIND.get(self.descriptor.kind, self.descriptor.kind)
         if access == ROWS:
-            shift = (dx.ptr & 7) // element.byte_width
             words = (0, (dx_view[1] + shift) * element.byte_width // 8)
             x_words = (0, words[1] if x is not None else 0)
             words = _dx_words(words)
