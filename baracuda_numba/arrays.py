@@ -25,7 +25,7 @@ from .errors import BufferTooSmall, InvalidProblem, MisalignedOperand, Unsupport
 from .types import ElementKind
 
 __all__ = ["TensorMut", "TensorRef", "as_mut", "as_ref", "contiguous_strides", "flat_span",
-           "torch_signature"]
+           "layout_exec", "layout_lines", "layout_signature"]
 
 MAX_RANK = 8
 
@@ -194,6 +194,8 @@ def _extract_fake_cuda(obj: Any) -> _Extracted:  # simulator's device arrays
 _EXTRACTORS: dict[type, Callable[[Any], _Extracted]] = {}
 #: ``torch.Tensor`` once a tensor has been seen (``_view`` inlines its extraction).
 _TORCH_TENSOR: type | None = None
+#: ``cupy.ndarray`` once a CuPy array has been seen (memo keys, :func:`layout_lines`).
+_CUPY_ARRAY: type | None = None
 
 
 def _extractor_for(cls: type, obj: Any) -> Callable[[Any], _Extracted]:
@@ -209,6 +211,9 @@ def _extractor_for(cls: type, obj: Any) -> Callable[[Any], _Extracted]:
             _TORCH_TENSOR = cls
     elif module.startswith("cupy") and hasattr(cls, "data"):
         found = _extract_cupy
+        if cls.__name__ == "ndarray":
+            global _CUPY_ARRAY
+            _CUPY_ARRAY = cls
     elif SIMULATOR and cls.__name__ == "FakeCUDAArray":
         found = _extract_fake_cuda
     elif SIMULATOR and "numpy.ndarray" in names:
@@ -379,43 +384,62 @@ def as_mut(obj: Any, plan: str, arg: str, element: ElementKind | None = None,
     return _view(TensorMut, obj, plan, arg, element, shape)  # type: ignore[return-value]
 
 
-def torch_signature(arrays: tuple[Any, ...]) -> tuple[tuple[Any, ...], list[int]] | None:
+def layout_signature(arrays: tuple[Any, ...]) -> tuple[tuple[Any, ...], list[int]] | None:
     """``(layout key, pointers)`` when every array (``None`` allowed) is a CUDA
-    ``torch.Tensor``, else None: the memo key of a plan's fast ``run``.
+    ``torch.Tensor`` or a CuPy array, else None: the memo key of a plan's fast ``run``.
 
     The key holds every fact the array checks of ``can_implement`` depend on except the
-    pointer values themselves: shape, strides and dtype of each tensor and its pointer
+    pointer values themselves: shape, strides and dtype of each array and its pointer
     modulo 16 (alignment, which also picks vector widths). A plan may cache what its
     checks concluded under this key; checks that compare pointers (aliasing between
-    operands) must still run per call. None until the first tensor went through
-    :func:`as_ref` (which finds the ``torch.Tensor`` class without importing torch).
+    operands) must still run per call. Torch and CuPy keys never compare equal (their
+    dtypes differ). None until the first tensor or CuPy array went through :func:`as_ref`
+    (which finds their classes without importing torch or CuPy).
 
     Host time of every memo-path ``run``: one generated function per number of arrays
-    (no loop, no list building) reads the 5 attributes of each tensor."""
-    tensor = _TORCH_TENSOR
-    if tensor is None:
-        return None
+    (no loop, no list building) reads 5 attributes of each tensor (4 of a CuPy array);
+    :func:`layout_lines` is that code, for callers that generate their own functions."""
     signature = _SIGNATURES.get(len(arrays))
     if signature is None:
         signature = _SIGNATURES[len(arrays)] = _make_signature(len(arrays))
-    return signature(tensor, *arrays)
+    return signature(*arrays)
 
 
 _SIGNATURES: dict[int, Callable[..., Any]] = {}
 
 
-def _make_signature(n: int) -> Callable[..., Any]:
-    """``signature(tensor_type, a0, ..., a{n-1})`` for :func:`torch_signature`."""
-    names = [f"a{i}" for i in range(n)]
-    lines = [f"def signature(T, {', '.join(names)}):"]
+def layout_lines(names: list[str], miss: str, indent: str = "    ") -> str:
+    """Python source that sets ``k_<name>`` (the array's layout key, None for None) and
+    ``p_<name>`` (its pointer, 0 for None) for each of ``names``, or runs ``miss`` (a
+    statement, e.g. ``return None``) when one is neither None, a CUDA ``torch.Tensor``
+    nor a CuPy array. Compile it with :func:`layout_exec`."""
+    lines = []
     for a in names:
-        lines += [f"    if {a} is None:", f"        k_{a} = None", f"        p_{a} = 0",
-                  f"    elif type({a}) is T and {a}.is_cuda:",
-                  f"        p_{a} = {a}.data_ptr()",
-                  f"        k_{a} = ({a}.shape, {a}.stride(), {a}.dtype, p_{a} & 15)",
-                  "    else:", "        return None"]
+        lines += [f"if {a} is None:", f"    k_{a} = None", f"    p_{a} = 0",
+                  f"elif type({a}) is _TORCH_TENSOR and {a}.is_cuda:",
+                  f"    p_{a} = {a}.data_ptr()",
+                  f"    k_{a} = ({a}.shape, {a}.stride(), {a}.dtype, p_{a} & 15)",
+                  f"elif type({a}) is _CUPY_ARRAY:",
+                  f"    p_{a} = {a}.data.ptr",
+                  f"    k_{a} = ({a}.shape, {a}.strides, {a}.dtype, p_{a} & 15)",
+                  "else:", f"    {miss}"]
+    return "".join(f"{indent}{line}\n" for line in lines)
+
+
+def layout_exec(source: str, names: dict[str, Any]) -> dict[str, Any]:
+    """Execute generated ``source`` whose functions use :func:`layout_lines`: their
+    globals are this module's (so they see the torch and CuPy classes once found);
+    returns the namespace holding what ``source`` defined, with ``names`` given."""
+    namespace = dict(names)
+    exec(compile(source, "<layout signature>", "exec"), globals(), namespace)
+    return namespace
+
+
+def _make_signature(n: int) -> Callable[..., Any]:
+    """``signature(a0, ..., a{n-1})`` for :func:`layout_signature`."""
+    names = [f"a{i}" for i in range(n)]
     keys = "".join(f"k_{a}, " for a in names)
-    lines.append(f"    return ({keys}), [{', '.join(f'p_{a}' for a in names)}]")
-    namespace: dict[str, Any] = {}
-    exec("\n".join(lines) + "\n", namespace)
-    return namespace["signature"]
+    source = (f"def signature({', '.join(names)}):\n"
+              + layout_lines(names, "return None")
+              + f"    return ({keys}), [{', '.join(f'p_{a}' for a in names)}]\n")
+    return layout_exec(source, {})["signature"]

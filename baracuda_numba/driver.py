@@ -2,12 +2,14 @@
 
 Copies, memsets and module loads go straight to ``libcuda`` through ``ctypes`` with declared
 argument types. The hot path, a kernel launch with everything but the stream fixed, goes
-through ``cuda.bindings`` (Cython) when it is installed: measured on the H100 machine
-(2026-11-22, ``scripts/probe_launch.py``, empty kernel, 20,000-call loops) a
-``cuda.bindings`` ``cuLaunchKernel`` costs 5.1 µs of host time where ctypes with declared
-argument types costs 7.7 µs (ctypes converts all eleven arguments on every call; 5.6 µs
-without argument types but then a 64-bit stream handle has to be boxed per call). Every
-non-zero ``CUresult`` raises :class:`DriverError` with the driver's error name.
+through a Cython binding when one is installed: CuPy's ``launchKernel`` (typed C
+arguments), else ``cuda.bindings``. Measured on the H100 machine (2026-11-22,
+``scripts/probe_launch.py``, empty kernel, 20,000-call loops) a ``cuda.bindings``
+``cuLaunchKernel`` costs 5.1 µs of host time where ctypes with declared argument types
+costs 7.7 µs (ctypes converts all eleven arguments on every call; 5.6 µs without argument
+types but then a 64-bit stream handle has to be boxed per call); CuPy's wrapper costs 0.8
+µs less than ``cuda.bindings`` (2026-11-23, ``scripts/probe_host.py``). Every non-zero
+``CUresult`` raises :class:`DriverError` with the driver's error name.
 
 In the Numba CUDA simulator "device pointers" are host pointers, so the copies fall back
 to ``ctypes.memmove``/``memset`` and launches never come here.
@@ -162,15 +164,32 @@ def launch_kernel(function: int, grid: tuple[int, int, int], block: tuple[int, i
 
 
 @functools.cache
-def _bindings() -> Any:
-    """``cuda.bindings.driver`` if installed (``$BARACUDA_LAUNCHER=ctypes`` opts out)."""
-    if os.environ.get("BARACUDA_LAUNCHER", "").lower() == "ctypes":
-        return None
-    try:
-        from cuda.bindings import driver
-    except ImportError:
-        return None
-    return driver
+def _launcher() -> tuple[str, Any]:
+    """The ``cuLaunchKernel`` binding of :func:`pointer_launcher`: ``("cupy", CuPy's
+    launchKernel)``, ``("bindings", cuda.bindings.driver)`` or ``("ctypes", libcuda())``.
+
+    The default takes the first one installed, in that order: CuPy's Cython wrapper has
+    typed C integer arguments (measured on the H100 host, 2026-11-23, empty kernel,
+    20,000-call loops: 3.99 µs per launch against 4.82 µs for ``cuda.bindings``, which
+    builds Python objects for the stream, the parameters and the result).
+    ``$BARACUDA_LAUNCHER`` = ``cupy``, ``bindings`` or ``ctypes`` picks one (falling back
+    down the list when it is not installed)."""
+    choice = os.environ.get("BARACUDA_LAUNCHER", "").lower()
+    if choice in ("", "cupy"):
+        try:  # the driver module alone: no ``import cupy``
+            from cupy_backends.cuda.api import driver as cupy_driver
+
+            return "cupy", cupy_driver
+        except Exception:  # not installed, or a build that does not load here
+            pass
+    if choice in ("", "cupy", "bindings"):
+        try:
+            from cuda.bindings import driver
+        except Exception:
+            pass
+        else:
+            return "bindings", driver
+    return "ctypes", libcuda()
 
 
 def pointer_launcher(function: int, grid: tuple[int, int, int], block: tuple[int, int, int],
@@ -180,8 +199,8 @@ def pointer_launcher(function: int, grid: tuple[int, int, int], block: tuple[int
     """``launch(stream, pointer_0, ..., pointer_n-1)`` for one kernel, launch shape and
     parameter block, generated as one flat Python function (the host cost of every
     ``run``): under ``lock`` it writes the pointers into ``slots`` (``ctypes.c_uint64``
-    views of the block) and calls ``cuLaunchKernel`` (through ``cuda.bindings`` when
-    installed, else ctypes) with ``params`` (address of a ``void*[]``) or ``extra`` (a
+    views of the block) and calls ``cuLaunchKernel`` (through the binding
+    :func:`_launcher` picks) with ``params`` (address of a ``void*[]``) or ``extra`` (a
     ``CU_LAUNCH_PARAM_BUFFER_*`` list); exactly one of them is non-zero. While
     ``direct[0]`` is false it calls ``fallback(stream, *pointers)`` instead; a non-zero
     ``CUresult`` goes to ``failed(code, stream, *pointers)``.
@@ -195,15 +214,23 @@ def pointer_launcher(function: int, grid: tuple[int, int, int], block: tuple[int
     names = [f"p{i}" for i in range(len(slots))]
     namespace: dict[str, Any] = {"direct": direct, "fallback": fallback, "failed": failed,
                                  "acquire": lock.acquire, "release": lock.release}
-    driver = _bindings()
-    if driver is not None:
-        namespace["call"], namespace["F"] = driver.cuLaunchKernel, driver.CUfunction(function)
-        call = (f"call(F, {gx}, {gy}, {gz}, {bx}, {by}, {bz}, {shared_bytes}, stream, "
-                f"{params}, {extra})[0]")
+    kind, binding = _launcher()
+    shape = f"{gx}, {gy}, {gz}, {bx}, {by}, {bz}, {shared_bytes}, stream"
+    if kind == "cupy":  # raises CUDADriverError (its .status: the CUresult)
+        namespace["call"], namespace["F"] = binding.launchKernel, function
+        namespace["DriverFailure"] = binding.CUDADriverError
+        call = ("        try:\n"
+                f"            call(F, {shape}, {params}, {extra})\n"
+                "        except DriverFailure as error:\n"
+                "            code = error.status\n"
+                "        else:\n"
+                "            code = 0\n")
+    elif kind == "bindings":
+        namespace["call"], namespace["F"] = binding.cuLaunchKernel, binding.CUfunction(function)
+        call = f"        code = call(F, {shape}, {params}, {extra})[0]\n"
     else:
-        namespace["call"], namespace["F"] = libcuda().cuLaunchKernel, function
-        call = (f"call(F, {gx}, {gy}, {gz}, {bx}, {by}, {bz}, {shared_bytes}, stream, "
-                f"{params or None}, {extra or None})")
+        namespace["call"], namespace["F"] = binding.cuLaunchKernel, function
+        call = f"        code = call(F, {shape}, {params or None}, {extra or None})\n"
     writes = ""
     for i, slot in enumerate(slots):
         namespace[f"s{i}"] = slot
@@ -213,8 +240,7 @@ def pointer_launcher(function: int, grid: tuple[int, int, int], block: tuple[int
               f"    if not direct[0]:\n"
               f"        return fallback({arguments})\n"
               f"    acquire()\n"
-              f"    try:\n{writes}"
-              f"        code = {call}\n"
+              f"    try:\n{writes}{call}"
               f"    finally:\n"
               f"        release()\n"
               f"    if code:\n"

@@ -240,7 +240,7 @@ def _functional(ctx, torch) -> None:
 
 def _breakdown(ctx, torch):
     """Where a WriteSlice run's host time goes (torch tensors, kernel path)."""
-    from baracuda_numba.arrays import as_mut, as_ref, torch_signature
+    from baracuda_numba.arrays import as_mut, as_ref, layout_signature
     from baracuda_numba.driver import libcuda
     from baracuda_numba.streams import stream_handle
 
@@ -273,8 +273,8 @@ def _breakdown(ctx, torch):
          lambda: per_param(0, ptr_d, ptr_s)),
         ("  breakdown: bare ctypes cuLaunchKernel with the parameter buffer",
          lambda: launch(kernel._function, 1, 1, 1, 32, 1, 1, 0, 0, None, bound._extra)),
-        ("  breakdown: torch_signature((dest, source)) (memo key)",
-         lambda: torch_signature((dest, source))),
+        ("  breakdown: layout_signature((dest, source)) (memo key)",
+         lambda: layout_signature((dest, source))),
         ("  breakdown: plan.run(args)", lambda: plan.run(args)),
     ]
     for label, fn in rows:

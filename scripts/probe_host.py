@@ -15,7 +15,7 @@ from probe_launch import timeit  # scripts/ is on sys.path when run as a script
 
 import baracuda_numba as bn
 import baracuda_numba.ops as ops
-from baracuda_numba.arrays import torch_signature
+from baracuda_numba.arrays import layout_signature
 from baracuda_numba.streams import stream_handle
 
 
@@ -32,13 +32,13 @@ def main():
     ws.run(args)
     timeit("WriteSlicePlan.run(args) (kernel path)", lambda: ws.run(args))
     timeit("WriteSliceArgs(dest, source)", lambda: bn.WriteSliceArgs(dest, source))
-    timeit("torch_signature((dest, source))", lambda: torch_signature((dest, source)))
+    timeit("layout_signature((dest, source))", lambda: layout_signature((dest, source)))
     timeit("stream_handle(None)", lambda: stream_handle(None))
-    sig = torch_signature((dest, source))
+    sig = layout_signature((dest, source))
     key = (sig[0], False)
     timeit("hash((signature key, False))", lambda: hash((sig[0], False)))
     timeit("ws._memo.get(key)", lambda: ws._memo.get(key))
-    timeit("signature + memo get", lambda: ws._memo.get((torch_signature((dest, source))[0],
+    timeit("signature + memo get", lambda: ws._memo.get((layout_signature((dest, source))[0],
                                                           False)))
     timeit("WriteSlicePlan.run(args) again", lambda: ws.run(args))
     timeit("x.add_(1.0) again", lambda: x.add_(1.0))
@@ -59,6 +59,21 @@ def main():
     sh, extra = bound._shared, bound._extra
     timeit("bindings cuLaunchKernel only", lambda: call(fn, gx, gy, gz, bx, by, bz, sh, 0, 0,
                                                          extra))
+    stream_obj = d.CUstream(0)
+    timeit("bindings cuLaunchKernel, stream as a CUstream object",
+           lambda: call(fn, gx, gy, gz, bx, by, bz, sh, stream_obj, 0, extra))
+    timeit("bindings cuLaunchKernel, kernelParams None",
+           lambda: call(fn, gx, gy, gz, bx, by, bz, sh, 0, None, extra))
+    timeit("d.CUstream(0) construction", lambda: d.CUstream(0))
+    try:
+        from cupy.cuda import driver as cupy_driver
+    except ImportError:
+        cupy_driver = None
+    if cupy_driver is not None:  # CuPy's Cython wrapper: typed intptr_t arguments
+        raw_fn = int(fn)
+        launch_kernel = cupy_driver.launchKernel
+        timeit("cupy.cuda.driver.launchKernel (typed Cython wrapper)",
+               lambda: launch_kernel(raw_fn, gx, gy, gz, bx, by, bz, sh, 0, 0, extra))
     slots = bound._pointer_slots
     lock = threading.Lock()
 

@@ -6,10 +6,11 @@ import json
 import os
 import subprocess
 import sys
+import types
 
 import numpy as np
 import pytest
-from conftest import SIMULATOR, torch_or_skip
+from conftest import SIMULATOR, cupy_or_skip, torch_or_skip
 from numba import cuda, float32
 
 import baracuda_numba as bn
@@ -249,7 +250,7 @@ def test_dynamic_shared_above_48k():
 
 
 def test_pointer_launcher_writes_pointers_then_calls_the_driver(monkeypatch):
-    """The generated launcher of BoundLaunch.fast (both driver back ends, faked): pointers
+    """The generated launcher of BoundLaunch.fast (the three driver bindings, faked): pointers
     land in their slots before the one cuLaunchKernel call, with the launch shape and the
     parameter block fixed at bind time; the dispatcher flag reroutes; a failing CUresult
     goes to ``failed`` with the same arguments."""
@@ -272,25 +273,32 @@ def test_pointer_launcher_writes_pointers_then_calls_the_driver(monkeypatch):
         def CUfunction(handle):  # noqa: N802 (the driver's name)
             return ("CUfunction", handle)
 
+    class FakeCupyError(Exception):
+        def __init__(self, status):
+            self.status = status
+
+    def cupy_launch(*args):
+        code = cu_launch(*args)[0]
+        if code:
+            raise FakeCupyError(code)
+
+    FakeCupy = type("FakeCupyDriver", (), {"launchKernel": staticmethod(cupy_launch),
+                                           "CUDADriverError": FakeCupyError})
+    fake_lib = type("Lib", (), {"cuLaunchKernel": staticmethod(lambda *a: cu_launch(*a)[0])})
     calls_result = [0]
     rerouted, failures = [], []
     direct = [True]
-    for backend in ("bindings", "ctypes"):
+    for backend, binding in (("cupy", FakeCupy), ("bindings", FakeBindings),
+                             ("ctypes", fake_lib())):
         calls.clear()
-        if backend == "bindings":
-            monkeypatch.setattr(driver, "_bindings", lambda: FakeBindings)
-        else:
-            monkeypatch.setattr(driver, "_bindings", lambda: None)
-            monkeypatch.setattr(driver, "libcuda", lambda: type(
-                "Lib", (), {"cuLaunchKernel": staticmethod(
-                    lambda *a: cu_launch(*a)[0])})())
+        monkeypatch.setattr(driver, "_launcher", lambda b=backend, d=binding: (b, d))
         launch = driver.pointer_launcher(
             0x1234, (3, 2, 1), (128, 1, 1), 48, 0, 0xBEEF, slots, threading.Lock(), direct,
             lambda *a: rerouted.append(a), lambda *a: failures.append(a))
         launch(7, 0x1000, 0x2000)
         args, written = calls[-1]
         function = ("CUfunction", 0x1234) if backend == "bindings" else 0x1234
-        params = 0 if backend == "bindings" else None
+        params = None if backend == "ctypes" else 0
         assert args == (function, 3, 2, 1, 128, 1, 1, 48, 7, params, 0xBEEF)
         assert written == [0x1000, 0x2000]
         calls_result[0] = 700
@@ -324,32 +332,196 @@ def test_replay_launcher_maps_recorded_pointers_to_arguments():
     assert replay_launcher([(first, (0x108,))], (0x100,)) is None  # a derived pointer
 
 
-def test_torch_signature_keys_and_pointers(monkeypatch):
-    """arrays.torch_signature (generated per number of arrays): the key holds shape,
-    strides, dtype and pointer mod 16 of each tensor (None for an absent one), the
-    pointers come back in order (0 for None), and anything but a CUDA tensor of the
-    registered type gives None."""
+class _FakeTensor:
+    """Stands for a CUDA ``torch.Tensor`` (the attributes ``layout_signature`` reads)."""
+
+    def __init__(self, ptr, shape, strides, dtype="f32", is_cuda=True):
+        self._ptr, self.shape, self._strides = ptr, shape, strides
+        self.dtype, self.is_cuda = dtype, is_cuda
+
+    def data_ptr(self):
+        return self._ptr
+
+    def stride(self):
+        return self._strides
+
+
+class _FakeCupy:
+    """Stands for a CuPy array: ``data.ptr``, byte ``strides``."""
+
+    def __init__(self, ptr, shape, strides, dtype="float32"):
+        self.data = types.SimpleNamespace(ptr=ptr)
+        self.shape, self.strides, self.dtype = shape, strides, dtype
+
+
+def test_layout_signature_keys_and_pointers(monkeypatch):
+    """arrays.layout_signature (generated per number of arrays): the key holds shape,
+    strides, dtype and pointer mod 16 of each tensor or CuPy array (None for an absent
+    one), the pointers come back in order (0 for None), and anything but a CUDA tensor
+    or CuPy array of the registered types gives None."""
     from baracuda_numba import arrays
 
-    class FakeTensor:
-        def __init__(self, ptr, shape, strides, dtype="f32", is_cuda=True):
-            self._ptr, self.shape, self._strides = ptr, shape, strides
-            self.dtype, self.is_cuda = dtype, is_cuda
-
-        def data_ptr(self):
-            return self._ptr
-
-        def stride(self):
-            return self._strides
-
-    monkeypatch.setattr(arrays, "_TORCH_TENSOR", FakeTensor)
-    a = FakeTensor(0x1004, (2, 3), (3, 1))
-    b = FakeTensor(0x2000, (3,), (1,), "bf16")
-    key, pointers = arrays.torch_signature((a, None, b))
+    monkeypatch.setattr(arrays, "_TORCH_TENSOR", _FakeTensor)
+    monkeypatch.setattr(arrays, "_CUPY_ARRAY", _FakeCupy)
+    a = _FakeTensor(0x1004, (2, 3), (3, 1))
+    b = _FakeTensor(0x2000, (3,), (1,), "bf16")
+    key, pointers = arrays.layout_signature((a, None, b))
     assert key == (((2, 3), (3, 1), "f32", 4), None, ((3,), (1,), "bf16", 0))
     assert pointers == [0x1004, 0, 0x2000]
-    assert arrays.torch_signature((a,)) == ((((2, 3), (3, 1), "f32", 4),), [0x1004])
-    assert arrays.torch_signature((a, FakeTensor(0x10, (1,), (1,), is_cuda=False))) is None
-    assert arrays.torch_signature((a, object())) is None
-    other = FakeTensor(0x1014, (2, 3), (3, 1))  # same layout key, another address
-    assert arrays.torch_signature((other, None, b))[0] == key
+    assert arrays.layout_signature((a,)) == ((((2, 3), (3, 1), "f32", 4),), [0x1004])
+    assert arrays.layout_signature((a, _FakeTensor(0x10, (1,), (1,), is_cuda=False))) is None
+    assert arrays.layout_signature((a, object())) is None
+    other = _FakeTensor(0x1014, (2, 3), (3, 1))  # same layout key, another address
+    assert arrays.layout_signature((other, None, b))[0] == key
+    c = _FakeCupy(0x3008, (2, 3), (12, 4))
+    assert arrays.layout_signature((c, a)) == (
+        (((2, 3), (12, 4), "float32", 8), ((2, 3), (3, 1), "f32", 4)), [0x3008, 0x1004])
+
+
+def test_layout_memo_launch_and_lookup(monkeypatch):
+    """LayoutMemo: a stored layout launches with the stream handle and the pointers and
+    returns LAUNCHED; a new layout, other ``extra``, or overlapping arrays that must be
+    disjoint return the key without launching; arrays of other types return None."""
+    from baracuda_numba import arrays
+    from baracuda_numba.plans.base import LAUNCHED, LayoutMemo
+
+    monkeypatch.setattr(arrays, "_TORCH_TENSOR", _FakeTensor)
+    monkeypatch.setattr(arrays, "_CUPY_ARRAY", _FakeCupy)
+    seen = []
+    memo = LayoutMemo(3)
+    x = _FakeTensor(0x1000, (4,), (1,))
+    y = _FakeCupy(0x2000, (4,), (4,))
+    key = memo.launch(None, "e", x, y, None)
+    assert key is not None and key is not LAUNCHED and not seen
+    assert memo.lookup((x, y, None), "e") == (key, None)
+    memo.store(key, lambda *a: seen.append(a), (16, 16, 0), ((1, 0),))
+    assert memo.launch(None, "e", x, y, None) is LAUNCHED
+    assert memo.launch(7, "e", x, y, None) is LAUNCHED
+    assert seen == [(0, 0x1000, 0x2000, 0), (7, 0x1000, 0x2000, 0)]
+    assert memo.lookup((x, y, None), "e")[1][1] == (0x1000, 0x2000, 0)
+    assert memo.launch(None, "other", x, y, None) not in (None, LAUNCHED)
+    # y on x's bytes: the pair (1, 0) must be disjoint, so the checked path runs
+    assert memo.launch(None, "e", x, _FakeCupy(0x1000, (4,), (4,)), None) == key
+    assert memo.launch(None, "e", x, _FakeCupy(0x1010, (4,), (4,)), None) is LAUNCHED
+    assert memo.launch(None, "e", x, object(), None) is None
+    assert len(seen) == 3
+    memo.clear()
+    assert memo.launch(None, "e", x, y, None) == key
+
+
+def _cupy_memo_cases(cp):
+    """(name, plan, run(outputs), fresh outputs(), inputs) per family for the CuPy memo
+    test: every plan kind with a layout memo, on small shapes."""
+    f32 = ElementKind.F32
+    rng = cp.random.default_rng(7)
+    x = rng.standard_normal((6, 40), dtype=cp.float32) * 0.1 + 1
+    dy = rng.standard_normal((6, 40), dtype=cp.float32)
+    cases = []
+    scan = bn.ScanPlan.select(bn.ScanDescriptor(ScanKind.CUMPROD, (6, 40), 1, element=f32))
+    y_fw = cp.cumprod(x, axis=1)
+    scan_bw = bn.ScanBackwardPlan.select(bn.ScanBackwardDescriptor(
+        ScanKind.CUMPROD, (6, 40), 1, element=f32))
+    cases.append(("scan", scan, lambda out: scan.run(bn.ScanArgs(x, out[0])), [(6, 40)]))
+    cases.append(("scan_bw", scan_bw,
+                  lambda out: scan_bw.run(bn.ScanBackwardArgs(dy, out[0], x, y_fw)),
+                  [(6, 40)]))
+    red = bn.ReducePlan.select(bn.ReduceDescriptor(bn.ReduceKind.SUM, (6, 40), 1, f32))
+    cases.append(("reduce", red, lambda out: red.run(bn.ReduceArgs(x, out[0])), [(6, 1)]))
+    var = x.var(axis=1, ddof=1, keepdims=True)
+    red_bw = bn.ReduceBackwardPlan.select(bn.ReduceBackwardDescriptor(
+        bn.ReduceKind.VAR, (6, 40), 1, f32))
+    dvar = dy[:, :1].copy()
+    cases.append(("reduce_bw", red_bw,
+                  lambda out: red_bw.run(bn.ReduceBackwardArgs(dvar, out[0], x, var)),
+                  [(6, 40)]))
+    pool_x = rng.standard_normal((2, 3, 9, 9), dtype=cp.float32)
+    samples = rng.random((2, 3, 2), dtype=cp.float32)
+    fmp = bn.FractionalMaxPool2dPlan.select(bn.FractionalMaxPool2dDescriptor.new(
+        2, 3, 9, 9, 2, 2, 5, 5, f32))
+    cases.append(("fmp", fmp, lambda out: fmp.run_fw(bn.FractionalMaxPool2dFwArgs(
+        pool_x, out[0], out[1], samples)), [(2, 3, 5, 5), ((2, 3, 5, 5), cp.int64)]))
+    q = rng.standard_normal((2, 3, 4, 8), dtype=cp.float32)
+    positions = cp.arange(4, dtype=cp.int64) * 1000
+    rope = bn.RopePlan.select(bn.RopeDescriptor(2, 3, 4, 8, element=f32))
+    cases.append(("rope", rope, lambda out: rope.run(bn.RopeArgs(q, out[0], positions)),
+                  [(2, 3, 4, 8)]))
+    source = rng.standard_normal((4, 2, 8), dtype=cp.float32)
+    ws = bn.WriteSlicePlan.select(bn.WriteSliceDescriptor((4, 8, 16), (4, 2, 8),
+                                                          ((0, 4), (3, 5), (4, 12)), f32))
+    cases.append(("write_slice", ws, lambda out: ws.run(bn.WriteSliceArgs(out[0], source)),
+                  [(4, 8, 16)]))
+    return cases
+
+
+@pytest.mark.gpu
+def test_cupy_memo_matches_the_checked_path():
+    """CuPy arrays take the plans' layout memos too: for every plan kind, the first run
+    (checked path) and two more with fresh outputs of the same layout (memo path) write
+    bit-identical results; an overlapping output with a memoised layout is still rejected
+    before any launch."""
+    cp = cupy_or_skip()
+    for name, plan, run, shapes in _cupy_memo_cases(cp):
+        results = []
+        for _ in range(3):
+            outs = []
+            for spec in shapes:
+                shape, dtype = spec if isinstance(spec[1], type) else (spec, cp.float32)
+                # write_slice writes a window: the rest keeps a finite poison
+                poison = -7 if dtype == cp.int64 or name == "write_slice" else cp.nan
+                outs.append(cp.full(shape, poison, dtype=dtype))
+            run(outs)
+            results.append(outs)
+        memos = [getattr(plan, attr) for attr in ("_memo", "_memo_fw")
+                 if hasattr(plan, attr)]
+        entries = memos[0]._entries if hasattr(memos[0], "_entries") else memos[0]
+        assert len(entries) == 1, name
+        assert all(bool(cp.isfinite(out).all()) for out in results[0]), name
+        for outs in results[1:]:
+            for got, first in zip(outs, results[0]):
+                assert cp.array_equal(got, first), name
+    # the memoised ScanBackward layout with dx on x's bytes: rejected, nothing written
+    _, scan_bw, _, _ = _cupy_memo_cases(cp)[1]
+    x = cp.ones((6, 40), dtype=cp.float32)
+    dy = cp.ones((6, 40), dtype=cp.float32)
+    scan_bw.run(bn.ScanBackwardArgs(dy, cp.empty_like(x), x, cp.ones_like(x)))
+    with pytest.raises(InvalidProblem, match="dx"):
+        scan_bw.run(bn.ScanBackwardArgs(dy, x, x, cp.ones_like(x)))
+    assert bool((x == 1).all())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["cupy", "bindings", "ctypes"])
+def test_each_launcher_binding_runs_kernels(monkeypatch, backend):
+    """Each ``cuLaunchKernel`` binding of ``driver.pointer_launcher`` (CuPy's typed
+    wrapper, ``cuda.bindings``, ctypes) launches a bound kernel with its pointers on the
+    given stream, and the generated launcher really calls that binding."""
+    from numba import types
+
+    from baracuda_numba import driver
+    from baracuda_numba.launch import Kernel, flat
+
+    if SIMULATOR:
+        pytest.skip("needs a GPU")
+    monkeypatch.setenv("BARACUDA_LAUNCHER", backend)
+    driver._launcher.cache_clear()
+    try:
+        kind, binding = driver._launcher()
+        if kind != backend:
+            pytest.skip(f"{backend} is not installed")
+        kernel = Kernel("test_launcher_binding", _dynamic_shared_kernel,
+                        (flat(types.float32), types.int64), register=False)
+        n = 1000
+        out = to_device(np.zeros(n, np.float32))
+        kernel.allow_dynamic_shared(n * 4)
+        bound = kernel.bind(1, 256, ((0, n), n), shared_bytes=n * 4)
+        called = bound.fast.__globals__["call"]
+        expected = binding.launchKernel if kind == "cupy" else binding.cuLaunchKernel
+        assert called is expected
+        stream = cuda.stream()
+        bound.fast(stream_handle(stream), as_mut(out, "test", "out").ptr)
+        stream.synchronize()
+        np.testing.assert_array_equal(out.copy_to_host(),
+                                      np.arange(n, dtype=np.float32)[::-1])
+    finally:
+        monkeypatch.delenv("BARACUDA_LAUNCHER")
+        driver._launcher.cache_clear()

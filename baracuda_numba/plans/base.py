@@ -13,11 +13,12 @@ from collections.abc import Callable
 from dataclasses import MISSING, dataclass, fields
 from typing import Any, ClassVar, NoReturn, TypeVar
 
-from ..arrays import as_ref, torch_signature
+from ..arrays import as_ref, layout_exec, layout_lines
 from ..errors import InvalidProblem, Unsupported, WorkspaceTooSmall
+from ..streams import stream_handle
 from ..types import ElementKind, KernelSku, PlanPreference, PrecisionGuarantee
 
-__all__ = ["MAX_RANK", "LayoutMemo", "Plan", "fail", "plan_args", "product",
+__all__ = ["LAUNCHED", "MAX_RANK", "LayoutMemo", "Plan", "fail", "plan_args", "product",
            "replay_launcher"]
 
 MAX_RANK = 8
@@ -101,41 +102,45 @@ def replay_launcher(calls: list[tuple[Any, tuple[int, ...]]], pointers: tuple[in
     return namespace["launch"]
 
 
+#: What ``LayoutMemo.launch`` returns after it launched.
+LAUNCHED = object()
+
+
 class LayoutMemo:
-    """What a plan's checks concluded for one layout of torch tensors, so that a repeated
+    """What a plan's checks concluded for one layout of its arrays, so that a repeated
     ``run`` skips them: the fast path of ``run`` for decode-sized calls.
 
-    ``lookup(arrays, extra)`` returns ``(key, hit)``: ``hit`` is ``(launch, pointers)``
-    when every array is a CUDA ``torch.Tensor`` whose layout key
-    (:func:`~baracuda_numba.arrays.torch_signature`: shape, strides, dtype, pointer mod 16)
-    was stored together with ``extra`` (the plan's own switches) and no pair of arrays
-    that must be disjoint overlaps at these pointers; else ``hit`` is None and the plan
-    runs its checked path, then ``store(key, launch, spans, disjoint)`` with ``spans`` the
-    byte span of each array and ``disjoint`` the index pairs that must not overlap
-    (``key`` is None when the arrays are not all torch tensors: nothing is stored).
-    ``launch(stream_handle, *pointers)`` must do everything the checked path would."""
+    Built for a plan's number of arrays. Two generated functions read the layout key of
+    each array (:func:`~baracuda_numba.arrays.layout_signature`: CUDA torch tensors and
+    CuPy arrays; shape, strides, dtype, pointer mod 16), add ``extra`` (the plan's own
+    switches) and look it up:
 
-    __slots__ = ("_entries",)
+    * ``launch(stream, extra, a0, ..., a{n-1})`` (the hot path of ``run``) launches the
+      stored function on ``stream`` (normalised by
+      :func:`~baracuda_numba.streams.stream_handle`) with the arrays' pointers and
+      returns :data:`LAUNCHED`, when the layout was stored and no pair of arrays that
+      must be disjoint overlaps at these pointers; else it returns the key (None when
+      the arrays are not all torch tensors or CuPy arrays). The plan then runs its
+      checked path and ``store(key, launch, spans, disjoint)`` with ``spans`` the byte
+      span of each array and ``disjoint`` the index pairs that must not overlap.
+    * ``lookup(arrays, extra)`` returns ``(key, hit)`` with ``hit`` ``(launch,
+      pointers)`` or None, for :meth:`Plan.layout_launch`.
 
-    def __init__(self) -> None:
-        self._entries: dict[Any, tuple[Any, tuple[int, ...], tuple[tuple[int, int], ...]]] = {}
+    The stored ``launch(stream_handle, *pointers)`` must do everything the checked path
+    would. The disjointness test is one generated function per set of pairs."""
+
+    __slots__ = ("_entries", "launch", "_find")
+
+    def __init__(self, arrays: int) -> None:
+        self._entries: dict[Any, tuple[Any, tuple[int, ...], Any]] = {}
+        factory = _MEMO_FACTORIES.get(arrays)
+        if factory is None:
+            factory = _MEMO_FACTORIES[arrays] = _memo_factory(arrays)
+        self.launch, self._find = factory(self._entries, stream_handle, LAUNCHED)
 
     def lookup(self, arrays: tuple[Any, ...], extra: Any = None
-               ) -> tuple[Any, tuple[Any, list[int]] | None]:
-        signature = torch_signature(arrays)
-        if signature is None:
-            return None, None
-        key = (signature[0], extra)
-        entry = self._entries.get(key)
-        if entry is None:
-            return key, None
-        launch, spans, disjoint = entry
-        pointers = signature[1]
-        for i, j in disjoint:
-            a, b = pointers[i], pointers[j]
-            if a < b + spans[j] and b < a + spans[i]:
-                return key, None  # aliasing: the checked path raises
-        return key, (launch, pointers)
+               ) -> tuple[Any, tuple[Any, tuple[int, ...]] | None]:
+        return self._find(extra, *arrays)
 
     def store(self, key: Any, launch: Any, spans: tuple[int, ...],
               disjoint: tuple[tuple[int, int], ...] = ()) -> None:
@@ -144,10 +149,59 @@ class LayoutMemo:
         launch = getattr(launch, "fast", launch)  # a BoundLaunch: its generated launcher
         if len(self._entries) >= 64:
             self._entries.clear()
-        self._entries[key] = (launch, spans, disjoint)
+        self._entries[key] = (launch, spans, _disjoint_test(len(spans), disjoint))
 
     def clear(self) -> None:
         self._entries.clear()
+
+
+_MEMO_FACTORIES: dict[int, Callable[..., Any]] = {}
+_DISJOINT_TESTS: dict[tuple[int, tuple[tuple[int, int], ...]], Any] = {}
+
+
+def _memo_factory(n: int) -> Callable[..., Any]:
+    """``factory(entries, stream_handle, LAUNCHED) -> (launch, find)`` for
+    :class:`LayoutMemo` of ``n`` arrays."""
+    names = [f"a{i}" for i in range(n)]
+    arguments = ", ".join(names)
+    pointers = ", ".join(f"p_{a}" for a in names)
+    key = f"    key = (({''.join(f'k_{a}, ' for a in names)}), extra)\n"
+    found = ("    entry = entries.get(key)\n"
+             "    if entry is None:\n        return {miss}\n"
+             "    go, spans, ok = entry\n"
+             f"    if ok is not None and not ok(spans, {pointers}):\n"
+             "        return {miss}\n")
+    launch = (f"def launch(stream, extra, {arguments}):\n"
+              + layout_lines(names, "return None") + key + found.format(miss="key")
+              + "    go(0 if stream is None else stream if type(stream) is int else "
+              f"stream_handle(stream), {pointers})\n"
+              "    return LAUNCHED\n")
+    find = (f"def find(extra, {arguments}):\n"
+            + layout_lines(names, "return None, None") + key
+            + found.format(miss="key, None")
+            + f"    return key, (go, ({pointers},))\n")
+    source = ("def factory(entries, stream_handle, LAUNCHED):\n"
+              + "".join(f"    {line}\n" for line in (launch + find).splitlines())
+              + "    return launch, find\n")
+    return layout_exec(source, {})["factory"]
+
+
+def _disjoint_test(n: int, pairs: tuple[tuple[int, int], ...]) -> Any:
+    """``ok(spans, p0, ..., p{n-1})``: no pair ``(i, j)`` of ``pairs`` overlaps (an empty
+    span overlaps nothing at its own address, as ``LayoutMemo`` always had it: the
+    checked path decides those). None for no pairs."""
+    if not pairs:
+        return None
+    found = _DISJOINT_TESTS.get((n, pairs))
+    if found is None:
+        tests = " and ".join(f"(p{i} >= p{j} + s[{j}] or p{j} >= p{i} + s[{i}])"
+                             for i, j in pairs)
+        source = (f"def ok(s, {', '.join(f'p{i}' for i in range(n))}):\n"
+                  f"    return {tests}\n")
+        namespace: dict[str, Any] = {}
+        exec(source, namespace)
+        found = _DISJOINT_TESTS[(n, pairs)] = namespace["ok"]
+    return found
 
 
 class Plan:
@@ -181,10 +235,11 @@ class Plan:
         return self._workspace_size
 
     def layout_launch(self, args: Any) -> Callable[..., None] | None:
-        """What a repeated ``run(args)`` (no workspace) replays for torch tensors of these
-        layouts, as ``launch(stream_handle, *pointers)`` with one pointer per array field
-        of ``args`` in field order (0 for an absent one); None where ``run`` keeps no such
-        launch (a plan without a layout memo, other arrays, or a layout not yet run).
+        """What a repeated ``run(args)`` (no workspace) replays for torch tensors or CuPy
+        arrays of these layouts, as ``launch(stream_handle, *pointers)`` with one pointer
+        per array field of ``args`` in field order (0 for an absent one); None where
+        ``run`` keeps no such launch (a plan without a layout memo, other arrays, or a
+        layout not yet run).
 
         For callers that know more than ``run`` can: the functional API, whose outputs are
         fresh allocations (so no aliasing to check) with a layout that follows from the

@@ -103,7 +103,7 @@ from ..types import (
     PoolKind,
     PrecisionGuarantee,
 )
-from .base import LayoutMemo, Plan, fail, plan_args
+from .base import LAUNCHED, LayoutMemo, Plan, fail, plan_args
 
 __all__ = [
     "FRACTIONAL_MAX_POOL_ELEMENTS",
@@ -497,7 +497,9 @@ class _FractionalMaxPoolPlan(Plan):
         self._placement = desc.placement.value
         self._windows = (self._kd, self._kh, self._kw, self._placement, 0, 0, 0, 0)
         self._bound: dict[tuple[Any, ...], Any] = {}  # launches bound per layout
-        self._memo = LayoutMemo()  # torch layout key -> checked launch (run fast path)
+        # layout key -> checked launch (run fast path): (x, y, indices, samples) forward,
+        # (dy, indices, dx) backward
+        self._memo_fw, self._memo_bw = LayoutMemo(4), LayoutMemo(3)
         # tests/benchmarks may change these two (rows_per_thread None: per kernel default)
         self.rows_per_thread: int | None = None
         self.threads = _THREADS
@@ -671,15 +673,12 @@ class _FractionalMaxPoolPlan(Plan):
     def run_fw(self, args: Any, stream: Any = None, workspace: Any = None) -> None:
         """Write ``y`` and ``indices`` on ``stream`` (no host sync).
 
-        Torch tensors of a layout seen before skip the array checks (``LayoutMemo``; the
+        Torch or CuPy arrays of a layout seen before skip the array checks (``LayoutMemo``; the
         no-overlap checks still run per call)."""
-        arrays = (args.x, args.y, args.indices, args.random_samples)
-        memo_key, hit = self._memo.lookup(arrays, ("fw", self.fast, self.forward_walk,
-                                                   self.rows_per_thread, self.threads)) \
-            if workspace is None else (None, None)
-        if hit is not None:
-            launch, pointers = hit
-            launch(stream_handle(stream), *pointers)
+        memo_key = self._memo_fw.launch(
+            stream, (self.fast, self.forward_walk, self.rows_per_thread, self.threads),
+            args.x, args.y, args.indices, args.random_samples) if workspace is None else None
+        if memo_key is LAUNCHED:
             return
         x, y, indices, samples = self.can_implement_fw(args)
         handle = stream_handle(stream)
@@ -695,7 +694,7 @@ class _FractionalMaxPoolPlan(Plan):
             if len(self._bound) >= 64:
                 self._bound.clear()
             self._bound[key] = bound
-        self._memo.store(memo_key, bound, _spans(x, y, indices, samples), _FW_DISJOINT)
+        self._memo_fw.store(memo_key, bound, _spans(x, y, indices, samples), _FW_DISJOINT)
         bound(handle, x.ptr, y.ptr, indices.ptr, samples.ptr)
 
     def _bind_fw(self, fast: bool, x: TensorRef, y: TensorRef, indices: TensorRef,
@@ -731,16 +730,14 @@ class _FractionalMaxPoolPlan(Plan):
     def run_bw(self, args: Any, stream: Any = None, workspace: Any = None) -> None:
         """Write every element of ``dx`` on ``stream`` (no host sync, no zeroing needed).
 
-        Torch tensors of a layout seen before skip the array checks (``LayoutMemo``; the
+        Torch or CuPy arrays of a layout seen before skip the array checks (``LayoutMemo``; the
         no-overlap checks still run per call)."""
-        memo_key, hit = self._memo.lookup(
-            (args.dy, args.indices, args.dx),
-            ("bw", self.fast, self.tiled_backward, self.fused_sums, self.tile_elems,
-             self.tile_threads, self.listed_sums, self.listed_bytes, self.listed_loads,
-             self.rows_per_thread, self.threads)) if workspace is None else (None, None)
-        if hit is not None:
-            launch, pointers = hit
-            launch(stream_handle(stream), *pointers)
+        memo_key = self._memo_bw.launch(
+            stream, (self.fast, self.tiled_backward, self.fused_sums, self.tile_elems,
+                     self.tile_threads, self.listed_sums, self.listed_bytes,
+                     self.listed_loads, self.rows_per_thread, self.threads),
+            args.dy, args.indices, args.dx) if workspace is None else None
+        if memo_key is LAUNCHED:
             return
         dy, indices, dx = self.can_implement_bw(args)
         handle = stream_handle(stream)
@@ -759,7 +756,7 @@ class _FractionalMaxPoolPlan(Plan):
             self._bound[key] = found
         bound, zero_bytes = found
         launch = _zeroing_first(bound.fast, zero_bytes) if zero_bytes else bound.fast
-        self._memo.store(memo_key, launch, _spans(dy, indices, dx), _BW_DISJOINT)
+        self._memo_bw.store(memo_key, launch, _spans(dy, indices, dx), _BW_DISJOINT)
         launch(handle, dy.ptr, indices.ptr, dx.ptr)
 
     def _bind_bw(self, fast: bool, dy: TensorRef, indices: TensorRef,

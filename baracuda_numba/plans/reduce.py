@@ -87,7 +87,7 @@ from ..types import (
     PrecisionGuarantee,
     ReduceKind,
 )
-from .base import LayoutMemo, Plan, fail, plan_args, product
+from .base import LAUNCHED, LayoutMemo, Plan, fail, plan_args, product
 
 __all__ = [
     "ARG_REDUCE_KINDS",
@@ -522,7 +522,7 @@ class _ForwardPlan(Plan):
                         _guarantee(desc.element))
         super().__init__(desc, sku, pref, workspace)
         self._launches: dict[Any, _ReduceLaunch] = {}
-        self._memo = LayoutMemo()  # torch layout key -> launch (run fast path)
+        self._memo = LayoutMemo(2)  # (x, y) layout key -> launch (run fast path)
         if self._out_numel:
             self._kernel.prepare()
 
@@ -535,26 +535,17 @@ class _ForwardPlan(Plan):
     def layout_launch(self, args: Any) -> Callable[..., None] | None:
         """``launch(stream_handle, x_ptr, y_ptr)``: see :meth:`Plan.layout_launch`."""
         hit = self._memo.lookup((args.x, args.y))[1]
-        if hit is None:
-            return None
-        launch = hit[0]
-
-        def launch_xy(stream: int, x_ptr: int, y_ptr: int) -> None:
-            launch(stream, x_ptr, y_ptr, 0, 0)
-
-        return launch_xy
+        return None if hit is None else hit[0]
 
     def run(self, args: Any, stream: Any = None, workspace: Any = None) -> None:
         """Reduce ``args.x`` into ``args.y`` on ``stream`` (no host sync). ``workspace``:
         ``None`` (single pass) or a contiguous buffer of ``workspace_size`` bytes.
 
-        Torch tensors of a layout seen before (and no workspace) skip the array checks
+        Torch or CuPy arrays of a layout seen before (and no workspace) skip the array checks
         (``LayoutMemo``)."""
-        memo_key, hit = self._memo.lookup((args.x, args.y)) if workspace is None \
-            else (None, None)
-        if hit is not None:
-            launch, (x_ptr, y_ptr) = hit
-            launch(stream_handle(stream), x_ptr, y_ptr, 0, 0)
+        memo_key = self._memo.launch(stream, None, args.x, args.y) if workspace is None \
+            else None
+        if memo_key is LAUNCHED:
             return
         x, y = self.can_implement(args)
         handle = stream_handle(stream)
@@ -577,7 +568,7 @@ class _ForwardPlan(Plan):
         # the workspace is checked (and used) only by layouts that split the axis
         ws_ptr = self.check_workspace(workspace) if len(launch.launches) > 1 else 0
         if not with_workspace:
-            self._memo.store(memo_key, launch, (0, 0))
+            self._memo.store(memo_key, launch.without_workspace(), (0, 0))
         launch(handle, x.ptr, y.ptr, ws_ptr, 0)
 
 
@@ -653,6 +644,21 @@ class _ReduceLaunch:
         for bound in self.launches[1:]:  # the merge of split states
             bound(stream, x_ptr, y_ptr, acc_ptr, k_ptr, aux_ptr)
         return acc_ptr, k_ptr
+
+    def without_workspace(self) -> Callable[[int, int, int], None]:
+        """``launch(stream, x_ptr, y_ptr)``: this call with no workspace and no ``aux``,
+        as one small function (the memo path of ``run``)."""
+        first = self.launches[0]
+        if len(self.launches) > 1:
+            def launch(stream: int, x_ptr: int, y_ptr: int) -> None:
+                self(stream, x_ptr, y_ptr, 0, 0)
+        elif self.access == ROWS:
+            def launch(stream: int, x_ptr: int, y_ptr: int) -> None:
+                first(stream, x_ptr, x_ptr & ~7, y_ptr, 0, 0, 0)
+        else:
+            def launch(stream: int, x_ptr: int, y_ptr: int) -> None:
+                first(stream, x_ptr, y_ptr, 0, 0, 0)
+        return launch
 
 
 def _bind_reduce(kernel: Any, kernel_kind: Any, element: ElementKind, x: TensorRef,
@@ -777,6 +783,15 @@ def _gradient_runner(launch: tuple[Any, Any], ws_ptr: int) -> Any:
     statistic pass if the layout has one, then the gradient launch with its pointers."""
     stat, (access, gradient) = launch
     bound = gradient.fast
+    if stat is None:  # one launch: its argument list, as one small function per access
+        if access == ROWS:
+            def rows(handle: int, dy_ptr: int, dx_ptr: int, x_ptr: int, y_ptr: int) -> None:
+                bound(handle, dy_ptr, x_ptr, x_ptr & ~7, y_ptr, dx_ptr, dx_ptr & ~7, 0, 0)
+            return rows
+        if access in (REG, REG_COLS):
+            def reg(handle: int, dy_ptr: int, dx_ptr: int, x_ptr: int, y_ptr: int) -> None:
+                bound(handle, dy_ptr, x_ptr, y_ptr, dx_ptr, dx_ptr)
+            return reg
 
     def runner(handle: int, dy_ptr: int, dx_ptr: int, x_ptr: int, y_ptr: int) -> None:
         stat_acc = stat_k = 0
@@ -843,7 +858,8 @@ class ReduceBackwardPlan(Plan):
         self._stat_kind = {ReduceKind.MAX: TIES, ReduceKind.MIN: TIES,
                            ReduceKind.VAR: VAR_STAT, ReduceKind.STD: VAR_STAT}.get(kind)
         self._launches: dict[Any, tuple[_ReduceLaunch | None, Any]] = {}
-        self._memo = LayoutMemo()  # torch layout key -> gradient runner (run fast path)
+        # (dy, dx, x, y) layout key -> gradient runner (run fast path)
+        self._memo = LayoutMemo(4)
         workspace = 0
         self._max_splits = 1
         if self._stat_kind is not None and self._numel:
@@ -888,14 +904,15 @@ class ReduceBackwardPlan(Plan):
     def run(self, args: ReduceBackwardArgs, stream: Any = None, workspace: Any = None) -> None:
         """Write ``args.dx`` on ``stream`` (no host sync).
 
-        Torch tensors of a layout seen before (and no workspace) skip the array checks
+        Torch or CuPy arrays of a layout seen before (and no workspace) skip the array checks
         (``LayoutMemo``)."""
-        saved = (args.x, args.y) if self._needs_saved else (None, None)  # as can_implement
-        memo_key, hit = self._memo.lookup((args.dy, args.dx) + saved) \
-            if workspace is None else (None, None)
-        if hit is not None:
-            runner, pointers = hit
-            runner(stream_handle(stream), *pointers)
+        if workspace is not None:
+            memo_key = None
+        elif self._needs_saved:  # as can_implement
+            memo_key = self._memo.launch(stream, None, args.dy, args.dx, args.x, args.y)
+        else:
+            memo_key = self._memo.launch(stream, None, args.dy, args.dx, None, None)
+        if memo_key is LAUNCHED:
             return
         dy, dx, x, y = self.can_implement(args)
         handle = stream_handle(stream)

@@ -33,7 +33,7 @@ import math
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from ..arrays import TensorMut, TensorRef, as_mut, as_ref, flat_span, torch_signature
+from ..arrays import TensorMut, TensorRef, as_mut, as_ref, flat_span, layout_signature
 from ..errors import InvalidProblem
 from ..kernels.rope import ROPE_ELEMENTS, ROPE_KERNELS
 from ..streams import stream_handle
@@ -240,7 +240,7 @@ class _RopeBase(Plan):
         self.unit_heads_per_thread: int | None = None
         self._spans: dict[tuple[int, ...], int] = {}
         self._launches: dict[tuple, Any] = {}
-        self._memo: dict[tuple, Any] = {}  # torch layout key -> (launch, x span, y span)
+        self._memo: dict[tuple, Any] = {}  # layout key (torch, CuPy) -> (launch, x span, y span)
         self._itemsize = element.byte_width
         self._log2_base = math.log2(desc.base)
         self._kernels = {layout: kernel for (kind, layout), kernel in ROPE_KERNELS.items()
@@ -298,12 +298,13 @@ class _RopeBase(Plan):
     def run(self, args: Any, stream: Any = None, workspace: Any = None) -> None:
         """Rotate on ``stream`` (no host synchronisation).
 
-        Fast path for torch tensors: the checks of ``can_implement`` depend only on the
-        tensors' layout key (:func:`~baracuda_numba.arrays.torch_signature`) and on whether
-        x and y alias, so a layout seen before skips them; the aliasing test runs per call.
+        Fast path for torch tensors and CuPy arrays: the checks of ``can_implement``
+        depend only on the arrays' layout key
+        (:func:`~baracuda_numba.arrays.layout_signature`) and on whether x and y alias, so
+        a layout seen before skips them; the aliasing test runs per call.
         """
         arrays = self._unpack_args(args)
-        signature = torch_signature(arrays)
+        signature = layout_signature(arrays)
         if signature is not None:
             layout, (x_ptr, y_ptr, pos_ptr) = signature
             memo = self._memo.get((layout, x_ptr == y_ptr, self.force_pairs))

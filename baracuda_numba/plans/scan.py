@@ -81,7 +81,7 @@ from ..types import (
     PrecisionGuarantee,
     ScanKind,
 )
-from .base import LayoutMemo, Plan, fail, plan_args, product, replay_launcher
+from .base import LAUNCHED, LayoutMemo, Plan, fail, plan_args, product, replay_launcher
 
 __all__ = [
     "ScanArgs",
@@ -408,7 +408,9 @@ class _ScanLauncher(Plan):
             self._geometry.extremum_backward(self._extremum_backward, max_ws)
         super().__init__(desc, _sku(desc.kind, element), pref, self._geometry.workspace_size)
         self._bound: dict[Any, tuple[Any, ...]] = {}
-        self._memo = LayoutMemo()
+        # (x, y, indices) forward, (dy, dx, x, y) backward
+        self._memo = LayoutMemo(4 if backward else 3)
+        self._saved = (desc.kind in _NEEDS_X, desc.kind in _NEEDS_Y)  # backward's x, y
         if self._geometry.numel:
             for kernels in {id(k): k for k in (self._forward, self._backward) if k}.values():
                 kernels.rows.prepare()
@@ -785,13 +787,11 @@ class ScanPlan(_ScanLauncher):
     def run(self, args: ScanArgs, stream: Any = None, workspace: Any = None) -> None:
         """Write the scan of ``x`` to ``y`` (and ``indices``) on ``stream``; no host sync.
 
-        Torch tensors of a layout seen before skip the array checks (``LayoutMemo``; the
+        Torch or CuPy arrays of a layout seen before skip the array checks (``LayoutMemo``; the
         no-overlap checks of ``indices`` still run per call)."""
-        memo_key, hit = self._memo.lookup((args.x, args.y, args.indices)) \
-            if workspace is None else (None, None)
-        if hit is not None:
-            launch, pointers = hit
-            launch(stream_handle(stream), *pointers)
+        memo_key = self._memo.launch(stream, None, args.x, args.y, args.indices) \
+            if workspace is None else None
+        if memo_key is LAUNCHED:
             return
         x, y, indices = self.can_implement(args)
         handle = stream_handle(stream)
@@ -847,17 +847,16 @@ class ScanBackwardPlan(_ScanLauncher):
     def run(self, args: ScanBackwardArgs, stream: Any = None, workspace: Any = None) -> None:
         """Write the gradient of the forward scan to ``dx`` on ``stream``; no host sync.
 
-        Torch tensors of a layout seen before skip the array checks (``LayoutMemo``; the
+        Torch or CuPy arrays of a layout seen before skip the array checks (``LayoutMemo``; the
         no-overlap checks of ``dx`` still run per call)."""
-        desc = self.descriptor
-        kind = desc.kind
-        memo_key, hit = self._memo.lookup(
-            (args.dy, args.dx, args.x if kind in _NEEDS_X else None,
-             args.y if kind in _NEEDS_Y else None)) if workspace is None else (None, None)
-        if hit is not None:
-            launch, pointers = hit
-            launch(stream_handle(stream), *pointers)
+        needs_x, needs_y = self._saved
+        memo_key = self._memo.launch(stream, None, args.dy, args.dx,
+                                     args.x if needs_x else None,
+                                     args.y if needs_y else None) \
+            if workspace is None else None
+        if memo_key is LAUNCHED:
             return
+        kind = self.descriptor.kind
         dy, dx, x, y = self.can_implement(args)
         handle = stream_handle(stream)
         ws = self._workspace_ptr(workspace)

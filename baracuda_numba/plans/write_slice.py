@@ -38,7 +38,7 @@ from ..arrays import (
     as_ref,
     contiguous_strides,
     flat_span,
-    torch_signature,
+    layout_signature,
 )
 from ..driver import memcpy_2d_async, memcpy_dtod_async
 from ..errors import InvalidProblem, Unsupported
@@ -151,7 +151,7 @@ class WriteSlicePlan(Plan):
         super().__init__(desc, sku, pref)
         self.force_kernel = False  # benchmarks/tests: take the kernel path even if contiguous
         self._launches: dict[tuple[Any, ...], BoundLaunch] = {}
-        self._memo: dict[tuple[Any, ...], Any] = {}  # torch layout key -> launch
+        self._memo: dict[tuple[Any, ...], Any] = {}  # layout key (torch, CuPy) -> launch
         if self._source_numel and self._copy is None:
             # The natural unit covers every layout; a wider unit (chosen at run time from
             # the pointers' alignment) is loaded on its first use, once per process, so
@@ -190,10 +190,11 @@ class WriteSlicePlan(Plan):
     def run(self, args: WriteSliceArgs, stream: Any = None, workspace: Any = None) -> None:
         """Write ``source`` into the window of ``dest`` on ``stream`` (no host sync).
 
-        Fast path for torch tensors: every check of ``can_implement`` depends only on the
-        layout key (:func:`~baracuda_numba.arrays.torch_signature`), so a layout seen
-        before goes straight to its launch."""
-        signature = torch_signature((args.dest, args.source))
+        Fast path for torch tensors and CuPy arrays: every check of ``can_implement``
+        depends only on the layout key
+        (:func:`~baracuda_numba.arrays.layout_signature`), so a layout seen before goes
+        straight to its launch."""
+        signature = layout_signature((args.dest, args.source))
         if signature is not None:
             launch = self._memo.get((signature[0], self.force_kernel))
             if launch is not None:
