@@ -200,10 +200,13 @@ def bench(ctx) -> None:
                      "method, one plain loop (wall clock, then one synchronise), which "
                      "becomes device-bound when the kernel is longer on the GPU than the "
                      "call on the host.")
-    ctx.notes.append("torch tensors take the plans' memo path after the first call (checks "
-                     "cached per layout key: shape, strides, dtype, pointer mod 16; aliasing "
-                     "checks per call) where a plan has one; CuPy arrays always take the "
-                     "checked path.")
+    from baracuda_numba import driver
+
+    ctx.notes.append("torch tensors and CuPy arrays take the plans' memo path after the "
+                     "first call (checks cached per layout key: shape, strides, dtype, "
+                     "pointer mod 16; aliasing checks per call); launches go through "
+                     f"the '{driver._launcher()[0]}' binding of cuLaunchKernel "
+                     "(driver._launcher).")
 
 
 PLAN_LABEL = "cumsum: ScanPlan.run with preallocated y (torch)"
