@@ -388,13 +388,13 @@ def test_layout_memo_launch_and_lookup(monkeypatch):
     monkeypatch.setattr(arrays, "_TORCH_TENSOR", _FakeTensor)
     monkeypatch.setattr(arrays, "_CUPY_ARRAY", _FakeCupy)
     seen = []
-    memo = LayoutMemo(3)
+    memo = LayoutMemo(3, ((1, 0),))
     x = _FakeTensor(0x1000, (4,), (1,))
     y = _FakeCupy(0x2000, (4,), (4,))
     key = memo.launch(None, "e", x, y, None)
     assert key is not None and key is not LAUNCHED and not seen
     assert memo.lookup((x, y, None), "e") == (key, None)
-    memo.store(key, lambda *a: seen.append(a), (16, 16, 0), ((1, 0),))
+    memo.store(key, lambda *a: seen.append(a), (16, 16, 0))
     assert memo.launch(None, "e", x, y, None) is LAUNCHED
     assert memo.launch(7, "e", x, y, None) is LAUNCHED
     assert seen == [(0, 0x1000, 0x2000, 0), (7, 0x1000, 0x2000, 0)]

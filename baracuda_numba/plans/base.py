@@ -110,67 +110,70 @@ class LayoutMemo:
     """What a plan's checks concluded for one layout of its arrays, so that a repeated
     ``run`` skips them: the fast path of ``run`` for decode-sized calls.
 
-    Built for a plan's number of arrays. Two generated functions read the layout key of
-    each array (:func:`~baracuda_numba.arrays.layout_signature`: CUDA torch tensors and
-    CuPy arrays; shape, strides, dtype, pointer mod 16), add ``extra`` (the plan's own
-    switches) and look it up:
+    Built for a plan's number of arrays and the index pairs of arrays that its checks
+    require to be disjoint (``disjoint``; re-tested per call, since pointers are not part
+    of the key). Two generated functions read the layout key of each array
+    (:func:`~baracuda_numba.arrays.layout_signature`: CUDA torch tensors and CuPy arrays;
+    shape, strides, dtype, pointer mod 16), add ``extra`` (the plan's own switches) and
+    look it up:
 
     * ``launch(stream, extra, a0, ..., a{n-1})`` (the hot path of ``run``) launches the
       stored function on ``stream`` (normalised by
       :func:`~baracuda_numba.streams.stream_handle`) with the arrays' pointers and
-      returns :data:`LAUNCHED`, when the layout was stored and no pair of arrays that
-      must be disjoint overlaps at these pointers; else it returns the key (None when
-      the arrays are not all torch tensors or CuPy arrays). The plan then runs its
-      checked path and ``store(key, launch, spans, disjoint)`` with ``spans`` the byte
-      span of each array and ``disjoint`` the index pairs that must not overlap.
+      returns :data:`LAUNCHED`, when the layout was stored and no pair that must be
+      disjoint overlaps at these pointers; else it returns the key (None when the arrays
+      are not all torch tensors or CuPy arrays). The plan then runs its checked path and
+      ``store(key, launch, spans)`` with ``spans`` the byte span of each array.
     * ``lookup(arrays, extra)`` returns ``(key, hit)`` with ``hit`` ``(launch,
       pointers)`` or None, for :meth:`Plan.layout_launch`.
 
     The stored ``launch(stream_handle, *pointers)`` must do everything the checked path
-    would. The disjointness test is one generated function per set of pairs."""
+    would. The disjointness test is generated inline: an array with an empty span
+    overlaps nothing at its own address, but one starting inside another's span counts
+    as overlapping (the checked path decides those)."""
 
     __slots__ = ("_entries", "launch", "_find")
 
-    def __init__(self, arrays: int) -> None:
-        self._entries: dict[Any, tuple[Any, tuple[int, ...], Any]] = {}
-        factory = _MEMO_FACTORIES.get(arrays)
+    def __init__(self, arrays: int, disjoint: tuple[tuple[int, int], ...] = ()) -> None:
+        self._entries: dict[Any, tuple[Any, tuple[int, ...]]] = {}
+        factory = _MEMO_FACTORIES.get((arrays, disjoint))
         if factory is None:
-            factory = _MEMO_FACTORIES[arrays] = _memo_factory(arrays)
+            factory = _MEMO_FACTORIES[(arrays, disjoint)] = _memo_factory(arrays, disjoint)
         self.launch, self._find = factory(self._entries, stream_handle, LAUNCHED)
 
     def lookup(self, arrays: tuple[Any, ...], extra: Any = None
                ) -> tuple[Any, tuple[Any, tuple[int, ...]] | None]:
         return self._find(extra, *arrays)
 
-    def store(self, key: Any, launch: Any, spans: tuple[int, ...],
-              disjoint: tuple[tuple[int, int], ...] = ()) -> None:
+    def store(self, key: Any, launch: Any, spans: tuple[int, ...]) -> None:
         if key is None:
             return
         launch = getattr(launch, "fast", launch)  # a BoundLaunch: its generated launcher
         if len(self._entries) >= 64:
             self._entries.clear()
-        self._entries[key] = (launch, spans, _disjoint_test(len(spans), disjoint))
+        self._entries[key] = (launch, spans)
 
     def clear(self) -> None:
         self._entries.clear()
 
 
-_MEMO_FACTORIES: dict[int, Callable[..., Any]] = {}
-_DISJOINT_TESTS: dict[tuple[int, tuple[tuple[int, int], ...]], Any] = {}
+_MEMO_FACTORIES: dict[tuple[int, tuple[tuple[int, int], ...]], Callable[..., Any]] = {}
 
 
-def _memo_factory(n: int) -> Callable[..., Any]:
+def _memo_factory(n: int, disjoint: tuple[tuple[int, int], ...]) -> Callable[..., Any]:
     """``factory(entries, stream_handle, LAUNCHED) -> (launch, find)`` for
-    :class:`LayoutMemo` of ``n`` arrays."""
+    :class:`LayoutMemo` of ``n`` arrays and these ``disjoint`` pairs."""
     names = [f"a{i}" for i in range(n)]
     arguments = ", ".join(names)
     pointers = ", ".join(f"p_{a}" for a in names)
     key = f"    key = (({''.join(f'k_{a}, ' for a in names)}), extra)\n"
     found = ("    entry = entries.get(key)\n"
              "    if entry is None:\n        return {miss}\n"
-             "    go, spans, ok = entry\n"
-             f"    if ok is not None and not ok(spans, {pointers}):\n"
-             "        return {miss}\n")
+             "    go, s = entry\n")
+    if disjoint:
+        test = " and ".join(f"(p_a{i} >= p_a{j} + s[{j}] or p_a{j} >= p_a{i} + s[{i}])"
+                            for i, j in disjoint)
+        found += f"    if not ({test}):\n        return {{miss}}\n"
     launch = (f"def launch(stream, extra, {arguments}):\n"
               + layout_lines(names, "return None") + key + found.format(miss="key")
               + "    go(0 if stream is None else stream if type(stream) is int else "
@@ -184,24 +187,6 @@ def _memo_factory(n: int) -> Callable[..., Any]:
               + "".join(f"    {line}\n" for line in (launch + find).splitlines())
               + "    return launch, find\n")
     return layout_exec(source, {})["factory"]
-
-
-def _disjoint_test(n: int, pairs: tuple[tuple[int, int], ...]) -> Any:
-    """``ok(spans, p0, ..., p{n-1})``: no pair ``(i, j)`` of ``pairs`` overlaps (an empty
-    span overlaps nothing at its own address, as ``LayoutMemo`` always had it: the
-    checked path decides those). None for no pairs."""
-    if not pairs:
-        return None
-    found = _DISJOINT_TESTS.get((n, pairs))
-    if found is None:
-        tests = " and ".join(f"(p{i} >= p{j} + s[{j}] or p{j} >= p{i} + s[{i}])"
-                             for i, j in pairs)
-        source = (f"def ok(s, {', '.join(f'p{i}' for i in range(n))}):\n"
-                  f"    return {tests}\n")
-        namespace: dict[str, Any] = {}
-        exec(source, namespace)
-        found = _DISJOINT_TESTS[(n, pairs)] = namespace["ok"]
-    return found
 
 
 class Plan:

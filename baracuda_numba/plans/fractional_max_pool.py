@@ -499,7 +499,8 @@ class _FractionalMaxPoolPlan(Plan):
         self._bound: dict[tuple[Any, ...], Any] = {}  # launches bound per layout
         # layout key -> checked launch (run fast path): (x, y, indices, samples) forward,
         # (dy, indices, dx) backward
-        self._memo_fw, self._memo_bw = LayoutMemo(4), LayoutMemo(3)
+        self._memo_fw = LayoutMemo(4, _FW_DISJOINT)
+        self._memo_bw = LayoutMemo(3, _BW_DISJOINT)
         # tests/benchmarks may change these two (rows_per_thread None: per kernel default)
         self.rows_per_thread: int | None = None
         self.threads = _THREADS
@@ -694,7 +695,7 @@ class _FractionalMaxPoolPlan(Plan):
             if len(self._bound) >= 64:
                 self._bound.clear()
             self._bound[key] = bound
-        self._memo_fw.store(memo_key, bound, _spans(x, y, indices, samples), _FW_DISJOINT)
+        self._memo_fw.store(memo_key, bound, _spans(x, y, indices, samples))
         bound(handle, x.ptr, y.ptr, indices.ptr, samples.ptr)
 
     def _bind_fw(self, fast: bool, x: TensorRef, y: TensorRef, indices: TensorRef,
@@ -756,7 +757,7 @@ class _FractionalMaxPoolPlan(Plan):
             self._bound[key] = found
         bound, zero_bytes = found
         launch = _zeroing_first(bound.fast, zero_bytes) if zero_bytes else bound.fast
-        self._memo_bw.store(memo_key, launch, _spans(dy, indices, dx), _BW_DISJOINT)
+        self._memo_bw.store(memo_key, launch, _spans(dy, indices, dx))
         launch(handle, dy.ptr, indices.ptr, dx.ptr)
 
     def _bind_bw(self, fast: bool, dy: TensorRef, indices: TensorRef,

@@ -33,7 +33,7 @@ import math
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from ..arrays import TensorMut, TensorRef, as_mut, as_ref, flat_span, layout_signature
+from ..arrays import TensorMut, TensorRef, as_mut, as_ref, flat_span
 from ..errors import InvalidProblem
 from ..kernels.rope import ROPE_ELEMENTS, ROPE_KERNELS
 from ..streams import stream_handle
@@ -49,7 +49,7 @@ from ..types import (
     PrecisionGuarantee,
     RopePairing,
 )
-from .base import Plan, fail, plan_args
+from .base import LAUNCHED, LayoutMemo, Plan, fail, plan_args
 
 __all__ = [
     "ROPE_DEFAULT_BASE",
@@ -240,7 +240,10 @@ class _RopeBase(Plan):
         self.unit_heads_per_thread: int | None = None
         self._spans: dict[tuple[int, ...], int] = {}
         self._launches: dict[tuple, Any] = {}
-        self._memo: dict[tuple, Any] = {}  # layout key (torch, CuPy) -> (launch, x span, y span)
+        # layout key (torch, CuPy) of (x, y, positions) -> launch (run fast path): y must
+        # not overlap x, or be x itself (the in-place memo, for ``y is x``)
+        self._memo = LayoutMemo(3, ((0, 1),))
+        self._memo_in_place = LayoutMemo(3)
         self._itemsize = element.byte_width
         self._log2_base = math.log2(desc.base)
         self._kernels = {layout: kernel for (kind, layout), kernel in ROPE_KERNELS.items()
@@ -284,6 +287,7 @@ class _RopeBase(Plan):
         """Forget cached launch configurations (after changing the tuning attributes)."""
         self._launches.clear()
         self._memo.clear()
+        self._memo_in_place.clear()
 
     def _span(self, strides: tuple[int, ...]) -> int:
         """Bytes from the first to one past the last element of a view with ``strides``."""
@@ -300,20 +304,17 @@ class _RopeBase(Plan):
 
         Fast path for torch tensors and CuPy arrays: the checks of ``can_implement``
         depend only on the arrays' layout key
-        (:func:`~baracuda_numba.arrays.layout_signature`) and on whether x and y alias, so
-        a layout seen before skips them; the aliasing test runs per call.
+        (:func:`~baracuda_numba.arrays.layout_signature`) and on whether y is x (in place),
+        so a layout seen before skips them (``LayoutMemo``); the test that a distinct y
+        does not overlap x runs per call. In place through two views of one address
+        takes the checked path every time.
         """
-        arrays = self._unpack_args(args)
-        signature = layout_signature(arrays)
-        if signature is not None:
-            layout, (x_ptr, y_ptr, pos_ptr) = signature
-            memo = self._memo.get((layout, x_ptr == y_ptr, self.force_pairs))
-            if memo is not None:
-                launch, x_span, y_span = memo
-                if x_ptr == y_ptr or not (x_ptr < y_ptr + y_span and y_ptr < x_ptr + x_span):
-                    if launch is not None:  # None: in place with nothing to rotate
-                        launch(stream_handle(stream), x_ptr, y_ptr, pos_ptr)
-                    return
+        source, dest, positions = self._unpack_args(args)
+        in_place = source is dest
+        memo = self._memo_in_place if in_place else self._memo
+        memo_key = memo.launch(stream, self.force_pairs, source, dest, positions)
+        if memo_key is LAUNCHED:
+            return
         x, y, pos = self.can_implement(args)
         handle = stream_handle(stream)
         if self._empty:
@@ -331,11 +332,9 @@ class _RopeBase(Plan):
             if len(self._launches) > 64:
                 self._launches.clear()
             self._launches[key] = launch
-        if signature is not None:
-            if len(self._memo) > 64:
-                self._memo.clear()
-            self._memo[(signature[0], x_ptr == y_ptr, self.force_pairs)] = (
-                launch, self._span(x.strides), self._span(y.strides))
+        if in_place == (x_ptr == y_ptr):  # (one address in two views: not memoised)
+            memo.store(memo_key, _nothing if launch is None else launch,
+                       (self._span(x.strides), self._span(y.strides), 0))
         if launch is not None:  # None: in place with nothing to rotate
             launch(handle, x_ptr, y_ptr, 0 if pos is None else pos.ptr)
 
@@ -439,6 +438,10 @@ class _RopeBase(Plan):
         return kernel.bind(grid, _BLOCK, ((0, x_words), (0, y_words), (0, pos_extent), params,
                                           self._log2_base))
 
+
+
+def _nothing(*_: Any) -> None:
+    """The memoised launch of an in-place call with nothing to rotate."""
 
 class RopePlan(_RopeBase):
     """Forward rotation; see the module docstring."""

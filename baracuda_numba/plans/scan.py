@@ -409,7 +409,9 @@ class _ScanLauncher(Plan):
         super().__init__(desc, _sku(desc.kind, element), pref, self._geometry.workspace_size)
         self._bound: dict[Any, tuple[Any, ...]] = {}
         # (x, y, indices) forward, (dy, dx, x, y) backward
-        self._memo = LayoutMemo(4 if backward else 3)
+        self._memo = LayoutMemo(4, _CUMSUM_BW_DISJOINT if desc.kind is ScanKind.CUMSUM
+                                else _BW_DISJOINT) if backward \
+            else LayoutMemo(3, _FW_DISJOINT)
         self._saved = (desc.kind in _NEEDS_X, desc.kind in _NEEDS_Y)  # backward's x, y
         if self._geometry.numel:
             for kernels in {id(k): k for k in (self._forward, self._backward) if k}.values():
@@ -425,15 +427,14 @@ class _ScanLauncher(Plan):
                                self._extremum_backward.fixup):
                     kernel.prepare()
 
-    def _remember(self, key: Any, calls: _Calls, views: tuple[TensorRef | None, ...],
-                  disjoint: tuple[tuple[int, int], ...]) -> None:
+    def _remember(self, key: Any, calls: _Calls, views: tuple[TensorRef | None, ...]
+                  ) -> None:
         """Store the replay of ``calls`` under the memo ``key`` (None: not memoised)."""
         if key is None:
             return
         launch = replay_launcher(calls, tuple(0 if v is None else v.ptr for v in views))
         if launch is not None:
-            self._memo.store(key, launch, tuple(0 if v is None else _span(v) for v in views),
-                             disjoint)
+            self._memo.store(key, launch, tuple(0 if v is None else _span(v) for v in views))
 
     @property
     def workspace_size(self) -> int:
@@ -800,7 +801,7 @@ class ScanPlan(_ScanLauncher):
             return
         desc = self.descriptor
         calls = self._calls(self._forward, int(desc.kind), desc.reverse, (x,), y, indices, ws)
-        self._remember(memo_key, calls, (x, y, indices), _FW_DISJOINT)
+        self._remember(memo_key, calls, (x, y, indices))
         _launch(handle, calls)
 
 
@@ -856,15 +857,13 @@ class ScanBackwardPlan(_ScanLauncher):
             if workspace is None else None
         if memo_key is LAUNCHED:
             return
-        kind = self.descriptor.kind
         dy, dx, x, y = self.can_implement(args)
         handle = stream_handle(stream)
         ws = self._workspace_ptr(workspace)
         if self._geometry.numel == 0:
             return
         calls = self._backward_calls(dy, dx, x, y, ws)
-        self._remember(memo_key, calls, (dy, dx, x, y),
-                       _CUMSUM_BW_DISJOINT if kind is ScanKind.CUMSUM else _BW_DISJOINT)
+        self._remember(memo_key, calls, (dy, dx, x, y))
         _launch(handle, calls)
 
     def _backward_calls(self, dy: TensorRef, dx: TensorRef, x: TensorRef | None,
