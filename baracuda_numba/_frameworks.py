@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from .arrays import contiguous_strides
 from .types import ElementKind
 
 __all__ = ["allocator", "device_token", "element_of", "framework_of", "stream_source"]
@@ -74,10 +75,14 @@ def allocator(like: Any, shape: tuple[int, ...], element: ElementKind) -> Callab
     is resolved now, so the functional API builds it once per call site (and calls it with
     arrays of the same type, shape, dtype and device).
 
-    torch, CPU box 2026-11-22: ``torch.empty_like(like)`` 1.4-1.9 µs where shape and dtype
-    are ``like``'s (it keeps a dense input's strides, as torch's own ops do), else
-    ``torch.empty(*shape, dtype=, device=)`` 1.5-2.2 µs; ``like.new_empty(shape, dtype=)``
-    is 2.7-3.2 µs (it parses a size tuple)."""
+    torch: ``torch.empty_like(like)`` where shape and dtype are ``like``'s (it keeps a dense
+    input's strides, as torch's own ops do); else ``torch.empty_like(template)``, with a
+    template of the output's shape, dtype and device that holds at most one element
+    (zero strides make it overlapping, so the copy comes out contiguous; a template of at
+    most one element has contiguous strides itself): the same tensor as
+    ``torch.empty(*shape, dtype=, device=)`` without parsing the keywords. CPU box
+    2026-11-23: 1.6 µs against 3.7 µs for ``torch.empty(4, 1, dtype=, device=)``;
+    ``like.new_empty(shape, dtype=)`` is 2.7-3.2 µs (2026-11-22)."""
     kind = framework_of(like)
     if kind == "torch":
         import torch
@@ -85,10 +90,18 @@ def allocator(like: Any, shape: tuple[int, ...], element: ElementKind) -> Callab
         dtype, device = _torch_dtype(element), like.device
         if tuple(like.shape) == tuple(shape) and like.dtype == dtype:
             return torch.empty_like
-        empty_ = torch.empty
-        if not shape:
-            return lambda _like: empty_((), dtype=dtype, device=device)
-        return lambda _like: empty_(*shape, dtype=dtype, device=device)
+        numel = 1
+        for extent in shape:
+            numel *= extent
+        strides = contiguous_strides(shape) if numel <= 1 else (0,) * len(shape)
+        template = torch.empty_strided(shape, strides, dtype=dtype, device=device)
+        empty_like = torch.empty_like
+
+        def alloc(_like: Any) -> Any:
+            return empty_like(template)
+
+        alloc.template = template  # type: ignore[attr-defined]
+        return alloc
     if kind == "cupy":
         import cupy
 

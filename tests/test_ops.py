@@ -98,3 +98,22 @@ def test_fractional_max_pool(rng):
 def test_bad_dim_rejected(rng):
     with pytest.raises(ValueError, match="dim = 2 is out of range"):
         ops.cumsum(to_device(random_values((3, 4), F32, rng)), 2)
+
+
+@pytest.mark.parametrize("shape", [(), (1,), (4, 1), (1, 1, 1), (3, 0, 2), (2, 3, 4), (5,)])
+def test_torch_allocator_template_matches_torch_empty(shape):
+    """The functional layer allocates torch outputs of a new shape with
+    ``torch.empty_like(template)``: same shape, strides, dtype and device as
+    ``torch.empty(shape)``, and the template itself holds at most one element (runs with
+    CPU tensors, so wherever torch is installed)."""
+    torch = pytest.importorskip("torch")
+    from baracuda_numba._frameworks import allocator
+
+    like = torch.zeros(7, 9, dtype=torch.float32)
+    for element, dtype in ((ElementKind.BF16, torch.bfloat16), (ElementKind.I64, torch.int64)):
+        alloc = allocator(like, shape, element)
+        out, reference = alloc(like), torch.empty(shape, dtype=dtype)
+        assert (out.shape, out.stride(), out.dtype, out.device) == (
+            reference.shape, reference.stride(), reference.dtype, reference.device)
+        assert alloc(like).data_ptr() != out.data_ptr() or out.numel() == 0  # fresh each call
+        assert alloc.template.untyped_storage().nbytes() <= dtype.itemsize
