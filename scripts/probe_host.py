@@ -35,14 +35,11 @@ def main():
     timeit("layout_signature((dest, source))", lambda: layout_signature((dest, source)))
     timeit("stream_handle(None)", lambda: stream_handle(None))
     sig = layout_signature((dest, source))
-    key = (sig[0], False)
     timeit("hash((signature key, False))", lambda: hash((sig[0], False)))
-    timeit("ws._memo.get(key)", lambda: ws._memo.get(key))
-    timeit("signature + memo get", lambda: ws._memo.get((layout_signature((dest, source))[0],
-                                                          False)))
+    timeit("memo lookup (LayoutMemo.lookup)", lambda: ws._memo.lookup((dest, source), False))
     timeit("WriteSlicePlan.run(args) again", lambda: ws.run(args))
     timeit("x.add_(1.0) again", lambda: x.add_(1.0))
-    launch = next(iter(ws._memo.values()))
+    launch = next(iter(ws._memo._entries.values()))[0]
     pd, ps = dest.data_ptr(), source.data_ptr()
     timeit("memo launch(0, pd, ps)", lambda: launch(0, pd, ps))
     bound = launch if not hasattr(launch, "__closure__") or launch.__closure__ is None \

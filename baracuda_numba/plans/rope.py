@@ -439,9 +439,9 @@ class _RopeBase(Plan):
                                           self._log2_base))
 
 
-
 def _nothing(*_: Any) -> None:
     """The memoised launch of an in-place call with nothing to rotate."""
+
 
 class RopePlan(_RopeBase):
     """Forward rotation; see the module docstring."""

@@ -38,7 +38,6 @@ from ..arrays import (
     as_ref,
     contiguous_strides,
     flat_span,
-    layout_signature,
 )
 from ..driver import memcpy_2d_async, memcpy_dtod_async
 from ..errors import InvalidProblem, Unsupported
@@ -57,7 +56,7 @@ from ..types import (
     PrecisionGuarantee,
     ShapeLayoutKind,
 )
-from .base import Plan, fail, plan_args, product
+from .base import LAUNCHED, LayoutMemo, Plan, fail, plan_args, product
 
 __all__ = ["WRITE_SLICE_ELEMENTS", "WriteSliceArgs", "WriteSliceDescriptor", "WriteSlicePlan"]
 
@@ -151,7 +150,7 @@ class WriteSlicePlan(Plan):
         super().__init__(desc, sku, pref)
         self.force_kernel = False  # benchmarks/tests: take the kernel path even if contiguous
         self._launches: dict[tuple[Any, ...], BoundLaunch] = {}
-        self._memo: dict[tuple[Any, ...], Any] = {}  # layout key (torch, CuPy) -> launch
+        self._memo = LayoutMemo(2)  # (dest, source) layout key -> launch (run fast path)
         if self._source_numel and self._copy is None:
             # The natural unit covers every layout; a wider unit (chosen at run time from
             # the pointers' alignment) is loaded on its first use, once per process, so
@@ -191,25 +190,17 @@ class WriteSlicePlan(Plan):
         """Write ``source`` into the window of ``dest`` on ``stream`` (no host sync).
 
         Fast path for torch tensors and CuPy arrays: every check of ``can_implement``
-        depends only on the layout key
-        (:func:`~baracuda_numba.arrays.layout_signature`), so a layout seen before goes
+        depends only on the layout key (``LayoutMemo``), so a layout seen before goes
         straight to its launch."""
-        signature = layout_signature((args.dest, args.source))
-        if signature is not None:
-            launch = self._memo.get((signature[0], self.force_kernel))
-            if launch is not None:
-                dest_ptr, source_ptr = signature[1]
-                launch(stream_handle(stream), dest_ptr, source_ptr)
-                return
+        memo_key = self._memo.launch(stream, self.force_kernel, args.dest, args.source)
+        if memo_key is LAUNCHED:
+            return
         dest, source = self.can_implement(args)
         handle = stream_handle(stream)
         if self._source_numel == 0:
             return
         launch = self._launcher(dest, source)
-        if signature is not None:
-            if len(self._memo) >= 64:
-                self._memo.clear()
-            self._memo[(signature[0], self.force_kernel)] = launch
+        self._memo.store(memo_key, launch, (0, 0))
         launch(handle, dest.ptr, source.ptr)
 
     def _launcher(self, dest: TensorMut, source: TensorRef) -> Callable[[int, int, int], None]:
