@@ -452,6 +452,18 @@ class BoundLaunch:
     def __call__(self, stream: int, *pointers: int) -> None:
         self.fast(stream, *pointers)
 
+    def taking(self, order: tuple[str, ...], arity: int) -> Callable[..., None] | None:
+        """``launch(stream, a0, ..., a{arity-1})`` that passes pointer ``i`` from the
+        expression ``order[i]`` (one of those names, or ``"0"``): ``fast`` for arrays
+        given in another order (a plan's memo replaying one launch). None on the
+        dispatcher path (simulator)."""
+        if SIMULATOR:
+            return None
+        return pointer_launcher(self._kernel._function, self._grid, self._block,
+                                self._shared, self._params_address, self._extra,
+                                self._pointer_slots, self._lock, _DIRECT, self._dispatch,
+                                self._failed, order, arity)
+
     def _dispatch(self, stream: int, *pointers: int) -> None:
         """The launch through Numba's dispatcher (simulator, dispatcher mode)."""
         args = list(self._args)

@@ -309,6 +309,16 @@ def test_pointer_launcher_writes_pointers_then_calls_the_driver(monkeypatch):
         launch(5, 1, 2)
         assert rerouted[-1] == (5, 1, 2) and len(calls) == 2
         direct[0] = True
+        # order: the launcher takes a memo's arrays (a0, a1, a2) and reorders them itself
+        taking = driver.pointer_launcher(
+            0x1234, (3, 2, 1), (128, 1, 1), 48, 0, 0xBEEF, slots, threading.Lock(), direct,
+            lambda *a: rerouted.append(a), lambda *a: failures.append(a), ("a2", "0"), 3)
+        taking(4, 0x10, 0x20, 0x30)
+        assert calls[-1][1] == [0x30, 0] and calls[-1][0][8] == 4
+        direct[0] = False
+        taking(6, 0x10, 0x20, 0x30)
+        assert rerouted[-1] == (6, 0x30, 0)
+        direct[0] = True
 
 
 def test_replay_launcher_maps_recorded_pointers_to_arguments():
@@ -407,6 +417,97 @@ def test_layout_memo_launch_and_lookup(monkeypatch):
     assert len(seen) == 3
     memo.clear()
     assert memo.launch(None, "e", x, y, None) == key
+
+
+def test_layout_memo_hot_layout_matches_the_dict_path(monkeypatch):
+    """LayoutMemo's hot layout (one torch ``TensorGuards`` call instead of per-tensor key
+    reads): it launches exactly where the dict path would for the stored key, and falls
+    back to the dict path for another shape, stride, dtype, pointer residue mod 16,
+    ``requires_grad``, ``extra``, None pattern, overlap of a disjoint pair, or a
+    non-tensor. CPU tensors stand for CUDA ones (the guard compares dispatch keys, so a
+    CPU guard only passes CPU tensors); clear() drops the hot layout."""
+    torch = pytest.importorskip("torch")
+    from baracuda_numba import arrays
+    from baracuda_numba.plans import base
+    from baracuda_numba.plans.base import LAUNCHED, LayoutMemo
+
+    if base._tensor_guards() is None:
+        pytest.skip("this torch has no TensorGuards")
+    monkeypatch.setattr(arrays, "_TORCH_TENSOR", torch.Tensor)
+    seen, slow = [], []
+    memo = LayoutMemo(3, ((1, 0),))
+    memo._slow = memo.launch = lambda *a: slow.append(a) or "slow"
+    x = torch.zeros(64)[4:36].view(4, 8)  # pointer residue 0 (the storage is aligned)
+    y = torch.zeros(4, 8)
+    key = ((tuple(x.shape), x.stride(), x.dtype, x.data_ptr() & 15), (tuple(y.shape),
+           y.stride(), y.dtype, y.data_ptr() & 15), None), "e"
+    memo._make_hot(key, lambda *a: seen.append(a), (128, 128, 0), x, y, None)
+    assert memo.launch is not memo._slow
+    assert memo.launch(None, "e", x, y, None) is LAUNCHED
+    assert memo.launch(5, "e", y, x, None) is LAUNCHED  # same layouts, other pointers
+    assert seen == [(0, x.data_ptr(), y.data_ptr(), 0), (5, y.data_ptr(), x.data_ptr(), 0)]
+    big = torch.zeros(80)
+    misses = [
+        ("e", torch.zeros(8, 4), y, None),  # shape
+        ("e", torch.zeros(8, 4).t(), y, None),  # strides
+        ("e", x.double(), y, None),  # dtype
+        ("e", big[1:33].view(4, 8), y, None),  # residue 4, not 0
+        ("e", x, torch.zeros(4, 8, requires_grad=True), None),
+        ("f", x, y, None),  # extra
+        ("e", x, y, torch.zeros(1)),  # None pattern
+        ("e", x, x, None),  # y on x's bytes: the pair (1, 0) must be disjoint
+        ("e", big[32:64].view(4, 8), big[36:68].view(4, 8), None),  # partial overlap
+        ("e", x, y.numpy(), None),  # not a tensor
+    ]
+    for extra, *args in misses:
+        assert memo.launch(None, extra, *args) == "slow"
+    assert len(seen) == 2 and len(slow) == len(misses)
+    # adjacent but disjoint: the hot layout launches
+    assert memo.launch(None, "e", big[32:64].view(4, 8), big[0:32].view(4, 8), None) \
+        is LAUNCHED
+    memo.clear()
+    assert memo.launch is memo._slow
+
+
+def test_layout_memo_hot_layout_for_cupy_arrays(monkeypatch):
+    """LayoutMemo promotes a CuPy layout after its first dict hit: later calls compare
+    shape, strides, dtype and pointer residue inline (no key to build) and launch; any
+    difference, a None pattern change, an overlap or another type goes to the dict
+    path, which still finds the stored layouts. clear() drops the hot layout."""
+    from baracuda_numba import arrays
+    from baracuda_numba.plans.base import LAUNCHED, LayoutMemo
+
+    monkeypatch.setattr(arrays, "_TORCH_TENSOR", _FakeTensor)
+    monkeypatch.setattr(arrays, "_CUPY_ARRAY", _FakeCupy)
+    seen = []
+    memo = LayoutMemo(3, ((1, 0),))
+    x, y = _FakeCupy(0x1000, (2, 4), (16, 4)), _FakeCupy(0x2000, (2, 4), (16, 4))
+    key = memo.launch(None, "e", x, y, None)
+    memo.store(key, lambda *a: seen.append(a), (32, 32, 0))
+    slow = memo.launch
+    assert memo.launch(None, "e", x, y, None) is LAUNCHED  # dict hit, then promoted
+    assert memo.launch is not slow
+    assert memo.launch(3, "e", _FakeCupy(0x3010, (2, 4), (16, 4)), y, None) is LAUNCHED
+    assert seen[-1] == (3, 0x3010, 0x2000, 0)
+    misses = [
+        ("e", _FakeCupy(0x1000, (4, 2), (8, 4)), y, None),  # shape and strides
+        ("e", _FakeCupy(0x1000, (2, 4), (4, 8)), y, None),  # strides
+        ("e", _FakeCupy(0x1000, (2, 4), (16, 4), "float64"), y, None),  # dtype
+        ("e", _FakeCupy(0x1004, (2, 4), (16, 4)), y, None),  # residue
+        ("f", x, y, None),  # extra
+        ("e", x, y, _FakeCupy(0x4000, (1,), (4,))),  # None pattern
+        ("e", x, _FakeCupy(0x1010, (2, 4), (16, 4)), None),  # y inside x's span
+        ("e", x, _FakeTensor(0x2000, (2, 4), (4, 1)), None),  # another type
+    ]
+    for extra, *args in misses:
+        assert memo.launch(None, extra, *args) is not LAUNCHED
+    assert len(seen) == 2  # the dict hit that promoted the layout, one hot launch
+    # a second stored layout still launches through the dict path behind the hot one
+    other = _FakeCupy(0x5000, (2, 4), (4, 8))
+    memo.store(memo.launch(None, "e", other, y, None), lambda *a: seen.append(a), (32, 32, 0))
+    assert memo.launch(None, "e", other, y, None) is LAUNCHED and seen[-1][1] == 0x5000
+    memo.clear()
+    assert memo.launch is slow
 
 
 def _cupy_memo_cases(cp):

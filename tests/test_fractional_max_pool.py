@@ -406,6 +406,20 @@ def test_fast_window_kernels_are_selected():
             assert plan._fw_fast_kernel.name == "fractional_max_pool_fw_fast[F32,any]"
 
 
+def test_changing_a_tuning_attribute_forgets_the_memoised_launches():
+    """The layout memos key layouts only: setting any tuning attribute clears both, so
+    the next ``run`` re-binds with the new value; other attributes leave them."""
+    plan = make_plan((1, 2, 9, 9), (2, 2), (5, 5), ElementKind.F32)[0]
+    assert plan._TUNING <= set(vars(plan))  # every tuning attribute exists
+    for name in sorted(plan._TUNING):
+        for memo in (plan._memo_fw, plan._memo_bw):
+            memo._entries["key"] = ("launch", ())
+        plan.other = 1
+        assert plan._memo_fw._entries and plan._memo_bw._entries
+        setattr(plan, name, getattr(plan, name))
+        assert not plan._memo_fw._entries and not plan._memo_bw._entries, name
+
+
 def test_contiguous_arrays_take_the_fast_path(rng):
     """Row-major arrays launch the fast kernels (the general ones are not called)."""
     element = ElementKind.F32

@@ -9,10 +9,12 @@ raises before any launch, so nothing is written.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from dataclasses import MISSING, dataclass, fields
 from typing import Any, ClassVar, NoReturn, TypeVar
 
+from .. import arrays as arrays_module
 from ..arrays import as_ref, layout_exec, layout_lines
 from ..errors import InvalidProblem, Unsupported, WorkspaceTooSmall
 from ..streams import stream_handle
@@ -79,7 +81,9 @@ def replay_launcher(calls: list[tuple[Any, tuple[int, ...]]], pointers: tuple[in
     address, or a derived pointer), so the plan stores no memo for the layout.
 
     Generated as one flat function, like :func:`~baracuda_numba.driver.pointer_launcher`:
-    a repeated ``run`` pays one frame for the replay and one per launch."""
+    a repeated ``run`` pays one frame for the replay and one per launch; a single
+    launch is the bound launch's own launcher taking the arrays in this order
+    (``BoundLaunch.taking``), one frame in all."""
     present = [p for p in pointers if p]
     if len(set(present)) != len(present):
         return None
@@ -97,6 +101,10 @@ def replay_launcher(calls: list[tuple[Any, tuple[int, ...]]], pointers: tuple[in
                 return None
         namespace[f"f{k}"] = getattr(bound, "fast", bound)
         body += f"    f{k}(stream, {', '.join(values)})\n"
+        if len(calls) == 1 and hasattr(bound, "taking"):
+            direct = bound.taking(tuple(values), len(pointers))
+            if direct is not None:  # one launch: its own launcher takes the arrays
+                return direct
     parameters = ", ".join(["stream", *(f"a{i}" for i in range(len(pointers)))])
     exec(f"def launch({parameters}):\n{body or '    pass'}\n", namespace)
     return namespace["launch"]
@@ -132,14 +140,18 @@ class LayoutMemo:
     overlaps nothing at its own address, but one starting inside another's span counts
     as overlapping (the checked path decides those)."""
 
-    __slots__ = ("_entries", "launch", "_find")
+    __slots__ = ("_entries", "launch", "_find", "_slow", "_promote", "_disjoint")
 
     def __init__(self, arrays: int, disjoint: tuple[tuple[int, int], ...] = ()) -> None:
         self._entries: dict[Any, tuple[Any, tuple[int, ...]]] = {}
+        self._disjoint = disjoint
         factory = _MEMO_FACTORIES.get((arrays, disjoint))
         if factory is None:
             factory = _MEMO_FACTORIES[(arrays, disjoint)] = _memo_factory(arrays, disjoint)
-        self.launch, self._find = factory(self._entries, stream_handle, LAUNCHED)
+        self._promote: list[Any] = [self._make_hot]
+        self.launch, self._find = factory(self._entries, stream_handle, LAUNCHED,
+                                          self._promote)
+        self._slow = self.launch
 
     def lookup(self, arrays: tuple[Any, ...], extra: Any = None
                ) -> tuple[Any, tuple[Any, tuple[int, ...]] | None]:
@@ -155,14 +167,79 @@ class LayoutMemo:
 
     def clear(self) -> None:
         self._entries.clear()
+        self.launch = self._slow
+        self._promote[0] = self._make_hot
+
+    def _make_hot(self, key: Any, go: Any, spans: tuple[int, ...], *arrays: Any) -> None:
+        """Make ``launch`` test this stored layout first, without building a key.
+
+        Called once by the dict path of ``launch`` after a hit (until ``clear``). For
+        torch tensors the test is one C call: ``TensorGuards`` (the C++ check of
+        ``torch.compile``'s guards) compares each tensor's Python type, dispatch keys
+        (CUDA among them), dtype, device, ``requires_grad``, sizes and strides with the
+        ones given here. For CuPy arrays it compares type, shape, strides and dtype with
+        the key's, attribute by attribute, with no tuple to build or hash. Either way the
+        hot launcher then compares each pointer's residue mod 16 and runs the
+        disjointness test, so a pass implies the key would be equal; anything else
+        (another layout, inference mode, a subclass, mixed frameworks) falls back to the
+        dict path."""
+        self._promote[0] = None
+        present = tuple(a is not None for a in arrays)
+        given = [a for a in arrays if a is not None]
+        if all(type(a) is arrays_module._CUPY_ARRAY for a in given):
+            check = None
+            layouts = [k[:3] for k in key[0] if k is not None]
+        else:
+            guards = _tensor_guards()
+            if guards is None or any(type(a) is not arrays_module._TORCH_TENSOR
+                                     for a in given):
+                return
+            try:
+                guard = guards(*given, dynamic_dims_sizes=[list(t.shape) for t in given],
+                               dynamic_dims_strides=[list(t.stride()) for t in given])
+                if not guard.check(*given):
+                    return
+            except Exception:  # noqa: BLE001 - a torch without this guard: no hot layout
+                return
+            check, layouts = guard.check, []
+        residues = [0 if k is None else k[3] for k in key[0]]
+        kind = "torch" if check is not None else "cupy"
+        factory = _HOT_FACTORIES.get((kind, present, self._disjoint))
+        if factory is None:
+            factory = _HOT_FACTORIES[(kind, present, self._disjoint)] = _hot_factory(
+                kind, present, self._disjoint)
+        self.launch = factory(check, go, key[1], self._slow, stream_handle, LAUNCHED,
+                              *spans, *residues, *(v for layout in layouts for v in layout))
+
+
+_GUARDS: list[Any] = []
+
+
+def _tensor_guards() -> Any:
+    """``torch._C._dynamo.guards.TensorGuards`` if the imported torch has it, else None
+    (a private class of ``torch.compile``'s guards, used only as a faster layout test:
+    without it every call takes the dict path). Looked up once torch is imported."""
+    if _GUARDS:
+        return _GUARDS[0]
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    try:
+        found = torch._C._dynamo.guards.TensorGuards
+    except AttributeError:
+        found = None
+    _GUARDS.append(found)
+    return found
 
 
 _MEMO_FACTORIES: dict[tuple[int, tuple[tuple[int, int], ...]], Callable[..., Any]] = {}
 
 
 def _memo_factory(n: int, disjoint: tuple[tuple[int, int], ...]) -> Callable[..., Any]:
-    """``factory(entries, stream_handle, LAUNCHED) -> (launch, find)`` for
-    :class:`LayoutMemo` of ``n`` arrays and these ``disjoint`` pairs."""
+    """``factory(entries, stream_handle, LAUNCHED, promote) -> (launch, find)`` for
+    :class:`LayoutMemo` of ``n`` arrays and these ``disjoint`` pairs; after a stored
+    layout launched, ``launch`` calls ``promote[0]`` (while it is not None) with the
+    key, the entry and the arrays."""
     names = [f"a{i}" for i in range(n)]
     arguments = ", ".join(names)
     pointers = ", ".join(f"p_{a}" for a in names)
@@ -176,16 +253,62 @@ def _memo_factory(n: int, disjoint: tuple[tuple[int, int], ...]) -> Callable[...
         found += f"    if not ({test}):\n        return {{miss}}\n"
     launch = (f"def launch(stream, extra, {arguments}):\n"
               + layout_lines(names, "return None") + key + found.format(miss="key")
-              + "    go(0 if stream is None else stream if type(stream) is int else "
-              f"stream_handle(stream), {pointers})\n"
+              + f"    go({_STREAM}, {pointers})\n"
+              "    if promote[0] is not None:\n"
+              f"        promote[0](key, go, s, {arguments})\n"
               "    return LAUNCHED\n")
     find = (f"def find(extra, {arguments}):\n"
             + layout_lines(names, "return None, None") + key
             + found.format(miss="key, None")
             + f"    return key, (go, ({pointers},))\n")
-    source = ("def factory(entries, stream_handle, LAUNCHED):\n"
+    source = ("def factory(entries, stream_handle, LAUNCHED, promote):\n"
               + "".join(f"    {line}\n" for line in (launch + find).splitlines())
               + "    return launch, find\n")
+    return layout_exec(source, {})["factory"]
+
+
+_STREAM = "0 if stream is None else stream if type(stream) is int else stream_handle(stream)"
+_HOT_FACTORIES: dict[tuple[str, tuple[bool, ...], tuple[tuple[int, int], ...]],
+                     Callable[..., Any]] = {}
+
+
+def _hot_factory(kind: str, present: tuple[bool, ...], disjoint: tuple[tuple[int, int], ...]
+                 ) -> Callable[..., Any]:
+    """``factory(check, go, extra_key, slow, stream_handle, LAUNCHED, *spans, *residues,
+    *layouts) -> launch`` for :meth:`LayoutMemo._make_hot`: the memo's ``launch`` for one
+    stored layout with the arrays at ``present`` given (the others None), torch tensors
+    (``kind`` "torch": ``check(*tensors)`` tests them) or CuPy arrays ("cupy": ``layouts``
+    holds each given array's shape, strides and dtype, compared inline). It launches
+    ``go`` when ``extra`` equals the stored one, the absent arrays are None, the layout
+    test passes, every pointer has its stored residue mod 16 and the ``disjoint`` pairs
+    do not overlap; otherwise it returns ``slow(...)`` (the dict path)."""
+    names = [f"a{i}" for i in range(len(present))]
+    given = [a for a, p in zip(names, present) if p]
+    tests = [f"{a} is None" for a, p in zip(names, present) if not p]
+    if kind == "torch":
+        tests.append(f"check({', '.join(given)})")
+        pointer = "{a}.data_ptr()"
+        layouts = []
+    else:
+        tests += [f"type({a}) is _CUPY_ARRAY and {a}.shape == l_{a} and {a}.strides == t_{a} "
+                  f"and {a}.dtype == d_{a}" for a in given]
+        pointer = "{a}.data.ptr"
+        layouts = [f"{v}_{a}" for a in given for v in "ltd"]
+    body = f"    if extra == extra_key and {' and '.join(tests)}:\n"
+    body += "".join(f"        p_{a} = {pointer.format(a=a)}\n" if p else f"        p_{a} = 0\n"
+                    for a, p in zip(names, present))
+    fits = [f"(p_{a} & 15) == m_{a}" for a in given]
+    fits += [f"(p_a{i} >= p_a{j} + s_a{j} or p_a{j} >= p_a{i} + s_a{i})" for i, j in disjoint]
+    body += (f"        if {' and '.join(fits)}:\n"
+             f"            go({_STREAM}, {', '.join(f'p_{a}' for a in names)})\n"
+             "            return LAUNCHED\n"
+             f"    return slow(stream, extra, {', '.join(names)})\n")
+    parameters = ["check", "go", "extra_key", "slow", "stream_handle", "LAUNCHED",
+                  *(f"s_{a}" for a in names), *(f"m_{a}" for a in names), *layouts]
+    source = (f"def factory({', '.join(parameters)}):\n"
+              f"    def launch(stream, extra, {', '.join(names)}):\n"
+              + "".join(f"    {line}\n" for line in body.splitlines())
+              + "    return launch\n")
     return layout_exec(source, {})["factory"]
 
 

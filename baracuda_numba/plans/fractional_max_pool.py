@@ -451,6 +451,18 @@ class _FractionalMaxPoolPlan(Plan):
     name = "FractionalMaxPoolPlan"
     _rank = 2
     _pool_kind = PoolKind.FRACTIONAL_MAX_POOL2D
+    #: The tuning attributes that tests and benchmarks may change (see ``__init__``).
+    _TUNING = frozenset({"fast", "forward_walk", "rows_per_thread", "threads",
+                         "tiled_backward", "fused_sums", "tile_elems", "tile_threads",
+                         "listed_sums", "listed_bytes", "listed_loads"})
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        """Setting a tuning attribute forgets the memoised launches, so the next ``run``
+        takes the checked path with the new value (the memo keys hold layouts only)."""
+        object.__setattr__(self, name, value)
+        if name in self._TUNING:
+            self._memo_fw.clear()
+            self._memo_bw.clear()
 
     @classmethod
     def select(cls, desc: Any, pref: PlanPreference | None = None) -> _FractionalMaxPoolPlan:
@@ -676,9 +688,8 @@ class _FractionalMaxPoolPlan(Plan):
 
         Torch or CuPy arrays of a layout seen before skip the array checks (``LayoutMemo``; the
         no-overlap checks still run per call)."""
-        memo_key = self._memo_fw.launch(
-            stream, (self.fast, self.forward_walk, self.rows_per_thread, self.threads),
-            args.x, args.y, args.indices, args.random_samples) if workspace is None else None
+        memo_key = self._memo_fw.launch(stream, None, args.x, args.y, args.indices,
+                                        args.random_samples) if workspace is None else None
         if memo_key is LAUNCHED:
             return
         x, y, indices, samples = self.can_implement_fw(args)
@@ -733,11 +744,8 @@ class _FractionalMaxPoolPlan(Plan):
 
         Torch or CuPy arrays of a layout seen before skip the array checks (``LayoutMemo``; the
         no-overlap checks still run per call)."""
-        memo_key = self._memo_bw.launch(
-            stream, (self.fast, self.tiled_backward, self.fused_sums, self.tile_elems,
-                     self.tile_threads, self.listed_sums, self.listed_bytes,
-                     self.listed_loads, self.rows_per_thread, self.threads),
-            args.dy, args.indices, args.dx) if workspace is None else None
+        memo_key = self._memo_bw.launch(stream, None, args.dy, args.indices, args.dx) \
+            if workspace is None else None
         if memo_key is LAUNCHED:
             return
         dy, indices, dx = self.can_implement_bw(args)
