@@ -465,8 +465,21 @@ def test_layout_memo_hot_layout_matches_the_dict_path(monkeypatch):
     # adjacent but disjoint: the hot layout launches
     assert memo.launch(None, "e", big[32:64].view(4, 8), big[0:32].view(4, 8), None) \
         is LAUNCHED
+    # a CuPy layout made hot too tests first, then falls back to the torch one
+    monkeypatch.setattr(arrays, "_CUPY_ARRAY", _FakeCupy)
+    cx, cy = _FakeCupy(0x1000, (4, 8), (32, 4)), _FakeCupy(0x2000, (4, 8), (32, 4))
+    layout = ((4, 8), (32, 4), "float32", 0)
+    torch_hot = memo.launch
+    memo._make_hot(((layout, layout, None), "e"), lambda *a: seen.append(a), (128, 128, 0),
+                   cx, cy, None)
+    assert memo.launch is not torch_hot and memo._promote[0] is None
+    assert memo.launch(None, "e", cx, cy, None) is LAUNCHED
+    assert seen[-1] == (0, 0x1000, 0x2000, 0)
+    assert memo.launch(None, "e", x, y, None) is LAUNCHED
+    assert seen[-1] == (0, x.data_ptr(), y.data_ptr(), 0)
+    assert memo.launch(None, "e", x.double(), y, None) == "slow"
     memo.clear()
-    assert memo.launch is memo._slow
+    assert memo.launch is memo._slow and memo._promote[0] is not None
 
 
 def test_layout_memo_hot_layout_for_cupy_arrays(monkeypatch):

@@ -140,7 +140,7 @@ class LayoutMemo:
     overlaps nothing at its own address, but one starting inside another's span counts
     as overlapping (the checked path decides those)."""
 
-    __slots__ = ("_entries", "launch", "_find", "_slow", "_promote", "_disjoint")
+    __slots__ = ("_entries", "launch", "_find", "_slow", "_promote", "_disjoint", "_tried")
 
     def __init__(self, arrays: int, disjoint: tuple[tuple[int, int], ...] = ()) -> None:
         self._entries: dict[Any, tuple[Any, tuple[int, ...]]] = {}
@@ -149,6 +149,7 @@ class LayoutMemo:
         if factory is None:
             factory = _MEMO_FACTORIES[(arrays, disjoint)] = _memo_factory(arrays, disjoint)
         self._promote: list[Any] = [self._make_hot]
+        self._tried: set[str] = set()  # frameworks whose hot layout was made or refused
         self.launch, self._find = factory(self._entries, stream_handle, LAUNCHED,
                                           self._promote)
         self._slow = self.launch
@@ -169,11 +170,14 @@ class LayoutMemo:
         self._entries.clear()
         self.launch = self._slow
         self._promote[0] = self._make_hot
+        self._tried.clear()
 
     def _make_hot(self, key: Any, go: Any, spans: tuple[int, ...], *arrays: Any) -> None:
         """Make ``launch`` test this stored layout first, without building a key.
 
-        Called once by the dict path of ``launch`` after a hit (until ``clear``). For
+        Called by the dict path of ``launch`` after a hit, once per framework (until
+        ``clear``): a torch layout and a CuPy layout can both be hot, the one made later
+        testing first and falling back to the other, then to the dict path. For
         torch tensors the test is one C call: ``TensorGuards`` (the C++ check of
         ``torch.compile``'s guards) compares each tensor's Python type, dispatch keys
         (CUDA among them), dtype, device, ``requires_grad``, sizes and strides with the
@@ -183,16 +187,25 @@ class LayoutMemo:
         disjointness test, so a pass implies the key would be equal; anything else
         (another layout, inference mode, a subclass, mixed frameworks) falls back to the
         dict path."""
-        self._promote[0] = None
         present = tuple(a is not None for a in arrays)
         given = [a for a in arrays if a is not None]
-        if all(type(a) is arrays_module._CUPY_ARRAY for a in given):
+        kind = "cupy" if all(type(a) is arrays_module._CUPY_ARRAY for a in given) \
+            else "torch" if all(type(a) is arrays_module._TORCH_TENSOR for a in given) \
+            else "mixed"
+        tried = self._tried
+        if kind in tried:
+            return
+        tried.add(kind)
+        if "torch" in tried and "cupy" in tried:
+            self._promote[0] = None
+        if kind == "mixed":
+            return
+        if kind == "cupy":
             check = None
             layouts = [k[:3] for k in key[0] if k is not None]
         else:
             guards = _tensor_guards()
-            if guards is None or any(type(a) is not arrays_module._TORCH_TENSOR
-                                     for a in given):
+            if guards is None:
                 return
             try:
                 guard = guards(*given, dynamic_dims_sizes=[list(t.shape) for t in given],
@@ -203,12 +216,11 @@ class LayoutMemo:
                 return
             check, layouts = guard.check, []
         residues = [0 if k is None else k[3] for k in key[0]]
-        kind = "torch" if check is not None else "cupy"
         factory = _HOT_FACTORIES.get((kind, present, self._disjoint))
         if factory is None:
             factory = _HOT_FACTORIES[(kind, present, self._disjoint)] = _hot_factory(
                 kind, present, self._disjoint)
-        self.launch = factory(check, go, key[1], self._slow, stream_handle, LAUNCHED,
+        self.launch = factory(check, go, key[1], self.launch, stream_handle, LAUNCHED,
                               *spans, *residues, *(v for layout in layouts for v in layout))
 
 
@@ -281,7 +293,8 @@ def _hot_factory(kind: str, present: tuple[bool, ...], disjoint: tuple[tuple[int
     holds each given array's shape, strides and dtype, compared inline). It launches
     ``go`` when ``extra`` equals the stored one, the absent arrays are None, the layout
     test passes, every pointer has its stored residue mod 16 and the ``disjoint`` pairs
-    do not overlap; otherwise it returns ``slow(...)`` (the dict path)."""
+    do not overlap; otherwise it returns ``slow(...)`` (the other framework's hot
+    launcher, or the dict path)."""
     names = [f"a{i}" for i in range(len(present))]
     given = [a for a, p in zip(names, present) if p]
     tests = [f"{a} is None" for a, p in zip(names, present) if not p]
