@@ -604,6 +604,49 @@ def test_cupy_memo_matches_the_checked_path():
 
 
 @pytest.mark.gpu
+def test_torch_hot_layout_falls_back_on_any_change():
+    """A plan's memo makes its first repeated torch layout hot (one TensorGuards call);
+    other layouts after that (transposed storage, one element past an aligned pointer)
+    still give the right gradient, and an aliased output or a wrong dtype is still
+    rejected before any launch. Reference: torch.autograd of cumprod in float64."""
+    torch = torch_or_skip()
+    plan = bn.ScanBackwardPlan.select(bn.ScanBackwardDescriptor(
+        ScanKind.CUMPROD, (6, 40), 1, element=ElementKind.F32))
+    x = torch.rand(6, 40, device="cuda") + 0.5
+    dy = torch.randn(6, 40, device="cuda")
+    x64 = x.double().requires_grad_()
+    expected = torch.autograd.grad(torch.cumprod(x64, 1), x64, dy.double())[0]
+
+    def gradient(x):
+        dx = torch.full((6, 40), float("nan"), device="cuda")
+        plan.run(bn.ScanBackwardArgs(dy, dx, x, torch.cumprod(x, 1)))
+        return dx
+
+    def close(dx):
+        scale = float(expected.abs().max())
+        return torch.allclose(dx.double(), expected, rtol=1e-5, atol=1e-6 * scale)
+
+    memo = plan._memo
+    assert close(gradient(x)) and memo.launch is memo._slow  # checked path, stored
+    assert close(gradient(x)) and memo.launch is not memo._slow  # dict hit, made hot
+    assert close(gradient(x))  # hot
+    hot = memo.launch
+    transposed = x.t().contiguous().t()
+    shifted = torch.empty(6 * 40 + 1, device="cuda")[1:].view(6, 40)
+    shifted.copy_(x)
+    for other in (transposed, shifted, transposed, shifted):
+        assert close(gradient(other))
+    assert memo.launch is hot and close(gradient(x))
+    y = torch.cumprod(x, 1)
+    x_before = x.clone()
+    with pytest.raises(InvalidProblem, match="dx"):
+        plan.run(bn.ScanBackwardArgs(dy, x, x, y))  # dx on x's bytes
+    with pytest.raises(InvalidProblem):
+        plan.run(bn.ScanBackwardArgs(dy.double(), torch.empty_like(x), x, y))
+    assert torch.equal(x, x_before)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("backend", ["cupy", "bindings", "ctypes"])
 def test_each_launcher_binding_runs_kernels(monkeypatch, backend):
     """Each ``cuLaunchKernel`` binding of ``driver.pointer_launcher`` (CuPy's typed

@@ -290,7 +290,8 @@ def _hot_factory(kind: str, present: tuple[bool, ...], disjoint: tuple[tuple[int
     *layouts) -> launch`` for :meth:`LayoutMemo._make_hot`: the memo's ``launch`` for one
     stored layout with the arrays at ``present`` given (the others None), torch tensors
     (``kind`` "torch": ``check(*tensors)`` tests them) or CuPy arrays ("cupy": ``layouts``
-    holds each given array's shape, strides and dtype, compared inline). It launches
+    holds each given array's shape, strides and dtype, compared inline; the dtype by
+    identity, so an equal but distinct dtype object takes the dict path). It launches
     ``go`` when ``extra`` equals the stored one, the absent arrays are None, the layout
     test passes, every pointer has its stored residue mod 16 and the ``disjoint`` pairs
     do not overlap; otherwise it returns ``slow(...)`` (the other framework's hot
@@ -304,7 +305,7 @@ def _hot_factory(kind: str, present: tuple[bool, ...], disjoint: tuple[tuple[int
         layouts = []
     else:
         tests += [f"type({a}) is _CUPY_ARRAY and {a}.shape == l_{a} and {a}.strides == t_{a} "
-                  f"and {a}.dtype == d_{a}" for a in given]
+                  f"and {a}.dtype is d_{a}" for a in given]
         pointer = "{a}.data.ptr"
         layouts = [f"{v}_{a}" for a in given for v in "ltd"]
     body = f"    if extra == extra_key and {' and '.join(tests)}:\n"
