@@ -182,7 +182,7 @@ _ARRAY_SLOTS = 7  # meminfo, parent, nitems, itemsize, data, shape[0], strides[0
 # launches that pass every parameter in one buffer (cuLaunchKernel's ``extra``).
 _PACKED_FORMATS = {
     types.int64: "q", types.uint64: "Q", types.int32: "i", types.uint32: "I",
-    types.float64: "d", types.float32: "f",
+    types.float64: "d", types.float32: "f", types.boolean: "?",  # .param .u8
 }
 #: Pass parameters as one packed buffer (default) rather than one pointer per parameter:
 #: the driver then copies one block instead of handling each of the ~40-70 scalars a

@@ -20,7 +20,29 @@ import os
 import subprocess
 import sys
 
-SCRIPT = r"""
+# Every kernel's parameters go to the driver as one packed buffer (cuLaunchKernel's
+# ``extra``): its struct must have one field per PTX parameter, of the same size (every
+# field is a scalar at its natural alignment, so equal sizes mean equal offsets).
+_CHECK_PACKED = r"""
+import re
+
+
+def check_packed_layouts(ptx):
+    sizes = {"q": 8, "Q": 8, "d": 8, "i": 4, "I": 4, "f": 4, "?": 1}
+    by_name = {k.name: k for k in registered_kernels()}
+    for name, text in ptx.items():
+        kernel = by_name[name]
+        assert kernel._packable, f"{name}: a parameter type has no packed format"
+        entry = text[text.index(".entry"):]
+        declared = re.findall(r"\.param\s+\.[a-z]+(\d+)\s+\S+?(\[\d+\])?\s*[,)]",
+                              entry[:entry.index(")") + 1])
+        assert all(not count for _, count in declared), f"{name}: an aggregate parameter"
+        fields = [sizes[c] for c in kernel._packed.format.lstrip("@")]
+        assert [int(bits) // 8 for bits, _ in declared] == fields, name
+    print(f"packed layouts match the PTX parameters of {len(ptx)} kernels", flush=True)
+"""
+
+SCRIPT = _CHECK_PACKED + r"""
 from baracuda_numba.launch import compile_all_ptx, registered_kernels
 kernels = registered_kernels()
 assert len(kernels) == len({k.name for k in kernels}), "kernel names must be unique"
@@ -37,7 +59,10 @@ for cc, chosen in (((9, 0), every), ((8, 0), set(sample.values()))):
     for name, text in ptx.items():
         assert ".entry" in text, name
     print(f"compiled {len(ptx)} signatures for sm_{cc[0]}{cc[1]}", flush=True)
+    if cc == (9, 0):
+        check_packed_layouts(ptx)
 """
+
 
 _process: subprocess.Popen | None = None
 
@@ -56,3 +81,4 @@ def test_every_signature_compiles_to_ptx():
     out, err = _process.communicate(timeout=3600)
     assert _process.returncode == 0, f"{out}\n{err}"
     assert "compiled" in out and "sm_90" in out and "sm_80" in out, out
+    assert "packed layouts match" in out, out
