@@ -357,11 +357,18 @@ class _FakeTensor:
 
 
 class _FakeCupy:
-    """Stands for a CuPy array: ``data.ptr``, byte ``strides``."""
+    """Stands for a CuPy array: ``data.ptr``, byte ``strides``, ``itemsize`` and CuPy's
+    ``_c_contiguous`` flag (extents of 1 skipped, as CuPy does)."""
 
     def __init__(self, ptr, shape, strides, dtype="float32"):
         self.data = types.SimpleNamespace(ptr=ptr)
         self.shape, self.strides, self.dtype = shape, strides, dtype
+        self.itemsize = 8 if dtype == "float64" else 4
+        step, dense = self.itemsize, True
+        for n, stride in zip(reversed(shape), reversed(strides)):
+            dense = dense and (n == 1 or stride == step)
+            step *= n
+        self._c_contiguous = dense or 0 in shape
 
 
 def test_layout_signature_keys_and_pointers(monkeypatch):
@@ -521,6 +528,26 @@ def test_layout_memo_hot_layout_for_cupy_arrays(monkeypatch):
     assert memo.launch(None, "e", other, y, None) is LAUNCHED and seen[-1][1] == 0x5000
     memo.clear()
     assert memo.launch is slow
+    # a C-contiguous layout with every extent >= 2: the flag stands for the strides
+    dense = LayoutMemo(2)
+    x, y = _FakeCupy(0x1000, (2, 4), (16, 4)), _FakeCupy(0x2000, (2, 3), (12, 4))
+    key = dense.launch(None, None, x, y)
+    dense.store(key, lambda *a: seen.append(a), (32, 24))
+    dense.launch(None, None, x, y)
+    assert dense.launch is not dense._slow
+    assert dense.launch(None, None, _FakeCupy(0x3000, (2, 4), (16, 4)), y) is LAUNCHED
+    for other in (_FakeCupy(0x1000, (2, 4), (32, 4)),  # rows apart: not contiguous
+                  _FakeCupy(0x1000, (4, 2), (8, 4)),  # contiguous, other shape
+                  _FakeCupy(0x1000, (2, 4), (16, 4), "float64")):
+        assert dense.launch(None, None, other, y) is not LAUNCHED
+    # extents of 1 leave strides free in CuPy's flag: such layouts compare strides
+    ones = LayoutMemo(1)
+    row = _FakeCupy(0x1000, (1, 4), (16, 4))
+    ones.store(ones.launch(None, None, row), lambda *a: seen.append(a), (16,))
+    ones.launch(None, None, row)
+    assert ones.launch is not ones._slow
+    odd = _FakeCupy(0x1000, (1, 4), (64, 4))
+    assert odd._c_contiguous and ones.launch(None, None, odd) is not LAUNCHED
 
 
 def _cupy_memo_cases(cp):
@@ -601,6 +628,17 @@ def test_cupy_memo_matches_the_checked_path():
     with pytest.raises(InvalidProblem, match="dx"):
         scan_bw.run(bn.ScanBackwardArgs(dy, x, x, cp.ones_like(x)))
     assert bool((x == 1).all())
+    # the hot CuPy layout (contiguous) must not take a same-shape column-major x
+    x = cp.random.default_rng(3).random((6, 40), dtype=cp.float32) + 0.5
+    y = cp.cumprod(x, axis=1)
+    dx = cp.empty_like(x)
+    for _ in range(3):
+        scan_bw.run(bn.ScanBackwardArgs(dy, dx, x, y))
+    assert scan_bw._memo.launch is not scan_bw._memo._slow
+    fortran = cp.asfortranarray(x)
+    dx_f = cp.full_like(x, cp.nan)
+    scan_bw.run(bn.ScanBackwardArgs(dy, dx_f, fortran, y))
+    assert cp.allclose(dx_f, dx, rtol=1e-6, atol=1e-6 * float(cp.abs(dx).max()))
 
 
 @pytest.mark.gpu

@@ -200,9 +200,11 @@ class LayoutMemo:
             self._promote[0] = None
         if kind == "mixed":
             return
+        dense: tuple[bool, ...] = ()
         if kind == "cupy":
             check = None
             layouts = [k[:3] for k in key[0] if k is not None]
+            dense = tuple(_dense(layout, a) for layout, a in zip(layouts, given))
         else:
             guards = _tensor_guards()
             if guards is None:
@@ -216,10 +218,10 @@ class LayoutMemo:
                 return
             check, layouts = guard.check, []
         residues = [0 if k is None else k[3] for k in key[0]]
-        factory = _HOT_FACTORIES.get((kind, present, self._disjoint))
+        form = (kind, present, self._disjoint, dense)
+        factory = _HOT_FACTORIES.get(form)
         if factory is None:
-            factory = _HOT_FACTORIES[(kind, present, self._disjoint)] = _hot_factory(
-                kind, present, self._disjoint)
+            factory = _HOT_FACTORIES[form] = _hot_factory(*form)
         self.launch = factory(check, go, key[1], self.launch, stream_handle, LAUNCHED,
                               *spans, *residues, *(v for layout in layouts for v in layout))
 
@@ -280,18 +282,34 @@ def _memo_factory(n: int, disjoint: tuple[tuple[int, int], ...]) -> Callable[...
 
 
 _STREAM = "0 if stream is None else stream if type(stream) is int else stream_handle(stream)"
-_HOT_FACTORIES: dict[tuple[str, tuple[bool, ...], tuple[tuple[int, int], ...]],
-                     Callable[..., Any]] = {}
+_HOT_FACTORIES: dict[tuple[Any, ...], Callable[..., Any]] = {}
 
 
-def _hot_factory(kind: str, present: tuple[bool, ...], disjoint: tuple[tuple[int, int], ...]
-                 ) -> Callable[..., Any]:
+def _dense(layout: tuple[Any, ...], array: Any) -> bool:
+    """Whether a CuPy ``layout`` (shape, byte strides, dtype) is the C-contiguous one of
+    its shape with every extent at least 2: then an array of that shape and dtype whose
+    ``_c_contiguous`` flag is set has exactly these strides, and the hot test reads the
+    flag (a plain attribute) instead of ``strides`` (a tuple built per read)."""
+    shape, strides, _ = layout
+    if not hasattr(array, "_c_contiguous") or any(n < 2 for n in shape):
+        return False
+    expected, step = [], array.itemsize
+    for n in reversed(shape):
+        expected.append(step)
+        step *= n
+    return tuple(strides) == tuple(reversed(expected))
+
+
+def _hot_factory(kind: str, present: tuple[bool, ...], disjoint: tuple[tuple[int, int], ...],
+                 dense: tuple[bool, ...] = ()) -> Callable[..., Any]:
     """``factory(check, go, extra_key, slow, stream_handle, LAUNCHED, *spans, *residues,
     *layouts) -> launch`` for :meth:`LayoutMemo._make_hot`: the memo's ``launch`` for one
     stored layout with the arrays at ``present`` given (the others None), torch tensors
     (``kind`` "torch": ``check(*tensors)`` tests them) or CuPy arrays ("cupy": ``layouts``
     holds each given array's shape, strides and dtype, compared inline; the dtype by
-    identity, so an equal but distinct dtype object takes the dict path). It launches
+    identity, so an equal but distinct dtype object takes the dict path; where
+    ``dense`` is true for a given array, its ``_c_contiguous`` flag stands for its
+    strides, see :func:`_dense`). It launches
     ``go`` when ``extra`` equals the stored one, the absent arrays are None, the layout
     test passes, every pointer has its stored residue mod 16 and the ``disjoint`` pairs
     do not overlap; otherwise it returns ``slow(...)`` (the other framework's hot
@@ -304,8 +322,11 @@ def _hot_factory(kind: str, present: tuple[bool, ...], disjoint: tuple[tuple[int
         pointer = "{a}.data_ptr()"
         layouts = []
     else:
-        tests += [f"type({a}) is _CUPY_ARRAY and {a}.shape == l_{a} and {a}.strides == t_{a} "
-                  f"and {a}.dtype is d_{a}" for a in given]
+        dense = dense or (False,) * len(given)
+        tests += [f"type({a}) is _CUPY_ARRAY and "
+                  + (f"{a}._c_contiguous" if flag else f"{a}.strides == t_{a}")
+                  + f" and {a}.shape == l_{a} and {a}.dtype is d_{a}"
+                  for a, flag in zip(given, dense)]
         pointer = "{a}.data.ptr"
         layouts = [f"{v}_{a}" for a in given for v in "ltd"]
     body = f"    if extra == extra_key and {' and '.join(tests)}:\n"
