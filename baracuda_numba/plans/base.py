@@ -15,7 +15,7 @@ from dataclasses import MISSING, dataclass, fields
 from typing import Any, ClassVar, NoReturn, TypeVar
 
 from .. import arrays as arrays_module
-from ..arrays import as_ref, layout_exec, layout_lines
+from ..arrays import as_ref, contiguous_strides, layout_exec, layout_lines
 from ..errors import InvalidProblem, Unsupported, WorkspaceTooSmall
 from ..streams import stream_handle
 from ..types import ElementKind, KernelSku, PlanPreference, PrecisionGuarantee
@@ -101,10 +101,10 @@ def replay_launcher(calls: list[tuple[Any, tuple[int, ...]]], pointers: tuple[in
                 return None
         namespace[f"f{k}"] = getattr(bound, "fast", bound)
         body += f"    f{k}(stream, {', '.join(values)})\n"
-        if len(calls) == 1 and hasattr(bound, "taking"):
-            direct = bound.taking(tuple(values), len(pointers))
-            if direct is not None:  # one launch: its own launcher takes the arrays
-                return direct
+    if len(calls) == 1 and hasattr(calls[0][0], "taking"):
+        direct = calls[0][0].taking(tuple(values), len(pointers))
+        if direct is not None:  # one launch: its own launcher takes the arrays
+            return direct
     parameters = ", ".join(["stream", *(f"a{i}" for i in range(len(pointers)))])
     exec(f"def launch({parameters}):\n{body or '    pass'}\n", namespace)
     return namespace["launch"]
@@ -262,9 +262,7 @@ def _memo_factory(n: int, disjoint: tuple[tuple[int, int], ...]) -> Callable[...
              "    if entry is None:\n        return {miss}\n"
              "    go, s = entry\n")
     if disjoint:
-        test = " and ".join(f"(p_a{i} >= p_a{j} + s[{j}] or p_a{j} >= p_a{i} + s[{i}])"
-                            for i, j in disjoint)
-        found += f"    if not ({test}):\n        return {{miss}}\n"
+        found += f"    if not ({_disjoint_test(disjoint, 's[{}]')}):\n        return {{miss}}\n"
     launch = (f"def launch(stream, extra, {arguments}):\n"
               + layout_lines(names, "return None") + key + found.format(miss="key")
               + f"    go({_STREAM}, {pointers})\n"
@@ -281,6 +279,14 @@ def _memo_factory(n: int, disjoint: tuple[tuple[int, int], ...]) -> Callable[...
     return layout_exec(source, {})["factory"]
 
 
+def _disjoint_test(disjoint: tuple[tuple[int, int], ...], span: str) -> str:
+    """Python source that is true when no pair ``(i, j)`` of ``disjoint`` overlaps: array
+    ``i`` at pointer ``p_a{i}`` spans ``span.format(i)`` bytes. An array with an empty span
+    overlaps nothing at its own address, but one starting inside another's span does."""
+    return " and ".join(f"(p_a{i} >= p_a{j} + {span.format(j)} or "
+                        f"p_a{j} >= p_a{i} + {span.format(i)})" for i, j in disjoint)
+
+
 _STREAM = "0 if stream is None else stream if type(stream) is int else stream_handle(stream)"
 _HOT_FACTORIES: dict[tuple[Any, ...], Callable[..., Any]] = {}
 
@@ -293,11 +299,7 @@ def _dense(layout: tuple[Any, ...], array: Any) -> bool:
     shape, strides, _ = layout
     if not hasattr(array, "_c_contiguous") or any(n < 2 for n in shape):
         return False
-    expected, step = [], array.itemsize
-    for n in reversed(shape):
-        expected.append(step)
-        step *= n
-    return tuple(strides) == tuple(reversed(expected))
+    return tuple(strides) == tuple(s * array.itemsize for s in contiguous_strides(shape))
 
 
 def _hot_factory(kind: str, present: tuple[bool, ...], disjoint: tuple[tuple[int, int], ...],
@@ -333,7 +335,8 @@ def _hot_factory(kind: str, present: tuple[bool, ...], disjoint: tuple[tuple[int
     body += "".join(f"        p_{a} = {pointer.format(a=a)}\n" if p else f"        p_{a} = 0\n"
                     for a, p in zip(names, present))
     fits = [f"(p_{a} & 15) == m_{a}" for a in given]
-    fits += [f"(p_a{i} >= p_a{j} + s_a{j} or p_a{j} >= p_a{i} + s_a{i})" for i, j in disjoint]
+    if disjoint:
+        fits.append(_disjoint_test(disjoint, "s_a{}"))
     body += (f"        if {' and '.join(fits)}:\n"
              f"            go({_STREAM}, {', '.join(f'p_{a}' for a in names)})\n"
              "            return LAUNCHED\n"
