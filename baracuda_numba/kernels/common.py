@@ -4,6 +4,8 @@
   narrowing rounds to nearest even, ``(bits + 0x7FFF + ((bits >> 16) & 1)) >> 16``,
   with NaN kept quiet (``0x7FC0`` | sign).
 * ``bitcast(value, target)``: the same bits as another numeric type of the same width.
+* Words: ``pack_*`` / ``unpack_*`` put 2 or 4 f16/bf16/f32 values into one 32- or 64-bit
+  integer and back (bf16 narrowing: one ``cvt.rn.bf16x2.f32`` per pair on the GPU).
 * NaN-propagating max/min: once either side is NaN the result is NaN (f32: one
   ``max.NaN``/``min.NaN`` instruction).
 * Strided offsets for rank <= 8 (shape/strides padded to 8 with leading extent 1).
@@ -17,7 +19,8 @@ Everything here is ``inline`` so helpers cost nothing over hand-written code.
 from __future__ import annotations
 
 import numpy as np
-from numba import cuda, float32, int32, int64, types, uint16, uint32
+from numba import cuda, float32, int32, int64, types, uint16, uint32, uint64
+from numba.types import float16
 
 from .._runtime import SIMULATOR
 
@@ -69,6 +72,7 @@ if SIMULATOR:
         return np.asarray(value).view(np.dtype(str(target)))[()]
 
 else:
+    from llvmlite import ir as _ir
     from numba.cuda.extending import intrinsic
 
     @intrinsic
@@ -81,6 +85,144 @@ else:
             return builder.bitcast(args[0], context.get_value_type(to))
 
         return to(value, target), codegen
+
+
+# -- words: two or four elements in one integer -----------------------------------------
+# Vector kernels move 4-, 8- or 16-byte words and (un)pack the elements in registers:
+# f16 by bit casts plus the hardware ``cvt``, bf16 by shifts (widening) and
+# ``cvt.rn.bf16x2.f32`` (narrowing two values in one instruction), f32 by bit casts. The
+# lower element is the one at the lower address (little endian).
+
+
+@cuda.jit(device=True, inline=True)
+def f32_from_bits(bits):
+    """The float32 whose bits are the low 32 bits of integer ``bits``."""
+    return bitcast(uint32(bits), float32)
+
+
+@cuda.jit(device=True, inline=True)
+def f32_to_bits(value):
+    """uint32 holding the bits of float32 ``value``."""
+    return bitcast(float32(value), uint32)
+
+
+@cuda.jit(device=True, inline=True)
+def f16_from_bits(bits):
+    """The float16 stored in the low 16 bits of integer ``bits`` (f16 -> f32 is then the
+    hardware ``cvt``)."""
+    return bitcast(uint16(bits & 0xFFFF), float16)
+
+
+@cuda.jit(device=True, inline=True)
+def f16_to_bits(value):
+    """uint32 holding the 16 storage bits of float16 ``value``."""
+    return uint32(bitcast(float16(value), uint16))
+
+
+if SIMULATOR:
+
+    @cuda.jit(device=True, inline=True)
+    def pack_bf16x2(low, high):
+        """uint32 of two bf16 values rounded from f32 (``low`` in the lower half)."""
+        return uint32(f32_to_bf16(low)) | (uint32(f32_to_bf16(high)) << uint32(16))
+
+    @cuda.jit(device=True, inline=True)
+    def pack_f16x2(low, high):
+        """uint32 of two f16 values rounded from f32 (``low`` in the lower half)."""
+        return f16_to_bits(float16(low)) | (f16_to_bits(float16(high)) << uint32(16))
+
+else:
+
+    def _cvt_x2(target: str):  # noqa: ANN202 - returns a Numba intrinsic
+        @intrinsic
+        def cvt_x2(typingctx, high, low):
+            def codegen(context, builder, signature, args):
+                fnty = _ir.FunctionType(_ir.IntType(32), [_ir.FloatType(), _ir.FloatType()])
+                asm = _ir.InlineAsm(fnty, f"cvt.rn.{target}.f32 $0, $1, $2;", "=r,f,f")
+                return builder.call(asm, args)
+
+            return uint32(float32, float32), codegen
+
+        return cvt_x2
+
+    #: ``cvt.rn.bf16x2.f32``: two values rounded to nearest even in one instruction
+    #: (sm_80+), ``high`` in the upper half. The software narrowing of
+    #: :func:`f32_to_bf16` is 6 integer instructions per value plus a NaN test. Same
+    #: results except NaN, which comes out as the canonical quiet NaN.
+    _cvt_bf16x2 = _cvt_x2("bf16x2")
+    #: ``cvt.rn.f16x2.f32``: the same for f16 (the rounding of ``float16(f32)``). Packing
+    #: two ``cvt.rn.f16.f32`` results with shifts let LLVM emit ``bfi.b64 ..., 16, 48``
+    #: in the reduce gradients, which came out with the top element missing on the H100
+    #: (driver 580, 2026-11-23); one packed conversion leaves nothing to insert.
+    _cvt_f16x2 = _cvt_x2("f16x2")
+
+    @cuda.jit(device=True, inline=True)
+    def pack_bf16x2(low, high):
+        """uint32 of two bf16 values rounded from f32 (``low`` in the lower half)."""
+        return _cvt_bf16x2(float32(high), float32(low))
+
+    @cuda.jit(device=True, inline=True)
+    def pack_f16x2(low, high):
+        """uint32 of two f16 values rounded from f32 (``low`` in the lower half): round to
+        nearest even, overflow to inf."""
+        return _cvt_f16x2(float32(high), float32(low))
+
+
+@cuda.jit(device=True, inline=True)
+def unpack_bf16x2(unit):
+    """The two bf16 values of a uint32 as f32 (lower half first)."""
+    return (bf16_to_f32(uint16(unit & uint32(0xFFFF))),
+            bf16_to_f32(uint16(unit >> uint32(16))))
+
+
+@cuda.jit(device=True, inline=True)
+def unpack_f16x2(unit):
+    """The two f16 values of a uint32 as f32 (lower half first)."""
+    return (float32(f16_from_bits(unit & uint32(0xFFFF))),
+            float32(f16_from_bits(unit >> uint32(16))))
+
+
+@cuda.jit(device=True, inline=True)
+def pack_f32x2(low, high):
+    """uint64 of two f32 values (``low`` in the lower half)."""
+    return uint64(f32_to_bits(low)) | (uint64(f32_to_bits(high)) << uint64(32))
+
+
+@cuda.jit(device=True, inline=True)
+def unpack_f32x2(unit):
+    """The two f32 values of a uint64 (lower half first)."""
+    return (f32_from_bits(uint32(unit & uint64(0xFFFFFFFF))),
+            f32_from_bits(uint32(unit >> uint64(32))))
+
+
+@cuda.jit(device=True, inline=True)
+def pack_f16x4(a0, a1, a2, a3):
+    """uint64 of four f16 values rounded from f32 (``a0`` at the lowest address)."""
+    return uint64(pack_f16x2(a0, a1)) | (uint64(pack_f16x2(a2, a3)) << uint64(32))
+
+
+@cuda.jit(device=True, inline=True)
+def unpack_f16x4(unit):
+    """The four f16 values of a uint64 as f32 (lowest address first)."""
+    low, high = uint32(unit & uint64(0xFFFFFFFF)), uint32(unit >> uint64(32))
+    a0, a1 = unpack_f16x2(low)
+    a2, a3 = unpack_f16x2(high)
+    return a0, a1, a2, a3
+
+
+@cuda.jit(device=True, inline=True)
+def pack_bf16x4(a0, a1, a2, a3):
+    """uint64 of four bf16 values rounded from f32 (``a0`` at the lowest address)."""
+    return uint64(pack_bf16x2(a0, a1)) | (uint64(pack_bf16x2(a2, a3)) << uint64(32))
+
+
+@cuda.jit(device=True, inline=True)
+def unpack_bf16x4(unit):
+    """The four bf16 values of a uint64 as f32 (lowest address first)."""
+    low, high = uint32(unit & uint64(0xFFFFFFFF)), uint32(unit >> uint64(32))
+    a0, a1 = unpack_bf16x2(low)
+    a2, a3 = unpack_bf16x2(high)
+    return a0, a1, a2, a3
 
 
 # -- NaN-propagating comparisons ---------------------------------------------------------
@@ -119,7 +261,6 @@ if SIMULATOR:
         return nan_min(np.float32(a), np.float32(b))
 
 else:
-    from llvmlite import ir as _ir
 
     def _nan_extremum_f32(op: str):  # noqa: ANN202 - returns a Numba intrinsic
         @intrinsic

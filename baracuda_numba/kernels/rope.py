@@ -39,8 +39,9 @@ Layouts (``ROPE_LAYOUTS``: elements per memory unit, pairs per item):
 The unit layouts need unit-aligned pointers and outer strides and a rotary dim (and copied
 tail) that units tile; the plan picks the widest that fits (and ``rope_units`` only where it
 measured faster: see ``plans/rope.py``). Units are reinterpreted in
-registers: f16 by a bit-cast intrinsic plus the hardware ``cvt``, bf16 by shifts (the RNE
-narrowing of ``common.f32_to_bf16``), f32 by bit casts.
+registers by ``common``'s word helpers (``pack_*`` / ``unpack_*``): f16 by a bit-cast
+intrinsic plus the hardware ``cvt``, bf16 by shifts and ``cvt.rn.bf16x2.f32``, f32 by bit
+casts.
 """
 
 from __future__ import annotations
@@ -54,36 +55,29 @@ from numba.types import float16
 from .._runtime import SIMULATOR
 from ..launch import Kernel
 from ..types import ElementKind
-from .common import bf16_to_f32, bitcast, div_mod, f32_to_bf16
+from .common import (
+    bf16_to_f32,
+    div_mod,
+    f32_from_bits,
+    f32_to_bf16,
+    f32_to_bits,
+    pack_bf16x2,
+    pack_bf16x4,
+    pack_f16x2,
+    pack_f16x4,
+    pack_f32x2,
+    unpack_bf16x2,
+    unpack_bf16x4,
+    unpack_f16x2,
+    unpack_f16x4,
+    unpack_f32x2,
+)
 
 #: Heads a thread loads before storing any (memory-level parallelism; registers bound it:
 #: see docs/notes/rope.md for the sweep).
 HEAD_BATCH = 8
 
-# -- bit casts and accurate trig (simulator: NumPy views and the math module) -----------
-
-
-@cuda.jit(device=True, inline=True)
-def _bits_as_f32(bits):
-    return bitcast(uint32(bits), float32)
-
-
-@cuda.jit(device=True, inline=True)
-def _f32_as_bits(value):
-    return bitcast(float32(value), uint32)
-
-
-@cuda.jit(device=True, inline=True)
-def f16_from_bits(bits):
-    """The float16 stored in the low 16 bits of integer ``bits`` (f16 -> f32 is then the
-    hardware ``cvt``)."""
-    return bitcast(uint16(bits & 0xFFFF), float16)
-
-
-@cuda.jit(device=True, inline=True)
-def f16_to_bits(value):
-    """uint32 holding the 16 storage bits of float16 ``value``."""
-    return uint32(bitcast(float16(value), uint16))
+# -- accurate trig (simulator: the math module) -------------------------------------------
 
 
 if SIMULATOR:
@@ -100,33 +94,10 @@ if SIMULATOR:
     def _exp2_64(value):
         return math.pow(2.0, value)
 
-    @cuda.jit(device=True, inline=True)
-    def _pack_bf16x2(low, high):
-        return uint32(f32_to_bf16(low)) | (uint32(f32_to_bf16(high)) << uint32(16))
-
 else:
     from llvmlite import ir
     from numba.cuda import libdevice
     from numba.cuda.extending import intrinsic
-
-    @intrinsic
-    def _cvt_bf16x2(typingctx, high, low):
-        """``cvt.rn.bf16x2.f32``: both values rounded to nearest even in one instruction
-        (sm_80+), ``high`` in the upper half. The software narrowing of
-        ``common.f32_to_bf16`` is 6 integer instructions per value plus a NaN test; with it,
-        bf16 half_split4 needed 132 registers at 8 heads per batch (ptxas, sm_90). Same
-        results except NaN, which comes out as the canonical quiet NaN."""
-
-        def codegen(context, builder, signature, args):
-            fnty = ir.FunctionType(ir.IntType(32), [ir.FloatType(), ir.FloatType()])
-            asm = ir.InlineAsm(fnty, "cvt.rn.bf16x2.f32 $0, $1, $2;", "=r,f,f")
-            return builder.call(asm, args)
-
-        return uint32(float32, float32), codegen
-
-    @cuda.jit(device=True, inline=True)
-    def _pack_bf16x2(low, high):
-        return _cvt_bf16x2(float32(high), float32(low))
 
     @cuda.jit(device=True, inline=True)
     def _sincos32(theta):
@@ -211,61 +182,6 @@ else:
 
 
 # -- per element kind: how a unit of two elements is unpacked and packed -----------------
-
-
-@cuda.jit(device=True, inline=True)
-def _unpack_f16x2(unit):
-    return (float32(f16_from_bits(unit & uint32(0xFFFF))),
-            float32(f16_from_bits(unit >> uint32(16))))
-
-
-@cuda.jit(device=True, inline=True)
-def _pack_f16x2(low, high):
-    # float16(f32) is cvt.rn.f16.f32: round to nearest even, overflow to inf, NaN kept
-    return f16_to_bits(float16(low)) | (f16_to_bits(float16(high)) << uint32(16))
-
-
-@cuda.jit(device=True, inline=True)
-def _unpack_bf16x2(unit):
-    return (bf16_to_f32(uint16(unit & uint32(0xFFFF))),
-            bf16_to_f32(uint16(unit >> uint32(16))))
-
-
-@cuda.jit(device=True, inline=True)
-def _unpack_f16x4(unit):
-    low, high = uint32(unit & uint64(0xFFFFFFFF)), uint32(unit >> uint64(32))
-    a0, a1 = _unpack_f16x2(low)
-    a2, a3 = _unpack_f16x2(high)
-    return a0, a1, a2, a3
-
-
-@cuda.jit(device=True, inline=True)
-def _pack_f16x4(a0, a1, a2, a3):
-    return uint64(_pack_f16x2(a0, a1)) | (uint64(_pack_f16x2(a2, a3)) << uint64(32))
-
-
-@cuda.jit(device=True, inline=True)
-def _unpack_bf16x4(unit):
-    low, high = uint32(unit & uint64(0xFFFFFFFF)), uint32(unit >> uint64(32))
-    a0, a1 = _unpack_bf16x2(low)
-    a2, a3 = _unpack_bf16x2(high)
-    return a0, a1, a2, a3
-
-
-@cuda.jit(device=True, inline=True)
-def _pack_bf16x4(a0, a1, a2, a3):
-    return uint64(_pack_bf16x2(a0, a1)) | (uint64(_pack_bf16x2(a2, a3)) << uint64(32))
-
-
-@cuda.jit(device=True, inline=True)
-def _unpack_f32x2(unit):
-    return (_bits_as_f32(uint32(unit & uint64(0xFFFFFFFF))),
-            _bits_as_f32(uint32(unit >> uint64(32))))
-
-
-@cuda.jit(device=True, inline=True)
-def _pack_f32x2(low, high):
-    return uint64(_f32_as_bits(low)) | (uint64(_f32_as_bits(high)) << uint64(32))
 
 
 @cuda.jit(device=True, inline=True)
@@ -516,13 +432,13 @@ def _make_rope_kernel(layout: str, storage, unpack, pack, to_compute, from_compu
 #:                  {unit width: (unit storage type, unpack, pack)})
 ROPE_TABLE = {
     ElementKind.F16: (float16, _f16_load, _f16_store, rope_sincos32,
-                      {2: (uint32, _unpack_f16x2, _pack_f16x2),
-                       4: (uint64, _unpack_f16x4, _pack_f16x4)}),
+                      {2: (uint32, unpack_f16x2, pack_f16x2),
+                       4: (uint64, unpack_f16x4, pack_f16x4)}),
     ElementKind.BF16: (uint16, bf16_to_f32, f32_to_bf16, rope_sincos32,
-                       {2: (uint32, _unpack_bf16x2, _pack_bf16x2),
-                        4: (uint64, _unpack_bf16x4, _pack_bf16x4)}),
+                       {2: (uint32, unpack_bf16x2, pack_bf16x2),
+                        4: (uint64, unpack_bf16x4, pack_bf16x4)}),
     ElementKind.F32: (float32, _f32_load, _f32_load, rope_sincos32,
-                      {2: (uint64, _unpack_f32x2, _pack_f32x2)}),
+                      {2: (uint64, unpack_f32x2, pack_f32x2)}),
     ElementKind.F64: (float64, _f64_load, _f64_load, rope_sincos64, {}),
 }
 
@@ -587,44 +503,44 @@ ROPE_KERNELS = _build()
 
 @cuda.jit(device=True, inline=True)
 def _unpack16_f32(unit):
-    return (_bits_as_f32(unit[0]), _bits_as_f32(unit[1]), _bits_as_f32(unit[2]),
-            _bits_as_f32(unit[3]))
+    return (f32_from_bits(unit[0]), f32_from_bits(unit[1]), f32_from_bits(unit[2]),
+            f32_from_bits(unit[3]))
 
 
 @cuda.jit(device=True, inline=True)
 def _pack16_f32(values):
-    return (_f32_as_bits(values[0]), _f32_as_bits(values[1]), _f32_as_bits(values[2]),
-            _f32_as_bits(values[3]))
+    return (f32_to_bits(values[0]), f32_to_bits(values[1]), f32_to_bits(values[2]),
+            f32_to_bits(values[3]))
 
 
 @cuda.jit(device=True, inline=True)
 def _unpack16_f16(unit):
-    a0, a1 = _unpack_f16x2(unit[0])
-    a2, a3 = _unpack_f16x2(unit[1])
-    a4, a5 = _unpack_f16x2(unit[2])
-    a6, a7 = _unpack_f16x2(unit[3])
+    a0, a1 = unpack_f16x2(unit[0])
+    a2, a3 = unpack_f16x2(unit[1])
+    a4, a5 = unpack_f16x2(unit[2])
+    a6, a7 = unpack_f16x2(unit[3])
     return a0, a1, a2, a3, a4, a5, a6, a7
 
 
 @cuda.jit(device=True, inline=True)
 def _pack16_f16(values):
-    return (_pack_f16x2(values[0], values[1]), _pack_f16x2(values[2], values[3]),
-            _pack_f16x2(values[4], values[5]), _pack_f16x2(values[6], values[7]))
+    return (pack_f16x2(values[0], values[1]), pack_f16x2(values[2], values[3]),
+            pack_f16x2(values[4], values[5]), pack_f16x2(values[6], values[7]))
 
 
 @cuda.jit(device=True, inline=True)
 def _unpack16_bf16(unit):
-    a0, a1 = _unpack_bf16x2(unit[0])
-    a2, a3 = _unpack_bf16x2(unit[1])
-    a4, a5 = _unpack_bf16x2(unit[2])
-    a6, a7 = _unpack_bf16x2(unit[3])
+    a0, a1 = unpack_bf16x2(unit[0])
+    a2, a3 = unpack_bf16x2(unit[1])
+    a4, a5 = unpack_bf16x2(unit[2])
+    a6, a7 = unpack_bf16x2(unit[3])
     return a0, a1, a2, a3, a4, a5, a6, a7
 
 
 @cuda.jit(device=True, inline=True)
 def _pack16_bf16(values):
-    return (_pack_bf16x2(values[0], values[1]), _pack_bf16x2(values[2], values[3]),
-            _pack_bf16x2(values[4], values[5]), _pack_bf16x2(values[6], values[7]))
+    return (pack_bf16x2(values[0], values[1]), pack_bf16x2(values[2], values[3]),
+            pack_bf16x2(values[4], values[5]), pack_bf16x2(values[6], values[7]))
 
 
 @cuda.jit(device=True, inline=True)

@@ -61,6 +61,7 @@ from ..kernels.reduce import (
     GRAD_KERNEL_KIND,
     KIND_OPS,
     REDUCE_BACKWARD_COLS_REG_KERNELS,
+    REDUCE_BACKWARD_COLS_REG_SMALL_KERNELS,
     REDUCE_BACKWARD_COLS_VEC_KERNELS,
     REDUCE_BACKWARD_KERNELS,
     REDUCE_BACKWARD_ROWS_REG_KERNELS,
@@ -70,6 +71,7 @@ from ..kernels.reduce import (
     REDUCE_ROWS_VEC_KERNELS,
     REG_COL_WORDS,
     REG_COLS_BLOCK,
+    REG_COLS_SMALL_BLOCK,
     SHORT_LOADS,
     TIES,
     VEC_LOADS,
@@ -265,16 +267,22 @@ def _reg_lanes(extent: int, width: int) -> int:
     return lanes if lanes <= _BLOCK else 0
 
 
-def _cols_reg_log_cw(extent: int, width: int) -> int:
-    """log2 of the column words per block of the column register-resident gradient, or -1
-    where it does not apply: a strip of at least 4 words (32 bytes per row), at most 32
-    (word, element) pairs, every row in the block's registers (REG_COL_WORDS per thread)
-    and at least 8 rows per thread on average (shorter columns keep the statistic pass)."""
+def _cols_reg_layout(extent: int, width: int) -> tuple[int, int] | None:
+    """(log2 of the column words per block, block threads) of the column register-resident
+    gradient, or None where it does not apply: every row in the block's registers
+    (REG_COL_WORDS per thread), a strip of at least 4 words (32 bytes per row), at most 32
+    (word, element) pairs, and at least 8 rows per thread on average (shorter columns keep
+    the statistic pass). The block is as small as the column allows (whole warps, at most
+    REG_COLS_BLOCK): short columns get more resident blocks per SM, so one block's stores
+    overlap another's loads, and columns of a few hundred rows fit at all. (H100,
+    2026-11-23: the Max/Var gradients of [256, 1e6] along axis 0 read x twice with the
+    1024-thread block only, 63% of copy for f32; see docs/notes/reduce.md.)"""
     row_lanes = _pow2_at_least(-(-extent // REG_COL_WORDS))
     cw = min(REG_COLS_BLOCK // row_lanes, 32 // width)
-    if cw < 4 or extent < 8 * (REG_COLS_BLOCK // cw):
-        return -1
-    return cw.bit_length() - 1
+    block = max(cw * row_lanes, 32)
+    if cw < 4 or extent < 8 * (block // cw):
+        return None
+    return cw.bit_length() - 1, block
 
 
 def _cols_vec_geometry(out_numel: int, extent: int, width: int, max_splits: int) -> _Geometry:
@@ -956,9 +964,9 @@ class ReduceBackwardPlan(Plan):
             access = _word_access(element, None, extent, row_layout, out_shape, out_strides,
                                   dx.strides[axis], pointers)
             if access == COLS and self._stat_kind is not None:
-                log_cw = _cols_reg_log_cw(extent, VECTOR[element].width)
-                if log_cw >= 0:
-                    return None, (REG_COLS, self._bind_reg(dy, dx, y, out_strides, log_cw,
+                cols_reg = _cols_reg_layout(extent, VECTOR[element].width)
+                if cols_reg is not None:
+                    return None, (REG_COLS, self._bind_reg(dy, dx, y, out_strides, *cols_reg,
                                                            dx.strides[axis]))
                 if not with_workspace:
                     access = GENERIC  # the column word kernel reads its statistic
@@ -968,7 +976,7 @@ class ReduceBackwardPlan(Plan):
             if lanes and dx.ptr % 8 == 0 and extent % width == 0 and len(out_shape) <= 1 \
                     and all(s % width == 0 for s in out_strides[0]):
                 return None, (REG, self._bind_reg(dy, dx, y, out_strides,
-                                                  lanes.bit_length() - 1, None))
+                                                  lanes.bit_length() - 1, _BLOCK, None))
         shift = (dx.ptr & 7) // element.byte_width  # dx's (and x's) elements past a word
         if access == ROWS:
             width = VECTOR[element].width
@@ -1046,23 +1054,24 @@ class ReduceBackwardPlan(Plan):
         return stat, (GENERIC, gradient)
 
     def _bind_reg(self, dy: TensorRef, dx: TensorMut, y: TensorRef | None,
-                  out_strides: list[tuple[int, ...]], log2_lanes: int,
+                  out_strides: list[tuple[int, ...]], log2_lanes: int, block: int,
                   axis_stride: int | None) -> Any:
-        """The register-resident gradient: rows (``axis_stride`` None: at most one collapsed
-        output dim, word aligned, extent a whole number of words, x and dx in the same
-        layout) of ``2**log2_lanes`` lanes each, or strips of ``2**log2_lanes`` column
-        words (COLS layouts, ``axis_stride`` = the axis stride of x and dx)."""
+        """The register-resident gradient in ``block``-thread blocks: rows (``axis_stride``
+        None: at most one collapsed output dim, word aligned, extent a whole number of
+        words, x and dx in the same layout) of ``2**log2_lanes`` lanes each, or strips of
+        ``2**log2_lanes`` column words (COLS layouts, ``axis_stride`` = the axis stride of x
+        and dx)."""
         element = self.descriptor.element
         assert y is not None
         width = VECTOR[element].width
         grad_kind = GRAD_KERNEL_KIND.get(self.descriptor.kind, self.descriptor.kind)
         if axis_stride is None:
             kernel = REDUCE_BACKWARD_ROWS_REG_KERNELS[(grad_kind, element)]
-            block = _BLOCK
-            groups = -(-self._out_numel // (_BLOCK >> log2_lanes))
+            groups = -(-self._out_numel // (block >> log2_lanes))
         else:
-            kernel = REDUCE_BACKWARD_COLS_REG_KERNELS[(grad_kind, element)]
-            block = REG_COLS_BLOCK
+            table = REDUCE_BACKWARD_COLS_REG_SMALL_KERNELS if block <= REG_COLS_SMALL_BLOCK \
+                else REDUCE_BACKWARD_COLS_REG_KERNELS
+            kernel = table[(grad_kind, element)]
             groups = -(-self._out_numel // (width << log2_lanes))
         dx_view = (0, flat_span(dx.shape, dx.strides))
         words = (0, -(-dx_view[1] * element.byte_width // 8))
