@@ -1988,16 +1988,19 @@ REDUCE_BACKWARD_ROWS_REG_KERNELS: dict[tuple[ReduceKind, ElementKind], Kernel] =
 }
 
 
+def _cols_reg_kernels(name: str, max_registers: int) -> dict[tuple[ReduceKind, ElementKind],
+                                                               Kernel]:
+    return {(kind, element): Kernel(f"{name}[{_kind_name(kind)},{element.name.lower()}]",
+                                    _make_backward_cols_reg(kind, element),
+                                    _reg_backward_signature(element),
+                                    max_registers=max_registers)
+            for element in VECTOR for kind in STAT_GRAD_KINDS}
+
+
 #: (kind, element) -> register-resident gradient in the column layout (strips of columns
 #: over at most REG_COL_WORDS * REG_COLS_BLOCK / 4 rows). 1024-thread blocks: at most 64
 #: registers.
-REDUCE_BACKWARD_COLS_REG_KERNELS: dict[tuple[ReduceKind, ElementKind], Kernel] = {
-    (kind, element): Kernel(
-        f"reduce_backward_cols_reg[{_kind_name(kind)},{element.name.lower()}]",
-        _make_backward_cols_reg(kind, element), _reg_backward_signature(element),
-        max_registers=64)
-    for element in VECTOR for kind in STAT_GRAD_KINDS
-}
+REDUCE_BACKWARD_COLS_REG_KERNELS = _cols_reg_kernels("reduce_backward_cols_reg", 64)
 
 #: The largest block of the capped-at-80 column kernels below (80 x 512 registers fit an
 #: SM; 80 x 1024 do not).
@@ -2007,10 +2010,4 @@ REG_COLS_SMALL_BLOCK = 512
 #: blocks for bf16, 256 for f32, µs at caps 64 / 80 / 96 / uncapped: bf16 Max 595 / 487
 #: / 449 / 453, Var 470 / 447 / 496 / 541, Std 531 / 482 / 547 / 474; f32 Max 793 / 780
 #: / 993 / 772, Var 778 / 796 / 982 / 774, Std 787 / 778 / 978 / 773.)
-REDUCE_BACKWARD_COLS_REG_SMALL_KERNELS: dict[tuple[ReduceKind, ElementKind], Kernel] = {
-    (kind, element): Kernel(
-        f"reduce_backward_cols_reg_small[{_kind_name(kind)},{element.name.lower()}]",
-        _make_backward_cols_reg(kind, element), _reg_backward_signature(element),
-        max_registers=80)
-    for element in VECTOR for kind in STAT_GRAD_KINDS
-}
+REDUCE_BACKWARD_COLS_REG_SMALL_KERNELS = _cols_reg_kernels("reduce_backward_cols_reg_small", 80)
