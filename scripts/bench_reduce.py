@@ -165,11 +165,16 @@ def bench(ctx: Any) -> None:
     ctx.notes.append(f"Host time per ReducePlan.run (Sum [4096, 4096] f32, torch tensors): "
                      f"{host_us:.1f} µs (torch.sum: {torch_host_us:.1f} µs).")
     ctx.notes.append("Forward bytes = x read + y written; gradient bytes = dx written + dy "
-                     "read (+ the saved x and y for every kind but Sum/Mean). The Var/Std and "
-                     "Max/Min gradients read x once where each line fits in one block's "
-                     "registers ([4096, 4096] both axes, [1e6, 64] axis 1), else twice "
-                     "(statistic, then gradient: [256, 1e6], [1e6, 64] axis 0); the byte "
-                     "count counts x once, as the issue's target does.")
+                     "read (+ the saved x and y for every kind but Sum/Mean). The Var/Std "
+                     "gradients read x once where each line fits in one block's registers "
+                     "([4096, 4096] both axes, [256, 1e6] axis 0, [1e6, 64] axis 1), else "
+                     "twice (mean, then gradient: [256, 1e6] axis 1, [1e6, 64] axis 0). "
+                     "The Max/Min gradients read x once: from "
+                     "registers, or (split rows, long columns, f32 columns) dx is written "
+                     "with every tie count taken as 1 while each split counts its ties and "
+                     "records them in bit masks, then only the tied words of lines with "
+                     "several ties are rewritten, from the masks. The byte count counts x "
+                     "once, as the issue's target does.")
     ctx.notes.append("torch's Sum gradient is dy.expand(...): a view, no memory written, so "
                      "its time is autograd's host overhead; this plan writes dx.")
     ctx.notes.append("Workspace passed (split reductions); torch times its own kernels "

@@ -11,7 +11,9 @@ import pytest
 from conftest import EDGE_LENGTHS, FLOAT_ELEMENTS, SIMULATOR, torch_or_skip
 
 from baracuda_numba.errors import InvalidProblem, Unsupported, WorkspaceTooSmall
+from baracuda_numba.kernels.reduce import VEC_LOADS, tie_mask_iters
 from baracuda_numba.plans.reduce import (
+    _TIES_OVER_REG_COLS,
     REDUCE_ELEMENTS,
     REDUCE_KINDS,
     ArgReduceArgs,
@@ -750,7 +752,15 @@ def test_word_access_backward(kind, element, layout, rng):
             # word kernel has no statistic and the generic fused kernel runs
             expected_access = "reg_cols" if not SIMULATOR else \
                 "cols" if workspace else "generic"
+            if _ties_take_cols(kind, element, workspace):
+                expected_access = "cols"
         assert chosen == expected_access, what
+
+
+def _ties_take_cols(kind, element, workspace):
+    """Whether the Max/Min gradient takes the tie count after dx (column word kernel) over
+    the column register-resident kernel: with a workspace, for the elements listed."""
+    return workspace and kind in (K.MAX, K.MIN) and element in _TIES_OVER_REG_COLS
 
 
 _SHORT_LAYOUTS = ("rows_short", "rows_short_padded", "rows_short_phase")
@@ -918,13 +928,106 @@ def test_register_resident_backward(kind, element, layout, rng):
         got = storage_of(dx, element)
         check_backward(from_storage(got, element), expected, element, what)
         chosen = next(iter(plan._launches.values()))[1][0]
-        assert chosen == ("generic" if access == "cols" and not workspace else access), what
+        expected_access = "generic" if access == "cols" and not workspace else access
+        if access == "reg_cols" and _ties_take_cols(kind, element, workspace):
+            expected_access = "cols"
+        assert chosen == expected_access, what
         results.append(got.tobytes())
         if layout.endswith("padded") and SIMULATOR:  # the padding columns stay poisoned
             assert np.all(np.isnan(from_storage(dx_base[:, 16:], element))), what
     assert results[0] == results[2], f"{kind.name} {layout}: not deterministic"
-    if access.startswith("reg"):  # the same kernel with and without a workspace
+    if access.startswith("reg") and not _ties_take_cols(kind, element, True):
+        # the same kernel with and without a workspace
         assert results[0] == results[1], f"{kind.name} {layout}: workspace changed dx"
+
+
+# -- the Max/Min gradient's tie count after dx (split word rows and columns) ---------------
+# With a workspace, split rows and the column word kernel write dx as if every line had one
+# tie and count the ties per split; the merged counts pick the lines to rewrite: lines with
+# one tie (skipped), ties in different splits (rewritten), a NaN extreme (no tie: NaN).
+
+
+def _tie_layouts():
+    """name -> (shape, axis): long rows split over blocks (odd length: a tail; too long for
+    the register-resident rows on the GPU) and columns too long for the register-resident
+    columns, split along the axis."""
+    if SIMULATOR:
+        return {"rows": ((5, 701), 1), "cols": ((600, 8), 0)}
+    return {"rows": ((5, 70001), 1), "cols": ((10000, 8), 0)}
+
+
+@IEEE_SPECIALS
+@pytest.mark.parametrize("layout", ["rows", "cols"], ids=str)
+@pytest.mark.parametrize("element", WORD_ELEMENTS, ids=lambda e: e.name)
+@pytest.mark.parametrize("kind", [K.MAX, K.MIN], ids=lambda k: k.name)
+def test_tie_count_after_dx(kind, element, layout, rng):
+    """Line 0: one tie (the first pass's dx stands; its dy is inf, so the other positions
+    are NaN as torch's (dy / 1) * 0), line 1: the extreme at both ends (different splits),
+    line 2: a NaN (every position NaN); the rest of the lines: random ties (the rewrite of
+    the tied words from the tie masks). Against float64, bit-identical to a rerun and equal
+    to the single-pass gradient (no workspace; NaN payloads may differ)."""
+    shape, axis = _tie_layouts()[layout]
+    n = shape[axis]
+    lines = np.moveaxis(rng.integers(-40, 40, size=shape) * 0.25, axis, 0)  # view
+    sign = 1.0 if kind is K.MAX else -1.0
+    lines[:, 0] = rng.permutation(n) * 0.125 * sign
+    lines[[0, -1], 1] = 20.0 * sign
+    lines[n // 2, 2] = np.nan
+    x_host = to_storage(np.moveaxis(lines, 0, axis), element)
+    y = saved_output(kind, x_host, axis, element)
+    dy = random_values(y.shape, element, rng)
+    dy.reshape(-1)[0] = to_storage(np.array([np.inf]), element)[0]
+    expected = backward_reference(kind, from_storage(dy, element), from_storage(x_host, element),
+                                  from_storage(y, element), axis)
+    results = []
+    for workspace in (True, True, False):
+        plan = ReduceBackwardPlan.select(ReduceBackwardDescriptor(kind, shape, axis, element))
+        ws = to_device(np.zeros(plan.workspace_size, np.uint8)) if workspace else None
+        dx = to_device(poisoned(shape, element))
+        plan.run(ReduceBackwardArgs(to_device(dy), dx, to_device(x_host), to_device(y)),
+                 workspace=ws)
+        got = to_host(dx)
+        what = f"{kind.name} backward {element.name} {layout} workspace={workspace}"
+        check_backward(from_storage(got, element), expected, element, what)
+        results.append(got.tobytes())
+        stat, (access, gradient) = next(iter(plan._launches.values()))
+        if workspace:
+            assert access == layout and type(stat).__name__ == "_TieCount", what
+            assert gradient._grid[1] > 1, f"{what}: not split"
+    assert results[0] == results[1], f"{kind.name} {layout}: not deterministic"
+    single = [from_storage(np.frombuffer(r, got.dtype), element) for r in results[1:]]
+    np.testing.assert_array_equal(single[0], single[1], f"{kind.name} {layout}: single pass")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["rows", "cols"], ids=str)
+@pytest.mark.parametrize("element", [E.F32, E.BF16], ids=lambda e: e.name)
+def test_gpu_tie_masks_long(element, layout, rng):
+    """Lines long enough for several tie masks per lane and split (the bench's geometries):
+    [200, 70000 words] rows in 2 splits, [320000, 32 words] columns in 528 splits; random
+    ties in every line. Against float64, bit-identical to a rerun."""
+    width = 2 if element is E.F32 else 4
+    shape, axis = ((200, 35000 * width + 1), 1) if layout == "rows" else ((320000, 32 * width), 0)
+    x_host = to_storage(rng.integers(-60, 60, size=shape) * 0.25, element)
+    y = saved_output(K.MAX, x_host, axis, element)
+    dy = random_values(y.shape, element, rng)
+    expected = backward_reference(K.MAX, from_storage(dy, element), from_storage(x_host, element),
+                                  from_storage(y, element), axis)
+    plan = ReduceBackwardPlan.select(ReduceBackwardDescriptor(K.MAX, shape, axis, element))
+    ws = to_device(np.zeros(plan.workspace_size, np.uint8))
+    x_dev, y_dev, dy_dev = to_device(x_host), to_device(y), to_device(dy)
+    results = []
+    for _ in range(2):
+        dx = to_device(poisoned(shape, element))
+        plan.run(ReduceBackwardArgs(dy_dev, dx, x_dev, y_dev), workspace=ws)
+        results.append(to_host(dx))
+    check_backward(from_storage(results[0], element), expected, element,
+                   f"MAX backward {element.name} {layout} {shape}")
+    assert results[0].tobytes() == results[1].tobytes(), "not deterministic"
+    stat, (access, gradient) = next(iter(plan._launches.values()))
+    assert access == layout and type(stat).__name__ == "_TieCount"
+    lanes, chunk = gradient._args[15:17] if layout == "rows" else gradient._args[12:14]
+    assert -(-chunk // (VEC_LOADS * lanes)) > tie_mask_iters(width), "one mask per lane and split"
 
 
 # -- rejections (raised before anything is written) ---------------------------------------

@@ -86,6 +86,14 @@ from .common import (
 SHARED_SLOTS = 256
 #: Internal kind: number of positions equal to the saved max/min (Max/Min gradient).
 TIES = "ties"
+
+
+def tie_mask_iters(width: int) -> int:
+    """Word-loop iterations (VEC_LOADS words of ``width`` elements per lane) per 64-bit tie
+    mask of the Max/Min gradient's tie count after dx, one bit per element: 4 for f32, 2
+    for f16/bf16; 1 in the simulator, whose small geometries give a lane only a few
+    iterations per split (every mask boundary is exercised there)."""
+    return 1 if SIMULATOR else 64 // (VEC_LOADS * width)
 #: Loads each thread keeps in flight per loop iteration (independent, then folded).
 CHUNK = 8
 
@@ -1231,6 +1239,12 @@ def _make_reduce_rows_vec(kind: Any, element: ElementKind) -> Callable[..., None
         writes ``y``, 1 the split's partial state (merged by the ``reduce`` kernel's modes
         2/3, same workspace layout).
 
+        ``fused`` for the tie count (Max/Min), three passes over the split rows without
+        re-reading x where every row has exactly one tie: 2 writes dx as if each row's
+        count were 1 and each split's count of ties to ``stat_k[split * out_numel + o]``;
+        after the merge of those counts into ``stat_k[o]``, 3 rewrites the rows whose
+        count is not 1 (ties, or none: a NaN y) and skips the others.
+
         ``chunk_vecs == 0`` selects the short-row path (plans: one split, one collapsed
         output dim, ``shift == 0``, rows of exactly ``lanes * SHORT_LOADS`` words starting
         on a word): lane ``l`` of row ``o`` loads words ``l + u * lanes`` (u <
@@ -1395,6 +1409,45 @@ def _make_reduce_cols_vec(kind: Any, element: ElementKind) -> Callable[..., None
     return reduce_cols_vec
 
 
+def _tied_word_rewriter(element: ElementKind) -> Any:
+    """Device function: the rewrite pass of the Max/Min gradient's tie count after dx for
+    one lane's word loop (``batches`` iterations of VEC_LOADS words; word ``first_word +
+    (it * VEC_LOADS + u) * word_span``): the words holding a tie, from the lane's tie masks
+    (mask g at ``mask_at + g * mask_span``, bit ``(r * VEC_LOADS + u) * W + e`` for
+    iteration ``g * MASK_ITERS + r``), without reading x. Element e of such a word is
+    ``cfs[e]`` (dy / count) where it ties, else ``cfs[e] - cfs[e]``: what the first pass
+    wrote there and at every word left alone (0, or NaN for a non-finite dy), as
+    ``_elem_ties``. The next mask is loaded before the current one is used."""
+    vec = VECTOR[element]
+    W, pack, store_word = vec.width, vec.pack, vec.store_word
+    MASK_ITERS = tie_mask_iters(W)
+    WORD_BITS = (1 << W) - 1
+
+    @cuda.jit(device=True, inline=True)
+    def rewrite_tied(dx, dxv, stat_k, mask_at, mask_span, cfs, first_word, word_span,
+                     batches, results, shift):
+        groups = (batches + MASK_ITERS - 1) // MASK_ITERS
+        following = stat_k[uint64(mask_at)] if groups > 0 else int64(0)
+        g = int64(0)
+        while g < groups:
+            mask = following
+            if g + 1 < groups:
+                following = stat_k[uint64(mask_at + (g + 1) * mask_span)]
+            if mask != 0:
+                for r in range(MASK_ITERS):
+                    for u in range(VEC_LOADS):
+                        bits = (mask >> ((r * VEC_LOADS + u) * W)) & WORD_BITS
+                        if bits != 0:
+                            for e in range(W):
+                                c = cfs[e]
+                                results[e] = c if (bits >> e) & 1 != 0 else c - c
+                            word = first_word + ((g * MASK_ITERS + r) * VEC_LOADS + u) * word_span
+                            store_word(dx, dxv, word, pack(results), shift)
+            g += 1
+
+    return rewrite_tied
+
+
 def _make_backward_rows_vec(kind: ReduceKind, element: ElementKind) -> Callable[..., None]:
     ops = GRAD_OPS[kind]
     spec = ELEMENTS[element]
@@ -1408,6 +1461,9 @@ def _make_backward_rows_vec(kind: ReduceKind, element: ElementKind) -> Callable[
     STAT_MEAN, STAT_TIES = ops.stat == "mean", ops.stat == "ties"
     HAS_STAT = ops.stat is not None
     stat_reduce = _vec_lane_reducer(TIES if STAT_TIES else ReduceKind.VAR, element)
+    combine_ties = _lane_combiner(TIES, element)
+    rewrite_tied = _tied_word_rewriter(element)
+    MASK_ITERS = tie_mask_iters(W)
     LAST = MAX_RANK - 1
 
     def reduce_backward_rows_vec(dy, x, xv, y, dx, dxv, stat_acc, stat_k, out_numel, extent,
@@ -1439,6 +1495,7 @@ def _make_backward_rows_vec(kind: ReduceKind, element: ElementKind) -> Callable[
         words = cuda.local.array(VEC_LOADS, uint64)
         values = cuda.local.array(W, ACC)
         results = cuda.local.array(W, ACC)
+        cfs = cuda.local.array(W, ACC)
         group = int64(cuda.blockIdx.x)
         if not HAS_STAT and chunk_vecs == 0:
             row_words = uint64(dx_strides[LAST]) >> uint64(LOG_W)
@@ -1479,7 +1536,7 @@ def _make_backward_rows_vec(kind: ReduceKind, element: ElementKind) -> Callable[
             mean = g
             count = int64(0)
             if HAS_STAT:
-                if fused:
+                if fused == 1:
                     a, b, c, k = stat_reduce(x, xv, x_off, shift, yv, valid, extent, 0, 1,
                                              chunk_vecs, tid, lane, lanes, slots, sa, sb, sk)
                     if lane == 0:
@@ -1489,11 +1546,19 @@ def _make_backward_rows_vec(kind: ReduceKind, element: ElementKind) -> Callable[
                     mean = sa[slot]
                     count = sk[slot]
                     cuda.syncthreads()  # sa/sk are free for the next group
+                elif STAT_TIES and fused == 2:
+                    count = int64(1)
                 elif valid:
                     if STAT_MEAN:
                         mean = stat_acc[o]
                     else:
                         count = stat_k[o]
+                        if fused == 3 and count == 1:
+                            valid = False  # written by the first pass
+            ties = int64(0)
+            # rewrite of a row with ties: only the words holding one change (the other
+            # positions are c - c for c = dy and for c = dy / count: 0, or NaN for both)
+            sparse = STAT_TIES and fused == 3 and count > 1
             if valid:
                 cf = ACC(coefficient(g, yv, mean, count, param))
                 p0 = dx_off + shift
@@ -1506,24 +1571,51 @@ def _make_backward_rows_vec(kind: ReduceKind, element: ElementKind) -> Callable[
                     t = int64(lane)
                     while t < head:
                         v = load(x, x_off + t) if READS_X else cf
-                        dx[uint64(dx_off + t)] = store(element_fn(cf, v, yv, mean))
+                        tie = STAT_TIES and v == yv
+                        if not sparse or tie:
+                            dx[uint64(dx_off + t)] = store(element_fn(cf, v, yv, mean))
+                        if tie:
+                            ties += 1
                         t += span
                 begin = split * chunk_vecs
                 end = min(nvec, begin + chunk_vecs)
                 j = begin + lane
-                if READS_X:
+                # tie masks (fused 2 writes them, 3 rewrites the tied words from them):
+                # mask g of this lane, at mask_at + g * span, holds bit (r * VEC_LOADS + u)
+                # * W + e for element e of word j + ((g * MASK_ITERS + r) * VEC_LOADS + u) *
+                # span (the word loop's iteration g * MASK_ITERS + r) when it ties
+                batches = (chunk_vecs + VEC_LOADS * span - 1) // (VEC_LOADS * span)
+                mask_at = splits * out_numel + (o * splits + split) * (
+                    (batches + MASK_ITERS - 1) // MASK_ITERS) * span + lane
+                if sparse:
+                    for e in range(W):
+                        cfs[e] = cf
+                    rewrite_tied(dx, dxv, stat_k, mask_at, span, cfs, base + j, span,
+                                 (end - j + VEC_LOADS * span - 1) // (VEC_LOADS * span),
+                                 results, shift)
+                elif READS_X:
+                    it = int64(0)
+                    mask = int64(0)
                     while j < end:  # VEC_LOADS word loads in flight, then their stores
                         for u in range(VEC_LOADS):
                             if j + u * span < end:
                                 words[u] = xv[uint64(base + j + u * span)]
+                        bit = it % MASK_ITERS * (VEC_LOADS * W)
                         for u in range(VEC_LOADS):
                             if j + u * span < end:
                                 unpack(words[u], values, 0)
                                 for e in range(W):
                                     results[e] = element_fn(cf, values[e], yv, mean)
+                                    if STAT_TIES and values[e] == yv:
+                                        ties += 1
+                                        mask |= int64(1) << (bit + u * W + e)
                                 w = pack(results)
                                 store_word(dx, dxv, base + j + u * span, w, shift)
                         j += VEC_LOADS * span
+                        it += 1
+                        if STAT_TIES and fused == 2 and (it % MASK_ITERS == 0 or j >= end):
+                            stat_k[uint64(mask_at + (it - 1) // MASK_ITERS * span)] = mask
+                            mask = 0
                 else:
                     for e in range(W):
                         results[e] = element_fn(cf, cf, yv, mean)
@@ -1535,8 +1627,17 @@ def _make_backward_rows_vec(kind: ReduceKind, element: ElementKind) -> Callable[
                     t = head + (nvec << LOG_W) + lane
                     while t < extent:
                         v = load(x, x_off + t) if READS_X else cf
-                        dx[uint64(dx_off + t)] = store(element_fn(cf, v, yv, mean))
+                        tie = STAT_TIES and v == yv
+                        if not sparse or tie:
+                            dx[uint64(dx_off + t)] = store(element_fn(cf, v, yv, mean))
+                        if tie:
+                            ties += 1
                         t += span
+            if STAT_TIES and fused == 2:  # this split's tie count (uniform across the block)
+                ties = combine_ties(ACC(0), ACC(0), ACC(0), ties, tid, lane, lanes, slots, 1,
+                                    sa, sb, sk)[3]
+                if valid and lane == 0:
+                    stat_k[uint64(split * out_numel + o)] = ties
             group += cuda.gridDim.x
 
     return reduce_backward_rows_vec
@@ -1553,20 +1654,29 @@ def _make_backward_cols_vec(kind: ReduceKind, element: ElementKind) -> Callable[
     coefficient, element_fn = ops.coefficient, ops.element
     READS_X, READS_Y = ops.reads_x, ops.reads_y
     STAT_MEAN, STAT_TIES = ops.stat == "mean", ops.stat == "ties"
+    combine_ties = _lane_combiner(TIES, element)
+    rewrite_tied = _tied_word_rewriter(element)
+    MASK_ITERS = tie_mask_iters(W)
+    TIE_SLOTS = SHARED_SLOTS if STAT_TIES else 1
 
     def reduce_backward_cols_vec(dy, xv, y, dx, dxv, stat_acc, stat_k, out_numel, extent,
-                                 axis_words, dy_stride, y_stride, lanes, chunk_len, param):
+                                 axis_words, dy_stride, y_stride, lanes, chunk_len, param,
+                                 mode):
         """The gradient in the column layout with word loads and stores: ``x`` and ``dx``
         are ``extent`` rows of ``out_numel`` contiguous outputs, ``axis_words`` words apart
         (same layout, word aligned); each slot owns the W outputs of one word (W
         coefficients), its lanes walk the axis; the statistic comes from
-        ``stat_acc``/``stat_k``."""
+        ``stat_acc``/``stat_k``. ``mode`` 2 and 3: the tie count's two passes (as
+        ``fused`` of ``reduce_backward_rows_vec``: 2 counts each split's ties into
+        ``stat_k[split * out_numel + o]`` with every count taken as 1, 3 rewrites the
+        words with a count other than 1); 0 otherwise."""
         tid = cuda.threadIdx.x
         block = cuda.blockDim.x
         slots = block // lanes
         lane = tid // slots
         slot = tid % slots
-        begin = int64(cuda.blockIdx.y) * chunk_len
+        split = int64(cuda.blockIdx.y)
+        begin = split * chunk_len
         end = min(extent, begin + chunk_len)
         out_words = out_numel >> LOG_W
         span = int64(lanes)
@@ -1574,13 +1684,20 @@ def _make_backward_cols_vec(kind: ReduceKind, element: ElementKind) -> Callable[
         cfs = cuda.local.array(W, ACC)
         ys = cuda.local.array(W, ACC)
         means = cuda.local.array(W, ACC)
+        ties = cuda.local.array(W, int64)
         words = cuda.local.array(VEC_LOADS, uint64)
         values = cuda.local.array(W, ACC)
         results = cuda.local.array(W, ACC)
+        sa = cuda.shared.array(TIE_SLOTS, ACC)
+        sk = cuda.shared.array(TIE_SLOTS, int64)
         group = int64(cuda.blockIdx.x)
         while group * slots < out_words:
             ow = group * slots + slot
-            if ow < out_words:
+            valid = ow < out_words
+            sparse = False
+            if valid:
+                rewrite = False
+                sparse = STAT_TIES and mode == 3
                 for e in range(W):
                     o = (ow << LOG_W) + e
                     g = load(dy, o * dy_stride)
@@ -1590,26 +1707,54 @@ def _make_backward_cols_vec(kind: ReduceKind, element: ElementKind) -> Callable[
                     if STAT_MEAN:
                         mean = stat_acc[uint64(o)]
                     if STAT_TIES:
-                        count = stat_k[uint64(o)]
+                        count = int64(1) if mode == 2 else stat_k[uint64(o)]
+                        rewrite = rewrite or count != 1
+                        sparse = sparse and count != 0  # a NaN extreme: every word
+                        ties[e] = 0
                     cfs[e] = ACC(coefficient(g, yv, mean, count, param))
                     ys[e] = yv
                     means[e] = mean
+                if STAT_TIES and mode == 3 and not rewrite:
+                    valid = False  # written by the first pass
+            if valid:
                 i = begin + lane
                 at = i * axis_words + ow
-                if READS_X:
+                # tie masks as in reduce_backward_rows_vec; mask g of (split, lane, ow) at
+                # splits * out_numel + ((split * masks + g) * lanes + lane) * out_words + ow
+                # (consecutive slots: consecutive masks)
+                batches = (chunk_len + VEC_LOADS * span - 1) // (VEC_LOADS * span)
+                mask_span = span * out_words
+                mask_at = int64(cuda.gridDim.y) * out_numel + (
+                    split * ((batches + MASK_ITERS - 1) // MASK_ITERS) * span + lane) \
+                    * out_words + ow
+                if sparse:
+                    rewrite_tied(dx, dxv, stat_k, mask_at, mask_span, cfs, at, word_span,
+                                 (end - i + VEC_LOADS * span - 1) // (VEC_LOADS * span),
+                                 results, 0)
+                elif READS_X:
+                    it = int64(0)
+                    mask = int64(0)
                     while i < end:  # VEC_LOADS word loads in flight, then their stores
                         for u in range(VEC_LOADS):
                             if i + u * span < end:
                                 words[u] = xv[uint64(at + u * word_span)]
+                        bit = it % MASK_ITERS * (VEC_LOADS * W)
                         for u in range(VEC_LOADS):
                             if i + u * span < end:
                                 unpack(words[u], values, 0)
                                 for e in range(W):
                                     results[e] = element_fn(cfs[e], values[e], ys[e], means[e])
+                                    if STAT_TIES and values[e] == ys[e]:
+                                        ties[e] += 1
+                                        mask |= int64(1) << (bit + u * W + e)
                                 w = pack(results)
                                 store_word(dx, dxv, at + u * word_span, w, 0)
                         i += VEC_LOADS * span
                         at += VEC_LOADS * word_span
+                        it += 1
+                        if STAT_TIES and mode == 2 and (it % MASK_ITERS == 0 or i >= end):
+                            stat_k[uint64(mask_at + (it - 1) // MASK_ITERS * mask_span)] = mask
+                            mask = 0
                 else:
                     for e in range(W):
                         results[e] = element_fn(cfs[e], cfs[e], ys[e], means[e])
@@ -1618,6 +1763,12 @@ def _make_backward_cols_vec(kind: ReduceKind, element: ElementKind) -> Callable[
                         store_word(dx, dxv, at, w, 0)
                         i += span
                         at += word_span
+            if STAT_TIES and mode == 2:  # this split's tie counts (uniform across the block)
+                for e in range(W):
+                    t = combine_ties(ACC(0), ACC(0), ACC(0), ties[e] if valid else int64(0),
+                                     tid, lane, lanes, slots, 0, sa, sa, sk)[3]
+                    if valid and lane == 0:
+                        stat_k[uint64(split * out_numel + (ow << LOG_W) + e)] = t
             group += cuda.gridDim.x
 
     return reduce_backward_cols_vec
@@ -1929,7 +2080,7 @@ def _vec_backward_cols_signature(element: ElementKind) -> tuple[types.Type, ...]
     arr = flat(spec.storage)
     words = flat(uint64)
     return (arr, words, arr, arr, words, flat(spec.acc), flat(int64), int64, int64, int64,
-            int64, int64, int64, int64, float64)
+            int64, int64, int64, int64, float64, int64)
 
 
 #: (kind, element) -> contiguous-row forward kernel with word loads (float kinds of the

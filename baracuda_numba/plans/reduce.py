@@ -38,8 +38,11 @@ at least 4 column words over at most 4096 rows) a register-resident kernel reads
 once (statistic and dx from the same registers; the mean is ``sum / n`` there, so a row
 with an inf gives torch's ``x - inf`` rather than the Welford mean's NaN); otherwise, with
 enough rows to fill the GPU or with ``workspace=None``, the gradient kernel reduces it
-itself (the row is re-read from cache); otherwise a statistic pass writes it to the
-workspace (few long lines: 3 passes over memory).
+itself (the row is re-read from cache); otherwise, for Max/Min, the gradient is written
+first as if every line had exactly one tie while each split counts its ties into the
+workspace, and a last pass rewrites only the lines whose count is not 1 (x is read once
+unless lines tie or have a NaN maximum); for Var/Std a statistic pass writes the mean to
+the workspace (few long lines: 3 passes over memory).
 """
 
 from __future__ import annotations
@@ -76,6 +79,7 @@ from ..kernels.reduce import (
     TIES,
     VEC_LOADS,
     VECTOR,
+    tie_mask_iters,
 )
 from ..streams import stream_handle
 from ..types import (
@@ -321,6 +325,22 @@ def _geometry(out_numel: int, extent: int, row_layout: bool, max_splits: int,
     chunk_len = max(1, -(-extent // splits))
     splits = max(1, -(-extent // chunk_len))
     return _Geometry(lanes, row_layout, splits, chunk_len, groups)
+
+
+def _tie_slots(out_numel: int, extent: int, width: int, max_splits: int) -> int:
+    """int64 workspace slots of the Max/Min gradient's tie count after dx: ``splits *
+    out_numel`` split counts, then one 64-bit tie mask (a bit per element) per lane and
+    ``tie_mask_iters(width)`` word-loop iterations of each split
+    (``kernels.reduce.reduce_backward_rows_vec``); the larger of the row and the column
+    word geometries."""
+    def masks(geometry: _Geometry, chunk: int, lines: int) -> int:
+        batches = -(-chunk // (VEC_LOADS * geometry.lanes))
+        return geometry.splits * (out_numel + lines * -(-batches // tie_mask_iters(width))
+                                  * geometry.lanes)
+    rows = _rows_vec_geometry(out_numel, extent, width, max_splits)
+    cols = _cols_vec_geometry(out_numel, extent, width, max_splits)
+    return max(masks(rows, rows.chunk_len, out_numel),
+               masks(cols, cols.chunk_len, max(out_numel // width, 1)))
 
 
 def _state_bytes(kind: Any, element: ElementKind, out_numel: int, splits: int) -> tuple[int, int]:
@@ -710,15 +730,29 @@ def _bind_reduce(kernel: Any, kernel_kind: Any, element: ElementKind, x: TensorR
         first = kernel.bind(grid, _BLOCK, common + (mode, param))
     launches = [first]
     if splits > 1:
-        lanes = min(_BLOCK, _pow2_at_least(-(-splits // _STATES_PER_LANE)))
-        slots = _BLOCK // lanes
-        merge_args = list(common)
-        merge_args[12:14] = [lanes, 0]
-        launches.append(kernel.bind(min(-(-out_numel // slots), _MAX_GRID_X), _BLOCK,
-                                    tuple(merge_args) + (2 if final else 3, param)))
+        launches.append(_bind_merge(kernel, common, out_numel, splits, final, param))
     return _ReduceLaunch(tuple(b.fast for b in launches), acc_bytes, ops.n_acc > 0, ops.uses_k,
                          problem.access)
 
+
+def _bind_merge(kernel: Any, common: tuple[Any, ...], out_numel: int, splits: int,
+                final: bool, param: float) -> Any:
+    """The launch of ``kernel`` that merges the ``splits`` partial states of each output
+    (mode 2: into ``y``; 3, not ``final``: into workspace slot 0); ``common`` as the
+    reduction's arguments."""
+    lanes = min(_BLOCK, _pow2_at_least(-(-splits // _STATES_PER_LANE)))
+    slots = _BLOCK // lanes
+    merge_args = list(common)
+    merge_args[12:14] = [lanes, 0]
+    return kernel.bind(min(-(-out_numel // slots), _MAX_GRID_X), _BLOCK,
+                       tuple(merge_args) + (2 if final else 3, param))
+
+
+#: Elements whose Max/Min gradient takes the tie count after dx over the column
+#: register-resident kernel (with a workspace). (H200, 2026-11-23, Max gradient, µs
+#: register-resident / tie count: f32 [4096, 4096] axis 0 56.8 / 51.3, [256, 1e6] axis 0
+#: 631.6 / 582.4; bf16 38.4 / 40.6 and 383.1 / 399.7.)
+_TIES_OVER_REG_COLS: tuple[ElementKind, ...] = (ElementKind.F32,)
 
 _CACHE_LIMIT = 64
 #: The Welford kernel gives the Var/Std gradients their per-output mean.
@@ -786,11 +820,35 @@ class ArgReducePlan(_ForwardPlan):
 # The gradient
 
 
+@dataclass(frozen=True)
+class _TieCount:
+    """The Max/Min gradient's tie count taken after dx (ROWS and COLS word layouts with a
+    workspace): the gradient's first pass (mode 2) writes dx with every count taken as 1
+    and each split's count; ``merge`` (fast launcher) sums the counts into workspace slot
+    0; ``rewrite`` (the gradient in mode 3) rewrites the lines whose count is not 1."""
+
+    merge: Any
+    rewrite: Any
+
+
 def _gradient_runner(launch: tuple[Any, Any], ws_ptr: int) -> Any:
     """``runner(stream, dy_ptr, dx_ptr, x_ptr, y_ptr)`` (0 for an absent x or y): the
     statistic pass if the layout has one, then the gradient launch with its pointers."""
     stat, (access, gradient) = launch
     bound = gradient.fast
+    if isinstance(stat, _TieCount):
+        merge, rewrite = stat.merge, stat.rewrite
+        rows_access = access == ROWS
+
+        def ties(handle: int, dy_ptr: int, dx_ptr: int, x_ptr: int, y_ptr: int) -> None:
+            if rows_access:
+                pointers = (dy_ptr, x_ptr, x_ptr & ~7, y_ptr, dx_ptr, dx_ptr & ~7, 0, ws_ptr)
+            else:
+                pointers = (dy_ptr, x_ptr, y_ptr, dx_ptr, dx_ptr, 0, ws_ptr)
+            bound(handle, *pointers)
+            merge(handle, 0, 0, 0, ws_ptr, 0)
+            rewrite(handle, *pointers)
+        return ties
     if stat is None:  # one launch: its argument list, as one small function per access
         if access == ROWS:
             def rows(handle: int, dy_ptr: int, dx_ptr: int, x_ptr: int, y_ptr: int) -> None:
@@ -881,6 +939,15 @@ class ReduceBackwardPlan(Plan):
                     limit *= 2
             self._max_splits, workspace = _max_workspace(self._stat_kind, desc.element,
                                                          self._out_numel, extent, limit)
+        # the tie count after dx (Max/Min word layouts): split counts and tie masks
+        self._tie_slots = 0
+        if self._stat_kind is TIES and self._numel and desc.element in VECTOR:
+            slots = _tie_slots(self._out_numel, extent, VECTOR[desc.element].width,
+                               self._max_splits)
+            if pref is None or pref.max_workspace_bytes is None \
+                    or slots * 8 <= pref.max_workspace_bytes:
+                self._tie_slots = slots
+                workspace = max(workspace, slots * 8)
         sku = KernelSku(OpCategory.REDUCTION, int(kind), desc.element, None, None, None,
                         ArchSku.SM80, BackendKind.BESPOKE, _guarantee(desc.element))
         super().__init__(desc, sku, pref, workspace)
@@ -965,11 +1032,12 @@ class ReduceBackwardPlan(Plan):
                                   dx.strides[axis], pointers)
             if access == COLS and self._stat_kind is not None:
                 cols_reg = _cols_reg_layout(extent, VECTOR[element].width)
-                if cols_reg is not None:
+                if cols_reg is not None and not (element in _TIES_OVER_REG_COLS and with_workspace
+                                                 and self._tie_slots):
                     return None, (REG_COLS, self._bind_reg(dy, dx, y, out_strides, *cols_reg,
                                                            dx.strides[axis]))
                 if not with_workspace:
-                    access = GENERIC  # the column word kernel reads its statistic
+                    access = GENERIC  # the column word kernel needs the workspace
         if access == ROWS and self._stat_kind is not None:
             width = VECTOR[element].width
             lanes = _reg_lanes(extent, width)
@@ -997,15 +1065,19 @@ class ReduceBackwardPlan(Plan):
             # setting was not re-measured.)
             min_lanes = max(_MIN_ROW_LANES, 32 // element.byte_width)
             geometry = _geometry(self._out_numel, extent, row_layout, 1 << 16, min_lanes)
-        stat = None
-        fused = False
+        stat: _ReduceLaunch | _TieCount | None = None
+        mode = 0  # of the gradient kernel: 1 fused statistic, 2 tie count after dx
         if self._stat_kind is not None:
             assert x is not None and y is not None
-            fused = access != COLS and (not with_workspace or geometry.splits == 1)
-            if fused:
+            if access != COLS and (not with_workspace or geometry.splits == 1):
+                mode = 1
                 geometry = (_fused_rows_vec_geometry(self._out_numel, extent,
                                                      VECTOR[element].width) if access == ROWS
                             else _geometry(self._out_numel, extent, row_layout, 1, min_lanes))
+            elif self._stat_kind is TIES and access in (ROWS, COLS) and self._tie_slots:
+                mode = 2
+                geometry = (_rows_vec_geometry if access == ROWS else _cols_vec_geometry)(
+                    self._out_numel, extent, VECTOR[element].width, self._max_splits)
             else:
                 stat_problem = _problem(self._shape, axis, [x.strides, y.strides, y.strides],
                                         x.strides[axis] == 1, self._max_splits, element,
@@ -1013,7 +1085,7 @@ class ReduceBackwardPlan(Plan):
                 stat = _bind_reduce(self._stat_kernel, self._stat_kind, element, x, None, y,
                                     stat_problem, extent, self._out_numel, True, 0.0,
                                     final=False)
-        n_stat = 0 if fused else self._out_numel
+        n_stat = (self._out_numel, 0, self._tie_slots)[mode]  # workspace slots used
         grid = (min(geometry.groups, _MAX_GRID_X), geometry.splits)
         dy_view = (0, flat_span(dy.shape, dy.strides))
         x_view = (0, flat_span(x.shape, x.strides) if x is not None else 0)
@@ -1027,22 +1099,25 @@ class ReduceBackwardPlan(Plan):
             x_words = (0, words[1] if x is not None else 0)
             words = _dx_words(words)
             dx_s, x_s, y_s, dy_s = [pad8(s, 0) for s in out_strides]
-            gradient = REDUCE_BACKWARD_ROWS_VEC_KERNELS[(grad_kind, element)].bind(
-                grid, _BLOCK, (dy_view, x_view, x_words, y_view, dx_view, words, *stat_views,
-                               self._out_numel, extent, pad8(out_shape, 1), dy_s, x_s, y_s,
-                               dx_s, geometry.lanes, geometry.chunk_len, self._param,
-                               int(fused), shift))
-            return stat, (ROWS, gradient)
+            args = (dy_view, x_view, x_words, y_view, dx_view, words, *stat_views,
+                    self._out_numel, extent, pad8(out_shape, 1), dy_s, x_s, y_s, dx_s,
+                    geometry.lanes, geometry.chunk_len, self._param, mode, shift)
+            kernel = REDUCE_BACKWARD_ROWS_VEC_KERNELS[(grad_kind, element)]
+            if mode == 2:
+                stat = self._tie_count(kernel, grid, args, -2, geometry.splits)
+            return stat, (ROWS, kernel.bind(grid, _BLOCK, args))
         if access == COLS:
             width = VECTOR[element].width
             words = (0, dx_view[1] * element.byte_width // 8)
-            gradient = REDUCE_BACKWARD_COLS_VEC_KERNELS[(grad_kind, element)].bind(
-                grid, _BLOCK, (dy_view, (0, words[1] if x is not None else 0), y_view,
-                               dx_view, _dx_words(words), *stat_views, self._out_numel, extent,
-                               dx.strides[axis] // width, out_strides[3][0],
-                               out_strides[2][0] if y is not None else 0, geometry.lanes,
-                               geometry.chunk_len, self._param))
-            return stat, (COLS, gradient)
+            args = (dy_view, (0, words[1] if x is not None else 0), y_view, dx_view,
+                    _dx_words(words), *stat_views, self._out_numel, extent,
+                    dx.strides[axis] // width, out_strides[3][0],
+                    out_strides[2][0] if y is not None else 0, geometry.lanes,
+                    geometry.chunk_len, self._param, mode)
+            kernel = REDUCE_BACKWARD_COLS_VEC_KERNELS[(grad_kind, element)]
+            if mode == 2:
+                stat = self._tie_count(kernel, grid, args, -1, geometry.splits)
+            return stat, (COLS, kernel.bind(grid, _BLOCK, args))
         gradient = self._kernel.bind(
             grid, _BLOCK,
             (dy_view, x_view, y_view, dx_view, *stat_views, self._out_numel, extent,
@@ -1050,8 +1125,23 @@ class ReduceBackwardPlan(Plan):
              *[pad8(s, 0) for s in (out_strides[3], out_strides[1], out_strides[2],
                                     out_strides[0])],
              geometry.lanes, int(geometry.row_layout), geometry.chunk_len, self._param,
-             int(fused)))
+             mode))
         return stat, (GENERIC, gradient)
+
+    def _tie_count(self, kernel: Any, grid: tuple[int, int], args: tuple[Any, ...],
+                   mode_at: int, splits: int) -> _TieCount:
+        """The merge of the ``splits`` tie counts per output and the rewrite pass (``args``
+        of the first pass with ``args[mode_at]`` = 3) of the tie count after dx."""
+        out_numel = self._out_numel
+        empty = (0, 0)
+        zeros = pad8((), 0)
+        common = (empty, empty, empty, (0, splits * out_numel), empty, out_numel,
+                  self._extent, 0, pad8((out_numel,), 1), zeros, zeros, zeros, 1, 0, splits,
+                  0)
+        merge = _bind_merge(self._stat_kernel, common, out_numel, splits, False, 0.0)
+        rewrite = list(args)
+        rewrite[mode_at] = 3
+        return _TieCount(merge.fast, kernel.bind(grid, _BLOCK, tuple(rewrite)).fast)
 
     def _bind_reg(self, dy: TensorRef, dx: TensorMut, y: TensorRef | None,
                   out_strides: list[tuple[int, ...]], log2_lanes: int, block: int,
