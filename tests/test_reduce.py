@@ -999,6 +999,33 @@ def test_tie_count_after_dx(kind, element, layout, rng):
     np.testing.assert_array_equal(single[0], single[1], f"{kind.name} {layout}: single pass")
 
 
+@IEEE_SPECIALS
+@pytest.mark.parametrize("layout", ["rows", "cols"], ids=str)
+def test_tie_count_needs_its_workspace(layout, rng):
+    """A workspace preference below the tie masks' size keeps the statistic pass (x read
+    twice) within it: the same dx as the tie count after dx."""
+    shape, axis = _tie_layouts()[layout]
+    x_host = to_storage(rng.integers(-40, 40, size=shape) * 0.25, E.F32)
+    y = saved_output(K.MAX, x_host, axis, E.F32)
+    dy = random_values(y.shape, E.F32, rng)
+    desc = ReduceBackwardDescriptor(K.MAX, shape, axis, E.F32)
+    full = ReduceBackwardPlan.select(desc)
+    limited = ReduceBackwardPlan.select(desc, PlanPreference(
+        max_workspace_bytes=full.workspace_size - 1))
+    assert 0 < limited.workspace_size < full.workspace_size
+    results = []
+    for plan in (full, limited):
+        dx = to_device(poisoned(shape, E.F32))
+        plan.run(ReduceBackwardArgs(to_device(dy), dx, to_device(x_host), to_device(y)),
+                 workspace=to_device(np.zeros(plan.workspace_size, np.uint8)))
+        results.append(to_host(dx))
+    stats = [type(next(iter(p._launches.values()))[0]).__name__ for p in (full, limited)]
+    assert stats == ["_TieCount", "_ReduceLaunch"], stats
+    expected = backward_reference(K.MAX, dy, x_host, y, axis)
+    check_backward(results[1], expected, E.F32, f"MAX {layout} statistic pass")
+    np.testing.assert_array_equal(results[0], results[1])
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("layout", ["rows", "cols"], ids=str)
 @pytest.mark.parametrize("element", [E.F32, E.BF16], ids=lambda e: e.name)
