@@ -44,6 +44,10 @@ _REG_KINDS = (K.MAX, K.MIN, K.VAR, K.STD)
 _REG_ELEMENTS = (ElementKind.F16, ElementKind.BF16, ElementKind.F32)
 _REG_SIM_SHAPES = [((5, 16), 1), ((160, 16), 0)]
 _REG_GPU_SHAPES = [((64, 4096), 1), ((4096, 64), 0)]
+# Max/Min gradients of long rows split over blocks and of columns too long for the
+# registers, with a workspace: the tie count after dx (inputs with ties: the rewrite)
+_TIE_SIM_SHAPES = [((2, 701), 1), ((600, 8), 0)]
+_TIE_GPU_SHAPES = [((4, 70001), 1), ((10000, 8), 0)]
 _INTS = (ElementKind.I32, ElementKind.I64)
 # Forward rows of 64 elements: the short-row path of the word kernel (f32: 8 lanes x 4
 # words, f16/bf16: 4 x 4), every forward and arg kind
@@ -221,5 +225,11 @@ def cases(simulator: bool) -> list[CheckCase]:
             for element in _REG_ELEMENTS:
                 out.append(CheckCase("reduce", "ReduceBackwardPlan", element.name,
                                      f"{kind.name} {shape} axis {axis} (register-resident)",
+                                     _backward_case(kind, element, shape, axis)))
+    for shape, axis in _TIE_SIM_SHAPES if simulator else _TIE_GPU_SHAPES:
+        for kind in (K.MAX, K.MIN):
+            for element in _REG_ELEMENTS:
+                out.append(CheckCase("reduce", "ReduceBackwardPlan", element.name,
+                                     f"{kind.name} {shape} axis {axis} (tie count after dx)",
                                      _backward_case(kind, element, shape, axis)))
     return out
