@@ -18,6 +18,8 @@ Everything here is ``inline`` so helpers cost nothing over hand-written code.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 from numba import cuda, float32, int32, int64, types, uint16, uint32, uint64
 from numba.types import float16
@@ -195,34 +197,28 @@ def unpack_f32x2(unit):
             f32_from_bits(uint32(unit >> uint64(32))))
 
 
-@cuda.jit(device=True, inline=True)
-def pack_f16x4(a0, a1, a2, a3):
-    """uint64 of four f16 values rounded from f32 (``a0`` at the lowest address)."""
-    return uint64(pack_f16x2(a0, a1)) | (uint64(pack_f16x2(a2, a3)) << uint64(32))
+def _x4(pack_x2: Any, unpack_x2: Any) -> tuple[Any, Any]:
+    """``pack_x4(a0, a1, a2, a3)`` -> uint64 of four 16-bit values rounded from f32 (``a0``
+    at the lowest address) and ``unpack_x4(unit)`` -> the four as f32 (lowest address
+    first), from the element kind's pair helpers (two pairs, lower 32 bits first)."""
+
+    @cuda.jit(device=True, inline=True)
+    def pack_x4(a0, a1, a2, a3):
+        return uint64(pack_x2(a0, a1)) | (uint64(pack_x2(a2, a3)) << uint64(32))
+
+    @cuda.jit(device=True, inline=True)
+    def unpack_x4(unit):
+        low, high = uint32(unit & uint64(0xFFFFFFFF)), uint32(unit >> uint64(32))
+        a0, a1 = unpack_x2(low)
+        a2, a3 = unpack_x2(high)
+        return a0, a1, a2, a3
+
+    return pack_x4, unpack_x4
 
 
-@cuda.jit(device=True, inline=True)
-def unpack_f16x4(unit):
-    """The four f16 values of a uint64 as f32 (lowest address first)."""
-    low, high = uint32(unit & uint64(0xFFFFFFFF)), uint32(unit >> uint64(32))
-    a0, a1 = unpack_f16x2(low)
-    a2, a3 = unpack_f16x2(high)
-    return a0, a1, a2, a3
-
-
-@cuda.jit(device=True, inline=True)
-def pack_bf16x4(a0, a1, a2, a3):
-    """uint64 of four bf16 values rounded from f32 (``a0`` at the lowest address)."""
-    return uint64(pack_bf16x2(a0, a1)) | (uint64(pack_bf16x2(a2, a3)) << uint64(32))
-
-
-@cuda.jit(device=True, inline=True)
-def unpack_bf16x4(unit):
-    """The four bf16 values of a uint64 as f32 (lowest address first)."""
-    low, high = uint32(unit & uint64(0xFFFFFFFF)), uint32(unit >> uint64(32))
-    a0, a1 = unpack_bf16x2(low)
-    a2, a3 = unpack_bf16x2(high)
-    return a0, a1, a2, a3
+#: Four f16 / bf16 values in a uint64 (see ``_x4``).
+pack_f16x4, unpack_f16x4 = _x4(pack_f16x2, unpack_f16x2)
+pack_bf16x4, unpack_bf16x4 = _x4(pack_bf16x2, unpack_bf16x2)
 
 
 # -- NaN-propagating comparisons ---------------------------------------------------------
