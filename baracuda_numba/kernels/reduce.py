@@ -48,6 +48,13 @@ from the registers (rows: ``reduce_backward_rows_reg``; strips of columns:
 
     rows    lane l of a row holds words l, l + L, ..., (<= 8 per lane, L <= 256 lanes)
     columns thread t holds column word t % C of rows t // C + u * (1024 / C), u < 16
+
+Longer Max/Min lines take the tie count after dx (split word rows, column word kernel,
+with a workspace): pass 1 writes dx as if every count were 1 (away from the ties dx is
+``c - c`` for every count), each split counts its ties and records them in 64-bit masks
+(a bit per element); the TIES merge sums the counts; pass 2 (the same kernel) rewrites
+only the lines whose count is not 1: the tied words from the masks without reading x
+(``_tied_word_rewriter``), or the whole line for a NaN extreme (no tie).
 """
 
 from __future__ import annotations
