@@ -93,14 +93,6 @@ from .common import (
 SHARED_SLOTS = 256
 #: Internal kind: number of positions equal to the saved max/min (Max/Min gradient).
 TIES = "ties"
-
-
-def tie_mask_iters(width: int) -> int:
-    """Word-loop iterations (VEC_LOADS words of ``width`` elements per lane) per 64-bit tie
-    mask of the Max/Min gradient's tie count after dx, one bit per element: 4 for f32, 2
-    for f16/bf16; 1 in the simulator, whose small geometries give a lane only a few
-    iterations per split (every mask boundary is exercised there)."""
-    return 1 if SIMULATOR else 64 // (VEC_LOADS * width)
 #: Loads each thread keeps in flight per loop iteration (independent, then folded).
 CHUNK = 8
 
@@ -982,6 +974,16 @@ def _make_backward(kind: ReduceKind, element: ElementKind) -> Callable[..., None
 
 #: Word loads each thread keeps in flight (8 x 8 bytes).
 VEC_LOADS = 8
+
+
+def tie_mask_iters(width: int) -> int:
+    """Word-loop iterations (VEC_LOADS words of ``width`` elements per lane) per 64-bit tie
+    mask of the Max/Min gradient's tie count after dx, one bit per element: 4 for f32, 2
+    for f16/bf16; 1 in the simulator, whose small geometries give a lane only a few
+    iterations per split (every mask boundary is exercised there)."""
+    return 1 if SIMULATOR else 64 // (VEC_LOADS * width)
+
+
 #: Register cap of the forward word kernels: 4 resident 256-thread blocks per SM, which the
 #: plans' one-wave split rule assumes (uncapped: 80 registers for Sum, 127 for bf16 Var;
 #: capped, ptxas spills 36-200 bytes, outside the load loop for Sum).
