@@ -38,6 +38,8 @@ __all__ = [
     "function_registers",
     "memset_d8_async",
     "pointer_launcher",
+    "stream_capturing",
+    "stream_synchronize",
 ]
 
 CU_ERROR_INVALID_CONTEXT = 201
@@ -74,6 +76,8 @@ def libcuda() -> ctypes.CDLL:
     lib.cuModuleGetFunction.argtypes = [ctypes.POINTER(_ptr), _ptr, ctypes.c_char_p]
     lib.cuFuncGetAttribute.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_int, _ptr]
     lib.cuFuncSetAttribute.argtypes = [_ptr, ctypes.c_int, ctypes.c_int]
+    lib.cuStreamIsCapturing.argtypes = [_ptr, ctypes.POINTER(ctypes.c_int)]
+    lib.cuStreamSynchronize.argtypes = [_ptr]
     return lib
 
 
@@ -122,6 +126,24 @@ def memset_d8_async(dst: int, value: int, nbytes: int, stream: int) -> None:
         ctypes.memset(dst, value, nbytes)
         return
     check(libcuda().cuMemsetD8Async(dst, value, nbytes, stream), "cuMemsetD8Async")
+
+
+def stream_capturing(stream: int) -> bool:
+    """Whether ``stream`` is being captured into a CUDA graph (``cuStreamIsCapturing``).
+    An error (the legacy stream while another stream captures in global mode) counts as
+    capturing: the caller then avoids allocations and synchronisation."""
+    if SIMULATOR:
+        return False
+    status = ctypes.c_int()
+    code = libcuda().cuStreamIsCapturing(stream, ctypes.byref(status))
+    return bool(code) or status.value != 0
+
+
+def stream_synchronize(stream: int) -> None:
+    """Block the host until ``stream``'s work is done."""
+    if SIMULATOR:
+        return
+    check(libcuda().cuStreamSynchronize(stream), "cuStreamSynchronize")
 
 
 _modules: list[int] = []  # loaded modules stay loaded for the life of the process

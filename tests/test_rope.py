@@ -39,7 +39,13 @@ from baracuda_numba.testing import (
     to_host,
     to_storage,
 )
-from baracuda_numba.types import AttentionKind, ElementKind, OpCategory, RopePairing
+from baracuda_numba.types import (
+    AttentionKind,
+    ElementKind,
+    OpCategory,
+    PlanPreference,
+    RopePairing,
+)
 
 F16, BF16, F32, F64 = ElementKind.F16, ElementKind.BF16, ElementKind.F32, ElementKind.F64
 INTERLEAVED, HALF_SPLIT = RopePairing.INTERLEAVED, RopePairing.HALF_SPLIT
@@ -102,12 +108,23 @@ def expected_storage_values(y64, element):
     return y64
 
 
+#: Plan attributes that force one kernel family (``rows``: the ``ROPE_KERNELS`` layouts).
+PATHS = {"table": {"angle_table": True}, "tile": {"angle_table": False, "tile": True},
+         "rows": {"angle_table": False, "tile": False}}
+
+
 def run_plan(desc, x_host, positions, inverse=False, force_pairs=False, out=None,
-             heads_per_thread=None, units16=None):
+             heads_per_thread=None, units16=None, path=None):
+    """``path``: "table", "tile" or "rows" (forced), or None (the plan's choice; "rows"
+    when ``heads_per_thread`` or ``units16`` tune the rows kernels)."""
     plan = (RopeBackwardPlan if inverse else RopePlan).select(
         RopeBackwardDescriptor.of(desc) if inverse else desc)
     plan.force_pairs = force_pairs
     plan.units16 = units16
+    if path is None and (heads_per_thread is not None or units16 is not None):
+        path = "rows"
+    for name, value in PATHS.get(path, {}).items():
+        setattr(plan, name, value)
     if heads_per_thread is not None:  # both kernels: 8-byte units and 16-byte units
         plan.heads_per_thread = heads_per_thread
         plan.unit_heads_per_thread = heads_per_thread
@@ -121,11 +138,12 @@ def run_plan(desc, x_host, positions, inverse=False, force_pairs=False, out=None
 
 
 def check(desc, x_host, positions, inverse=False, force_pairs=False, heads_per_thread=None,
-          units16=None):
+          units16=None, path=None):
     element = desc.element
     rotary = desc.head_dim if desc.rotary_dim is None else desc.rotary_dim
     got = from_storage(run_plan(desc, x_host, positions, inverse, force_pairs,
-                                heads_per_thread=heads_per_thread, units16=units16), element)
+                                heads_per_thread=heads_per_thread, units16=units16, path=path),
+                       element)
     x64 = from_storage(x_host, element)
     y64, max_theta = rope_reference(x64, positions, desc.base, rotary, desc.pairing, inverse,
                                     element)
@@ -215,23 +233,55 @@ def test_16_byte_units_match_the_other_paths(rng, element, pairing, rotary_dim, 
     check(desc, x, positions, inverse, units16=True)
 
 
+@pytest.mark.parametrize("element", [F16, BF16, F32], ids=lambda e: e.name)
+@pytest.mark.parametrize("pairing", [INTERLEAVED, HALF_SPLIT], ids=lambda p: p.name)
+@pytest.mark.parametrize("rotary_dim", [None, 16], ids=["full", "R16"])
+@pytest.mark.parametrize("inverse", [False, True], ids=["forward", "backward"])
+def test_table_and_tile_match_the_other_paths(rng, element, pairing, rotary_dim, inverse):
+    """rope_table (the plan's cos/sin table, positions absent) and rope_tile (angles shared
+    through shared memory; positions absent or per sequence) give the bits of the rows
+    kernels and the element path, and match the reference."""
+    desc = RopeDescriptor(*SHAPE16, element=element, pairing=pairing, rotary_dim=rotary_dim)
+    x = random_values(SHAPE16, element, rng)
+    for positions in (None, make_positions("per_sequence", SHAPE16, rng, high=1_000_001)):
+        paths = ("tile", "rows") if positions is not None else ("table", "tile", "rows")
+        pairs = run_plan(desc, x, positions, inverse, force_pairs=True)
+        for path in paths:
+            got = run_plan(desc, x, positions, inverse, path=path)
+            np.testing.assert_array_equal(got.view(np.uint8), pairs.view(np.uint8),
+                                          err_msg=f"{path}, positions: {positions is not None}")
+        check(desc, x, positions, inverse, path=paths[0])
+
+
 @pytest.mark.parametrize("element", [F16, F32], ids=lambda e: e.name)
 @pytest.mark.parametrize("pairing", [INTERLEAVED, HALF_SPLIT], ids=lambda p: p.name)
-def test_16_byte_units_in_place_and_strided(rng, element, pairing):
-    """rope_units in place on q/k views of a fused [B, S, 3, H, D] tensor (outer strides
-    in 16-byte units), v untouched; and out of place into padded strides."""
+@pytest.mark.parametrize("path", ["units", "table", "tile"])
+def test_16_byte_kernels_in_place_and_strided(rng, element, pairing, path):
+    """rope_units, rope_table and rope_tile in place on q/k views of a fused
+    [B, S, 3, H, D] tensor (outer strides in 16-byte units), v untouched; and out of place
+    into padded strides."""
     batch, heads, seq, dim = SHAPE16
     fused = random_values((batch, seq, 3, heads, dim), element, rng)
     device = to_device(fused.reshape(-1))
     strides = (seq * 3 * heads * dim, dim, 3 * heads * dim, 1)
-    positions = make_positions("per_sequence", SHAPE16, rng)
+    positions = None if path == "table" else make_positions("per_sequence", SHAPE16, rng)
+    pos = None if positions is None else to_device(positions)
     desc = RopeDescriptor(*SHAPE16, element=element, pairing=pairing, rotary_dim=16)
     plan = RopePlan.select(desc)
-    plan.units16 = True
+    if path == "units":
+        plan.units16 = True
+    for name, value in PATHS["rows" if path == "units" else path].items():
+        setattr(plan, name, value)
+
+    def takes_path(x_view, y_view):
+        if path == "units":
+            return plan._layout(x_view, y_view)[0].endswith("_16B")
+        return plan._kernel_path(x_view, y_view, pos) == path
+
     for which in (0, 1):
         view = _view(device, which * heads * dim, SHAPE16, strides)
-        assert plan._layout(view, view)[0].endswith("_16B")
-        plan.run(RopeArgs(view, view, to_device(positions)))
+        assert takes_path(view, view)
+        plan.run(RopeArgs(view, view, pos))
     got = from_storage(to_host(device).reshape(fused.shape), element)
     fused64 = from_storage(fused, element)
     for which in (0, 1):
@@ -247,8 +297,8 @@ def test_16_byte_units_in_place_and_strided(rng, element, pairing):
     y_dev = to_device(poisoned((batch * seq * heads * (dim + 8),), element))
     y_view = _view(y_dev, 0, SHAPE16, y_strides)
     x_view = as_mut(to_device(x_host), "test", "x")
-    assert plan._layout(x_view, y_view)[0].endswith("_16B")
-    plan.run(RopeArgs(x_view, y_view, to_device(positions)))
+    assert takes_path(x_view, y_view)
+    plan.run(RopeArgs(x_view, y_view, pos))
     y_all = to_host(y_dev)
     got = np.lib.stride_tricks.as_strided(
         y_all, SHAPE16, tuple(s * y_all.itemsize for s in y_strides))
@@ -259,6 +309,77 @@ def test_16_byte_units_in_place_and_strided(rng, element, pairing):
                  "strided")
     padding = y_all.reshape(batch, seq, heads, dim + 8)[..., dim:]
     assert np.isnan(from_storage(padding, element)).all(), "padding was written"
+
+
+@pytest.mark.parametrize("pairing", [INTERLEAVED, HALF_SPLIT], ids=lambda p: p.name)
+@pytest.mark.parametrize("limits", [(1, 1), (2, 3)], ids=["one_block", "two_blocks"])
+def test_table_and_tile_grid_stride_loops(rng, monkeypatch, pairing, limits):
+    """Grids capped below the problem (CUDA's limits on huge problems): every block walks
+    several tiles / planes (the tile kernel's barrier before reusing its shared angles)."""
+    from baracuda_numba.plans import rope as rope_plans
+
+    monkeypatch.setattr(rope_plans, "_GRID_X_LIMIT", limits[0])
+    monkeypatch.setattr(rope_plans, "_GRID_YZ_LIMIT", limits[1])
+    desc = RopeDescriptor(*SHAPE16, element=F32, pairing=pairing, rotary_dim=16)
+    x = random_values(SHAPE16, F32, rng)
+    positions = make_positions("per_sequence", SHAPE16, rng)
+    expected = run_plan(desc, x, positions, force_pairs=True)
+    np.testing.assert_array_equal(run_plan(desc, x, positions, path="tile"), expected)
+    expected = run_plan(desc, x, None, force_pairs=True)
+    for path in ("table", "tile"):
+        np.testing.assert_array_equal(run_plan(desc, x, None, path=path), expected, path)
+
+
+def test_kernel_path_choice():
+    """The table without positions (f16/bf16/f32, up to 4 MB of table and the workspace
+    preference); the tile for small problems; the rows kernels otherwise (f64, misaligned
+    views, large problems with positions)."""
+    def path(shape, element, positions=True, offset=0, pref=None, rotary_dim=None, **attrs):
+        plan = RopePlan.select(RopeDescriptor(*shape, element=element, rotary_dim=rotary_dim),
+                               pref)
+        for name, value in attrs.items():
+            setattr(plan, name, value)
+        view = TensorMut(0x10000 + offset * element.byte_width, shape,
+                         contiguous_strides(shape), "<f2", element.byte_width, None)
+        return plan._kernel_path(view, view, object() if positions else None)
+
+    large, decode = (8, 32, 2048, 128), (64, 32, 1, 128)
+    for element in (F16, BF16, F32):
+        assert path(large, element, positions=False) == "table"
+        assert path(decode, element, positions=False) == "table"
+        assert path(decode, element) == "tile"
+        assert path(large, element) == "rows"
+        assert path(decode, element, offset=2) == "rows"  # 16-byte units do not fit
+    assert path(large, F64, positions=False) == "rows"
+    assert path(decode, F64) == "rows"
+    long_table = (1, 1, 32769, 128)  # 32769 * 64 pairs * 8 bytes > 4 MB
+    assert path(long_table, F32, positions=False) == "rows"
+    assert path(long_table, F32, positions=False, angle_table=True) == "table"
+    assert path(large, F32, positions=False, pref=PlanPreference(max_workspace_bytes=4096)) \
+        == "rows"
+    assert path(large, F32, positions=False, angle_table=False) == "rows"
+    assert path(large, F32, tile=True) == "tile"
+    assert path(decode, F32, tile=False) == "rows"
+    assert path(decode, F32, rotary_dim=0, positions=False) == "rows"  # nothing to rotate
+
+
+def test_angle_table_is_built_once():
+    """The table is built at the first run that takes it and kept (retune included)."""
+    shape = (1, 2, 3, 8)
+    plan = RopePlan.select(RopeDescriptor(*shape, element=F32))
+    assert plan._table is None
+    x = to_device(np.ones(shape, dtype=np.float32))
+    plan.run(RopeArgs(x, x))
+    table = plan._table
+    assert table is not None and table.shape == (2 * 3 * 4,)
+    plan.retune()
+    plan.run(RopeArgs(x, x))
+    assert plan._table is table
+    cos_sin = to_host(table).reshape(3, 4, 2)
+    theta = np.arange(3)[:, None].astype(np.float32) * (
+        10000.0 ** (-(2.0 * np.arange(4)) / 8)).astype(np.float32)
+    np.testing.assert_allclose(cos_sin[..., 0], np.cos(theta.astype(np.float64)), atol=2e-7)
+    np.testing.assert_allclose(cos_sin[..., 1], np.sin(theta.astype(np.float64)), atol=2e-7)
 
 
 def test_16_byte_units_choice():
@@ -737,3 +858,71 @@ def test_torch_fast_path_repeats_checks_that_depend_on_pointers(pairing):
         expected = torch_rope(torch, original, positions, 10000.0, 32, pairing)
         torch.testing.assert_close(x, expected, rtol=2e-6,
                                    atol=2e-6 * float(original.abs().max()))
+
+
+@pytest.mark.gpu
+def test_more_than_2_31_elements_table_and_tile():
+    """2^31 + 2^22 f16 elements ([129, 128, 1024, 128]) in place: rope_table (positions
+    absent), then rope_tile (forced, positions [B, S]) on the result; spot-checks of the
+    first and last planes against the float64 reference."""
+    torch = torch_or_skip()
+    shape = (129, 128, 1024, 128)
+    x = torch.empty(shape, device="cuda", dtype=torch.float16)
+    x.uniform_(-2, 2)
+    planes = [(0, 0), (0, 127), (128, 0), (128, 127)]
+    rows = [0, 1, 511, 1022, 1023]
+
+    def sample():
+        return np.stack([x[b, h, rows].float().cpu().numpy() for b, h in planes])[:, None]
+
+    def expect(before, positions):
+        reference, _ = rope_reference(before.astype(np.float64), positions, 10000.0, 128,
+                                      INTERLEAVED, False, F16)
+        return expected_storage_values(reference, F16)
+
+    rtol, atol = TOLERANCE[F16]
+    plan = RopePlan.select(RopeDescriptor(*shape, element=F16))
+    before = sample()
+    plan.run(RopeArgs(x, x))
+    assert plan._table is not None  # the table path ran
+    assert_close(sample(), expect(before, np.array(rows)), rtol, atol * 2, "table, 2^31")
+    positions = torch.randint(0, 100_000, (shape[0], shape[2]), device="cuda")
+    plan.tile = True
+    plan.angle_table = False
+    plan.retune()
+    before = sample()
+    plan.run(RopeArgs(x, x, positions))
+    pos = positions.cpu().numpy()[[b for b, _ in planes]][:, rows]
+    got = sample()
+    for k in range(len(planes)):
+        assert_close(got[k], expect(before[k:k + 1], pos[k:k + 1])[0], rtol, atol * 2,
+                     f"tile, 2^31, plane {planes[k]}")
+
+
+@pytest.mark.gpu
+def test_first_run_in_a_cuda_graph_capture_leaves_the_table_for_later():
+    """A plan's first run captured into a CUDA graph cannot build the angle table (no
+    allocation, no synchronisation while capturing): it takes the rows kernels, the graph
+    replays correctly, and the next run outside the capture builds the table, with the
+    same bits."""
+    torch = torch_or_skip()
+    shape = (2, 4, 33, 64)
+    plan = RopePlan.select(RopeDescriptor(*shape, element=F32, pairing=HALF_SPLIT))
+    x = torch.randn(shape, device="cuda")
+    y = torch.full(shape, float("nan"), device="cuda")
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+        plan.run(RopeArgs(x, y), stream=stream)
+    assert plan._table is None
+    x.normal_()
+    graph.replay()
+    torch.cuda.synchronize()
+    expected = torch_rope(torch, x, None, 10000.0, 64, HALF_SPLIT)
+    torch.testing.assert_close(y, expected, rtol=2e-6, atol=2e-6 * float(x.abs().max()))
+    z = torch.full(shape, float("nan"), device="cuda")
+    plan.run(RopeArgs(x, z))
+    torch.cuda.synchronize()
+    assert plan._table is not None
+    assert torch.equal(z, y)

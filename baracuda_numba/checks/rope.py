@@ -34,6 +34,10 @@ from . import CheckCase
 
 _GPU_SHAPE = (4, 16, 129, 128)
 _SIM_SHAPE = (2, 3, 3, 12)
+# Decode-sized problems take ``rope_tile`` with positions and ``rope_table`` without (the
+# shapes above: the rows kernels with positions; the table without).
+_GPU_DECODE_SHAPE = (64, 32, 1, 128)
+_SIM_DECODE_SHAPE = (2, 3, 1, 16)
 
 
 def rope_reference(x: np.ndarray, positions: np.ndarray | None, base: float, rotary_dim: int,
@@ -94,18 +98,20 @@ def _case(shape, element, pairing, inverse, with_positions, rotary_dim):
 
 
 def cases(simulator: bool) -> list[CheckCase]:
-    shape = _SIM_SHAPE if simulator else _GPU_SHAPE
+    shapes = (_SIM_SHAPE, _SIM_DECODE_SHAPE) if simulator else (_GPU_SHAPE, _GPU_DECODE_SHAPE)
     partial = 8 if simulator else 64
     out = []
-    for element in ROPE_ELEMENTS:
-        for pairing in RopePairing:
-            for inverse in (False, True):
-                for with_positions in (False, True):
-                    for rotary_dim in (None, partial):
-                        plan = "RopeBackwardPlan" if inverse else "RopePlan"
-                        label = (f"{shape} {pairing.name.lower()} R={rotary_dim or shape[3]}"
-                                 f"{' positions[B,S]' if with_positions else ''}")
-                        out.append(CheckCase("rope", plan, element.name, label,
-                                             _case(shape, element, pairing, inverse,
-                                                   with_positions, rotary_dim)))
+    for shape in shapes:
+        for element in ROPE_ELEMENTS:
+            for pairing in RopePairing:
+                for inverse in (False, True):
+                    for with_positions in (False, True):
+                        for rotary_dim in (None, partial):
+                            plan = "RopeBackwardPlan" if inverse else "RopePlan"
+                            label = (f"{shape} {pairing.name.lower()} "
+                                     f"R={rotary_dim or shape[3]}"
+                                     f"{' positions[B,S]' if with_positions else ''}")
+                            out.append(CheckCase("rope", plan, element.name, label,
+                                                 _case(shape, element, pairing, inverse,
+                                                       with_positions, rotary_dim)))
     return out

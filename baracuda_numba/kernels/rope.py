@@ -36,6 +36,15 @@ Layouts (``ROPE_LAYOUTS``: elements per memory unit, pairs per item):
   (``ld/st.global.v4``), threads numbered along (row, item) in memory order instead of the
   2-D block above, a few heads per thread (one for decode-sized problems).
 
+Two more kernels use the same 16-byte units, items and rotation (so the same bits):
+
+* ``rope_table`` (positions absent): the plan's f32 ``(cos, sin)`` table of every
+  ``(s, pair)``, built once by ``rope_angles``; one thread per item of one or two (b, h)
+  planes, in memory order, reading its angles from the table (L2): no trig at all;
+* ``rope_tile`` (decode-sized problems): a block takes one row (b, s) of several heads; the
+  row's R/2 angles are computed once into shared memory by the first R/2 threads while
+  every thread's unit load is in flight.
+
 The unit layouts need unit-aligned pointers and outer strides and a rotary dim (and copied
 tail) that units tile; the plan picks the widest that fits (and ``rope_units`` only where it
 measured faster: see ``plans/rope.py``). Units are reinterpreted in
@@ -208,11 +217,13 @@ def _f64_load(value):
 
 
 @cuda.jit(device=True, inline=True)
-def rope_inv_freq(pair, rotary_dim, log2_base):
-    """``base^(−2·pair/R) = 2^(−(2·pair/R)·log2(base))`` in f64, with ``log2(base)`` from the
-    host: relative error about 1e-15, far below the f32 rounding that follows (exp2 is the
-    cheaper libdevice routine; it runs once per thread and item)."""
-    return _exp2_64(-(float64(2 * pair) / float64(rotary_dim)) * log2_base)
+def rope_inv_freq(pair, freq_exponent):
+    """``base^(−2·pair/R) = 2^(pair · freq_exponent)`` in f64, with ``freq_exponent =
+    −2·log2(base)/R`` from the host (the plan): relative error about 1e-15, far below the
+    f32 rounding that follows. One multiply and libdevice's ``exp2``:
+    an f64 division here (``div.rn.f64``) made the decode shape 0.4 µs slower (H100,
+    2026-11-25, ``scripts/probe_rope_paths.py diag``)."""
+    return _exp2_64(float64(pair) * freq_exponent)
 
 
 @cuda.jit(device=True, inline=True)
@@ -378,7 +389,7 @@ def _make_rope_kernel(layout: str, storage, unpack, pack, to_compute, from_compu
                 copy_store(y, y_offset + min(h + k, last) * y_head, first[k], second[k])
             h += batch
 
-    def rope_rows(x, y, positions, params, log2_base):
+    def rope_rows(x, y, positions, params, freq_exponent):
         """Items along x (grid-stride), rows (b, s) along y, block.y consecutive rows per
         block (grid-stride); ``params`` holds the ``ROPE_PARAMS`` fields."""
         (rows, seq_len, num_heads, heads_per_thread, items_per_row, rot_items, pair_step,
@@ -402,7 +413,7 @@ def _make_rope_kernel(layout: str, storage, unpack, pack, to_compute, from_compu
             if item < rot_items:
                 offset = item * pair_step
                 for p in range(pairs_per_item):
-                    invs[p] = rope_inv_freq(item * pairs_per_item + p, rotary_dim, log2_base)
+                    invs[p] = rope_inv_freq(item * pairs_per_item + p, freq_exponent)
                 while row < rows:
                     b = row // seq_len
                     s = row - b * seq_len
@@ -646,14 +657,14 @@ def _make_rope_units_kernel(half: bool, elements: int, unpack, pack, batch: int)
 
     @cuda.jit(device=True, inline=True)
     def rotate_heads(x, y, x_unit, y_unit, x_h, y_h, heads, partner, pos, item, rotary_dim,
-                     log2_base, inverse, sins, coss, firsts, seconds):
+                     freq_exponent, inverse, sins, coss, firsts, seconds):
         h = int64(0)
         single = heads < batch
         if single:  # its load is in flight while the angles are computed
             load_item(x, x_unit, partner, firsts, seconds, 0)
         for p in range(pairs):
             sins[p], coss[p] = rope_sincos32(
-                pos, rope_inv_freq(item * pairs + p, rotary_dim, log2_base), inverse)
+                pos, rope_inv_freq(item * pairs + p, freq_exponent), inverse)
         if single:
             store_item(y, y_unit, partner, firsts, seconds, 0, sins, coss)
             h = 1
@@ -682,7 +693,7 @@ def _make_rope_units_kernel(half: bool, elements: int, unpack, pack, batch: int)
             copy_store(y, y_unit + h * y_h, firsts, 0)
             h += 1
 
-    def rope_units(x, y, positions, params, log2_base):
+    def rope_units(x, y, positions, params, freq_exponent):
         """Threads along (row, item) over x (grid-stride), head groups over y (grid-stride);
         ``params`` holds the ``ROPE_UNIT_PARAMS`` fields; x and y are uint32 views."""
         (rows, seq_len, num_heads, heads_per_thread, groups, items_per_row, rot_items,
@@ -707,7 +718,7 @@ def _make_rope_units_kernel(half: bool, elements: int, unpack, pack, batch: int)
                 if item < rot_items:
                     pos = positions[uint64(b * pos_b + s * pos_s)] if has_positions else s
                     rotate_heads(x, y, x_row + head0 * x_h + item, y_row + head0 * y_h + item,
-                                 x_h, y_h, heads, partner, pos, item, rotary_dim, log2_base,
+                                 x_h, y_h, heads, partner, pos, item, rotary_dim, freq_exponent,
                                  inverse, sins, coss, firsts, seconds)
                 else:
                     unit = copy_offset + item - rot_items
@@ -744,3 +755,286 @@ def build_rope_units_kernel(element: ElementKind, layout: str, register: bool = 
 
 ROPE_KERNELS.update({(element, layout): build_rope_units_kernel(element, layout)
                      for element in ROPE_UNIT_TABLE for layout in ROPE_UNIT_LAYOUTS})
+
+
+# -- 16-byte units with the angles precomputed: ``rope_table`` -----------------------------
+#
+# With ``positions`` absent, θ depends only on (s, pair): the plan keeps one f32 table of
+# ``(cos, sin)`` per (s, pair) for its descriptor (``rope_angles`` builds it once, with the
+# same ``rope_inv_freq`` / ``rope_sincos32`` as every other kernel, so the bits are the
+# same), and ``rope_table`` streams x in memory order, one 16-byte unit per thread, reading
+# the unit's angles from that table (L2-resident: 8 bytes per pair). No trig and no
+# division by runtime extents besides one 32-bit ``div_mod`` per thread.
+#
+#     grid.x * block.x -> (s, item) of one (b, h) plane    (memory order: 4 KB per block)
+#     grid.y           -> (b, h) planes                     (grid-stride)
+#
+# The backward negates the table's sin (exact, so the same bits as computing it negated).
+
+#: Named fields of ``rope_table``'s int64 parameter tuple; offsets and strides count 16-byte
+#: units.
+ROPE_TABLE_PARAMS = ("plane_units", "items_per_row", "rot_items", "partner", "copy_offset",
+                     "num_heads", "planes", "x_b", "x_h", "x_s", "y_b", "y_h", "y_s",
+                     "half_rotary", "inverse")
+
+
+def _make_unit_rotation(half: bool, elements: int, unpack, pack):
+    """``(pairs per item, load_item, store_item)`` for 16-byte units of ``elements``
+    elements: ``load_item(x, x_unit, partner)`` returns the item's unit(s) (a unit from
+    each half for half-split; interleaved returns its one unit twice) and
+    ``store_item(y, y_unit, partner, first, second, sins, coss)`` rotates and stores them.
+    A thread reads and writes the same units, so in place is safe."""
+    pairs = elements if half else elements // 2
+    if half:
+        rotate = _rotate_half8 if elements == 8 else _rotate_half4
+
+        @cuda.jit(device=True, inline=True)
+        def load_item(x, x_unit, partner):
+            return load16(x, uint64(x_unit * 4)), load16(x, uint64((x_unit + partner) * 4))
+
+        @cuda.jit(device=True, inline=True)
+        def store_item(y, y_unit, partner, first, second, sins, coss):
+            ya, yb = rotate(unpack(first), unpack(second), sins, coss)
+            store16(y, uint64(y_unit * 4), pack(ya))
+            store16(y, uint64((y_unit + partner) * 4), pack(yb))
+
+    else:
+        rotate = _rotate_interleaved8 if elements == 8 else _rotate_interleaved4
+
+        @cuda.jit(device=True, inline=True)
+        def load_item(x, x_unit, partner):
+            unit = load16(x, uint64(x_unit * 4))
+            return unit, unit
+
+        @cuda.jit(device=True, inline=True)
+        def store_item(y, y_unit, partner, first, second, sins, coss):
+            store16(y, uint64(y_unit * 4), pack(rotate(unpack(first), sins, coss)))
+
+    return pairs, load_item, store_item
+
+
+def _make_rope_table_kernel(half: bool, elements: int, unpack, pack, planes_per_thread: int):
+    """``rope_table`` body for 16-byte units of ``elements`` elements, ``planes_per_thread``
+    (b, h) planes per thread (their loads in flight together, one table read for all)."""
+    pairs, load_item, store_item = _make_unit_rotation(half, elements, unpack, pack)
+    per_thread = planes_per_thread
+
+    @cuda.jit(device=True, inline=True)
+    def table_angles(table, pair_word, sins, coss, inverse):
+        """The item's (sin, cos) from the table: one 16-byte load per two pairs, from word
+        ``pair_word`` on (16-byte aligned); sin negated for the backward."""
+        for k in range(pairs // 2):
+            words = load16(table, uint64(pair_word + 4 * k))
+            coss[2 * k] = f32_from_bits(words[0])
+            coss[2 * k + 1] = f32_from_bits(words[2])
+            sin0 = f32_from_bits(words[1])
+            sin1 = f32_from_bits(words[3])
+            sins[2 * k] = -sin0 if inverse else sin0
+            sins[2 * k + 1] = -sin1 if inverse else sin1
+
+    def rope_table(x, y, table, params):
+        """One 16-byte unit (or a unit from each half) of ``planes_per_thread`` planes per
+        thread: ``(s, item)`` along x, groups of (b, h) planes along y, both grid-stride;
+        ``table`` holds (cos, sin) f32 bits per ``(s, pair)``; ``params`` holds the
+        ``ROPE_TABLE_PARAMS`` fields. A last, partial group repeats its last plane (this
+        thread reads it before storing anything, so in place stays safe)."""
+        (plane_units, items_per_row, rot_items, partner, copy_offset, num_heads, planes, x_b,
+         x_h, x_s, y_b, y_h, y_s, half_rotary, inverse) = params
+        groups = (planes + per_thread - 1) // per_thread
+        g = int64(cuda.threadIdx.x) + int64(cuda.blockIdx.x) * int64(cuda.blockDim.x)
+        g_step = int64(cuda.blockDim.x) * int64(cuda.gridDim.x)
+        sins = cuda.local.array(pairs, float32)
+        coss = cuda.local.array(pairs, float32)
+        firsts = cuda.local.array((per_thread, 4), uint32)
+        seconds = cuda.local.array((per_thread, 4), uint32)
+        y_units = cuda.local.array(per_thread, int64)
+        while g < plane_units:
+            s, item = div_mod(g, items_per_row)
+            group = int64(cuda.blockIdx.y)
+            # Two straight paths, each issuing all its loads before it uses any: a value
+            # loaded in one branch and merged after it would be waited for at the merge
+            # (measured: half-split 105.7 µs vs 91.0, f16 [8,32,2048,128], H100).
+            if item < rot_items:
+                while group < groups:
+                    for k in range(per_thread):
+                        b, h = div_mod(min(group * per_thread + k, planes - 1), num_heads)
+                        y_units[k] = b * y_b + h * y_h + s * y_s + item
+                        first, second = load_item(x, b * x_b + h * x_h + s * x_s + item,
+                                                  partner)
+                        for w in range(4):
+                            firsts[k, w] = first[w]
+                            seconds[k, w] = second[w]
+                    table_angles(table, 2 * (s * half_rotary + item * pairs), sins, coss,
+                                 inverse)
+                    for k in range(per_thread):
+                        store_item(y, y_units[k], partner,
+                                   (firsts[k, 0], firsts[k, 1], firsts[k, 2], firsts[k, 3]),
+                                   (seconds[k, 0], seconds[k, 1], seconds[k, 2], seconds[k, 3]),
+                                   sins, coss)
+                    group += int64(cuda.gridDim.y)
+            else:
+                unit = copy_offset + item - rot_items
+                while group < groups:
+                    for k in range(per_thread):
+                        b, h = div_mod(min(group * per_thread + k, planes - 1), num_heads)
+                        y_units[k] = b * y_b + h * y_h + s * y_s + unit
+                        first = load16(x, uint64((b * x_b + h * x_h + s * x_s + unit) * 4))
+                        for w in range(4):
+                            firsts[k, w] = first[w]
+                    for k in range(per_thread):
+                        store16(y, uint64(y_units[k] * 4),
+                                (firsts[k, 0], firsts[k, 1], firsts[k, 2], firsts[k, 3]))
+                    group += int64(cuda.gridDim.y)
+            g += g_step
+
+    return rope_table
+
+
+def rope_angles(table, params, freq_exponent):
+    """The (cos, sin) table of ``rope_table``: ``table[2t], table[2t+1]`` = cos, sin of
+    ``θ = s · inv_freq(p)`` for ``t = s · R/2 + p`` (grid-stride); ``params`` = (seq_len,
+    R/2, R)."""
+    seq_len, half_rotary, rotary_dim = params
+    t = int64(cuda.threadIdx.x) + int64(cuda.blockIdx.x) * int64(cuda.blockDim.x)
+    step = int64(cuda.blockDim.x) * int64(cuda.gridDim.x)
+    while t < seq_len * half_rotary:
+        s, pair = div_mod(t, half_rotary)
+        sin_t, cos_t = rope_sincos32(s, rope_inv_freq(pair, freq_exponent), 0)
+        table[uint64(2 * t)] = cos_t
+        table[uint64(2 * t + 1)] = sin_t
+        t += step
+
+
+#: The angle table's builder (f32 cos/sin of every (s, pair) of a descriptor).
+ROPE_ANGLES_KERNEL = Kernel("rope_angles", rope_angles,
+                            (_flat_c(float32), types.UniTuple(int64, 3), float64),
+                            grid_stride=True)
+
+
+#: (b, h) planes per ``rope_table`` thread, per layout: interleaved threads load one unit
+#: per plane, so two planes keep as many loads in flight as a half-split item (H100,
+#: 2026-11-25, [8,32,2048,128] forward, µs for 1/2/4 planes per thread: f32 interleaved
+#: 193.3/182.8/184.0, half-split 181.6/183.2/184.7; f16 interleaved 100.2/93.4/95.8,
+#: half-split 91.3/92.5/94.4).
+TABLE_PLANES_PER_THREAD = {"interleaved_16B": 2, "half_split_16B": 1}
+
+
+def build_rope_table_kernel(element: ElementKind, layout: str, planes_per_thread: int = 0,
+                            register: bool = True) -> Kernel:
+    """The ``rope_table`` kernel of ``ROPE_UNIT_TABLE[element]`` for ``layout``
+    (``planes_per_thread``: 0 for the table's choice; benchmarks build other variants)."""
+    default = TABLE_PLANES_PER_THREAD[layout]
+    per_thread = planes_per_thread or default
+    unpack, pack, elements = ROPE_UNIT_TABLE[element]
+    body = _make_rope_table_kernel(ROPE_UNIT_LAYOUTS[layout], elements, unpack, pack,
+                                   per_thread)
+    words = _flat_c(uint32)
+    suffix = "" if per_thread == default else f",planes{per_thread}"
+    return Kernel(f"rope_table[{element.name},{layout}{suffix}]", body,
+                  (words, words, words, types.UniTuple(int64, len(ROPE_TABLE_PARAMS))),
+                  grid_stride=True, register=register)
+
+
+#: (element kind, 16-byte layout) -> ``rope_table`` kernel.
+ROPE_TABLE_KERNELS = {(element, layout): build_rope_table_kernel(element, layout)
+                      for element in ROPE_UNIT_TABLE for layout in ROPE_UNIT_LAYOUTS}
+
+
+# -- 16-byte units, the angles shared by a block: ``rope_tile`` ---------------------------
+#
+# With ``positions`` given, θ depends on (b, s, pair): a block takes one row (b, s) of
+# ``heads_per_block`` heads, its threads first load their unit(s), then the first R/2 threads
+# compute the row's angles once into shared memory (one ``exp2`` and one ``sincos`` each),
+# and after one barrier every thread rotates its unit with them. For small problems
+# (decode: [64, 32, 1, 128]) the trig runs once per (row, pair) per block instead of once
+# per thread, and no thread divides by a runtime extent.
+#
+#     block (x, y) = (items of a row, heads)     grid (x, y, z) = (s, b, head groups)
+
+#: Pairs of one row a ``rope_tile`` block can hold (R <= 1024): 4 KB of shared memory.
+TILE_MAX_PAIRS = 512
+
+#: Named fields of ``rope_tile``'s int64 parameter tuple; offsets and strides count 16-byte
+#: units.
+ROPE_TILE_PARAMS = ("seq_len", "batch", "num_heads", "heads_per_block", "head_groups",
+                    "rot_items", "partner", "copy_offset", "x_b", "x_h", "x_s", "y_b", "y_h",
+                    "y_s", "pos_b", "pos_s", "has_positions", "rotary_dim", "inverse")
+
+
+def _make_rope_tile_kernel(half: bool, elements: int, unpack, pack):
+    """``rope_tile`` body for 16-byte units of ``elements`` elements."""
+    pairs, load_item, store_item = _make_unit_rotation(half, elements, unpack, pack)
+
+    def rope_tile(x, y, positions, params, freq_exponent):
+        """Block = (items of one row, heads); grid = (s, b, head groups), each grid-stride;
+        ``params`` holds the ``ROPE_TILE_PARAMS`` fields."""
+        (seq_len, batch, num_heads, heads_per_block, head_groups, rot_items, partner,
+         copy_offset, x_b, x_h, x_s, y_b, y_h, y_s, pos_b, pos_s, has_positions, rotary_dim,
+         inverse) = params
+        shared_sin = cuda.shared.array(TILE_MAX_PAIRS, float32)
+        shared_cos = cuda.shared.array(TILE_MAX_PAIRS, float32)
+        sins = cuda.local.array(pairs, float32)
+        coss = cuda.local.array(pairs, float32)
+        item = int64(cuda.threadIdx.x)
+        thread = int64(cuda.threadIdx.y) * int64(cuda.blockDim.x) + item
+        threads = int64(cuda.blockDim.x) * int64(cuda.blockDim.y)
+        half_rotary = rotary_dim // 2
+        rotating = item < rot_items
+        # a copied item is one unit past the rotary dim (its "partner" is itself)
+        unit = item if rotating else copy_offset + item - rot_items
+        unit_partner = partner if rotating else 0
+        first_tile = True
+        s = int64(cuda.blockIdx.x)
+        while s < seq_len:
+            b = int64(cuda.blockIdx.y)
+            while b < batch:
+                group = int64(cuda.blockIdx.z)
+                while group < head_groups:
+                    h = group * heads_per_block + int64(cuda.threadIdx.y)
+                    active = h < num_heads
+                    h = min(h, num_heads - 1)  # a thread past the last head stores nothing
+                    # Every thread loads before the angles are computed, without a branch: a
+                    # value loaded under a branch is waited for where the branches merge.
+                    first, second = load_item(x, b * x_b + h * x_h + s * x_s + unit,
+                                              unit_partner)
+                    y_unit = b * y_b + h * y_h + s * y_s + unit
+                    if not first_tile:
+                        cuda.syncthreads()  # the last tile's angles are no longer read
+                    first_tile = False
+                    if thread < half_rotary:
+                        pos = positions[uint64(b * pos_b + s * pos_s)] if has_positions else s
+                        pair = thread
+                        while pair < half_rotary:
+                            sin_t, cos_t = rope_sincos32(
+                                pos, rope_inv_freq(pair, freq_exponent), inverse)
+                            shared_sin[pair] = sin_t
+                            shared_cos[pair] = cos_t
+                            pair += threads
+                    cuda.syncthreads()
+                    if active and rotating:
+                        for k in range(pairs):
+                            sins[k] = shared_sin[item * pairs + k]
+                            coss[k] = shared_cos[item * pairs + k]
+                        store_item(y, y_unit, partner, first, second, sins, coss)
+                    elif active:
+                        store16(y, uint64(y_unit * 4), first)
+                    group += int64(cuda.gridDim.z)
+                b += int64(cuda.gridDim.y)
+            s += int64(cuda.gridDim.x)
+
+    return rope_tile
+
+
+def build_rope_tile_kernel(element: ElementKind, layout: str) -> Kernel:
+    """The ``rope_tile`` kernel of ``ROPE_UNIT_TABLE[element]`` for ``layout``."""
+    unpack, pack, elements = ROPE_UNIT_TABLE[element]
+    body = _make_rope_tile_kernel(ROPE_UNIT_LAYOUTS[layout], elements, unpack, pack)
+    words = _flat_c(uint32)
+    return Kernel(f"rope_tile[{element.name},{layout}]", body,
+                  (words, words, _flat_c(int64), types.UniTuple(int64, len(ROPE_TILE_PARAMS)),
+                   float64))
+
+
+#: (element kind, 16-byte layout) -> ``rope_tile`` kernel.
+ROPE_TILE_KERNELS = {(element, layout): build_rope_tile_kernel(element, layout)
+                     for element in ROPE_UNIT_TABLE for layout in ROPE_UNIT_LAYOUTS}

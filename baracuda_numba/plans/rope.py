@@ -25,17 +25,43 @@ descriptor != forward descriptor; ``Unsupported`` for other element kinds.
 Deterministic and bit-stable: each output element is computed by one thread, and every
 memory layout (``kernels/rope.py``: the widest unit the pointers, strides and rotary dim
 allow, picked per call and cached) produces the same bits.
+
+Kernels (:meth:`_RopeBase._kernel_path`), where 16-byte units fit (f16/bf16/f32):
+
+* positions absent: ``rope_table``, reading the angles from a device table of
+  ``seq_len · R/2`` f32 (cos, sin) pairs that the plan builds at its first such run (on
+  that run's stream, then waited for) and keeps: 8 bytes a pair, 1 MB for S = 2048 and
+  R = 128. Taken while the table is at most 4 MB and within ``pref.max_workspace_bytes``;
+  a run captured into a CUDA graph before the table exists takes another kernel (nothing
+  can be allocated or waited for while capturing);
+* small problems (decode): ``rope_tile``, one row of several heads per block, the row's
+  angles computed once into shared memory;
+* otherwise the ``ROPE_KERNELS`` layouts (f64 always).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+import numpy as np
+from numba import cuda
+
 from ..arrays import TensorMut, TensorRef, as_mut, as_ref, flat_span
+from ..driver import stream_capturing, stream_synchronize
 from ..errors import InvalidProblem
-from ..kernels.rope import ROPE_ELEMENTS, ROPE_KERNELS
+from ..kernels.rope import (
+    ROPE_ANGLES_KERNEL,
+    ROPE_ELEMENTS,
+    ROPE_KERNELS,
+    ROPE_TABLE_KERNELS,
+    ROPE_TILE_KERNELS,
+    TABLE_PLANES_PER_THREAD,
+    TILE_MAX_PAIRS,
+    build_rope_table_kernel,
+)
 from ..streams import stream_handle
 from ..types import (
     ArchSku,
@@ -96,6 +122,25 @@ _MIN_HEADS_PER_THREAD = 4
 # 6.53 / 5.89, not taken). Registers capped at 64 or 80: no gain (f32 hpt 4: 185.5 / 186.1).
 _UNIT_HEADS_PER_THREAD = 8
 _UNITS16_MAX_HALF_ELEMENTS = 1 << 22
+
+# ``rope_table`` (positions absent): the plan's (cos, sin) table of every (s, pair), 8 bytes
+# a pair, built at the first run that takes it and kept; at most _TABLE_MAX_BYTES (a small
+# part of the 50 MB L2, which serves the table's reads) and never more than
+# ``pref.max_workspace_bytes``. Taken automatically for _TABLE_ELEMENTS.
+_TABLE_MAX_BYTES = 4 << 20
+_TABLE_ELEMENTS = (ElementKind.F16, ElementKind.BF16, ElementKind.F32)
+_TABLE_BLOCK = 256
+
+# ``rope_tile`` (positions given, or no table): one row of several heads per block, the
+# row's angles computed once into shared memory. Taken automatically while one 16-byte unit
+# per thread would give fewer than _TILE_MAX_UNITS threads (decode-sized problems), with
+# blocks of about _TILE_THREADS threads.
+_TILE_MAX_UNITS = 1 << 17
+_TILE_THREADS = 256
+# Grid extents the table and tile launches use at most (CUDA's grid.y/z limit; tests lower
+# them so the kernels' grid-stride loops run).
+_GRID_X_LIMIT = (1 << 31) - 1
+_GRID_YZ_LIMIT = 65535
 
 
 def _unit_heads_per_thread(threads_per_head: int, heads: int) -> int:
@@ -238,6 +283,23 @@ class _RopeBase(Plan):
         self.units16: bool | None = None
         #: heads per thread of the 16-byte unit kernel (None: from the problem size)
         self.unit_heads_per_thread: int | None = None
+        #: ``rope_table`` when positions are absent: None = automatic (_TABLE_ELEMENTS, a
+        #: table of at most _TABLE_MAX_BYTES and ``pref.max_workspace_bytes``), True =
+        #: always (where 16-byte units fit), False = never
+        self.angle_table: bool | None = None
+        #: ``rope_tile``: None = automatic (small problems), True = always (where it
+        #: fits), False = never
+        self.tile: bool | None = None
+        #: (b, h) planes per ``rope_table`` thread (None: ``TABLE_PLANES_PER_THREAD``)
+        self.table_planes_per_thread: int | None = None
+        #: heads per ``rope_tile`` block (None: about _TILE_THREADS threads a block)
+        self.tile_heads_per_block: int | None = None
+        self._table: Any = None  # the (cos, sin) table, built at first use
+        self._table_ptr = 0
+        self._table_bytes = seq * (rotary // 2) * 8
+        limit = self._pref.max_workspace_bytes
+        self._table_limit = _TABLE_MAX_BYTES if limit is None else min(limit,
+                                                                        _TABLE_MAX_BYTES)
         self._spans: dict[tuple[int, ...], int] = {}
         self._launches: dict[tuple, Any] = {}
         # layout key (torch, CuPy) of (x, y, positions) -> launch (run fast path): y must
@@ -245,12 +307,21 @@ class _RopeBase(Plan):
         self._memo = LayoutMemo(3, ((0, 1),))
         self._memo_in_place = LayoutMemo(3)
         self._itemsize = element.byte_width
-        self._log2_base = math.log2(desc.base)
+        # θ's exponent step: inv_freq(pair) = 2^(pair · (−2·log2(base) / R)), evaluated in
+        # f64 by the kernels (``rope_inv_freq``)
+        self._freq_exponent = -2.0 * math.log2(desc.base) / rotary if rotary else 0.0
         self._kernels = {layout: kernel for (kind, layout), kernel in ROPE_KERNELS.items()
                          if kind is element}
+        self._table_kernels = {layout: kernel for (kind, layout), kernel
+                               in ROPE_TABLE_KERNELS.items() if kind is element}
+        self._tile_kernels = {layout: kernel for (kind, layout), kernel
+                              in ROPE_TILE_KERNELS.items() if kind is element}
         if not self._empty:
-            for kernel in self._kernels.values():
+            for kernel in (*self._kernels.values(), *self._table_kernels.values(),
+                           *self._tile_kernels.values()):
                 kernel.prepare()
+            if self._table_kernels:
+                ROPE_ANGLES_KERNEL.prepare()
 
     def can_implement(self, args: Any) -> tuple[TensorRef, TensorMut, TensorRef | None]:
         """Views of the input, the output and the positions after every array check."""
@@ -326,20 +397,39 @@ class _RopeBase(Plan):
             key = (x.strides, y.strides, (x_ptr | y_ptr) & 15, x_ptr == y_ptr, pos.strides,
                    len(pos.shape))
         launch = self._launches.get(key)
+        cacheable = True
         if launch is None:
-            launch = self._configure(x, y, pos)
+            launch, cacheable = self._configure(x, y, pos, handle)
             launch = getattr(launch, "fast", launch)  # a BoundLaunch: its generated launcher
             if len(self._launches) > 64:
                 self._launches.clear()
-            self._launches[key] = launch
-        if in_place == (x_ptr == y_ptr):  # (one address in two views: not memoised)
+            if cacheable:
+                self._launches[key] = launch
+        if cacheable and in_place == (x_ptr == y_ptr):  # (one address in two views: not
+            # memoised; nor a launch chosen while the table could not be built)
             memo.store(memo_key, _nothing if launch is None else launch,
                        (self._span(x.strides), self._span(y.strides), 0))
         if launch is not None:  # None: in place with nothing to rotate
             launch(handle, x_ptr, y_ptr, 0 if pos is None else pos.ptr)
 
+    def _units16_width(self, x: TensorRef, y: TensorMut) -> int:
+        """Elements per 16-byte unit if the arrays allow 16-byte units (aligned pointers,
+        outer strides, rotary dim, its halves and the copied tail in whole units), else 0."""
+        if self.force_pairs or not self._table_kernels:
+            return 0
+        rotary, dim = self._rotary, self._shape[3]
+        width = 16 // self._itemsize
+        outer = 0
+        for stride in x.strides[:3] + y.strides[:3]:
+            outer |= stride
+        if ((x.ptr | y.ptr) % 16 == 0 and outer % width == 0 and (dim - rotary) % width == 0
+                and rotary % (2 * width if self._half_split else width) == 0):
+            return width
+        return 0
+
     def _layout(self, x: TensorRef, y: TensorMut) -> tuple[str, int]:
-        """The widest layout the arrays allow: (layout name, elements per memory unit)."""
+        """The widest ``ROPE_KERNELS`` layout the arrays allow: (layout name, elements per
+        memory unit)."""
         kernels = self._kernels
         rotary, dim = self._rotary, self._shape[3]
         half = self._half_split
@@ -353,12 +443,9 @@ class _RopeBase(Plan):
                 units16 = (self.descriptor.element is ElementKind.F32
                            or (not half
                                and math.prod(self._shape) <= _UNITS16_MAX_HALF_ELEMENTS))
-            width = 16 // self._itemsize
-            layout = "half_split_16B" if half else "interleaved_16B"
-            if (units16 and layout in kernels and pointers % 16 == 0 and outer % width == 0
-                    and (dim - rotary) % width == 0
-                    and rotary % (2 * width if half else width) == 0):
-                return layout, width
+            width = self._units16_width(x, y)
+            if units16 and width:
+                return ("half_split_16B" if half else "interleaved_16B"), width
             for width in (4, 2):
                 layout = ("half_split" if half else "interleaved") + ("4" if width == 4 else "")
                 if (layout in kernels and pointers % (width * self._itemsize) == 0
@@ -367,10 +454,74 @@ class _RopeBase(Plan):
                     return layout, width
         return "pairs", 1
 
-    def _configure(self, x: TensorRef, y: TensorMut, pos: TensorRef | None) -> Any:
-        """The bound launch (kernel, launch shape and every argument but the pointers) for
-        one layout of the arrays (cached per strides / alignment / in-place / positions
-        layout); None when there is nothing to do."""
+    def _kernel_path(self, x: TensorRef, y: TensorMut, pos: TensorRef | None) -> str:
+        """Which kernel family a call takes: ``"table"``, ``"tile"`` or ``"rows"`` (the
+        ``ROPE_KERNELS`` layout of :meth:`_layout`)."""
+        width = self._units16_width(x, y)
+        if not width or self._rotary == 0:
+            return "rows"
+        if pos is None:
+            table = self.angle_table
+            if table is None:
+                table = (self.descriptor.element in _TABLE_ELEMENTS
+                         and self._table_bytes <= self._table_limit)
+            if table:
+                return "table"
+        tile = self.tile
+        if tile is None:
+            batch, heads, seq, dim = self._shape
+            tile = batch * heads * seq * (dim // width) < _TILE_MAX_UNITS
+        if (tile and self._rotary // 2 <= TILE_MAX_PAIRS
+                and self._items16(width, False) <= 1024):
+            return "tile"
+        return "rows"
+
+    def _items16(self, width: int, in_place: bool) -> int:
+        """16-byte items of a row: rotated ones (a unit from each half for half-split),
+        then the copied tail's units unless in place."""
+        rotary, dim = self._rotary, self._shape[3]
+        rot_items = rotary // (2 * width) if self._half_split else rotary // width
+        return rot_items if in_place else rot_items + (dim - rotary) // width
+
+    def _configure(self, x: TensorRef, y: TensorMut, pos: TensorRef | None,
+                   stream: int) -> tuple[Any, bool]:
+        """(The bound launch for one layout of the arrays, or None when there is nothing
+        to do; whether it may be cached). A call that wants the angle table while
+        ``stream`` is being captured (the table cannot be allocated and built then) takes
+        another kernel and is not cached."""
+        path = self._kernel_path(x, y, pos)
+        if path == "table":
+            table = self._angle_table(stream)
+            if table:
+                return self._configure_table(x, y, table), True
+            return self._configure_rows(x, y, pos), False
+        if path == "tile":
+            return self._configure_tile(x, y, pos), True
+        return self._configure_rows(x, y, pos), True
+
+    def _angle_table(self, stream: int) -> int:
+        """Device pointer of the plan's (cos, sin) table, built on ``stream`` at the first
+        call (and waited for, so runs on other streams may read it); 0 while ``stream`` is
+        being captured into a graph and the table does not exist yet."""
+        if self._table is None:
+            if stream_capturing(stream):
+                return 0
+            batch, heads, seq, dim = self._shape
+            half = self._rotary // 2
+            table = cuda.device_array(2 * seq * half, dtype=np.float32)
+            pointer = as_ref(table, self.name, "angle table").ptr
+            blocks = min(-(-(seq * half) // _TABLE_BLOCK), 65535)
+            ROPE_ANGLES_KERNEL.launch(blocks, _TABLE_BLOCK, stream,
+                                      ((pointer, 2 * seq * half), (seq, half, self._rotary),
+                                       self._freq_exponent))
+            stream_synchronize(stream)
+            self._table, self._table_ptr = table, pointer
+        return self._table_ptr
+
+    def _configure_rows(self, x: TensorRef, y: TensorMut, pos: TensorRef | None) -> Any:
+        """The bound launch of a ``ROPE_KERNELS`` kernel (kernel, launch shape and every
+        argument but the pointers) for one layout of the arrays (cached per strides /
+        alignment / in-place / positions layout); None when there is nothing to do."""
         batch, heads, seq, dim = self._shape
         rotary = self._rotary
         in_place = x.ptr == y.ptr and x.strides == y.strides
@@ -407,7 +558,7 @@ class _RopeBase(Plan):
                    copy_offset) + xs + ys + (pos_b, pos_s, has_pos, rotary, self._inverse))
         return kernel.bind(grid, (block_x, block_y),
                            ((0, x_extent), (0, y_extent), (0, pos_extent), params,
-                            self._log2_base))
+                            self._freq_exponent))
 
     def _configure_units16(self, kernel: Any, x: TensorRef, y: TensorMut,
                            pos: TensorRef | None, width: int, in_place: bool) -> Any:
@@ -428,15 +579,83 @@ class _RopeBase(Plan):
         grid = (min(-(-threads_per_head // _BLOCK), (1 << 31) - 1),
                 min(-(-heads // hpt), 65535))
         pos_extent, pos_b, pos_s, has_pos = _positions_args(pos)
-        x_words = 4 * -(-flat_span(x.shape, x.strides) // width)
-        y_words = 4 * -(-flat_span(y.shape, y.strides) // width)
-        xs = tuple(stride // width for stride in x.strides[:3])
-        ys = tuple(stride // width for stride in y.strides[:3])
+        x_words, y_words, xs, ys = _unit_views(x, y, width)
         params = ((self._rows, seq, heads, hpt, -(-heads // hpt), items, rot_items, partner,
                    copy_offset)
                   + xs + ys + (pos_b, pos_s, has_pos, rotary, self._inverse))
         return kernel.bind(grid, _BLOCK, ((0, x_words), (0, y_words), (0, pos_extent), params,
-                                          self._log2_base))
+                                          self._freq_exponent))
+
+    def _unit_items(self, x: TensorRef, y: TensorMut) -> tuple[int, str, int, int, int]:
+        """For the 16-byte unit kernels: (elements a unit, layout, rotated items a row,
+        items a row, partner offset in units); in place skips the copied tail."""
+        width = self._units16_width(x, y)
+        in_place = x.ptr == y.ptr and x.strides == y.strides
+        rot_items = self._items16(width, True)
+        if self._half_split:
+            return width, "half_split_16B", rot_items, self._items16(width, in_place), rot_items
+        return width, "interleaved_16B", rot_items, self._items16(width, in_place), 0
+
+    def _configure_table(self, x: TensorRef, y: TensorMut, table: int) -> Any:
+        """Launch of ``rope_table``: one 16-byte item per thread along each (b, h) plane's
+        (s, item), planes along grid.y; the table's pointer is fixed in the launch, which
+        takes ``(stream, x, y, positions)`` like the others."""
+        batch, heads, seq, dim = self._shape
+        width, layout, rot_items, items, partner = self._unit_items(x, y)
+        plane_units = seq * items
+        per_thread = TABLE_PLANES_PER_THREAD[layout] if self.table_planes_per_thread is None \
+            else self.table_planes_per_thread
+        grid = (min(-(-plane_units // _TABLE_BLOCK), _GRID_X_LIMIT),
+                min(-(-(batch * heads) // per_thread), _GRID_YZ_LIMIT))
+        x_words, y_words, xs, ys = _unit_views(x, y, width)
+        params = ((plane_units, items, rot_items, partner, self._rotary // width, heads,
+                   batch * heads) + xs + ys + (self._rotary // 2, self._inverse))
+        kernel = self._table_kernels[layout]
+        if per_thread != TABLE_PLANES_PER_THREAD[layout]:  # a benchmark's variant
+            kernel = _table_variant(self.descriptor.element, layout, per_thread)
+        bound = kernel.bind(
+            grid, _TABLE_BLOCK, ((0, x_words), (0, y_words), (0, self._table_bytes // 4),
+                                 params))
+        launch = bound.taking(("a0", "a1", str(table)), 3)
+        if launch is None:  # the dispatcher path (simulator)
+            def launch(stream: int, x_ptr: int, y_ptr: int, _positions: int) -> None:
+                bound(stream, x_ptr, y_ptr, table)
+        return launch
+
+    def _configure_tile(self, x: TensorRef, y: TensorMut, pos: TensorRef | None) -> Any:
+        """Launch of ``rope_tile``: a block = (the row's items, heads_per_block heads),
+        grid = (s, b, head groups)."""
+        batch, heads, seq, dim = self._shape
+        width, layout, rot_items, items, partner = self._unit_items(x, y)
+        per_block = self.tile_heads_per_block or max(1, _TILE_THREADS // items)
+        per_block = max(1, min(per_block, heads, 1024 // items))
+        groups = -(-heads // per_block)
+        grid = (min(seq, _GRID_X_LIMIT), min(batch, _GRID_YZ_LIMIT),
+                min(groups, _GRID_YZ_LIMIT))
+        pos_extent, pos_b, pos_s, has_pos = _positions_args(pos)
+        x_words, y_words, xs, ys = _unit_views(x, y, width)
+        params = ((seq, batch, heads, per_block, groups, rot_items, partner,
+                   self._rotary // width) + xs + ys
+                  + (pos_b, pos_s, has_pos, self._rotary, self._inverse))
+        return self._tile_kernels[layout].bind(
+            grid, (items, per_block), ((0, x_words), (0, y_words), (0, pos_extent), params,
+                                       self._freq_exponent))
+
+
+def _unit_views(x: TensorRef, y: TensorMut, width: int) -> tuple[int, int, tuple[int, ...],
+                                                               tuple[int, ...]]:
+    """What the 16-byte unit kernels take of x and y (``width`` elements a unit): their
+    extents in 32-bit words and their outer strides (b, h, s) in units."""
+    return (4 * -(-flat_span(x.shape, x.strides) // width),
+            4 * -(-flat_span(y.shape, y.strides) // width),
+            tuple(stride // width for stride in x.strides[:3]),
+            tuple(stride // width for stride in y.strides[:3]))
+
+
+@functools.cache
+def _table_variant(element: ElementKind, layout: str, per_thread: int) -> Any:
+    """An unregistered ``rope_table`` kernel with another number of planes per thread."""
+    return build_rope_table_kernel(element, layout, per_thread, register=False).prepare()
 
 
 def _nothing(*_: Any) -> None:
