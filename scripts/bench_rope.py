@@ -1,7 +1,8 @@
 """Benchmark section ``rope``: RopePlan / RopeBackwardPlan against PyTorch.
 
 Large shape [8, 32, 2048, 128] (f16/bf16/f32 x both pairings x forward/backward): bytes
-moved = x read once + y written once; % of the copy ceiling measured in the same run;
+moved = x read once + y written once (the plan's 1 MB cos/sin table, read from L2, is not
+counted); % of the copy ceiling measured in the same run;
 compared with ``torch.compile`` (default mode) of the eager formula with precomputed
 cos/sin tables (the usual model code), and with that formula run eagerly.
 Decode shape [64, 32, 1, 128] with positions [64, 1]: device time and host time per
@@ -123,25 +124,27 @@ def _large(ctx: Any, torch: Any, compiled: dict) -> None:
                 if pairing in compiled else None
             label = pairing.name.lower()
             eager_note = f"eager {eager:.0f} µs" if eager else "eager n/a"
+            path = forward._kernel_path(*forward.can_implement(fwd_args[0]))
             _row(ctx, f"fwd {list(LARGE)} {label}", name, us_fwd, moved, fused,
-                    f"vs torch.compile; {eager_note}")
+                    f"vs torch.compile; {eager_note}; kernel {path}")
             _row(ctx, f"bwd {list(LARGE)} {label}", name, us_bwd, moved, fused_bwd,
-                    "vs torch.compile (sin negated)")
+                    f"vs torch.compile (sin negated); kernel {path}")
         del xs, ys
         torch.cuda.empty_cache()
 
 
 def _tuning(ctx: Any, torch: Any) -> None:
-    """Registers per kernel; large shape, forward: the 8-byte unit kernels against the
-    16-byte one by heads per thread (and, f32, with registers capped at 80)."""
+    """Registers per kernel; large shape, forward: ``rope_table`` by (b, h) planes per
+    thread against the rows kernels (no table)."""
     from baracuda_numba.driver import function_registers
-    from baracuda_numba.kernels.rope import ROPE_KERNELS, build_rope_units_kernel
+    from baracuda_numba.kernels.rope import ROPE_KERNELS, ROPE_TABLE_KERNELS, ROPE_TILE_KERNELS
 
     regs = []
-    for (element, layout), kernel in ROPE_KERNELS.items():
-        function = kernel.prepare()._function
-        if function:
-            regs.append(f"{element.name}/{layout}: {function_registers(function)}")
+    for kernels in (ROPE_KERNELS, ROPE_TABLE_KERNELS, ROPE_TILE_KERNELS):
+        for kernel in kernels.values():
+            function = kernel.prepare()._function
+            if function:
+                regs.append(f"{kernel.name}: {function_registers(function)}")
     _note(ctx, "registers per thread: " + ", ".join(regs))
     batch, heads, seq, dim = LARGE
     for name, element in DTYPES:
@@ -154,28 +157,13 @@ def _tuning(ctx: Any, torch: Any) -> None:
         for pairing in RopePairing:
             plan = RopePlan.select(RopeDescriptor(*LARGE, element=element, pairing=pairing))
             results = []
-            for units16 in (False, True):
-                plan.units16 = units16
+            for table, per_thread in ((False, None), (True, 1), (True, 2), (True, 4)):
+                plan.angle_table, plan.table_planes_per_thread = table, per_thread
                 plan.retune()
-                layout, _ = plan._layout(*plan.can_implement(args[0])[:2])
-                default = plan._kernels[layout]
-                caps = (None, 80) if units16 and element is ElementKind.F32 else (None,)
-                for cap in caps:
-                    plan._kernels[layout] = default if cap is None else \
-                        build_rope_units_kernel(element, layout, register=False,
-                                                max_registers=cap).prepare()
-                    for hpt in ((4, 8, 16) if units16 else (None,)):
-                        if cap is not None and hpt != 8:
-                            continue
-                        plan.unit_heads_per_thread = hpt
-                        plan.retune()
-                        us = ctx.time_gpu(lambda i, p=plan, a=args: p.run(a[i]), sets=sets)
-                        label = layout if hpt is None else f"{layout}/hpt={hpt}"
-                        if cap is not None:
-                            label += f"/regs<={cap}"
-                        results.append(f"{label}: {us:.1f}")
-                plan._kernels[layout] = default
-            plan.units16, plan.unit_heads_per_thread = None, None
+                us = ctx.time_gpu(lambda i, p=plan, a=args: p.run(a[i]), sets=sets)
+                label = f"table/planes={per_thread}" if table else \
+                    plan._layout(*plan.can_implement(args[0])[:2])[0]
+                results.append(f"{label}: {us:.1f}")
             _note(ctx, f"tuning {name} {pairing.name.lower()} fwd µs "
                              f"({moved / 1e6:.0f} MB moved): " + "; ".join(results))
         del xs, ys, args  # noqa: F821
@@ -222,21 +210,19 @@ def _decode(ctx: Any, torch: Any, compiled: dict) -> None:
             plan = RopePlan.select(desc)
             args = [RopeArgs(x, y, positions) for x, y in zip(xs, ys)]
             us = ctx.time_gpu(lambda i, a=args, p=plan: p.run(a[i]), sets=sets)
-            layout, _ = plan._layout(*plan.can_implement(args[0])[:2])
-            sweep = []
-            for hpt in (1, 2, 4) if layout.endswith("_16B") else ():
-                plan.unit_heads_per_thread = hpt
+            view = plan.can_implement(args[0])
+            sweep = [f"{plan._kernel_path(*view)} (default)"]
+            for label, attrs in (("tile/4 heads a block", {"tile_heads_per_block": 4}),
+                                 ("tile/16 heads a block", {"tile_heads_per_block": 16}),
+                                 ("rows", {"tile": False})):
+                for attr, value in attrs.items():
+                    setattr(plan, attr, value)
                 plan.retune()
-                hpt_us = ctx.time_gpu(lambda i, a=args, p=plan: p.run(a[i]), sets=sets)
-                sweep.append(f"{layout}/hpt={hpt}: {hpt_us:.2f}")
-            plan.unit_heads_per_thread = None
-            plan.units16 = False
-            plan.retune()
-            old_layout, _ = plan._layout(*plan.can_implement(args[0])[:2])
-            old_us = ctx.time_gpu(lambda i, a=args, p=plan: p.run(a[i]), sets=sets)
-            sweep.append(f"{old_layout} (8-byte units, {plan.heads_per_thread} heads/thread): "
-                         f"{old_us:.2f}")
-            plan.units16 = None
+                sweep_us = ctx.time_gpu(lambda i, a=args, p=plan: p.run(a[i]), sets=sets)
+                if label == "rows":
+                    label = plan._layout(*view[:2])[0]
+                sweep.append(f"{label}: {sweep_us:.2f}")
+                plan.tile, plan.tile_heads_per_block = None, None
             plan.retune()
             _note(ctx, f"decode {name} {pairing.name.lower()} device µs (default "
                              f"{us:.2f}): " + ", ".join(sweep))
@@ -251,6 +237,15 @@ def _decode(ctx: Any, torch: Any, compiled: dict) -> None:
             if fused is not None:
                 note += "; torch µs column = torch.compile"
             rows.append((label, name, us, moved, fused or eager, note))
+            backward = RopeBackwardPlan.select(RopeBackwardDescriptor.of(desc), forward=desc)
+            bwd_args = [RopeBackwardArgs(x, y, positions) for x, y in zip(xs, ys)]
+            bwd_us = ctx.time_gpu(lambda i, a=bwd_args, p=backward: p.run(a[i]), sets=sets)
+            bwd_label = f"bwd decode {list(DECODE)} pos[B,1] {pairing.name.lower()}"
+            host_fns[f"{bwd_label} {name}"] = lambda a=bwd_args, p=backward: p.run(a[0])
+            fused_bwd = _time_torch(ctx, compiled[pairing], xs, cos, -sin) \
+                if pairing in compiled else None
+            rows.append((bwd_label, name, bwd_us, moved, fused_bwd,
+                         "; torch µs column = torch.compile (sin negated)"))
     host = ctx.time_host_many(host_fns)
     torch_host = host["torch.add"]
     _note(ctx, f"decode: host time of one torch.add(a, a, out=b) on {list(DECODE)} "

@@ -180,7 +180,7 @@ def flat_rope(half, upt, ld, st, table, trig="accurate"):
     def kern(x, y, positions, inv_table, p):
         seq, heads, rows, pos_b, pos_s, has_pos, inverse = (p[0], p[1], p[2], p[3], p[4],
                                                             p[5], p[6])
-        log2_base = 13.287712379549449
+        freq_exponent = -2.0 * 13.287712379549449 / 128
         t = int64(cuda.threadIdx.x)
         item = t % ipr
         invs = cuda.local.array(npairs, float32)
@@ -188,7 +188,7 @@ def flat_rope(half, upt, ld, st, table, trig="accurate"):
             if table:
                 invs[q] = inv_table[uint64(item * npairs + q)]
             else:
-                invs[q] = float32(rope_inv_freq(item * npairs + q, 128, log2_base))
+                invs[q] = float32(rope_inv_freq(item * npairs + q, freq_exponent))
         row0 = int64(cuda.blockIdx.x) * (rb * upt) + t // ipr
         for j in range(upt):
             row = row0 + j * rb
@@ -234,7 +234,7 @@ def heads_rope(half, hpt, ld, st):
     def kern(x, y, positions, inv_table, p):
         seq, heads, _rows, pos_b, pos_s, has_pos, inverse, x_h = (p[0], p[1], p[2], p[3],
                                                                   p[4], p[5], p[6], p[7])
-        log2_base = 13.287712379549449
+        freq_exponent = -2.0 * 13.287712379549449 / 128
         t = int64(cuda.threadIdx.x)
         item = t % ipr
         row = int64(cuda.blockIdx.y) * rb + t // ipr  # row over (b, s)
@@ -244,7 +244,7 @@ def heads_rope(half, hpt, ld, st):
         sins = cuda.local.array(npairs, float32)
         coss = cuda.local.array(npairs, float32)
         for q in range(npairs):
-            inv = rope_inv_freq(item * npairs + q, 128, log2_base)
+            inv = rope_inv_freq(item * npairs + q, freq_exponent)
             sins[q], coss[q] = rope_sincos32(pos, inv, inverse)
         h0 = int64(cuda.blockIdx.x) * hpt
         off = ((b * heads + h0) * x_h + s * 32 + item) * 4
