@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import functools
 import math
+import threading
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -295,6 +296,8 @@ class _RopeBase(Plan):
         #: heads per ``rope_tile`` block (None: about _TILE_THREADS threads a block)
         self.tile_heads_per_block: int | None = None
         self._table: Any = None  # the (cos, sin) table, built at first use
+        # one build per plan: a second table would free the first under a cached launch
+        self._table_lock = threading.Lock()
         self._table_ptr = 0
         self._table_bytes = seq * (rotary // 2) * 8
         limit = self._pref.max_workspace_bytes
@@ -503,19 +506,23 @@ class _RopeBase(Plan):
         """Device pointer of the plan's (cos, sin) table, built on ``stream`` at the first
         call (and waited for, so runs on other streams may read it); 0 while ``stream`` is
         being captured into a graph and the table does not exist yet."""
-        if self._table is None:
-            if stream_capturing(stream):
-                return 0
-            batch, heads, seq, dim = self._shape
-            half = self._rotary // 2
-            table = cuda.device_array(2 * seq * half, dtype=np.float32)
-            pointer = as_ref(table, self.name, "angle table").ptr
-            blocks = min(-(-(seq * half) // _TABLE_BLOCK), 65535)
-            ROPE_ANGLES_KERNEL.launch(blocks, _TABLE_BLOCK, stream,
-                                      ((pointer, 2 * seq * half), (seq, half, self._rotary),
-                                       self._freq_exponent))
-            stream_synchronize(stream)
-            self._table, self._table_ptr = table, pointer
+        if self._table is not None:
+            return self._table_ptr
+        if stream_capturing(stream):
+            return 0
+        with self._table_lock:
+            if self._table is None:
+                batch, heads, seq, dim = self._shape
+                half = self._rotary // 2
+                table = cuda.device_array(2 * seq * half, dtype=np.float32)
+                pointer = as_ref(table, self.name, "angle table").ptr
+                blocks = min(-(-(seq * half) // _TABLE_BLOCK), 65535)
+                ROPE_ANGLES_KERNEL.launch(blocks, _TABLE_BLOCK, stream,
+                                          ((pointer, 2 * seq * half),
+                                           (seq, half, self._rotary), self._freq_exponent))
+                stream_synchronize(stream)
+                self._table_ptr = pointer
+                self._table = table
         return self._table_ptr
 
     def _configure_rows(self, x: TensorRef, y: TensorMut, pos: TensorRef | None) -> Any:
