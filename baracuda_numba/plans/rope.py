@@ -535,7 +535,7 @@ class _RopeBase(Plan):
         layout, width = self._layout(x, y)
         kernel = self._kernels[layout]
         if layout.endswith("_16B"):
-            return self._configure_units16(kernel, x, y, pos, width, in_place)
+            return self._configure_units16(kernel, x, y, pos)
         if width == 1:
             items, rot_items, copy_offset = dim // 2, rotary // 2, rotary
             pair_step, partner = (1, rotary // 2) if self._half_split else (2, 1)
@@ -568,17 +568,13 @@ class _RopeBase(Plan):
                             self._freq_exponent))
 
     def _configure_units16(self, kernel: Any, x: TensorRef, y: TensorMut,
-                           pos: TensorRef | None, width: int, in_place: bool) -> Any:
-        """Bound launch of ``rope_units`` (``width`` elements per 16-byte unit): threads
-        along (row, item) in memory order, head groups along grid.y."""
+                           pos: TensorRef | None) -> Any:
+        """Bound launch of ``rope_units``: threads along (row, item) in memory order, head
+        groups along grid.y."""
         batch, heads, seq, dim = self._shape
         rotary = self._rotary
-        if self._half_split:  # an item: a unit from each half
-            rot_items, partner = rotary // (2 * width), rotary // (2 * width)
-        else:
-            rot_items, partner = rotary // width, 0
+        width, _, rot_items, items, partner = self._unit_items(x, y)
         copy_offset = rotary // width
-        items = rot_items if in_place else rot_items + (dim - rotary) // width
         if items == 0:
             return None  # in place with nothing to rotate
         threads_per_head = self._rows * items
