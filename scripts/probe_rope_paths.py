@@ -32,6 +32,9 @@ from baracuda_numba.kernels.rope import (
     ROPE_TABLE_KERNELS,
     ROPE_TILE_KERNELS,
     _flat_c,
+    _pack16_f16,
+    _rotate_interleaved8,
+    _unpack16_f16,
     load16,
     store16,
 )
@@ -85,6 +88,113 @@ def copy_args(x, y, z, n, extra):
         if scratch[(t + 1) % threads] < extra[0]:
             v = (uint32(0), uint32(0), uint32(0), uint32(0))
         store16(y, uint64(g * 4), v)
+
+
+def ladder_grid(x, y, params):
+    """A decode tile's copy: grid (s, b, head groups), block (items, heads)."""
+    x_b, x_h, x_s, y_b, y_h, y_s, per_block = params
+    s = int64(cuda.blockIdx.x)
+    b = int64(cuda.blockIdx.y)
+    h = int64(cuda.blockIdx.z) * per_block + int64(cuda.threadIdx.y)
+    item = int64(cuda.threadIdx.x)
+    v = load16(x, uint64((b * x_b + h * x_h + s * x_s + item) * 4))
+    store16(y, uint64((b * y_b + h * y_h + s * y_s + item) * 4), v)
+
+
+def ladder_rotate(x, y, params):
+    """ladder_grid plus the f16 interleaved rotation by constant angles."""
+    x_b, x_h, x_s, y_b, y_h, y_s, per_block = params
+    sins = cuda.local.array(4, float32)
+    coss = cuda.local.array(4, float32)
+    s = int64(cuda.blockIdx.x)
+    b = int64(cuda.blockIdx.y)
+    h = int64(cuda.blockIdx.z) * per_block + int64(cuda.threadIdx.y)
+    item = int64(cuda.threadIdx.x)
+    v = load16(x, uint64((b * x_b + h * x_h + s * x_s + item) * 4))
+    for k in range(4):
+        sins[k] = float32(0.5) * float32(k)
+        coss[k] = float32(0.25)
+    store16(y, uint64((b * y_b + h * y_h + s * y_s + item) * 4),
+            _pack16_f16(_rotate_interleaved8(_unpack16_f16(v), sins, coss)))
+
+
+def ladder_padded(x, y, z, params, extra):
+    """ladder_rotate with the tile kernel's parameter block (3 arrays, 19 int64, 1 f64)."""
+    x_b, x_h, x_s, y_b, y_h, y_s, per_block = params[:7]
+    sins = cuda.local.array(4, float32)
+    coss = cuda.local.array(4, float32)
+    s = int64(cuda.blockIdx.x)
+    b = int64(cuda.blockIdx.y)
+    h = int64(cuda.blockIdx.z) * per_block + int64(cuda.threadIdx.y)
+    item = int64(cuda.threadIdx.x)
+    v = load16(x, uint64((b * x_b + h * x_h + s * x_s + item) * 4))
+    for k in range(4):
+        sins[k] = float32(0.5) * float32(k)
+        coss[k] = float32(0.25)
+    store16(y, uint64((b * y_b + h * y_h + s * y_s + item) * 4),
+            _pack16_f16(_rotate_interleaved8(_unpack16_f16(v), sins, coss)))
+
+
+def ladder(ctx: Context) -> None:
+    """Decode f16 interleaved: from a 1-D copy to the tile kernel, one step at a time,
+    every launch bound directly (no plan.run) but the last."""
+    batch, heads, seq, dim = DECODE
+    units = batch * heads * seq * dim // 8
+    sets = 8
+    positions = torch.randint(0, 4096, (batch, seq), device="cuda")
+    xs = [torch.randn(DECODE, device="cuda", dtype=torch.float16) for _ in range(sets)]
+    ys = [torch.empty_like(x) for x in xs]
+    stream = torch.cuda.current_stream().cuda_stream
+    words = _flat_c(uint32)
+    per_block, items = 16, dim // 8
+    params = (heads * items, items, items, heads * items, items, items, per_block)
+    grid3 = (seq, batch, heads // per_block)
+    bounds = {"flat 256": _bound_copy(copy_flat, units)}
+    for fn in (ladder_grid, ladder_rotate):
+        kernel = Kernel(fn.__name__, fn, (words, words, numba_types.UniTuple(int64, 7)),
+                        register=False)
+        bounds[fn.__name__] = kernel.bind(grid3, (items, per_block),
+                                          ((0, 4 * units), (0, 4 * units), params))
+    kernel = Kernel("ladder_padded", ladder_padded,
+                    (words, words, _flat_c(int64), numba_types.UniTuple(int64, 19),
+                     numba_types.float64), register=False)
+    padded = kernel.bind(grid3, (items, per_block),
+                         ((0, 4 * units), (0, 4 * units), (0, 64), params + (0,) * 12, 0.5))
+    pos_ptr = positions.data_ptr()
+    bounds["ladder_padded"] = lambda st, xp, yp, b=padded, pp=pos_ptr: b(st, xp, yp, pp)
+    plan = RopePlan.select(RopeDescriptor(*DECODE, element=ElementKind.F16))
+    configure(plan, "tile")
+    layout = "interleaved_16B"
+    default = plan._tile_kernels[layout]
+    for label, options in (("tile const_nobar", dict(dowhile=True, angles="const_nobar")),
+                           ("tile const_nobar noloop", dict(dowhile=True, looping=False,
+                                                            angles="const_nobar")),
+                           ("tile dowhile", dict(dowhile=True))):
+        plan._tile_kernels[layout] = _tile_variant(ElementKind.F16, layout, **options)
+        tile_bound = plan._configure_tile(*plan_refs(plan, xs[0], ys[0], positions))
+        bounds[label + " (bound)"] = (
+            lambda st, xp, yp, b=tile_bound, pp=pos_ptr: b(st, xp, yp, pp))
+    line = []
+    for _ in range(2):
+        for label, bound in bounds.items():
+            us = ctx.time_gpu(lambda i, b=bound: b(stream, xs[i].data_ptr(), ys[i].data_ptr()),
+                              sets=sets, iters=300)
+            line.append(f"{label} {us:.2f}")
+        args = [RopeArgs(x, y, positions) for x, y in zip(xs, ys)]
+        us = ctx.time_gpu(lambda i, a=args: plan.run(a[i]), sets=sets, iters=300)
+        line.append(f"tile dowhile (plan.run) {us:.2f}")
+        us = ctx.time_gpu(lambda i: torch.mul(xs[i], 1.0, out=ys[i]), sets=sets, iters=300)
+        line.append(f"torch.mul {us:.2f}")
+    plan._tile_kernels[layout] = default
+    print("ladder f16 interleaved decode: " + "; ".join(line), flush=True)
+
+
+def plan_refs(plan, x, y, positions):
+    """The plan's TensorRef views of torch tensors (as ``run`` makes them)."""
+    from baracuda_numba.arrays import as_ref
+
+    return (as_ref(x, plan.name, "x"), as_mut(y, plan.name, "y"),
+            as_ref(positions, plan.name, "positions"))
 
 
 def _bound_copy(fn, units: int, block=256, extra: int = 0):
@@ -308,6 +418,66 @@ def diag(ctx: Context) -> None:
             print(f"diag decode {name} {pairing.name.lower()}: " + "; ".join(line), flush=True)
 
 
+def _tile_variant(element, layout, **options):
+    """An unregistered rope_tile with ``_make_rope_tile_kernel`` options (A/B)."""
+    from baracuda_numba.kernels import rope as kr
+
+    unpack, pack, elements = kr.ROPE_UNIT_TABLE[element]
+    body = kr._make_rope_tile_kernel(kr.ROPE_UNIT_LAYOUTS[layout], elements, unpack, pack,
+                                     **options)
+    tile = kr.ROPE_TILE_KERNELS[(element, layout)]
+    name = ",".join(f"{k}={v}" for k, v in options.items())
+    return Kernel(f"{tile.name}/{name}", body, tile.signature, register=False).prepare()
+
+
+def skeleton(ctx: Context, compiled: dict) -> None:
+    """Decode: rope_tile with 32-bit unit offsets and/or a do-while tile loop (nothing
+    branched on before the first load), bit-compared with the default and timed."""
+    batch, heads, seq, dim = DECODE
+    positions = torch.randint(0, 4096, (batch, seq), device="cuda")
+    sets = 8
+    options = {"default": {}, "dowhile": dict(dowhile=True),
+               "noloop": dict(dowhile=True, looping=False),
+               "noloop,i32": dict(dowhile=True, looping=False, index32=True),
+               "noloop,const": dict(dowhile=True, looping=False, angles="const"),
+               "noloop,const_nobar": dict(dowhile=True, looping=False, angles="const_nobar")}
+    for name, element in DTYPES:
+        xs, ys, cos, sin = _decode_inputs(getattr(torch, name), positions, sets)
+        for pairing in RopePairing:
+            plan = RopePlan.select(RopeDescriptor(*DECODE, element=element, pairing=pairing))
+            layout = "half_split_16B" if pairing is RopePairing.HALF_SPLIT else "interleaved_16B"
+            default = plan._tile_kernels[layout]
+            variants = {label: (_tile_variant(element, layout, **o) if o else default)
+                        for label, o in options.items()}
+            line = []
+            reference = None
+            for _ in range(2):
+                for label, kernel in variants.items():
+                    plan._tile_kernels[layout] = kernel
+                    configure(plan, "tile")
+                    ys[0].fill_(float("nan"))
+                    plan.run(RopeArgs(xs[0], ys[0], positions))
+                    if reference is None:
+                        reference = ys[0].clone()
+                    same = label.startswith("const") or torch.equal(
+                        ys[0].view(torch.int16 if name != "float32" else torch.int32),
+                        reference.view(torch.int16 if name != "float32" else torch.int32))
+                    args = [RopeArgs(x, y, positions) for x, y in zip(xs, ys)]
+                    us = ctx.time_gpu(lambda i, a=args, p=plan: p.run(a[i]), sets=sets,
+                                      iters=300)
+                    line.append(f"{label} {us:.2f}{'' if same else ' MISMATCH'}")
+                fn = compiled[pairing]
+                fn(xs[0], cos, sin)
+                us = ctx.time_gpu(lambda i, f=fn, xs=xs, c=cos, s=sin: f(xs[i], c, s),
+                                  sets=sets, iters=300)
+                line.append(f"torch.compile {us:.2f}")
+                us = ctx.time_gpu(lambda i, xs=xs, ys=ys: torch.mul(xs[i], 1.0, out=ys[i]),
+                                  sets=sets, iters=300)
+                line.append(f"torch.mul {us:.2f}")
+            plan._tile_kernels[layout] = default
+            print(f"skeleton {name} {pairing.name.lower()}: " + "; ".join(line), flush=True)
+
+
 def floor(ctx: Context, compiled: dict) -> None:
     """Decode: what shared memory and a barrier cost (Numba copies), the tile kernel with
     each carveout preference, rope_units by heads per thread, against torch.mul and
@@ -424,6 +594,10 @@ def main() -> None:
         decode(ctx, compiled)
     if "diag" in parts:
         diag(ctx)
+    if "skeleton" in parts:
+        skeleton(ctx, compiled)
+    if "ladder" in parts:
+        ladder(ctx)
     if "floor" in parts:
         floor(ctx, compiled)
     if "params" in parts:

@@ -58,7 +58,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import cuda, float32, float64, int64, types, uint16, uint32, uint64
+from numba import cuda, float32, float64, int32, int64, types, uint16, uint32, uint64
 from numba.types import float16
 
 from .._runtime import SIMULATOR
@@ -961,9 +961,17 @@ ROPE_TILE_PARAMS = ("seq_len", "batch", "num_heads", "heads_per_block", "head_gr
                     "y_s", "pos_b", "pos_s", "has_positions", "rotary_dim", "inverse")
 
 
-def _make_rope_tile_kernel(half: bool, elements: int, unpack, pack):
+def _make_rope_tile_kernel(half: bool, elements: int, unpack, pack, index32: bool = False,
+                           dowhile: bool = False, angles: str = "shared",
+                           looping: bool = True):
     """``rope_tile`` body for 16-byte units of ``elements`` elements."""
     pairs, load_item, store_item = _make_unit_rotation(half, elements, unpack, pack)
+
+    @cuda.jit(device=True, inline=True)
+    def unit_index(b, h, s, unit, stride_b, stride_h, stride_s):
+        if index32:
+            return int64(int32(b * stride_b + h * stride_h + s * stride_s + unit))
+        return b * stride_b + h * stride_h + s * stride_s + unit
 
     def rope_tile(x, y, positions, params, freq_exponent):
         """Block = (items of one row, heads); grid = (s, b, head groups), each grid-stride;
@@ -983,44 +991,114 @@ def _make_rope_tile_kernel(half: bool, elements: int, unpack, pack):
         # a copied item is one unit past the rotary dim (its "partner" is itself)
         unit = item if rotating else copy_offset + item - rot_items
         unit_partner = partner if rotating else 0
-        first_tile = True
-        s = int64(cuda.blockIdx.x)
-        while s < seq_len:
+        if dowhile:
+            first_tile = True
+            # The launch's grid never exceeds the extents, so every block's first tile exists:
+            # the loop tests at its end (do-while), and nothing is branched on before the
+            # first load (a test before it put a parameter load and a branch per loop level on
+            # the load's path).
+            s = int64(cuda.blockIdx.x)
             b = int64(cuda.blockIdx.y)
-            while b < batch:
-                group = int64(cuda.blockIdx.z)
-                while group < head_groups:
-                    h = group * heads_per_block + int64(cuda.threadIdx.y)
-                    active = h < num_heads
-                    h = min(h, num_heads - 1)  # a thread past the last head stores nothing
-                    # Every thread loads before the angles are computed, without a branch: a
-                    # value loaded under a branch is waited for where the branches merge.
-                    first, second = load_item(x, b * x_b + h * x_h + s * x_s + unit,
-                                              unit_partner)
-                    y_unit = b * y_b + h * y_h + s * y_s + unit
+            group = int64(cuda.blockIdx.z)
+            while True:
+                h = group * heads_per_block + int64(cuda.threadIdx.y)
+                active = h < num_heads
+                h = min(h, num_heads - 1)  # a thread past the last head stores nothing
+                # Every thread loads before the angles are computed, without a branch: a value
+                # loaded under a branch is waited for where the branches merge.
+                first, second = load_item(x, unit_index(b, h, s, unit, x_b, x_h, x_s),
+                                          unit_partner)
+                y_unit = unit_index(b, h, s, unit, y_b, y_h, y_s)
+                if angles == "thread":
+                    pos = positions[uint64(b * pos_b + s * pos_s)] if has_positions else s
+                    for k in range(pairs):
+                        sins[k], coss[k] = rope_sincos32(
+                            pos, rope_inv_freq(min(item * pairs + k, half_rotary - 1),
+                                               freq_exponent), inverse)
+                elif angles == "const_nobar":
+                    for k in range(pairs):
+                        sins[k] = float32(0.5) * float32(k)
+                        coss[k] = float32(0.25)
+                else:
                     if not first_tile:
                         cuda.syncthreads()  # the last tile's angles are no longer read
                     first_tile = False
                     if thread < half_rotary:
-                        pos = positions[uint64(b * pos_b + s * pos_s)] if has_positions else s
-                        pair = thread
-                        while pair < half_rotary:
-                            sin_t, cos_t = rope_sincos32(
-                                pos, rope_inv_freq(pair, freq_exponent), inverse)
-                            shared_sin[pair] = sin_t
-                            shared_cos[pair] = cos_t
-                            pair += threads
+                        if angles == "const":
+                            pair = thread
+                            while pair < half_rotary:
+                                shared_sin[pair] = float32(pair) * float32(0.01)
+                                shared_cos[pair] = float32(0.5)
+                                pair += threads
+                        else:
+                            pos = (positions[uint64(b * pos_b + s * pos_s)] if has_positions
+                                   else s)
+                            pair = thread
+                            while pair < half_rotary:
+                                sin_t, cos_t = rope_sincos32(
+                                    pos, rope_inv_freq(pair, freq_exponent), inverse)
+                                shared_sin[pair] = sin_t
+                                shared_cos[pair] = cos_t
+                                pair += threads
                     cuda.syncthreads()
-                    if active and rotating:
-                        for k in range(pairs):
-                            sins[k] = shared_sin[item * pairs + k]
-                            coss[k] = shared_cos[item * pairs + k]
-                        store_item(y, y_unit, partner, first, second, sins, coss)
-                    elif active:
-                        store16(y, uint64(y_unit * 4), first)
-                    group += int64(cuda.gridDim.z)
-                b += int64(cuda.gridDim.y)
-            s += int64(cuda.gridDim.x)
+                    for k in range(pairs):
+                        sins[k] = shared_sin[item * pairs + k]
+                        coss[k] = shared_cos[item * pairs + k]
+                if active and rotating:
+                    store_item(y, y_unit, partner, first, second, sins, coss)
+                elif active:
+                    store16(y, uint64(y_unit * 4), first)
+                if not looping:
+                    return
+                group += int64(cuda.gridDim.z)
+                if group >= head_groups:
+                    group = int64(cuda.blockIdx.z)
+                    b += int64(cuda.gridDim.y)
+                    if b >= batch:
+                        b = int64(cuda.blockIdx.y)
+                        s += int64(cuda.gridDim.x)
+                        if s >= seq_len:
+                            return
+
+        else:
+            first_tile = True
+            s = int64(cuda.blockIdx.x)
+            while s < seq_len:
+                b = int64(cuda.blockIdx.y)
+                while b < batch:
+                    group = int64(cuda.blockIdx.z)
+                    while group < head_groups:
+                        h = group * heads_per_block + int64(cuda.threadIdx.y)
+                        active = h < num_heads
+                        h = min(h, num_heads - 1)  # a thread past the last head stores nothing
+                        # Every thread loads before the angles are computed, without a branch: a
+                        # value loaded under a branch is waited for where the branches merge.
+                        first, second = load_item(x, unit_index(b, h, s, unit, x_b, x_h, x_s),
+                                                  unit_partner)
+                        y_unit = unit_index(b, h, s, unit, y_b, y_h, y_s)
+                        if not first_tile:
+                            cuda.syncthreads()  # the last tile's angles are no longer read
+                        first_tile = False
+                        if thread < half_rotary:
+                            pos = positions[uint64(b * pos_b + s * pos_s)] if has_positions else s
+                            pair = thread
+                            while pair < half_rotary:
+                                sin_t, cos_t = rope_sincos32(
+                                    pos, rope_inv_freq(pair, freq_exponent), inverse)
+                                shared_sin[pair] = sin_t
+                                shared_cos[pair] = cos_t
+                                pair += threads
+                        cuda.syncthreads()
+                        if active and rotating:
+                            for k in range(pairs):
+                                sins[k] = shared_sin[item * pairs + k]
+                                coss[k] = shared_cos[item * pairs + k]
+                            store_item(y, y_unit, partner, first, second, sins, coss)
+                        elif active:
+                            store16(y, uint64(y_unit * 4), first)
+                        group += int64(cuda.gridDim.z)
+                    b += int64(cuda.gridDim.y)
+                s += int64(cuda.gridDim.x)
 
     return rope_tile
 
