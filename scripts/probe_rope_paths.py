@@ -3,7 +3,7 @@ the plan's cos/sin table), ``rope_tile`` (angles shared by a block through share
 and the ``ROPE_KERNELS`` rows kernels, against torch.compile, in one process.
 
     python scripts/probe_rope_paths.py [check] [large] [positions] [decode] [diag] [floor]
-                                       [params]
+                                       [params] [ladder]
     ncu -k regex:rope_tile --launch-skip 3 --launch-count 1 python scripts/probe_rope_paths.py ncu
 
 ``check`` compares every path bit for bit on a few shapes (in place too); ``large`` /
@@ -11,8 +11,11 @@ and the ``ROPE_KERNELS`` rows kernels, against torch.compile, in one process.
 kernel by heads per block against the rows kernels; ``diag``: the tile kernel with its
 angle helpers replaced by constants; ``floor``: Numba copies, carveouts and rope_units
 heads per thread at the decode shape; ``params``: parameter-block size and block shape
-of a copy. Device µs: medians of CUDA-event-timed single calls behind a GPU spin, as in
-``scripts/bench.py``. Results: docs/notes/rope.md, session 11.
+of a copy; ``ladder``: decode copies that add the tile kernel's grid, rotation and
+parameter block one at a time, then the tile kernel launched bound and through ``run``.
+Device µs: medians of CUDA-event-timed single calls behind a GPU spin, as in
+``scripts/bench.py``. Results: docs/notes/rope.md, sessions 11 and 12 (the session-12
+tile variants, ``skeleton``, are in commit 65f0165).
 """
 
 from __future__ import annotations
@@ -164,16 +167,8 @@ def ladder(ctx: Context) -> None:
     bounds["ladder_padded"] = lambda st, xp, yp, b=padded, pp=pos_ptr: b(st, xp, yp, pp)
     plan = RopePlan.select(RopeDescriptor(*DECODE, element=ElementKind.F16))
     configure(plan, "tile")
-    layout = "interleaved_16B"
-    default = plan._tile_kernels[layout]
-    for label, options in (("tile const_nobar", dict(dowhile=True, angles="const_nobar")),
-                           ("tile const_nobar noloop", dict(dowhile=True, looping=False,
-                                                            angles="const_nobar")),
-                           ("tile dowhile", dict(dowhile=True))):
-        plan._tile_kernels[layout] = _tile_variant(ElementKind.F16, layout, **options)
-        tile_bound = plan._configure_tile(*plan_refs(plan, xs[0], ys[0], positions))
-        bounds[label + " (bound)"] = (
-            lambda st, xp, yp, b=tile_bound, pp=pos_ptr: b(st, xp, yp, pp))
+    tile_bound = plan._configure_tile(*plan_refs(plan, xs[0], ys[0], positions))
+    bounds["tile (bound)"] = lambda st, xp, yp, b=tile_bound, pp=pos_ptr: b(st, xp, yp, pp)
     line = []
     for _ in range(2):
         for label, bound in bounds.items():
@@ -182,10 +177,9 @@ def ladder(ctx: Context) -> None:
             line.append(f"{label} {us:.2f}")
         args = [RopeArgs(x, y, positions) for x, y in zip(xs, ys)]
         us = ctx.time_gpu(lambda i, a=args: plan.run(a[i]), sets=sets, iters=300)
-        line.append(f"tile dowhile (plan.run) {us:.2f}")
+        line.append(f"tile (plan.run) {us:.2f}")
         us = ctx.time_gpu(lambda i: torch.mul(xs[i], 1.0, out=ys[i]), sets=sets, iters=300)
         line.append(f"torch.mul {us:.2f}")
-    plan._tile_kernels[layout] = default
     print("ladder f16 interleaved decode: " + "; ".join(line), flush=True)
 
 
@@ -324,6 +318,58 @@ def large(ctx: Context, compiled: dict, with_positions: bool = False) -> None:
         torch.cuda.empty_cache()
 
 
+def table32(ctx: Context, compiled: dict) -> None:
+    """[8, 32, 2048, 128] without positions: ``rope_table`` as registered against its
+    ``single`` variant (no loops, 32-bit offsets and divisions), bit-compared, and
+    torch.compile."""
+    from baracuda_numba.kernels.rope import build_rope_table_kernel
+
+    batch, heads, seq, dim = LARGE
+    cos, sin = tables(torch, torch.arange(seq, device="cuda"), dim)
+    for name, element in DTYPES:
+        dtype = getattr(torch, name)
+        moved = 2 * batch * heads * seq * dim * torch.empty((), dtype=dtype).element_size()
+        sets = ctx.sets_for(moved)
+        xs = [torch.randn(LARGE, device="cuda", dtype=dtype) for _ in range(sets)]
+        ys = [torch.empty_like(x) for x in xs]
+        bits = torch.int16 if dtype != torch.float32 else torch.int32
+        for pairing in RopePairing:
+            desc = RopeDescriptor(*LARGE, element=element, pairing=pairing)
+            layout = "half_split_16B" if pairing is RopePairing.HALF_SPLIT else "interleaved_16B"
+            single = build_rope_table_kernel(element, layout, register=False,
+                                             single=True).prepare()
+            line = []
+            for inverse in (False, True):
+                plan = (RopeBackwardPlan.select(RopeBackwardDescriptor.of(desc)) if inverse
+                        else RopePlan.select(desc))
+                cls = RopeBackwardArgs if inverse else RopeArgs
+                args = [cls(x, y, None) for x, y in zip(xs, ys)]
+                default = plan._table_kernels[layout]
+                reference = None
+                for _ in range(2):
+                    for label, kernel in (("table", default), ("single", single)):
+                        plan._table_kernels[layout] = kernel
+                        configure(plan, "table")
+                        ys[0].fill_(float("nan"))
+                        plan.run(args[0])
+                        if reference is None:
+                            reference = ys[0].clone()
+                        same = torch.equal(ys[0].view(bits), reference.view(bits))
+                        us = ctx.time_gpu(lambda i, a=args, p=plan: p.run(a[i]), sets=sets)
+                        line.append(f"{'bwd' if inverse else 'fwd'} {label} {us:.1f} "
+                                    f"({100 * moved / us / 1e3 / ctx.copy_gbps:.1f}%)"
+                                    + ("" if same else " MISMATCH"))
+                    fn = compiled[pairing]
+                    s = -sin if inverse else sin
+                    fn(xs[0], cos, s)
+                    us = ctx.time_gpu(lambda i, f=fn, s=s, xs=xs: f(xs[i], cos, s), sets=sets)
+                    line.append(f"{'bwd' if inverse else 'fwd'} torch.compile {us:.1f}")
+                plan._table_kernels[layout] = default
+            print(f"table32 {name} {pairing.name.lower()}: " + "; ".join(line), flush=True)
+        del xs, ys
+        torch.cuda.empty_cache()
+
+
 def _decode_inputs(dtype, positions, sets: int) -> tuple[list, list, object, object]:
     """Input and output sets of the decode shape, and the cos/sin tables torch.compile
     is given for ``positions`` [B, 1]."""
@@ -416,66 +462,6 @@ def diag(ctx: Context) -> None:
                     line.append(f"{label}{'' if with_pos else '/nopos'} {us:.2f}")
             plan._tile_kernels[layout] = default
             print(f"diag decode {name} {pairing.name.lower()}: " + "; ".join(line), flush=True)
-
-
-def _tile_variant(element, layout, **options):
-    """An unregistered rope_tile with ``_make_rope_tile_kernel`` options (A/B)."""
-    from baracuda_numba.kernels import rope as kr
-
-    unpack, pack, elements = kr.ROPE_UNIT_TABLE[element]
-    body = kr._make_rope_tile_kernel(kr.ROPE_UNIT_LAYOUTS[layout], elements, unpack, pack,
-                                     **options)
-    tile = kr.ROPE_TILE_KERNELS[(element, layout)]
-    name = ",".join(f"{k}={v}" for k, v in options.items())
-    return Kernel(f"{tile.name}/{name}", body, tile.signature, register=False).prepare()
-
-
-def skeleton(ctx: Context, compiled: dict) -> None:
-    """Decode: rope_tile with 32-bit unit offsets and/or a do-while tile loop (nothing
-    branched on before the first load), bit-compared with the default and timed."""
-    batch, heads, seq, dim = DECODE
-    positions = torch.randint(0, 4096, (batch, seq), device="cuda")
-    sets = 8
-    options = {"default": {}, "dowhile": dict(dowhile=True),
-               "noloop": dict(dowhile=True, looping=False),
-               "noloop,i32": dict(dowhile=True, looping=False, index32=True),
-               "noloop,const": dict(dowhile=True, looping=False, angles="const"),
-               "noloop,const_nobar": dict(dowhile=True, looping=False, angles="const_nobar")}
-    for name, element in DTYPES:
-        xs, ys, cos, sin = _decode_inputs(getattr(torch, name), positions, sets)
-        for pairing in RopePairing:
-            plan = RopePlan.select(RopeDescriptor(*DECODE, element=element, pairing=pairing))
-            layout = "half_split_16B" if pairing is RopePairing.HALF_SPLIT else "interleaved_16B"
-            default = plan._tile_kernels[layout]
-            variants = {label: (_tile_variant(element, layout, **o) if o else default)
-                        for label, o in options.items()}
-            line = []
-            reference = None
-            for _ in range(2):
-                for label, kernel in variants.items():
-                    plan._tile_kernels[layout] = kernel
-                    configure(plan, "tile")
-                    ys[0].fill_(float("nan"))
-                    plan.run(RopeArgs(xs[0], ys[0], positions))
-                    if reference is None:
-                        reference = ys[0].clone()
-                    same = label.startswith("const") or torch.equal(
-                        ys[0].view(torch.int16 if name != "float32" else torch.int32),
-                        reference.view(torch.int16 if name != "float32" else torch.int32))
-                    args = [RopeArgs(x, y, positions) for x, y in zip(xs, ys)]
-                    us = ctx.time_gpu(lambda i, a=args, p=plan: p.run(a[i]), sets=sets,
-                                      iters=300)
-                    line.append(f"{label} {us:.2f}{'' if same else ' MISMATCH'}")
-                fn = compiled[pairing]
-                fn(xs[0], cos, sin)
-                us = ctx.time_gpu(lambda i, f=fn, xs=xs, c=cos, s=sin: f(xs[i], c, s),
-                                  sets=sets, iters=300)
-                line.append(f"torch.compile {us:.2f}")
-                us = ctx.time_gpu(lambda i, xs=xs, ys=ys: torch.mul(xs[i], 1.0, out=ys[i]),
-                                  sets=sets, iters=300)
-                line.append(f"torch.mul {us:.2f}")
-            plan._tile_kernels[layout] = default
-            print(f"skeleton {name} {pairing.name.lower()}: " + "; ".join(line), flush=True)
 
 
 def floor(ctx: Context, compiled: dict) -> None:
@@ -594,10 +580,10 @@ def main() -> None:
         decode(ctx, compiled)
     if "diag" in parts:
         diag(ctx)
-    if "skeleton" in parts:
-        skeleton(ctx, compiled)
     if "ladder" in parts:
         ladder(ctx)
+    if "table32" in parts:
+        table32(ctx, compiled)
     if "floor" in parts:
         floor(ctx, compiled)
     if "params" in parts:

@@ -313,14 +313,19 @@ def test_16_byte_kernels_in_place_and_strided(rng, element, pairing, path):
 
 @pytest.mark.parametrize("pairing", [INTERLEAVED, HALF_SPLIT], ids=lambda p: p.name)
 @pytest.mark.parametrize("limits", [(1, 1), (2, 3)], ids=["one_block", "two_blocks"])
-def test_table_and_tile_grid_stride_loops(rng, monkeypatch, pairing, limits):
-    """Grids capped below the problem (CUDA's limits on huge problems): every block walks
-    several tiles / planes (the tile kernel's barrier before reusing its shared angles)."""
+def test_table_grid_stride_loops_and_tile_fallback(rng, monkeypatch, pairing, limits):
+    """Grids capped below the problem (CUDA's limits on huge problems): the table kernel's
+    blocks walk several planes; the tile kernel (one tile per block) is not taken, and the
+    rows kernels it falls back to give the same bits."""
     from baracuda_numba.plans import rope as rope_plans
 
     monkeypatch.setattr(rope_plans, "_GRID_X_LIMIT", limits[0])
     monkeypatch.setattr(rope_plans, "_GRID_YZ_LIMIT", limits[1])
     desc = RopeDescriptor(*SHAPE16, element=F32, pairing=pairing, rotary_dim=16)
+    plan = RopePlan.select(desc)
+    plan.tile = True
+    view = TensorMut(0x10000, SHAPE16, contiguous_strides(SHAPE16), "<f4", 4, None)
+    assert plan._kernel_path(view, view, object()) == "rows"
     x = random_values(SHAPE16, F32, rng)
     positions = make_positions("per_sequence", SHAPE16, rng)
     expected = run_plan(desc, x, positions, force_pairs=True)
@@ -361,6 +366,15 @@ def test_kernel_path_choice():
     assert path(large, F32, tile=True) == "tile"
     assert path(decode, F32, tile=False) == "rows"
     assert path(decode, F32, rotary_dim=0, positions=False) == "rows"  # nothing to rotate
+    # the tile's 32-bit unit offsets: a view spanning 2^31 units or more takes the rows
+    plan = RopePlan.select(RopeDescriptor(*decode, element=F32))
+    widest = 4 * (((1 << 31) - 1 - 32 * 32) // 63)  # a batch stride spanning 2^31 - 1 units
+    for batch_stride, expected in ((widest, "tile"), (widest + 4, "rows")):
+        strides = (batch_stride, 128, 128, 1)
+        view = TensorMut(0x10000, decode, strides, "<f4", 4, None)
+        span_units = (63 * batch_stride + 31 * 128 + 128) // 4
+        assert (span_units < 1 << 31) == (expected == "tile")
+        assert plan._kernel_path(view, view, object()) == expected
 
 
 def test_angle_table_is_built_once():

@@ -778,6 +778,13 @@ ROPE_TABLE_PARAMS = ("plane_units", "items_per_row", "rot_items", "partner", "co
                      "half_rotary", "inverse")
 
 
+@cuda.jit(device=True, inline=True)
+def _unit_offset32(b, h, s, unit, stride_b, stride_h, stride_s):
+    """``b·stride_b + h·stride_h + s·stride_s + unit`` in 32-bit arithmetic (the caller
+    guarantees every offset of the launch is below 2^31 units); 64-bit on return."""
+    return int64(int32(b * stride_b + h * stride_h + s * stride_s + unit))
+
+
 def _make_unit_rotation(half: bool, elements: int, unpack, pack):
     """``(pairs per item, load_item, store_item)`` for 16-byte units of ``elements``
     elements: ``load_item(x, x_unit, partner)`` returns the item's unit(s) (a unit from
@@ -813,7 +820,8 @@ def _make_unit_rotation(half: bool, elements: int, unpack, pack):
     return pairs, load_item, store_item
 
 
-def _make_rope_table_kernel(half: bool, elements: int, unpack, pack, planes_per_thread: int):
+def _make_rope_table_kernel(half: bool, elements: int, unpack, pack, planes_per_thread: int,
+                            single: bool = False):
     """``rope_table`` body for 16-byte units of ``elements`` elements, ``planes_per_thread``
     (b, h) planes per thread (their loads in flight together, one table read for all)."""
     pairs, load_item, store_item = _make_unit_rotation(half, elements, unpack, pack)
@@ -887,7 +895,63 @@ def _make_rope_table_kernel(half: bool, elements: int, unpack, pack, planes_per_
                     group += int64(cuda.gridDim.y)
             g += g_step
 
-    return rope_table
+    def rope_table_single(x, y, table, params):
+        """``rope_table`` with one (s, item) and one plane group per thread, no loop, and
+        32-bit offsets and divisions (the launch covers the problem, every offset and
+        extent below 2^31); a thread past the last unit loads the last one and stores
+        nothing."""
+        (plane_units, items_per_row, rot_items, partner, copy_offset, num_heads, planes, x_b,
+         x_h, x_s, y_b, y_h, y_s, half_rotary, inverse) = params
+        g = int64(cuda.threadIdx.x) + int64(cuda.blockIdx.x) * int64(cuda.blockDim.x)
+        live = g < plane_units
+        g32 = uint32(min(g, plane_units - 1))
+        items32 = uint32(items_per_row)
+        s32 = g32 // items32
+        s = int64(s32)
+        item = int64(g32 - s32 * items32)
+        group = int64(cuda.blockIdx.y)
+        sins = cuda.local.array(pairs, float32)
+        coss = cuda.local.array(pairs, float32)
+        firsts = cuda.local.array((per_thread, 4), uint32)
+        seconds = cuda.local.array((per_thread, 4), uint32)
+        y_units = cuda.local.array(per_thread, int64)
+        heads32 = uint32(num_heads)
+        if item < rot_items:
+            for k in range(per_thread):
+                plane = uint32(min(group * per_thread + k, planes - 1))
+                b32 = plane // heads32
+                b = int64(b32)
+                h = int64(plane - b32 * heads32)
+                y_units[k] = _unit_offset32(b, h, s, item, y_b, y_h, y_s)
+                first, second = load_item(x, _unit_offset32(b, h, s, item, x_b, x_h, x_s),
+                                          partner)
+                for w in range(4):
+                    firsts[k, w] = first[w]
+                    seconds[k, w] = second[w]
+            table_angles(table, 2 * (s * half_rotary + item * pairs), sins, coss, inverse)
+            if live:
+                for k in range(per_thread):
+                    store_item(y, y_units[k], partner,
+                               (firsts[k, 0], firsts[k, 1], firsts[k, 2], firsts[k, 3]),
+                               (seconds[k, 0], seconds[k, 1], seconds[k, 2], seconds[k, 3]),
+                               sins, coss)
+        else:
+            unit = copy_offset + item - rot_items
+            for k in range(per_thread):
+                plane = uint32(min(group * per_thread + k, planes - 1))
+                b32 = plane // heads32
+                b = int64(b32)
+                h = int64(plane - b32 * heads32)
+                y_units[k] = _unit_offset32(b, h, s, unit, y_b, y_h, y_s)
+                first = load16(x, uint64(_unit_offset32(b, h, s, unit, x_b, x_h, x_s) * 4))
+                for w in range(4):
+                    firsts[k, w] = first[w]
+            if live:
+                for k in range(per_thread):
+                    store16(y, uint64(y_units[k] * 4),
+                            (firsts[k, 0], firsts[k, 1], firsts[k, 2], firsts[k, 3]))
+
+    return rope_table_single if single else rope_table
 
 
 def rope_angles(table, params, freq_exponent):
@@ -920,16 +984,17 @@ TABLE_PLANES_PER_THREAD = {"interleaved_16B": 2, "half_split_16B": 1}
 
 
 def build_rope_table_kernel(element: ElementKind, layout: str, planes_per_thread: int = 0,
-                            register: bool = True) -> Kernel:
+                            register: bool = True, single: bool = False) -> Kernel:
     """The ``rope_table`` kernel of ``ROPE_UNIT_TABLE[element]`` for ``layout``
     (``planes_per_thread``: 0 for the table's choice; benchmarks build other variants)."""
     default = TABLE_PLANES_PER_THREAD[layout]
     per_thread = planes_per_thread or default
     unpack, pack, elements = ROPE_UNIT_TABLE[element]
     body = _make_rope_table_kernel(ROPE_UNIT_LAYOUTS[layout], elements, unpack, pack,
-                                   per_thread)
+                                   per_thread, single)
     words = _flat_c(uint32)
-    suffix = "" if per_thread == default else f",planes{per_thread}"
+    suffix = ("" if per_thread == default else f",planes{per_thread}") + (
+        ",single" if single else "")
     return Kernel(f"rope_table[{element.name},{layout}{suffix}]", body,
                   (words, words, words, types.UniTuple(int64, len(ROPE_TABLE_PARAMS))),
                   grid_stride=True, register=register)
@@ -950,35 +1015,35 @@ ROPE_TABLE_KERNELS = {(element, layout): build_rope_table_kernel(element, layout
 # per thread, and no thread divides by a runtime extent.
 #
 #     block (x, y) = (items of a row, heads)     grid (x, y, z) = (s, b, head groups)
+#
+# One tile per block, no grid-stride loop, 32-bit unit offsets: the plan takes the kernel
+# only where the grid covers the problem and the arrays span fewer than 2^31 units.
 
 #: Pairs of one row a ``rope_tile`` block can hold (R <= 1024): 4 KB of shared memory.
 TILE_MAX_PAIRS = 512
 
 #: Named fields of ``rope_tile``'s int64 parameter tuple; offsets and strides count 16-byte
 #: units.
-ROPE_TILE_PARAMS = ("seq_len", "batch", "num_heads", "heads_per_block", "head_groups",
-                    "rot_items", "partner", "copy_offset", "x_b", "x_h", "x_s", "y_b", "y_h",
-                    "y_s", "pos_b", "pos_s", "has_positions", "rotary_dim", "inverse")
+ROPE_TILE_PARAMS = ("num_heads", "heads_per_block", "rot_items", "partner", "copy_offset",
+                    "x_b", "x_h", "x_s", "y_b", "y_h", "y_s", "pos_b", "pos_s",
+                    "has_positions", "rotary_dim", "inverse")
 
 
-def _make_rope_tile_kernel(half: bool, elements: int, unpack, pack, index32: bool = False,
-                           dowhile: bool = False, angles: str = "shared",
-                           looping: bool = True):
+def _make_rope_tile_kernel(half: bool, elements: int, unpack, pack):
     """``rope_tile`` body for 16-byte units of ``elements`` elements."""
     pairs, load_item, store_item = _make_unit_rotation(half, elements, unpack, pack)
 
-    @cuda.jit(device=True, inline=True)
-    def unit_index(b, h, s, unit, stride_b, stride_h, stride_s):
-        if index32:
-            return int64(int32(b * stride_b + h * stride_h + s * stride_s + unit))
-        return b * stride_b + h * stride_h + s * stride_s + unit
-
     def rope_tile(x, y, positions, params, freq_exponent):
-        """Block = (items of one row, heads); grid = (s, b, head groups), each grid-stride;
-        ``params`` holds the ``ROPE_TILE_PARAMS`` fields."""
-        (seq_len, batch, num_heads, heads_per_block, head_groups, rot_items, partner,
-         copy_offset, x_b, x_h, x_s, y_b, y_h, y_s, pos_b, pos_s, has_positions, rotary_dim,
-         inverse) = params
+        """Block = (items of one row, heads); grid = (s, b, head groups), one tile per
+        block: the plan takes this kernel only where the grid covers the problem and every
+        unit offset is below 2^31. ``params`` holds the ``ROPE_TILE_PARAMS`` fields.
+
+        Decode-sized launches have about one block per SM, so each thread's instructions
+        before its load and the chain behind the barrier are the kernel's time: no loop
+        test precedes the load and the offsets are 32-bit (H100, [64, 32, 1, 128], f16:
+        4.42 µs with grid-stride loops and 64-bit offsets, 4.06-4.10 without)."""
+        (num_heads, heads_per_block, rot_items, partner, copy_offset, x_b, x_h, x_s, y_b,
+         y_h, y_s, pos_b, pos_s, has_positions, rotary_dim, inverse) = params
         shared_sin = cuda.shared.array(TILE_MAX_PAIRS, float32)
         shared_cos = cuda.shared.array(TILE_MAX_PAIRS, float32)
         sins = cuda.local.array(pairs, float32)
@@ -991,114 +1056,32 @@ def _make_rope_tile_kernel(half: bool, elements: int, unpack, pack, index32: boo
         # a copied item is one unit past the rotary dim (its "partner" is itself)
         unit = item if rotating else copy_offset + item - rot_items
         unit_partner = partner if rotating else 0
-        if dowhile:
-            first_tile = True
-            # The launch's grid never exceeds the extents, so every block's first tile exists:
-            # the loop tests at its end (do-while), and nothing is branched on before the
-            # first load (a test before it put a parameter load and a branch per loop level on
-            # the load's path).
-            s = int64(cuda.blockIdx.x)
-            b = int64(cuda.blockIdx.y)
-            group = int64(cuda.blockIdx.z)
-            while True:
-                h = group * heads_per_block + int64(cuda.threadIdx.y)
-                active = h < num_heads
-                h = min(h, num_heads - 1)  # a thread past the last head stores nothing
-                # Every thread loads before the angles are computed, without a branch: a value
-                # loaded under a branch is waited for where the branches merge.
-                first, second = load_item(x, unit_index(b, h, s, unit, x_b, x_h, x_s),
-                                          unit_partner)
-                y_unit = unit_index(b, h, s, unit, y_b, y_h, y_s)
-                if angles == "thread":
-                    pos = positions[uint64(b * pos_b + s * pos_s)] if has_positions else s
-                    for k in range(pairs):
-                        sins[k], coss[k] = rope_sincos32(
-                            pos, rope_inv_freq(min(item * pairs + k, half_rotary - 1),
-                                               freq_exponent), inverse)
-                elif angles == "const_nobar":
-                    for k in range(pairs):
-                        sins[k] = float32(0.5) * float32(k)
-                        coss[k] = float32(0.25)
-                else:
-                    if not first_tile:
-                        cuda.syncthreads()  # the last tile's angles are no longer read
-                    first_tile = False
-                    if thread < half_rotary:
-                        if angles == "const":
-                            pair = thread
-                            while pair < half_rotary:
-                                shared_sin[pair] = float32(pair) * float32(0.01)
-                                shared_cos[pair] = float32(0.5)
-                                pair += threads
-                        else:
-                            pos = (positions[uint64(b * pos_b + s * pos_s)] if has_positions
-                                   else s)
-                            pair = thread
-                            while pair < half_rotary:
-                                sin_t, cos_t = rope_sincos32(
-                                    pos, rope_inv_freq(pair, freq_exponent), inverse)
-                                shared_sin[pair] = sin_t
-                                shared_cos[pair] = cos_t
-                                pair += threads
-                    cuda.syncthreads()
-                    for k in range(pairs):
-                        sins[k] = shared_sin[item * pairs + k]
-                        coss[k] = shared_cos[item * pairs + k]
-                if active and rotating:
-                    store_item(y, y_unit, partner, first, second, sins, coss)
-                elif active:
-                    store16(y, uint64(y_unit * 4), first)
-                if not looping:
-                    return
-                group += int64(cuda.gridDim.z)
-                if group >= head_groups:
-                    group = int64(cuda.blockIdx.z)
-                    b += int64(cuda.gridDim.y)
-                    if b >= batch:
-                        b = int64(cuda.blockIdx.y)
-                        s += int64(cuda.gridDim.x)
-                        if s >= seq_len:
-                            return
-
-        else:
-            first_tile = True
-            s = int64(cuda.blockIdx.x)
-            while s < seq_len:
-                b = int64(cuda.blockIdx.y)
-                while b < batch:
-                    group = int64(cuda.blockIdx.z)
-                    while group < head_groups:
-                        h = group * heads_per_block + int64(cuda.threadIdx.y)
-                        active = h < num_heads
-                        h = min(h, num_heads - 1)  # a thread past the last head stores nothing
-                        # Every thread loads before the angles are computed, without a branch: a
-                        # value loaded under a branch is waited for where the branches merge.
-                        first, second = load_item(x, unit_index(b, h, s, unit, x_b, x_h, x_s),
-                                                  unit_partner)
-                        y_unit = unit_index(b, h, s, unit, y_b, y_h, y_s)
-                        if not first_tile:
-                            cuda.syncthreads()  # the last tile's angles are no longer read
-                        first_tile = False
-                        if thread < half_rotary:
-                            pos = positions[uint64(b * pos_b + s * pos_s)] if has_positions else s
-                            pair = thread
-                            while pair < half_rotary:
-                                sin_t, cos_t = rope_sincos32(
-                                    pos, rope_inv_freq(pair, freq_exponent), inverse)
-                                shared_sin[pair] = sin_t
-                                shared_cos[pair] = cos_t
-                                pair += threads
-                        cuda.syncthreads()
-                        if active and rotating:
-                            for k in range(pairs):
-                                sins[k] = shared_sin[item * pairs + k]
-                                coss[k] = shared_cos[item * pairs + k]
-                            store_item(y, y_unit, partner, first, second, sins, coss)
-                        elif active:
-                            store16(y, uint64(y_unit * 4), first)
-                        group += int64(cuda.gridDim.z)
-                    b += int64(cuda.gridDim.y)
-                s += int64(cuda.gridDim.x)
+        s = int64(cuda.blockIdx.x)
+        b = int64(cuda.blockIdx.y)
+        h = int64(cuda.blockIdx.z) * heads_per_block + int64(cuda.threadIdx.y)
+        active = h < num_heads
+        h = min(h, num_heads - 1)  # a thread past the last head stores nothing
+        # Every thread loads before the angles are computed, without a branch: a value
+        # loaded under a branch is waited for where the branches merge.
+        first, second = load_item(x, _unit_offset32(b, h, s, unit, x_b, x_h, x_s),
+                                  unit_partner)
+        y_unit = _unit_offset32(b, h, s, unit, y_b, y_h, y_s)
+        if thread < half_rotary:
+            pos = positions[uint64(b * pos_b + s * pos_s)] if has_positions else s
+            pair = thread
+            while pair < half_rotary:
+                sin_t, cos_t = rope_sincos32(pos, rope_inv_freq(pair, freq_exponent), inverse)
+                shared_sin[pair] = sin_t
+                shared_cos[pair] = cos_t
+                pair += threads
+        cuda.syncthreads()
+        if active and rotating:
+            for k in range(pairs):
+                sins[k] = shared_sin[item * pairs + k]
+                coss[k] = shared_cos[item * pairs + k]
+            store_item(y, y_unit, partner, first, second, sins, coss)
+        elif active:
+            store16(y, uint64(y_unit * 4), first)
 
     return rope_tile
 

@@ -475,9 +475,24 @@ class _RopeBase(Plan):
             batch, heads, seq, dim = self._shape
             tile = batch * heads * seq * (dim // width) < _TILE_MAX_UNITS
         if (tile and self._rotary // 2 <= TILE_MAX_PAIRS
-                and self._items16(width, False) <= 1024):
+                and self._items16(width, False) <= 1024 and self._tile_fits(x, y)):
             return "tile"
         return "rows"
+
+    def _tile_fits(self, x: TensorRef, y: TensorMut) -> bool:
+        """Whether ``rope_tile``'s one-tile-per-block grid covers the problem and its 32-bit
+        unit offsets reach every element of x and y."""
+        batch, heads, seq, dim = self._shape
+        width, _, _, items, _ = self._unit_items(x, y)
+        return (seq <= _GRID_X_LIMIT and batch <= _GRID_YZ_LIMIT
+                and -(-heads // self._tile_heads_per_block(items)) <= _GRID_YZ_LIMIT
+                and max(flat_span(x.shape, x.strides), flat_span(y.shape, y.strides))
+                < width << 31)
+
+    def _tile_heads_per_block(self, items: int) -> int:
+        """Heads per ``rope_tile`` block of ``items`` threads a row (at most 1024 in all)."""
+        per_block = self.tile_heads_per_block or max(1, _TILE_THREADS // items)
+        return max(1, min(per_block, self._shape[1], 1024 // items))
 
     def _items16(self, width: int, in_place: bool) -> int:
         """16-byte items of a row: rotated ones (a unit from each half for half-split),
@@ -627,22 +642,17 @@ class _RopeBase(Plan):
 
     def _configure_tile(self, x: TensorRef, y: TensorMut, pos: TensorRef | None) -> Any:
         """Launch of ``rope_tile``: a block = (the row's items, heads_per_block heads),
-        grid = (s, b, head groups)."""
+        grid = (s, b, head groups), one tile per block (``_tile_fits``)."""
         batch, heads, seq, dim = self._shape
         width, layout, rot_items, items, partner = self._unit_items(x, y)
-        per_block = self.tile_heads_per_block or max(1, _TILE_THREADS // items)
-        per_block = max(1, min(per_block, heads, 1024 // items))
-        groups = -(-heads // per_block)
-        grid = (min(seq, _GRID_X_LIMIT), min(batch, _GRID_YZ_LIMIT),
-                min(groups, _GRID_YZ_LIMIT))
+        per_block = self._tile_heads_per_block(items)
         pos_extent, pos_b, pos_s, has_pos = _positions_args(pos)
         x_words, y_words, xs, ys = _unit_views(x, y, width)
-        params = ((seq, batch, heads, per_block, groups, rot_items, partner,
-                   self._rotary // width) + xs + ys
+        params = ((heads, per_block, rot_items, partner, self._rotary // width) + xs + ys
                   + (pos_b, pos_s, has_pos, self._rotary, self._inverse))
         return self._tile_kernels[layout].bind(
-            grid, (items, per_block), ((0, x_words), (0, y_words), (0, pos_extent), params,
-                                       self._freq_exponent))
+            (seq, batch, -(-heads // per_block)), (items, per_block),
+            ((0, x_words), (0, y_words), (0, pos_extent), params, self._freq_exponent))
 
 
 def _unit_views(x: TensorRef, y: TensorMut, width: int) -> tuple[int, int, tuple[int, ...],
