@@ -15,7 +15,8 @@ of a copy; ``ladder``: decode copies that add the tile kernel's grid, rotation a
 parameter block one at a time, then the tile kernel launched bound and through ``run``.
 Device µs: medians of CUDA-event-timed single calls behind a GPU spin, as in
 ``scripts/bench.py``. Results: docs/notes/rope.md, sessions 11 and 12 (the session-12
-tile variants, ``skeleton``, are in commit 65f0165).
+tile variants, ``skeleton``, are in commit 65f0165; the loop-free 32-bit ``rope_table``
+variant, ``table32``, in 6c14f69).
 """
 
 from __future__ import annotations
@@ -318,58 +319,6 @@ def large(ctx: Context, compiled: dict, with_positions: bool = False) -> None:
         torch.cuda.empty_cache()
 
 
-def table32(ctx: Context, compiled: dict) -> None:
-    """[8, 32, 2048, 128] without positions: ``rope_table`` as registered against its
-    ``single`` variant (no loops, 32-bit offsets and divisions), bit-compared, and
-    torch.compile."""
-    from baracuda_numba.kernels.rope import build_rope_table_kernel
-
-    batch, heads, seq, dim = LARGE
-    cos, sin = tables(torch, torch.arange(seq, device="cuda"), dim)
-    for name, element in DTYPES:
-        dtype = getattr(torch, name)
-        moved = 2 * batch * heads * seq * dim * torch.empty((), dtype=dtype).element_size()
-        sets = ctx.sets_for(moved)
-        xs = [torch.randn(LARGE, device="cuda", dtype=dtype) for _ in range(sets)]
-        ys = [torch.empty_like(x) for x in xs]
-        bits = torch.int16 if dtype != torch.float32 else torch.int32
-        for pairing in RopePairing:
-            desc = RopeDescriptor(*LARGE, element=element, pairing=pairing)
-            layout = "half_split_16B" if pairing is RopePairing.HALF_SPLIT else "interleaved_16B"
-            single = build_rope_table_kernel(element, layout, register=False,
-                                             single=True).prepare()
-            line = []
-            for inverse in (False, True):
-                plan = (RopeBackwardPlan.select(RopeBackwardDescriptor.of(desc)) if inverse
-                        else RopePlan.select(desc))
-                cls = RopeBackwardArgs if inverse else RopeArgs
-                args = [cls(x, y, None) for x, y in zip(xs, ys)]
-                default = plan._table_kernels[layout]
-                reference = None
-                for _ in range(2):
-                    for label, kernel in (("table", default), ("single", single)):
-                        plan._table_kernels[layout] = kernel
-                        configure(plan, "table")
-                        ys[0].fill_(float("nan"))
-                        plan.run(args[0])
-                        if reference is None:
-                            reference = ys[0].clone()
-                        same = torch.equal(ys[0].view(bits), reference.view(bits))
-                        us = ctx.time_gpu(lambda i, a=args, p=plan: p.run(a[i]), sets=sets)
-                        line.append(f"{'bwd' if inverse else 'fwd'} {label} {us:.1f} "
-                                    f"({100 * moved / us / 1e3 / ctx.copy_gbps:.1f}%)"
-                                    + ("" if same else " MISMATCH"))
-                    fn = compiled[pairing]
-                    s = -sin if inverse else sin
-                    fn(xs[0], cos, s)
-                    us = ctx.time_gpu(lambda i, f=fn, s=s, xs=xs: f(xs[i], cos, s), sets=sets)
-                    line.append(f"{'bwd' if inverse else 'fwd'} torch.compile {us:.1f}")
-                plan._table_kernels[layout] = default
-            print(f"table32 {name} {pairing.name.lower()}: " + "; ".join(line), flush=True)
-        del xs, ys
-        torch.cuda.empty_cache()
-
-
 def _decode_inputs(dtype, positions, sets: int) -> tuple[list, list, object, object]:
     """Input and output sets of the decode shape, and the cos/sin tables torch.compile
     is given for ``positions`` [B, 1]."""
@@ -582,8 +531,6 @@ def main() -> None:
         diag(ctx)
     if "ladder" in parts:
         ladder(ctx)
-    if "table32" in parts:
-        table32(ctx, compiled)
     if "floor" in parts:
         floor(ctx, compiled)
     if "params" in parts:

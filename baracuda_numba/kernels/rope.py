@@ -820,8 +820,7 @@ def _make_unit_rotation(half: bool, elements: int, unpack, pack):
     return pairs, load_item, store_item
 
 
-def _make_rope_table_kernel(half: bool, elements: int, unpack, pack, planes_per_thread: int,
-                            single: bool = False):
+def _make_rope_table_kernel(half: bool, elements: int, unpack, pack, planes_per_thread: int):
     """``rope_table`` body for 16-byte units of ``elements`` elements, ``planes_per_thread``
     (b, h) planes per thread (their loads in flight together, one table read for all)."""
     pairs, load_item, store_item = _make_unit_rotation(half, elements, unpack, pack)
@@ -895,63 +894,7 @@ def _make_rope_table_kernel(half: bool, elements: int, unpack, pack, planes_per_
                     group += int64(cuda.gridDim.y)
             g += g_step
 
-    def rope_table_single(x, y, table, params):
-        """``rope_table`` with one (s, item) and one plane group per thread, no loop, and
-        32-bit offsets and divisions (the launch covers the problem, every offset and
-        extent below 2^31); a thread past the last unit loads the last one and stores
-        nothing."""
-        (plane_units, items_per_row, rot_items, partner, copy_offset, num_heads, planes, x_b,
-         x_h, x_s, y_b, y_h, y_s, half_rotary, inverse) = params
-        g = int64(cuda.threadIdx.x) + int64(cuda.blockIdx.x) * int64(cuda.blockDim.x)
-        live = g < plane_units
-        g32 = uint32(min(g, plane_units - 1))
-        items32 = uint32(items_per_row)
-        s32 = g32 // items32
-        s = int64(s32)
-        item = int64(g32 - s32 * items32)
-        group = int64(cuda.blockIdx.y)
-        sins = cuda.local.array(pairs, float32)
-        coss = cuda.local.array(pairs, float32)
-        firsts = cuda.local.array((per_thread, 4), uint32)
-        seconds = cuda.local.array((per_thread, 4), uint32)
-        y_units = cuda.local.array(per_thread, int64)
-        heads32 = uint32(num_heads)
-        if item < rot_items:
-            for k in range(per_thread):
-                plane = uint32(min(group * per_thread + k, planes - 1))
-                b32 = plane // heads32
-                b = int64(b32)
-                h = int64(plane - b32 * heads32)
-                y_units[k] = _unit_offset32(b, h, s, item, y_b, y_h, y_s)
-                first, second = load_item(x, _unit_offset32(b, h, s, item, x_b, x_h, x_s),
-                                          partner)
-                for w in range(4):
-                    firsts[k, w] = first[w]
-                    seconds[k, w] = second[w]
-            table_angles(table, 2 * (s * half_rotary + item * pairs), sins, coss, inverse)
-            if live:
-                for k in range(per_thread):
-                    store_item(y, y_units[k], partner,
-                               (firsts[k, 0], firsts[k, 1], firsts[k, 2], firsts[k, 3]),
-                               (seconds[k, 0], seconds[k, 1], seconds[k, 2], seconds[k, 3]),
-                               sins, coss)
-        else:
-            unit = copy_offset + item - rot_items
-            for k in range(per_thread):
-                plane = uint32(min(group * per_thread + k, planes - 1))
-                b32 = plane // heads32
-                b = int64(b32)
-                h = int64(plane - b32 * heads32)
-                y_units[k] = _unit_offset32(b, h, s, unit, y_b, y_h, y_s)
-                first = load16(x, uint64(_unit_offset32(b, h, s, unit, x_b, x_h, x_s) * 4))
-                for w in range(4):
-                    firsts[k, w] = first[w]
-            if live:
-                for k in range(per_thread):
-                    store16(y, uint64(y_units[k] * 4),
-                            (firsts[k, 0], firsts[k, 1], firsts[k, 2], firsts[k, 3]))
-
-    return rope_table_single if single else rope_table
+    return rope_table
 
 
 def rope_angles(table, params, freq_exponent):
@@ -984,17 +927,16 @@ TABLE_PLANES_PER_THREAD = {"interleaved_16B": 2, "half_split_16B": 1}
 
 
 def build_rope_table_kernel(element: ElementKind, layout: str, planes_per_thread: int = 0,
-                            register: bool = True, single: bool = False) -> Kernel:
+                            register: bool = True) -> Kernel:
     """The ``rope_table`` kernel of ``ROPE_UNIT_TABLE[element]`` for ``layout``
     (``planes_per_thread``: 0 for the table's choice; benchmarks build other variants)."""
     default = TABLE_PLANES_PER_THREAD[layout]
     per_thread = planes_per_thread or default
     unpack, pack, elements = ROPE_UNIT_TABLE[element]
     body = _make_rope_table_kernel(ROPE_UNIT_LAYOUTS[layout], elements, unpack, pack,
-                                   per_thread, single)
+                                   per_thread)
     words = _flat_c(uint32)
-    suffix = ("" if per_thread == default else f",planes{per_thread}") + (
-        ",single" if single else "")
+    suffix = "" if per_thread == default else f",planes{per_thread}"
     return Kernel(f"rope_table[{element.name},{layout}{suffix}]", body,
                   (words, words, words, types.UniTuple(int64, len(ROPE_TABLE_PARAMS))),
                   grid_stride=True, register=register)
@@ -1038,10 +980,11 @@ def _make_rope_tile_kernel(half: bool, elements: int, unpack, pack):
         block: the plan takes this kernel only where the grid covers the problem and every
         unit offset is below 2^31. ``params`` holds the ``ROPE_TILE_PARAMS`` fields.
 
-        Decode-sized launches have about one block per SM, so each thread's instructions
-        before its load and the chain behind the barrier are the kernel's time: no loop
-        test precedes the load and the offsets are 32-bit (H100, [64, 32, 1, 128], f16:
-        4.42 µs with grid-stride loops and 64-bit offsets, 4.06-4.10 without)."""
+        Decode-sized launches have about one block per SM, so the instructions each thread
+        runs before its load, and the chain behind the barrier, are the kernel's time. So
+        no loop test comes before the load, and the offsets are 32-bit. H100, [64, 32, 1,
+        128] with positions: 4.26-4.45 µs with grid-stride loops and 64-bit offsets,
+        4.00-4.06 µs without (docs/notes/rope.md, session 12)."""
         (num_heads, heads_per_block, rot_items, partner, copy_offset, x_b, x_h, x_s, y_b,
          y_h, y_s, pos_b, pos_s, has_positions, rotary_dim, inverse) = params
         shared_sin = cuda.shared.array(TILE_MAX_PAIRS, float32)
