@@ -105,9 +105,8 @@ def ladder_grid(x, y, params):
     store16(y, uint64((b * y_b + h * y_h + s * y_s + item) * 4), v)
 
 
-def ladder_rotate(x, y, params):
-    """ladder_grid plus the f16 interleaved rotation by constant angles."""
-    x_b, x_h, x_s, y_b, y_h, y_s, per_block = params
+@cuda.jit(device=True, inline=True)
+def _ladder_rotate_tile(x, y, x_b, x_h, x_s, y_b, y_h, y_s, per_block):
     sins = cuda.local.array(4, float32)
     coss = cuda.local.array(4, float32)
     s = int64(cuda.blockIdx.x)
@@ -120,23 +119,18 @@ def ladder_rotate(x, y, params):
         coss[k] = float32(0.25)
     store16(y, uint64((b * y_b + h * y_h + s * y_s + item) * 4),
             _pack16_f16(_rotate_interleaved8(_unpack16_f16(v), sins, coss)))
+
+
+def ladder_rotate(x, y, params):
+    """ladder_grid plus the f16 interleaved rotation by constant angles."""
+    x_b, x_h, x_s, y_b, y_h, y_s, per_block = params
+    _ladder_rotate_tile(x, y, x_b, x_h, x_s, y_b, y_h, y_s, per_block)
 
 
 def ladder_padded(x, y, z, params, extra):
     """ladder_rotate with the tile kernel's parameter block (3 arrays, 19 int64, 1 f64)."""
     x_b, x_h, x_s, y_b, y_h, y_s, per_block = params[:7]
-    sins = cuda.local.array(4, float32)
-    coss = cuda.local.array(4, float32)
-    s = int64(cuda.blockIdx.x)
-    b = int64(cuda.blockIdx.y)
-    h = int64(cuda.blockIdx.z) * per_block + int64(cuda.threadIdx.y)
-    item = int64(cuda.threadIdx.x)
-    v = load16(x, uint64((b * x_b + h * x_h + s * x_s + item) * 4))
-    for k in range(4):
-        sins[k] = float32(0.5) * float32(k)
-        coss[k] = float32(0.25)
-    store16(y, uint64((b * y_b + h * y_h + s * y_s + item) * 4),
-            _pack16_f16(_rotate_interleaved8(_unpack16_f16(v), sins, coss)))
+    _ladder_rotate_tile(x, y, x_b, x_h, x_s, y_b, y_h, y_s, per_block)
 
 
 def ladder(ctx: Context) -> None:
