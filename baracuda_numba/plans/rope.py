@@ -35,7 +35,8 @@ Kernels (:meth:`_RopeBase._kernel_path`), where 16-byte units fit (f16/bf16/f32)
   a run captured into a CUDA graph before the table exists takes another kernel (nothing
   can be allocated or waited for while capturing);
 * small problems (decode): ``rope_tile``, one row of several heads per block, the row's
-  angles computed once into shared memory;
+  angles computed once into shared memory; one tile per block and 32-bit offsets, so only
+  where that grid fits CUDA's limits and x and y span fewer than 2^31 16-byte units;
 * otherwise the ``ROPE_KERNELS`` layouts (f64 always).
 """
 
@@ -138,8 +139,9 @@ _TABLE_BLOCK = 256
 # blocks of about _TILE_THREADS threads.
 _TILE_MAX_UNITS = 1 << 17
 _TILE_THREADS = 256
-# Grid extents the table and tile launches use at most (CUDA's grid.y/z limit; tests lower
-# them so the kernels' grid-stride loops run).
+# Grid extents the table and tile launches use at most (CUDA's grid.y/z limit). Tests lower
+# them to make the table kernel's grid-stride loops run, and to check that the tile, which
+# has no such loop, is then not taken.
 _GRID_X_LIMIT = (1 << 31) - 1
 _GRID_YZ_LIMIT = 65535
 
