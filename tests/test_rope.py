@@ -253,6 +253,29 @@ def test_table_and_tile_match_the_other_paths(rng, element, pairing, rotary_dim,
         check(desc, x, positions, inverse, path=paths[0])
 
 
+@pytest.mark.parametrize("pairing", [INTERLEAVED, HALF_SPLIT], ids=lambda p: p.name)
+@pytest.mark.parametrize("in_place", [False, True], ids=["out", "in_place"])
+def test_tile_with_a_partial_last_head_group(rng, pairing, in_place):
+    """rope_tile with 2 heads a block over 5 heads: the last block's second row of threads
+    has no head (it loads head 4 again and stores nothing); the bits are the element
+    path's, and in place as well."""
+    desc = RopeDescriptor(*SHAPE16, element=F16, pairing=pairing, rotary_dim=16)
+    x = random_values(SHAPE16, F16, rng)
+    positions = make_positions("per_sequence", SHAPE16, rng)
+    expected = run_plan(desc, x, positions, force_pairs=True)
+    plan = RopePlan.select(desc)
+    plan.angle_table, plan.tile, plan.tile_heads_per_block = False, True, 2
+    plan.retune()
+    x_dev = to_device(x)
+    pos = to_device(positions)
+    view = as_mut(x_dev, "test", "x")
+    assert plan._kernel_path(view, view, pos) == "tile"
+    assert -(-SHAPE16[1] // plan._tile_heads_per_block(plan._unit_items(view, view)[3])) == 3
+    y_dev = x_dev if in_place else to_device(poisoned(SHAPE16, F16))
+    plan.run(RopeArgs(x_dev, y_dev, pos))
+    np.testing.assert_array_equal(to_host(y_dev).view(np.uint8), expected.view(np.uint8))
+
+
 @pytest.mark.parametrize("element", [F16, F32], ids=lambda e: e.name)
 @pytest.mark.parametrize("pairing", [INTERLEAVED, HALF_SPLIT], ids=lambda p: p.name)
 @pytest.mark.parametrize("path", ["units", "table", "tile"])
