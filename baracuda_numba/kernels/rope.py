@@ -656,7 +656,7 @@ def _make_rope_units_kernel(half: bool, elements: int, unpack, pack, batch: int)
         store16(y, uint64(unit * 4), (firsts[k, 0], firsts[k, 1], firsts[k, 2], firsts[k, 3]))
 
     @cuda.jit(device=True, inline=True)
-    def rotate_heads(x, y, x_unit, y_unit, x_h, y_h, heads, partner, pos, item, rotary_dim,
+    def rotate_heads(x, y, x_unit, y_unit, x_h, y_h, heads, partner, pos, item,
                      freq_exponent, inverse, sins, coss, firsts, seconds):
         h = int64(0)
         single = heads < batch
@@ -718,8 +718,8 @@ def _make_rope_units_kernel(half: bool, elements: int, unpack, pack, batch: int)
                 if item < rot_items:
                     pos = positions[uint64(b * pos_b + s * pos_s)] if has_positions else s
                     rotate_heads(x, y, x_row + head0 * x_h + item, y_row + head0 * y_h + item,
-                                 x_h, y_h, heads, partner, pos, item, rotary_dim, freq_exponent,
-                                 inverse, sins, coss, firsts, seconds)
+                                 x_h, y_h, heads, partner, pos, item, freq_exponent, inverse,
+                                 sins, coss, firsts, seconds)
                 else:
                     unit = copy_offset + item - rot_items
                     copy_heads(x, y, x_row + head0 * x_h + unit, y_row + head0 * y_h + unit,
