@@ -7,8 +7,8 @@ the rows, and the benchmark's order effect (the first case timed on fresh inputs
   lane overridden (lanes 32 .. 256 per row), with and without the one-wave split, against
   ``torch.sum`` and a ``copy_`` of the same bytes;
 * ``rows``: Sum, Max, Norm2, Var, Argmax of f32 / bf16 rows ([4096, 4096], [256, 1e6],
-  [1e6, 64] axis 1) as the plans choose them, against torch (run it once per
-  ``BARACUDA_REDUCE_PAIR`` = 1 / 2: 8- or 16-byte loads in the forward row loop);
+  [1e6, 64] axis 1) as the plans choose them, against torch (commit f23faa7 ran it once
+  per ``BARACUDA_REDUCE_PAIR`` = 1 / 2: 8- or 16-byte loads in the forward row loop);
 * ``order``: Sum, Mean, Sum again (one kernel: Mean is Sum divided by n) on inputs
   allocated just before, for the shapes whose first benchmark row looked slow.
 """
@@ -79,10 +79,8 @@ def geometry(ctx: Context) -> None:
 
 
 def rows(ctx: Context) -> None:
-    from baracuda_numba.kernels.reduce import VEC_PAIR
     from baracuda_numba.plans.reduce import ArgReduceArgs, ArgReduceDescriptor, ArgReducePlan
 
-    print(f"VEC_PAIR = {VEC_PAIR}", flush=True)
     torch_ops = {ReduceKind.SUM: lambda t: t.sum(1, keepdim=True),
                  ReduceKind.MAX: lambda t: t.amax(1, keepdim=True),
                  ReduceKind.NORM2: lambda t: t.norm(dim=1, keepdim=True),

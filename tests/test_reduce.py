@@ -566,8 +566,8 @@ def _word_layouts():
         "rows_short": ((37, 64), (slice(None), slice(None)), 1, "rows"),
         "rows_short_padded": ((37, 66), (slice(None), slice(0, 64)), 1, "rows"),
         "rows_short_phase": ((37, 66), (slice(None), slice(1, 65)), 1, "rows"),
-        # a start 2 elements in: f32 one word past the 16-byte base (short-row path,
-        # first word 1), f16/bf16 half a word (row loop, head peeled)
+        # a start 2 elements in: f32 on a word (short-row path), f16/bf16 half a word in
+        # (row loop, head peeled)
         "rows_short_word": ((37, 66), (slice(None), slice(2, 66)), 1, "rows"),
     }
 
@@ -657,8 +657,7 @@ def test_short_rows_selection(element):
         assert _short_rows((1000, n), (n + width, 1), element)[0]  # padded, word aligned
         assert not _short_rows((1000, n), (n + 1, 1), element)[0]  # rows off the word grid
         assert not _short_rows((1000, n), (n, 1), element, ptr=size)[0]  # shifted start
-        # a start 8 bytes past 16 (the kernel's words are counted from 16 bytes): taken
-        assert _short_rows((1000, n), (n, 1), element, ptr=8)[0]
+        assert _short_rows((1000, n), (n, 1), element, ptr=8)[0]  # a word in: taken
         assert not _short_rows((7, 3, n), (4 * n, n, 1), element)[0]  # two output dims
         assert not _short_rows((1000, n - width), (n, 1), element)[0]  # not lanes x 4 words
     n = 2 * SHORT_LOADS * width  # 2 lanes: generic; 16 lanes: several batches per lane

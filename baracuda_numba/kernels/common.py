@@ -89,41 +89,6 @@ else:
         return to(value, target), codegen
 
 
-# -- 16-byte loads -------------------------------------------------------------------------
-
-if SIMULATOR:
-
-    @cuda.jit(device=True, inline=True)
-    def load_pair(words, index):
-        """Words ``index`` and ``index + 1`` of a uint64 array."""
-        return words[index], words[index + 1]
-
-else:
-
-    @intrinsic
-    def load_pair(typingctx, words, index):
-        """Words ``index`` and ``index + 1`` of a uint64 array in one 16-byte
-        ``ld.global.v2.u64`` (the address must be 16-byte aligned): half the load
-        instructions of two word loads. Numba has no 16-byte scalar, so this is inline PTX;
-        it is volatile, so the loads keep their program order (a batch is still issued back
-        to back: nothing waits on a result before the batch's last load)."""
-        pair = types.UniTuple(uint64, 2)
-
-        def codegen(context, builder, signature, args):
-            ary = context.make_array(signature.args[0])(context, builder, args[0])
-            offset = context.cast(builder, args[1], signature.args[1], types.int64)
-            address = builder.ptrtoint(builder.gep(ary.data, [offset]), _ir.IntType(64))
-            word = _ir.IntType(64)
-            fnty = _ir.FunctionType(_ir.LiteralStructType([word, word]), [word])
-            asm = _ir.InlineAsm(fnty, "ld.global.v2.u64 {$0, $1}, [$2];", "=l,=l,l",
-                                side_effect=True)
-            loaded = builder.call(asm, [address])
-            return context.make_tuple(builder, pair, [builder.extract_value(loaded, i)
-                                                      for i in range(2)])
-
-        return pair(words, index), codegen
-
-
 # -- words: two or four elements in one integer -----------------------------------------
 # Vector kernels move 4-, 8- or 16-byte words and (un)pack the elements in registers:
 # f16 by bit casts plus the hardware ``cvt``, bf16 by shifts (widening) and

@@ -76,7 +76,6 @@ from .common import (
     div_mod,
     f32_from_bits,
     f32_to_bf16,
-    load_pair,
     max_nan_f32,
     min_nan_f32,
     nan_max,
@@ -1082,13 +1081,10 @@ VECTOR: dict[ElementKind, VectorSpec] = {
 }
 
 
-def _vec_chunk(kind: Any, acc: types.Type, width: int, loads: int = VEC_LOADS,
-               pair: int = 1) -> Any:
+def _vec_chunk(kind: Any, acc: types.Type, width: int, loads: int = VEC_LOADS) -> Any:
     """Fold the ``loads * width`` values of one batch of ``loads`` words (``values[u *
-    width + e]`` at row index ``i0 + (u // pair) * vspan + (u % pair) * width + e``: the
-    words were loaded ``pair`` at a time, ``vspan`` elements apart): Welford exactly (one
-    merge), Sum in ``width`` independent chains, every other kind step by step in index
-    order."""
+    width + e]`` at row index ``i0 + u * vspan + e``): Welford exactly (one merge), Sum in
+    ``width`` independent chains, every other kind step by step in index order."""
     count = loads * width
     ops = KIND_OPS[kind]
     step, _, merge = ops.functions(acc)
@@ -1131,32 +1127,23 @@ def _vec_chunk(kind: Any, acc: types.Type, width: int, loads: int = VEC_LOADS,
     def sequential_vec_chunk(a, b, c, k, values, i0, vspan, aux):
         for u in range(loads):
             for e in range(width):
-                a, b, c, k = step(a, b, c, k, values[u * width + e],
-                                  i0 + (u // pair) * vspan + (u % pair) * width + e, aux)
+                a, b, c, k = step(a, b, c, k, values[u * width + e], i0 + u * vspan + e, aux)
         return a, b, c, k
 
     return sequential_vec_chunk
 
 
-_VEC_LANE_REDUCERS: dict[tuple[Any, ElementKind, int], Any] = {}
-
-#: Words per load of the forward row loop (``reduce_rows_vec``): 2 = 16-byte loads.
-VEC_PAIR = 2 if __import__("os").environ.get("BARACUDA_REDUCE_PAIR", "2") == "2" else 1
+_VEC_LANE_REDUCERS: dict[tuple[Any, ElementKind], Any] = {}
 
 
-def _vec_lane_reducer(kind: Any, element: ElementKind, pair: int = 1) -> Any:
+def _vec_lane_reducer(kind: Any, element: ElementKind) -> Any:
     """Device function: the state of one contiguous row ``x[x_off : x_off + extent]``
     (split ``split`` of ``splits``: words ``[split * chunk_vecs, ...)`` of the row's
     aligned body; split 0 adds the unaligned head, the last split the tail), folded by the
     ``lanes`` lanes of one slot with word loads and combined (complete in lane 0). Every
     thread of the block must call it; ``valid`` threads load. ``shift``: elements between
-    the word-aligned base of ``xv`` and ``x``.
-
-    ``pair`` 2: the body is read 16 bytes (two words) per load, so ``xv``'s base must be
-    16-byte aligned; the unaligned head then runs up to the next 16 bytes (up to ``2 * W
-    - 1`` elements), a lane's loads are two words each, ``2 * lanes`` words apart, and the
-    body ends on a whole pair (``chunk_vecs`` must be even when ``splits`` > 1)."""
-    found = _VEC_LANE_REDUCERS.get((kind, element, pair))
+    the word-aligned base of ``xv`` and ``x``."""
+    found = _VEC_LANE_REDUCERS.get((kind, element))
     if found is not None:
         return found
     ops = KIND_OPS[kind]
@@ -1166,12 +1153,9 @@ def _vec_lane_reducer(kind: Any, element: ElementKind, pair: int = 1) -> Any:
     load = spec.load
     unpack = vec.unpack
     step = ops.functions(ACC)[0]
-    W, LOG_W = vec.width, vec.log_width
-    MASK = pair * W - 1  # head: elements up to the next load boundary
-    WHOLE = -pair  # mask of the body's words: whole loads
-    LOADS = VEC_LOADS // pair
+    W, LOG_W, MASK = vec.width, vec.log_width, vec.width - 1
     COUNT = VEC_LOADS * W
-    chunk = _vec_chunk(kind, ACC, W, VEC_LOADS, pair)
+    chunk = _vec_chunk(kind, ACC, W)
     INIT_A, INIT_K = ops.init_a(spec), ops.init_k
     combine = _lane_combiner(kind, element)
 
@@ -1184,10 +1168,10 @@ def _vec_lane_reducer(kind: Any, element: ElementKind, pair: int = 1) -> Any:
         k = int64(INIT_K)
         if valid:
             p0 = x_off + shift
-            head = (MASK + 1 - (p0 & MASK)) & MASK
+            head = (W - (p0 & MASK)) & MASK
             if head > extent:
                 head = extent
-            nvec = ((extent - head) >> LOG_W) & WHOLE
+            nvec = (extent - head) >> LOG_W
             base = (p0 + head) >> LOG_W
             if split == 0:
                 t = int64(lane)
@@ -1196,36 +1180,27 @@ def _vec_lane_reducer(kind: Any, element: ElementKind, pair: int = 1) -> Any:
                     t += lanes
             begin = split * chunk_vecs
             end = min(nvec, begin + chunk_vecs)
-            span = int64(lanes * pair)
+            span = int64(lanes)
             vspan = span * W
-            j = begin + lane * pair
+            j = begin + lane
             words = cuda.local.array(VEC_LOADS, uint64)
             values = cuda.local.array(COUNT, ACC)
-            while j + (LOADS - 1) * span < end:  # VEC_LOADS words in flight
-                for u in range(LOADS):
-                    if pair == 2:
-                        words[2 * u], words[2 * u + 1] = load_pair(xv, uint64(base + j
-                                                                             + u * span))
-                    else:
-                        words[u] = xv[uint64(base + j + u * span)]
+            while j + (VEC_LOADS - 1) * span < end:  # VEC_LOADS word loads in flight
+                for u in range(VEC_LOADS):
+                    words[u] = xv[uint64(base + j + u * span)]
                 for u in range(VEC_LOADS):
                     unpack(words[u], values, u * W)
                 a, b, c, k = chunk(a, b, c, k, values, head + j * W, vspan, aux_value)
-                j += LOADS * span
-            if j < end:  # the rest: still one batch of loads, folded load by load
-                for u in range(LOADS):
+                j += VEC_LOADS * span
+            if j < end:  # the rest: still one batch of loads, folded word by word
+                for u in range(VEC_LOADS):
                     if j + u * span < end:
-                        if pair == 2:
-                            words[2 * u], words[2 * u + 1] = load_pair(xv, uint64(base + j
-                                                                                 + u * span))
-                        else:
-                            words[u] = xv[uint64(base + j + u * span)]
+                        words[u] = xv[uint64(base + j + u * span)]
                 while j < end:
-                    for h in range(pair):
-                        unpack(words[h], values, h * W)
-                    for u in range(VEC_LOADS - pair):
-                        words[u] = words[u + pair]
-                    for e in range(pair * W):
+                    unpack(words[0], values, 0)
+                    for u in range(VEC_LOADS - 1):
+                        words[u] = words[u + 1]
+                    for e in range(W):
                         a, b, c, k = step(a, b, c, k, values[e], head + j * W + e, aux_value)
                     j += span
             if split == splits - 1:
@@ -1235,7 +1210,7 @@ def _vec_lane_reducer(kind: Any, element: ElementKind, pair: int = 1) -> Any:
                     t += lanes
         return combine(a, b, c, k, tid, lane, lanes, slots, 1, sa, sb, sk)
 
-    _VEC_LANE_REDUCERS[(kind, element, pair)] = vec_lane_reduce
+    _VEC_LANE_REDUCERS[(kind, element)] = vec_lane_reduce
     return vec_lane_reduce
 
 
@@ -1254,7 +1229,7 @@ def _make_reduce_rows_vec(kind: Any, element: ElementKind) -> Callable[..., None
     vec = VECTOR[element]
     ACC = spec.acc
     load = spec.load
-    vec_lane_reduce = _vec_lane_reducer(kind, element, VEC_PAIR)
+    vec_lane_reduce = _vec_lane_reducer(kind, element)
     write_state = _state_writer(kind, element, ops.final)
     combine = _lane_combiner(kind, element)
     short_chunk = _vec_chunk(kind, ACC, vec.width, SHORT_LOADS)
@@ -1280,8 +1255,8 @@ def _make_reduce_rows_vec(kind: Any, element: ElementKind) -> Callable[..., None
         count is not 1 (ties, or none: a NaN y) and skips the others.
 
         ``chunk_vecs == 0`` selects the short-row path (plans: one split, one collapsed
-        output dim, ``shift`` a whole number of words, rows of exactly ``lanes * SHORT_LOADS``
-        words starting on a word): lane ``l`` of row ``o`` loads words ``l + u * lanes`` (u <
+        output dim, ``shift == 0``, rows of exactly ``lanes * SHORT_LOADS`` words starting
+        on a word): lane ``l`` of row ``o`` loads words ``l + u * lanes`` (u <
         SHORT_LOADS) at once and folds them with the kind's chunk; no head, tail or
         remainder path and one multiply per offset."""
         tid = cuda.threadIdx.x
@@ -1296,7 +1271,6 @@ def _make_reduce_rows_vec(kind: Any, element: ElementKind) -> Callable[..., None
         group = int64(cuda.blockIdx.x)
         if chunk_vecs == 0:
             row_words = uint64(x_strides[LAST]) >> uint64(LOG_W)
-            first_word = uint64(shift) >> uint64(LOG_W)
             y_stride = uint64(y_strides[LAST])
             aux_stride = uint64(aux_strides[LAST])
             words = cuda.local.array(SHORT_LOADS, uint64)
@@ -1310,7 +1284,7 @@ def _make_reduce_rows_vec(kind: Any, element: ElementKind) -> Callable[..., None
                 c = ACC(0)
                 k = int64(INIT_K)
                 if valid:
-                    at = first_word + uint64(o) * row_words + uint64(lane)
+                    at = uint64(o) * row_words + uint64(lane)
                     for u in range(SHORT_LOADS):  # every load of the row in flight at once
                         words[u] = xv[at + uint64(u * lanes)]
                     aux_value = load(aux, uint64(o) * aux_stride) if USES_AUX else ACC(0)

@@ -231,13 +231,12 @@ def _short_rows_geometry(out_numel: int, extent: int, width: int, out_shape: tup
                          x_out_strides: tuple[int, ...], shift: int) -> _Geometry | None:
     """The short-row path of ``reduce_rows_vec`` (``chunk_len`` 0): rows of exactly
     ``lanes * SHORT_LOADS`` words with lanes 4 or 8 (f32 rows of 32 or 64 elements, f16/bf16
-    of 64 or 128), word aligned (``shift`` whole words, row stride a whole number of
-    words), over one collapsed output dim; never split. These are the rows the generic
-    geometry gives at most one batch per lane (4 lanes, <= VEC_LOADS words each), i.e. its
-    one-word-at-a-time remainder path; longer rows (unmeasured with this path) keep it.
-    None where it does not apply. (H100, 2026-11-22, Sum f32 [1e6, 64] axis 1: see
-    ``kernels.reduce.SHORT_LOADS``.)"""
-    if shift % width or extent % width or len(out_shape) != 1 or x_out_strides[0] < 0 \
+    of 64 or 128), word aligned (``shift`` 0, row stride a whole number of words), over one
+    collapsed output dim; never split. These are the rows the generic geometry gives at
+    most one batch per lane (4 lanes, <= VEC_LOADS words each), i.e. its one-word-at-a-time
+    remainder path; longer rows (unmeasured with this path) keep it. None where it does not
+    apply. (H100, 2026-11-22, Sum f32 [1e6, 64] axis 1: see ``kernels.reduce.SHORT_LOADS``.)"""
+    if shift or extent % width or len(out_shape) != 1 or x_out_strides[0] < 0 \
             or x_out_strides[0] % width:
         return None
     words = extent // width
@@ -423,7 +422,7 @@ class _Problem:
     geometry: _Geometry
     axis: int
     access: str = GENERIC
-    shift: int = 0  # elements between the 16-byte aligned base and x (ROWS)
+    shift: int = 0  # elements between the word-aligned base and x (ROWS)
 
 
 # ---------------------------------------------------------------------------------------
@@ -581,7 +580,7 @@ class _ForwardPlan(Plan):
         if self._out_numel == 0:
             return
         with_workspace = workspace is not None and self.workspace_size > 0
-        key = (x.strides, y.strides, with_workspace, x.ptr & 15)
+        key = (x.strides, y.strides, with_workspace, x.ptr & 7)
         launch = self._launches.get(key)
         if launch is None:
             problem = _problem(self._shape, self._axis, [x.strides, y.strides],
@@ -637,7 +636,7 @@ def _problem(shape: tuple[int, ...], axis: int, strides: list[tuple[int, ...]],
                               out_strides, strides[0][axis], (x_ptr,))
     if access == ROWS:
         width = VECTOR[element].width
-        shift = (x_ptr & 15) // element.byte_width  # from the 16-byte aligned base
+        shift = (x_ptr & 7) // element.byte_width
         geometry = _short_rows_geometry(out_numel, extent, width, out_shape, out_strides[0],
                                         shift)
         if geometry is None:
@@ -666,8 +665,8 @@ class _ReduceLaunch:
         acc_ptr = ws_ptr if ws_ptr and self.uses_acc else 0
         k_ptr = ws_ptr + self.acc_bytes if ws_ptr and self.uses_k else 0
         first = self.launches[0]
-        if self.access == ROWS:  # the elements, and the same bytes as words from 16 bytes
-            first(stream, x_ptr, x_ptr & ~15, y_ptr, acc_ptr, k_ptr, aux_ptr)
+        if self.access == ROWS:  # the elements, and the same bytes as words
+            first(stream, x_ptr, x_ptr & ~7, y_ptr, acc_ptr, k_ptr, aux_ptr)
         else:  # COLS: x is the (aligned) word view
             first(stream, x_ptr, y_ptr, acc_ptr, k_ptr, aux_ptr)
         for bound in self.launches[1:]:  # the merge of split states
@@ -683,7 +682,7 @@ class _ReduceLaunch:
                 self(stream, x_ptr, y_ptr, 0, 0)
         elif self.access == ROWS:
             def launch(stream: int, x_ptr: int, y_ptr: int) -> None:
-                first(stream, x_ptr, x_ptr & ~15, y_ptr, 0, 0, 0)
+                first(stream, x_ptr, x_ptr & ~7, y_ptr, 0, 0, 0)
         else:
             def launch(stream: int, x_ptr: int, y_ptr: int) -> None:
                 first(stream, x_ptr, y_ptr, 0, 0, 0)
@@ -999,7 +998,7 @@ class ReduceBackwardPlan(Plan):
             return
         key = (dy.strides, dx.strides, x.strides if x is not None else None,
                y.strides if y is not None else None, ws_ptr != 0, dx.ptr & 7,
-               x.ptr & 15 if x is not None else 0)
+               x.ptr & 7 if x is not None else 0)
         launch = self._launches.get(key)
         if launch is None:
             launch = self._bind(dy, dx, x, y, ws_ptr != 0)
