@@ -9,12 +9,17 @@ the rows, and the benchmark's order effect (the first case timed on fresh inputs
 * ``rows``: Sum, Max, Norm2, Var, Argmax of f32 / bf16 rows ([4096, 4096], [256, 1e6],
   [1e6, 64] axis 1) as the plans choose them, against torch (commit f23faa7 ran it once
   per ``BARACUDA_REDUCE_PAIR`` = 1 / 2: 8- or 16-byte loads in the forward row loop);
+* ``grads``: Mean / Max / Var gradients of [256, 1e6] along rows, timed and compared with
+  ``torch.autograd``;
+* ``caps``: the gradient row kernel at register caps (Prod / Norm2 / LogSumExp 64, Max /
+  Var 80) against the uncapped one, on [4096, 4096], [256, 1e6] and [1e6, 64] along rows;
 * ``order``: Sum, Mean, Sum again (one kernel: Mean is Sum divided by n) on inputs
   allocated just before, for the shapes whose first benchmark row looked slow.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any
 
@@ -45,37 +50,48 @@ def _time_plan(ctx: Context, plan: Any, xs: list[Any], sets: int, out_shape: tup
 
 
 def geometry(ctx: Context) -> None:
-    shape, axis = (4096, 4096), 1
-    out_shape = (4096, 1)
+    """``PROBE_SHAPES`` (default ``4096x4096``), ``PROBE_PER_LANE`` (words per lane aimed
+    at, default ``64,32,16,8,4``) and ``PROBE_TARGETS`` (blocks the split aims at, default
+    ``528,1056,2112``) select the variants."""
+    shapes = [tuple(int(n) for n in item.split("x"))
+              for item in os.environ.get("PROBE_SHAPES", "4096x4096").split(",")]
+    per_lanes = [int(n) for n in os.environ.get("PROBE_PER_LANE", "64,32,16,8,4").split(",")]
+    targets = [int(n) for n in os.environ.get("PROBE_TARGETS", "528,1056,2112").split(",")]
     defaults = (plans._VEC_WORDS_PER_LANE, plans._VEC_WARP_ROW_WORDS, plans._VEC_TARGET_BLOCKS)
-    for name, element in ELEMENTS.items():
-        dtype = getattr(torch, name)
-        xs, sets = _inputs(ctx, shape, dtype)
-        dst = [torch.empty_like(x) for x in xs]
-        copy_us = ctx.time_gpu(lambda i, d=dst, s=xs: d[i].copy_(s[i]), sets=sets,
-                               warmup=5, iters=40)
-        torch_us = ctx.time_gpu(lambda i, s=xs: s[i].sum(1, keepdim=True), sets=sets, warmup=5,
-                                iters=40)
-        print(f"{name}: copy_ of the same bytes {copy_us:.2f} us (moves 2x), torch.sum "
-              f"{torch_us:.2f} us", flush=True)
-        for per_lane in (64, 32, 16, 8, 4):
-            for target in (defaults[2], 132 * 8, 132 * 16):
-                plans._VEC_WORDS_PER_LANE = per_lane
-                plans._VEC_TARGET_BLOCKS = target
-                for with_ws in (False, True):
-                    if target != defaults[2] and not with_ws:
-                        continue
-                    plan = ReducePlan.select(ReduceDescriptor(ReduceKind.SUM, shape, axis,
-                                                              element))
-                    words = shape[1] // plans.VECTOR[element].width
-                    g = plans._rows_vec_geometry(4096, shape[1], plans.VECTOR[element].width,
-                                                 plan._max_splits if with_ws else 1)
-                    us = _time_plan(ctx, plan, xs, sets, out_shape, with_ws)
-                    print(f"  {name} per_lane {per_lane:3d} target {target:5d} ws {with_ws:d}: "
-                          f"lanes {g.lanes:3d} splits {g.splits} groups {g.groups} "
-                          f"({words} words/row) {us:7.2f} us", flush=True)
-        plans._VEC_WORDS_PER_LANE, plans._VEC_WARP_ROW_WORDS, plans._VEC_TARGET_BLOCKS = \
-            defaults
+    for shape in shapes:
+        out_shape = (shape[0], 1)
+        for name, element in ELEMENTS.items():
+            dtype = getattr(torch, name)
+            xs, sets = _inputs(ctx, shape, dtype)
+            dst = [torch.empty_like(x) for x in xs]
+            copy_us = ctx.time_gpu(lambda i, d=dst, s=xs: d[i].copy_(s[i]), sets=sets,
+                                   warmup=5, iters=40)
+            dst = None
+            torch_us = ctx.time_gpu(lambda i, s=xs: s[i].sum(1, keepdim=True), sets=sets,
+                                    warmup=5, iters=40)
+            print(f"{name} {list(shape)}: copy_ of the same bytes {copy_us:.2f} us (moves "
+                  f"2x), torch.sum {torch_us:.2f} us", flush=True)
+            width = plans.VECTOR[element].width
+            for per_lane in per_lanes:
+                for target in targets:
+                    plans._VEC_WORDS_PER_LANE = per_lane
+                    plans._VEC_TARGET_BLOCKS = target
+                    for with_ws in (False, True):
+                        if target != defaults[2] and not with_ws:
+                            continue
+                        plan = ReducePlan.select(ReduceDescriptor(ReduceKind.SUM, shape, 1,
+                                                                  element))
+                        g = plans._rows_vec_geometry(shape[0], shape[1], width,
+                                                     plan._max_splits if with_ws else 1)
+                        us = _time_plan(ctx, plan, xs, sets, out_shape, with_ws)
+                        print(f"  {name} per_lane {per_lane:4d} target {target:5d} ws "
+                              f"{with_ws:d}: lanes {g.lanes:3d} splits {g.splits:2d} groups "
+                              f"{g.groups} ({shape[1] // width} words/row) {us:8.2f} us",
+                              flush=True)
+            plans._VEC_WORDS_PER_LANE, plans._VEC_WARP_ROW_WORDS, \
+                plans._VEC_TARGET_BLOCKS = defaults
+            xs = None
+            torch.cuda.empty_cache()
 
 
 def rows(ctx: Context) -> None:
@@ -103,6 +119,7 @@ def rows(ctx: Context) -> None:
                 else:
                     plan = ReducePlan.select(ReduceDescriptor(kind, shape, 1, element))
                     us = _time_plan(ctx, plan, xs, sets, out_shape, True)
+                    _check(plan, kind, xs[0], out_shape)
                 theirs = ctx.time_gpu(lambda i, f=fn, s=xs: f(s[i]), sets=sets, warmup=5,
                                       iters=40)
                 moved = shape[0] * shape[1] * dtype.itemsize
@@ -110,6 +127,120 @@ def rows(ctx: Context) -> None:
                       f"({moved / us / 1e3 / ctx.copy_gbps * 100:5.1f}% copy) torch "
                       f"{theirs:8.2f} ({theirs / us:.2f}x)", flush=True)
             xs = None
+            torch.cuda.empty_cache()
+
+
+def _check(plan: Any, kind: ReduceKind, x: Any, out_shape: tuple[int, ...]) -> None:
+    """Sum / Max against float64 torch (Sum: within 1e-5 of the sum of |x|)."""
+    if kind not in (ReduceKind.SUM, ReduceKind.MAX):
+        return
+    y = torch.full(out_shape, float("nan"), device="cuda", dtype=x.dtype)
+    ws = torch.empty(max(plan.workspace_size, 1), device="cuda", dtype=torch.uint8)
+    plan.run(ReduceArgs(x, y), workspace=ws)
+    x64 = x.double()
+    if kind is ReduceKind.MAX:
+        assert torch.equal(y, x.amax(1, keepdim=True)), "Max differs from torch"
+        return
+    scale = x64.abs().sum(1, keepdim=True)
+    err = ((y.double() - x64.sum(1, keepdim=True)).abs() / scale).max().item()
+    rounding = 2.0 ** -8 if x.dtype == torch.bfloat16 else 1e-5
+    assert err < rounding, f"Sum error {err}"
+
+
+def grads(ctx: Context) -> None:
+    """Mean / Max / Var gradients of f32 and bf16 [256, 1e6] along rows (Var: the statistic
+    pass is the forward kernel in state mode)."""
+    from baracuda_numba.plans.reduce import (
+        ReduceBackwardArgs,
+        ReduceBackwardDescriptor,
+        ReduceBackwardPlan,
+    )
+
+    shape = (256, 1_000_000)
+    for name, element in ELEMENTS.items():
+        dtype = getattr(torch, name)
+        x = (torch.rand(shape, device="cuda") * 4 - 2).to(dtype)
+        dx = torch.empty_like(x)
+        for kind, fn in ((ReduceKind.MEAN, lambda t: t.mean(1, keepdim=True)),
+                         (ReduceKind.MAX, lambda t: t.amax(1, keepdim=True)),
+                         (ReduceKind.VAR, lambda t: t.var(1, keepdim=True))):
+            xg = x.detach().requires_grad_(True)
+            out = fn(xg)
+            dy = torch.rand_like(out) * 2 - 1
+            saved = kind is not ReduceKind.MEAN
+            plan = ReduceBackwardPlan.select(ReduceBackwardDescriptor(kind, shape, 1, element))
+            ws = torch.empty(max(plan.workspace_size, 1), device="cuda", dtype=torch.uint8)
+            args = ReduceBackwardArgs(dy, dx, x if saved else None,
+                                      out.detach() if saved else None)
+            us = ctx.time_gpu(lambda i, p=plan, a=args, w=ws: p.run(a, workspace=w),
+                              warmup=5, iters=20)
+            (expect,) = torch.autograd.grad(out, xg, dy)
+            err = ((dx.double() - expect.double()).abs().max()
+                   / expect.double().abs().max()).item()
+            moved = (2 if saved else 1) * x.numel() * x.element_size()  # as the bench
+            print(f"  {name} {kind.name} backward {list(shape)} axis 1: {us:8.2f} us "
+                  f"({moved / us / 1e3 / ctx.copy_gbps * 100:5.1f}% copy), max rel err vs "
+                  f"autograd {err:.1e}", flush=True)
+            out = xg = None
+        x = dx = None
+        torch.cuda.empty_cache()
+
+
+def caps(ctx: Context) -> None:
+    """The gradient row kernel (``reduce_backward_rows_vec``) at register caps: Prod /
+    Norm2 / LogSumExp uncapped use 77-80 registers (3 resident 256-thread blocks per SM),
+    64 without spilling (4); Max / Var 106-127 (2), 80 with spills. Each variant is timed
+    on the same buffers and compared bit for bit with the uncapped kernel's dx."""
+    from baracuda_numba.kernels import reduce as kernels
+    from baracuda_numba.launch import Kernel
+    from baracuda_numba.plans.reduce import (
+        ReduceBackwardArgs,
+        ReduceBackwardDescriptor,
+        ReduceBackwardPlan,
+    )
+
+    table = kernels.REDUCE_BACKWARD_ROWS_VEC_KERNELS
+    variants = {ReduceKind.PROD: (lambda t: t.prod(1, keepdim=True), (None, 64)),
+                ReduceKind.NORM2: (lambda t: t.norm(dim=1, keepdim=True), (None, 64)),
+                ReduceKind.LOG_SUM_EXP: (lambda t: t.logsumexp(1, keepdim=True), (None, 64)),
+                ReduceKind.MAX: (lambda t: t.amax(1, keepdim=True), (None, 80)),
+                ReduceKind.VAR: (lambda t: t.var(1, keepdim=True), (None, 80))}
+    for name, element in ELEMENTS.items():
+        dtype = getattr(torch, name)
+        for shape in ((4096, 4096), (256, 1_000_000), (1_000_000, 64)):
+            x = (torch.rand(shape, device="cuda") * 4 - 2).to(dtype)
+            dx = torch.empty_like(x)
+            for kind, (fn, cap_list) in variants.items():
+                out = fn(x.float()).to(dtype)
+                dy = torch.rand_like(out) * 2 - 1
+                original = table[(kind, element)]
+                figures, first = [], None
+                for cap in cap_list:
+                    if cap is not None:
+                        table[(kind, element)] = Kernel(f"{original.name}@{cap}",
+                                                        original.py_func, original.signature,
+                                                        register=False, max_registers=cap)
+                    try:
+                        plan = ReduceBackwardPlan.select(ReduceBackwardDescriptor(
+                            kind, shape, 1, element))
+                        ws = torch.empty(max(plan.workspace_size, 1), device="cuda",
+                                         dtype=torch.uint8)
+                        args = ReduceBackwardArgs(dy, dx, x, out)
+                        dx.fill_(float("nan"))
+                        us = ctx.time_gpu(lambda i, p=plan, a=args, w=ws: p.run(a, workspace=w),
+                                          warmup=5, iters=20)
+                    finally:
+                        table[(kind, element)] = original
+                    bits = dx.view(torch.int16 if dx.element_size() == 2 else torch.int32)
+                    same = "" if first is None else \
+                        (" same bits" if torch.equal(bits, first) else " BITS DIFFER")
+                    first = bits.clone() if first is None else first
+                    moved = 2 * x.numel() * x.element_size()
+                    figures.append(f"cap {cap}: {us:8.2f} us "
+                                   f"({moved / us / 1e3 / ctx.copy_gbps * 100:4.1f}%){same}")
+                print(f"  {name} {kind.name:11s} backward {list(shape)} axis 1: "
+                      + ", ".join(figures), flush=True)
+            x = dx = None
             torch.cuda.empty_cache()
 
 
@@ -134,6 +265,10 @@ def order(ctx: Context) -> None:
 
 def main(argv: list[str]) -> None:
     parts = argv or ["geometry", "order"]
+    if os.environ.get("PROBE_OLD_ROWS"):  # A/B: the row geometry before warp_rows
+        original = plans._rows_vec_geometry
+        plans._rows_vec_geometry = lambda *a, warp_rows=False, **k: original(*a, **k)
+        print("row geometry without warp_rows", flush=True)
     from bench import measure_copy_gbps
 
     ctx = Context("probe", torch)

@@ -821,6 +821,73 @@ def test_store_only_rows_geometry():
             == _rows_vec_geometry(rows, words * width, width, 1 << 16), (width, rows, words)
 
 
+def test_warp_rows_geometry():
+    """The forward of f16/bf16 (not Var/Std/LogSumExp) gives long rows that split anyway, at least a
+    block of them, a warp each and more splits; f32, Welford, unsplit (no workspace), few
+    rows and rows a warp already covers keep the shared geometry; the plans' workspace
+    covers the most splits either geometry takes."""
+    from baracuda_numba.plans.reduce import (
+        _BLOCK,
+        _VEC_TARGET_BLOCKS,
+        _max_workspace,
+        _rows_vec_geometry,
+        _warp_rows,
+    )
+
+    assert _warp_rows(E.BF16, K.SUM) and _warp_rows(E.F16, K.MAX)
+    assert _warp_rows(E.BF16, "ties")  # the Max/Min gradient's statistic pass
+    assert not _warp_rows(E.F32, K.SUM) and not _warp_rows(E.BF16, K.VAR)
+    assert not _warp_rows(E.F16, K.STD) and not _warp_rows(E.BF16, K.LOG_SUM_EXP)
+    rows, words = max(_BLOCK, 8), 64 * VEC_LOADS * 64  # long rows: more than a warp's worth
+    base = _rows_vec_geometry(rows, words * 4, 4, 1 << 16)
+    warp = _rows_vec_geometry(rows, words * 4, 4, 1 << 16, warp_rows=True)
+    if base.lanes > 32 and -(-rows // (_BLOCK // 32)) < _VEC_TARGET_BLOCKS:  # the GPU's
+        assert warp.lanes == 32 and warp.splits > base.splits, (base, warp)
+        assert warp.splits * warp.chunk_len >= words and warp.chunk_len % (32 * VEC_LOADS) == 0
+    else:  # the simulator's 64-thread blocks never take it
+        assert warp == base
+    for args in ((rows, words * 4, 4, 1), (rows - 1, words * 4, 4, 1 << 16),
+                 (rows, 1024 * 4, 4, 1 << 16)):
+        assert _rows_vec_geometry(*args, warp_rows=True) == _rows_vec_geometry(*args), args
+    assert _max_workspace(K.SUM, E.BF16, rows, words * 4, 1 << 16)[0] >= warp.splits
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("element", [E.BF16, E.F16], ids=lambda e: e.name)
+@pytest.mark.parametrize("kind", [K.SUM, K.MAX, K.PROD, K.NORM2, K.ARGMAX, K.ARGMIN],
+                         ids=lambda k: k.name)
+def test_gpu_warp_rows(kind, element, rng):
+    """256 long rows of 2-byte elements (the warp-per-row split geometry, 8 splits of a
+    row, a row start off 16 bytes) against NumPy, bit-identical on a rerun; Argmax/Argmin
+    with ties (first occurrence across splits)."""
+    shape = (256, 40000)
+    if kind in (K.ARGMAX, K.ARGMIN):
+        base = to_storage(rng.integers(-3, 4, size=(256, 40001)), element)
+    else:
+        base = inputs_for(kind, (256, 40001), element, rng)
+    x_host = np.ascontiguousarray(base[:, 1:])
+    x64 = from_storage(x_host, element)
+    x_dev = device_view(base, (slice(None), slice(1, None)), shape, element)
+    what = f"{kind.name} {element.name}"
+    if kind in (K.ARGMAX, K.ARGMIN):
+        plan = ArgReducePlan.select(ArgReduceDescriptor(kind, shape, 1, element))
+        results = []
+        for _ in range(2):
+            y = to_device(poisoned((256, 1), E.I64))
+            ws = to_device(np.zeros(max(plan.workspace_size, 1), np.uint8))
+            plan.run(ArgReduceArgs(x_dev, y), workspace=ws)
+            results.append(host(y))
+        np.testing.assert_array_equal(results[0], arg_reference(kind, x64, 1), what)
+        np.testing.assert_array_equal(results[1], results[0], what)
+    else:
+        got, plan = run_forward(kind, x_host, 1, element, x_dev=x_dev, workspace=True)
+        again, _ = run_forward(kind, x_host, 1, element, x_dev=x_dev, workspace=True)
+        check_forward(got, reference(kind, x64, 1), kind, element, x64, 1, what)
+        np.testing.assert_array_equal(got.view(np.uint8), again.view(np.uint8), what)
+    launch = next(iter(plan._launches.values()))
+    assert launch.access == "rows" and len(launch.launches) == 2, what  # split + merge
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("element", WORD_ELEMENTS, ids=lambda e: e.name)
 @pytest.mark.parametrize("kind", [K.SUM, K.MEAN], ids=lambda k: k.name)

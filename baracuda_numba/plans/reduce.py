@@ -196,7 +196,7 @@ class _Geometry:
 
 
 def _rows_vec_geometry(out_numel: int, extent: int, width: int, max_splits: int,
-                       store_only: bool = False) -> _Geometry:
+                       store_only: bool = False, warp_rows: bool = False) -> _Geometry:
     """Lanes per row and splits for the word-access row kernels: a row of ``extent //
     width`` words gets about _VEC_WORDS_PER_LANE words per lane (short rows: one batch per
     lane, at least 4 lanes = a 32-byte sector per row and load), split only when there are
@@ -206,7 +206,16 @@ def _rows_vec_geometry(out_numel: int, extent: int, width: int, max_splits: int,
     (H100, 2026-11-22, Sum f32 [4096, 4096] along rows: 26.2 µs with 8 lanes against 28.8
     with 32, 26.4 in the bench; [65536, 256]: 27.5 against 33.0 with 4). 2-byte elements
     keep the shared geometry: bf16 [4096, 4096] took 14.3-14.5 µs with 8-32 lanes in the
-    probe and 14.78 (8 lanes) against 14.43 in the bench (docs/notes/reduce.md, session 6)."""
+    probe and 14.78 (8 lanes) against 14.43 in the bench (docs/notes/reduce.md, session 6).
+
+    ``warp_rows`` (the forward kernel of f16/bf16 for the kinds with little work per
+    element; see ``_warp_rows``): long rows that split anyway, at least a block of them, get a warp
+    each (8 rows per block) and more splits, instead of up to a block per row. (H100,
+    2026-11-25, scripts/probe_reduce_rows.py, Sum of bf16 [256, 1e6] along rows on the
+    same buffers: 32 lanes x 16 splits 179.3 µs, 256 lanes x 2 splits 184.1, torch
+    182.6. In separate processes, bf16 Sum / Max / Norm2 / Argmax 1.9-2.4 % faster, Var
+    1.7 % slower; in the benchmark bf16 LogSumExp 335 -> 345 µs; f32 Sum 341-343 µs
+    either way on the same buffers, 0.8-2 % slower across processes.)"""
     words = max(extent // width, 1)
     if store_only and width == 2 and words in _STORE_ONLY_WORDS \
             and out_numel >= _STORE_ONLY_ROWS:
@@ -215,6 +224,9 @@ def _rows_vec_geometry(out_numel: int, extent: int, width: int, max_splits: int,
     if words >= _VEC_WARP_ROW_WORDS:
         lanes = max(lanes, 32)
     lanes = min(_BLOCK, max(lanes, min(_pow2_at_least(words), _MIN_ROW_LANES)))
+    if warp_rows and lanes > 32 and max_splits > 1 and out_numel >= _BLOCK \
+            and -(-out_numel // (_BLOCK // 32)) < _VEC_TARGET_BLOCKS:
+        lanes = 32
     groups = max(1, -(-out_numel // (_BLOCK // lanes)))
     batch = lanes * VEC_LOADS
     splits = 1
@@ -225,6 +237,17 @@ def _rows_vec_geometry(out_numel: int, extent: int, width: int, max_splits: int,
     chunk = -(-chunk // batch) * batch if splits > 1 else words + 1
     splits = max(1, -(-words // chunk))
     return _Geometry(lanes, True, splits, chunk, groups)
+
+
+#: Forward kernel kinds with more work per element than a compare or an add: they keep the
+#: shared row geometry (``_rows_vec_geometry``'s ``warp_rows`` measured slower for them).
+_HEAVY_KINDS = (ReduceKind.VAR, ReduceKind.STD, ReduceKind.LOG_SUM_EXP)
+
+
+def _warp_rows(element: ElementKind, kernel_kind: Any) -> bool:
+    """Whether the forward row kernel of ``kernel_kind`` takes ``_rows_vec_geometry``'s
+    ``warp_rows``: 2-byte elements, every kind but Var / Std (Welford) and LogSumExp."""
+    return element.byte_width == 2 and kernel_kind not in _HEAVY_KINDS
 
 
 def _short_rows_geometry(out_numel: int, extent: int, width: int, out_shape: tuple[int, ...],
@@ -359,6 +382,8 @@ def _max_workspace(kind: Any, element: ElementKind, out_numel: int, extent: int,
     if element in VECTOR:
         width = VECTOR[element].width
         splits = max(splits, _rows_vec_geometry(out_numel, extent, width, limit).splits,
+                     _rows_vec_geometry(out_numel, extent, width, limit,
+                                        warp_rows=True).splits,
                      _cols_vec_geometry(out_numel, extent, width, limit).splits)
     return splits, _state_bytes(kind, element, out_numel, splits)[1]
 
@@ -640,7 +665,8 @@ def _problem(shape: tuple[int, ...], axis: int, strides: list[tuple[int, ...]],
         geometry = _short_rows_geometry(out_numel, extent, width, out_shape, out_strides[0],
                                         shift)
         if geometry is None:
-            geometry = _rows_vec_geometry(out_numel, extent, width, max_splits)
+            geometry = _rows_vec_geometry(out_numel, extent, width, max_splits,
+                                          warp_rows=_warp_rows(element, kernel_kind))
         return _Problem(out_shape, out_strides, geometry, axis, ROWS, shift)
     if access == COLS:
         geometry = _cols_vec_geometry(out_numel, extent, VECTOR[element].width, max_splits)
