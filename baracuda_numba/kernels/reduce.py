@@ -2111,11 +2111,23 @@ REDUCE_COLS_VEC_KERNELS: dict[tuple[Any, ElementKind], Kernel] = {
     for element in VECTOR for kind in FORWARD_KINDS[element]
 }
 
+#: Register caps of the contiguous-row gradient kernels, per kind (the others uncapped).
+#: Prod / Norm2 / LogSumExp use 77-80 registers uncapped (3 resident 256-thread blocks per
+#: SM) and 63-64 without spilling at 64 (4 blocks). H100, 2026-11-25, same buffers, µs
+#: uncapped -> 64 (scripts/probe_reduce_rows.py ``caps``): f32 [256, 1e6] axis 1 Prod 870
+#: -> 758, Norm2 760 -> 732, LogSumExp 788 -> 737; bf16 [4096, 4096] axis 1 LogSumExp 33.6
+#: -> 30.6, Norm2 31.7 -> 30.6; 16 of 18 (kind, shape, dtype) rows faster, f32 [4096,
+#: 4096] Norm2 / LogSumExp 0.5 / 2 % slower. Max / Var (106-127 registers) spill at 80 and
+#: were slower there (bf16 [256, 1e6] Max 469 -> 554 µs).
+GRAD_ROWS_MAX_REGISTERS = {ReduceKind.PROD: 64, ReduceKind.NORM2: 64,
+                           ReduceKind.LOG_SUM_EXP: 64}
+
 #: (kind, element) -> contiguous-row gradient kernel with word loads and stores.
 REDUCE_BACKWARD_ROWS_VEC_KERNELS: dict[tuple[ReduceKind, ElementKind], Kernel] = {
     (kind, element): Kernel(
         f"reduce_backward_rows_vec[{_kind_name(kind)},{element.name.lower()}]",
-        _make_backward_rows_vec(kind, element), _vec_backward_rows_signature(element))
+        _make_backward_rows_vec(kind, element), _vec_backward_rows_signature(element),
+        max_registers=GRAD_ROWS_MAX_REGISTERS.get(kind))
     for element in VECTOR for kind in GRAD_OPS
 }
 
