@@ -9,8 +9,8 @@ the rows, and the benchmark's order effect (the first case timed on fresh inputs
 * ``rows``: Sum, Max, Norm2, Var, Argmax of f32 / bf16 rows ([4096, 4096], [256, 1e6],
   [1e6, 64] axis 1) as the plans choose them, against torch (commit f23faa7 ran it once
   per ``BARACUDA_REDUCE_PAIR`` = 1 / 2: 8- or 16-byte loads in the forward row loop);
-* ``grads``: Mean / Max / Var gradients of [256, 1e6] along rows, timed and compared with
-  ``torch.autograd``;
+* ``grads``: Mean / Max / Var / Std gradients of [256, 1e6] along rows, timed and
+  compared with ``torch.autograd``;
 * ``caps``: the gradient row kernel at register caps (Prod / Norm2 / LogSumExp 64, Max /
   Var 80) against the uncapped one, on [4096, 4096], [256, 1e6] and [1e6, 64] along rows;
 * ``order``: Sum, Mean, Sum again (one kernel: Mean is Sum divided by n) on inputs
@@ -148,8 +148,9 @@ def _check(plan: Any, kind: ReduceKind, x: Any, out_shape: tuple[int, ...]) -> N
 
 
 def grads(ctx: Context) -> None:
-    """Mean / Max / Var gradients of f32 and bf16 [256, 1e6] along rows (Var: the statistic
-    pass is the forward kernel in state mode)."""
+    """Mean / Max / Var / Std gradients of f32 and bf16 [256, 1e6] along rows (Var / Std:
+    the statistic pass is the forward kernel in state mode, then the split gradient;
+    ``PROBE_OLD_SPLIT=1`` runs that gradient with the kernel of every mode)."""
     from baracuda_numba.plans.reduce import (
         ReduceBackwardArgs,
         ReduceBackwardDescriptor,
@@ -163,7 +164,8 @@ def grads(ctx: Context) -> None:
         dx = torch.empty_like(x)
         for kind, fn in ((ReduceKind.MEAN, lambda t: t.mean(1, keepdim=True)),
                          (ReduceKind.MAX, lambda t: t.amax(1, keepdim=True)),
-                         (ReduceKind.VAR, lambda t: t.var(1, keepdim=True))):
+                         (ReduceKind.VAR, lambda t: t.var(1, keepdim=True)),
+                         (ReduceKind.STD, lambda t: t.std(1, keepdim=True))):
             xg = x.detach().requires_grad_(True)
             out = fn(xg)
             dy = torch.rand_like(out) * 2 - 1
@@ -265,6 +267,13 @@ def order(ctx: Context) -> None:
 
 def main(argv: list[str]) -> None:
     parts = argv or ["geometry", "order"]
+    if os.environ.get("PROBE_OLD_SPLIT"):  # A/B: split rows' gradient by the all-modes kernel
+        from baracuda_numba.kernels import reduce as kernels
+
+        plans.REDUCE_BACKWARD_ROWS_VEC_SPLIT_KERNELS = {
+            key: kernels.REDUCE_BACKWARD_ROWS_VEC_KERNELS[key]
+            for key in kernels.REDUCE_BACKWARD_ROWS_VEC_SPLIT_KERNELS}
+        print("split rows' gradient by the kernel of every mode", flush=True)
     if os.environ.get("PROBE_OLD_ROWS"):  # A/B: the row geometry before warp_rows
         original = plans._rows_vec_geometry
         plans._rows_vec_geometry = lambda *a, warp_rows=False, **k: original(*a, **k)
