@@ -150,7 +150,7 @@ def _check(plan: Any, kind: ReduceKind, x: Any, out_shape: tuple[int, ...]) -> N
 def grads(ctx: Context) -> None:
     """Mean / Max / Var / Std gradients of f32 and bf16 [256, 1e6] along rows (Var / Std:
     the statistic pass is the forward kernel in state mode, then the split gradient;
-    ``PROBE_OLD_SPLIT=1`` runs that gradient with the kernel of every mode)."""
+    commit d735545 added ``PROBE_OLD_SPLIT=1`` for its A/B)."""
     from baracuda_numba.plans.reduce import (
         ReduceBackwardArgs,
         ReduceBackwardDescriptor,
@@ -267,13 +267,6 @@ def order(ctx: Context) -> None:
 
 def main(argv: list[str]) -> None:
     parts = argv or ["geometry", "order"]
-    if os.environ.get("PROBE_OLD_SPLIT"):  # A/B: split rows' gradient by the all-modes kernel
-        from baracuda_numba.kernels import reduce as kernels
-
-        plans.REDUCE_BACKWARD_ROWS_VEC_SPLIT_KERNELS = {
-            key: kernels.REDUCE_BACKWARD_ROWS_VEC_KERNELS[key]
-            for key in kernels.REDUCE_BACKWARD_ROWS_VEC_SPLIT_KERNELS}
-        print("split rows' gradient by the kernel of every mode", flush=True)
     if os.environ.get("PROBE_OLD_ROWS"):  # A/B: the row geometry before warp_rows
         original = plans._rows_vec_geometry
         plans._rows_vec_geometry = lambda *a, warp_rows=False, **k: original(*a, **k)

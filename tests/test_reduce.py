@@ -1097,36 +1097,6 @@ def test_tie_count_needs_its_workspace(layout, rng):
     np.testing.assert_array_equal(results[0], results[1])
 
 
-@pytest.mark.parametrize("element", WORD_ELEMENTS, ids=lambda e: e.name)
-@pytest.mark.parametrize("kind", [K.VAR, K.STD, K.MAX], ids=lambda k: k.name)
-def test_split_rows_gradient_kernel(kind, element, rng):
-    """Split rows whose statistic is in the workspace take the mode-0-only gradient kernel
-    (``reduce_backward_rows_vec_split``; Max when a workspace preference leaves no room
-    for the tie masks); without a workspace the fused kernel of every mode runs. Both
-    against float64."""
-    shape = (2, 1401) if SIMULATOR else (3, 300_001)  # not whole words: no register kernel
-    x_host = to_storage(rng.integers(-40, 40, size=shape) * 0.25, element) \
-        if kind is K.MAX else random_values(shape, element, rng)
-    y = saved_output(kind, x_host, 1, element)
-    dy = random_values(y.shape, element, rng)
-    expected = backward_reference(kind, from_storage(dy, element), from_storage(x_host, element),
-                                  from_storage(y, element), 1)
-    desc = ReduceBackwardDescriptor(kind, shape, 1, element)
-    plan = ReduceBackwardPlan.select(desc)
-    if kind is K.MAX:  # no room for the tie masks: the statistic pass
-        plan = ReduceBackwardPlan.select(desc, PlanPreference(
-            max_workspace_bytes=plan.workspace_size - 1))
-    for workspace in (True, False):
-        dx = to_device(poisoned(shape, element))
-        ws = to_device(np.zeros(plan.workspace_size, np.uint8)) if workspace else None
-        plan.run(ReduceBackwardArgs(to_device(dy), dx, to_device(x_host), to_device(y)),
-                 workspace=ws)
-        check_backward(from_storage(host(dx), element), expected, element,
-                       f"{kind.name} {element.name} workspace {workspace}")
-        name = plan._launches[next(reversed(plan._launches))][1][1]._kernel.name
-        assert name.startswith("reduce_backward_rows_vec_split[") == workspace, name
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("layout", ["rows", "cols"], ids=str)
 @pytest.mark.parametrize("element", [E.F32, E.BF16], ids=lambda e: e.name)

@@ -1457,10 +1457,7 @@ def _tied_word_rewriter(element: ElementKind) -> Any:
     return rewrite_tied
 
 
-def _make_backward_rows_vec(kind: ReduceKind, element: ElementKind,
-                            only_mode: int = -1) -> Callable[..., None]:
-    """``only_mode`` >= 0: a kernel for that ``fused`` mode only (the argument is then
-    ignored), so the other modes' code and registers are compiled out."""
+def _make_backward_rows_vec(kind: ReduceKind, element: ElementKind) -> Callable[..., None]:
     ops = GRAD_OPS[kind]
     spec = ELEMENTS[element]
     vec = VECTOR[element]
@@ -1493,8 +1490,6 @@ def _make_backward_rows_vec(kind: ReduceKind, element: ElementKind,
         short rows, one split): lane ``l`` of row ``o`` loads x words ``l + u * lanes`` (u <
         SHORT_LOADS) at once, then stores the dx words at the same indices; no head, tail
         or remainder path and one multiply per offset."""
-        if only_mode >= 0:  # compile time
-            fused = only_mode
         tid = cuda.threadIdx.x
         block = cuda.blockDim.x
         slots = block // lanes
@@ -2134,17 +2129,6 @@ REDUCE_BACKWARD_ROWS_VEC_KERNELS: dict[tuple[ReduceKind, ElementKind], Kernel] =
         _make_backward_rows_vec(kind, element), _vec_backward_rows_signature(element),
         max_registers=GRAD_ROWS_MAX_REGISTERS.get(kind))
     for element in VECTOR for kind in GRAD_OPS
-}
-
-#: (kind, element) -> the contiguous-row gradient of the kinds with a statistic (Max / Var /
-#: Std) for split rows whose statistic is in the workspace (``fused`` 0) only. The kernel
-#: of every mode needs 98-127 registers (2 resident blocks per SM: the fused statistic's
-#: reduction and the tie masks stay live); this one 64-66 (4), with no spills.
-REDUCE_BACKWARD_ROWS_VEC_SPLIT_KERNELS: dict[tuple[ReduceKind, ElementKind], Kernel] = {
-    (kind, element): Kernel(
-        f"reduce_backward_rows_vec_split[{_kind_name(kind)},{element.name.lower()}]",
-        _make_backward_rows_vec(kind, element, 0), _vec_backward_rows_signature(element))
-    for element in VECTOR for kind in GRAD_OPS if GRAD_OPS[kind].stat is not None
 }
 
 #: (kind, element) -> column-layout gradient kernel with word loads and stores.

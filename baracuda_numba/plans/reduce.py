@@ -69,7 +69,6 @@ from ..kernels.reduce import (
     REDUCE_BACKWARD_KERNELS,
     REDUCE_BACKWARD_ROWS_REG_KERNELS,
     REDUCE_BACKWARD_ROWS_VEC_KERNELS,
-    REDUCE_BACKWARD_ROWS_VEC_SPLIT_KERNELS,
     REDUCE_COLS_VEC_KERNELS,
     REDUCE_KERNELS,
     REDUCE_ROWS_VEC_KERNELS,
@@ -1130,8 +1129,6 @@ class ReduceBackwardPlan(Plan):
                     self._out_numel, extent, pad8(out_shape, 1), dy_s, x_s, y_s, dx_s,
                     geometry.lanes, geometry.chunk_len, self._param, mode, shift)
             kernel = REDUCE_BACKWARD_ROWS_VEC_KERNELS[(grad_kind, element)]
-            if stat is not None:  # split rows, the statistic in the workspace: mode 0 only
-                kernel = REDUCE_BACKWARD_ROWS_VEC_SPLIT_KERNELS[(grad_kind, element)]
             if mode == 2:
                 stat = self._tie_count(kernel, grid, args, -2, geometry.splits)
             return stat, (ROWS, kernel.bind(grid, _BLOCK, args))
