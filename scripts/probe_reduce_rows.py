@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 from bench import Context
+from bench_reduce import _workspace
 
 from baracuda_numba.plans import reduce as plans
 from baracuda_numba.plans.reduce import ReduceArgs, ReduceDescriptor, ReducePlan
@@ -43,8 +44,7 @@ def _inputs(ctx: Context, shape: tuple[int, ...], dtype: Any) -> tuple[list[Any]
 def _time_plan(ctx: Context, plan: Any, xs: list[Any], sets: int, out_shape: tuple[int, ...],
                with_ws: bool) -> float:
     y = torch.empty(out_shape, device="cuda", dtype=xs[0].dtype)
-    ws = torch.empty(max(plan.workspace_size, 1), device="cuda", dtype=torch.uint8) \
-        if with_ws else None
+    ws = _workspace(torch, plan) if with_ws else None
     return ctx.time_gpu(lambda i: plan.run(ReduceArgs(xs[i], y), workspace=ws), sets=sets,
                         warmup=5, iters=40)
 
@@ -111,8 +111,7 @@ def rows(ctx: Context) -> None:
                 if kind is ReduceKind.ARGMAX:
                     plan = ArgReducePlan.select(ArgReduceDescriptor(kind, shape, 1, element))
                     y = torch.empty(out_shape, device="cuda", dtype=torch.int64)
-                    ws = torch.empty(max(plan.workspace_size, 1), device="cuda",
-                                     dtype=torch.uint8)
+                    ws = _workspace(torch, plan)
                     us = ctx.time_gpu(lambda i, p=plan, y=y, w=ws, s=xs:
                                       p.run(ArgReduceArgs(s[i], y), workspace=w),
                                       sets=sets, warmup=5, iters=40)
@@ -135,7 +134,7 @@ def _check(plan: Any, kind: ReduceKind, x: Any, out_shape: tuple[int, ...]) -> N
     if kind not in (ReduceKind.SUM, ReduceKind.MAX):
         return
     y = torch.full(out_shape, float("nan"), device="cuda", dtype=x.dtype)
-    ws = torch.empty(max(plan.workspace_size, 1), device="cuda", dtype=torch.uint8)
+    ws = _workspace(torch, plan)
     plan.run(ReduceArgs(x, y), workspace=ws)
     x64 = x.double()
     if kind is ReduceKind.MAX:
@@ -171,7 +170,7 @@ def grads(ctx: Context) -> None:
             dy = torch.rand_like(out) * 2 - 1
             saved = kind is not ReduceKind.MEAN
             plan = ReduceBackwardPlan.select(ReduceBackwardDescriptor(kind, shape, 1, element))
-            ws = torch.empty(max(plan.workspace_size, 1), device="cuda", dtype=torch.uint8)
+            ws = _workspace(torch, plan)
             args = ReduceBackwardArgs(dy, dx, x if saved else None,
                                       out.detach() if saved else None)
             us = ctx.time_gpu(lambda i, p=plan, a=args, w=ws: p.run(a, workspace=w),
@@ -225,8 +224,7 @@ def caps(ctx: Context) -> None:
                     try:
                         plan = ReduceBackwardPlan.select(ReduceBackwardDescriptor(
                             kind, shape, 1, element))
-                        ws = torch.empty(max(plan.workspace_size, 1), device="cuda",
-                                         dtype=torch.uint8)
+                        ws = _workspace(torch, plan)
                         args = ReduceBackwardArgs(dy, dx, x, out)
                         dx.fill_(float("nan"))
                         us = ctx.time_gpu(lambda i, p=plan, a=args, w=ws: p.run(a, workspace=w),
