@@ -13,6 +13,16 @@ the rows, and the benchmark's order effect (the first case timed on fresh inputs
   compared with ``torch.autograd``;
 * ``caps``: the gradient row kernel at register caps (Prod / Norm2 / LogSumExp 64, Max /
   Var 80) against the uncapped one, on [4096, 4096], [256, 1e6] and [1e6, 64] along rows;
+* ``cols``: the column register-resident gradient (Max / Var / Std of [4096, 4096] along
+  axis 0) with other strips: 32-byte strips in 1024-thread blocks (the plan's), 16-byte
+  strips in 512-thread blocks at 64 registers (two resident per SM) or 80 (one), 8-byte
+  strips in 256-thread blocks (four per SM); f32 Max also through the tie count;
+* ``ties``: the Max gradients of bf16 / f32 [256, 1e6] axis 1, bf16 [256, 1e6] axis 0,
+  [1e6, 64] axis 0 and [4096, 4096] axis 0 and the Var gradient of bf16 [1e6, 64] axis 0,
+  each run twice with a workspace, for a profiler: ``ncu --cache-control none
+  --clock-control none --metrics gpu__time_duration.sum -k regex:reduce_backward python3
+  scripts/probe_reduce_rows.py ties`` gives each pass's time (first pass, tie merge,
+  rewrite);
 * ``order``: Sum, Mean, Sum again (one kernel: Mean is Sum divided by n) on inputs
   allocated just before, for the shapes whose first benchmark row looked slow.
 """
@@ -242,6 +252,94 @@ def caps(ctx: Context) -> None:
                       + ", ".join(figures), flush=True)
             x = dx = None
             torch.cuda.empty_cache()
+
+
+def cols(ctx: Context) -> None:
+    """``PROBE_COLS`` (default ``2:1024:64,1:512:64,1:512:80,0:256:64``): variants
+    ``log2 column words:block:register cap`` of the column register-resident gradient,
+    each timed on the same buffers and compared with ``torch.autograd``."""
+    from baracuda_numba.plans.reduce import (
+        ReduceBackwardArgs,
+        ReduceBackwardDescriptor,
+        ReduceBackwardPlan,
+    )
+
+    variants = [tuple(int(n) for n in item.split(":"))
+                for item in os.environ.get("PROBE_COLS",
+                                           "2:1024:64,1:512:64,1:512:80,0:256:64").split(",")]
+    shape, axis = (4096, 4096), 0
+    layout, small, ties = plans._cols_reg_layout, plans.REG_COLS_SMALL_BLOCK, \
+        plans._TIES_OVER_REG_COLS
+    fns = {ReduceKind.MAX: lambda t: t.amax(0, keepdim=True),
+           ReduceKind.VAR: lambda t: t.var(0, keepdim=True),
+           ReduceKind.STD: lambda t: t.std(0, keepdim=True)}
+    for name, element in ELEMENTS.items():
+        dtype = getattr(torch, name)
+        x = (torch.rand(shape, device="cuda") * 4 - 2).to(dtype)
+        dx = torch.empty_like(x)
+        moved = 2 * x.numel() * x.element_size()
+        for kind, fn in fns.items():
+            xg = x.detach().requires_grad_(True)
+            out = fn(xg)
+            dy = torch.rand_like(out) * 2 - 1
+            (expect,) = torch.autograd.grad(out, xg, dy)
+            expect = expect.double()
+            runs = [("plan", None)] + [(f"{v[0]}:{v[1]}:{v[2]}", v) for v in variants]
+            figures = []
+            for label, v in runs:
+                try:
+                    if v is not None:
+                        plans._cols_reg_layout = lambda e, w, v=v: (v[0], v[1])
+                        plans.REG_COLS_SMALL_BLOCK = v[1] if v[2] == 80 else 0
+                        plans._TIES_OVER_REG_COLS = ()
+                    plan = ReduceBackwardPlan.select(ReduceBackwardDescriptor(kind, shape, axis,
+                                                                              element))
+                    ws = _workspace(torch, plan)
+                    args = ReduceBackwardArgs(dy, dx, x, out.detach())
+                    dx.fill_(float("nan"))
+                    us = ctx.time_gpu(lambda i, p=plan, a=args, w=ws: p.run(a, workspace=w),
+                                      warmup=5, iters=40)
+                finally:
+                    plans._cols_reg_layout, plans.REG_COLS_SMALL_BLOCK = layout, small
+                    plans._TIES_OVER_REG_COLS = ties
+                err = ((dx.double() - expect).abs().max() / expect.abs().max()).item()
+                pct = moved / us / 1e3 / ctx.copy_gbps * 100
+                figures.append(f"{label} {us:7.2f} us ({pct:4.1f}%, err {err:.0e})")
+            print(f"  {name} {kind.name} backward {list(shape)} axis 0: " + ", ".join(figures),
+                  flush=True)
+            out = xg = None
+        x = dx = None
+        torch.cuda.empty_cache()
+
+
+def ties(ctx: Context) -> None:
+    from baracuda_numba.plans.reduce import (
+        ReduceBackwardArgs,
+        ReduceBackwardDescriptor,
+        ReduceBackwardPlan,
+    )
+
+    cases = [(ReduceKind.MAX, (256, 1_000_000), 1, "bfloat16"),
+             (ReduceKind.MAX, (256, 1_000_000), 1, "float32"),
+             (ReduceKind.MAX, (256, 1_000_000), 0, "bfloat16"),
+             (ReduceKind.MAX, (1_000_000, 64), 0, "bfloat16"),
+             (ReduceKind.MAX, (4096, 4096), 0, "bfloat16"),
+             (ReduceKind.VAR, (1_000_000, 64), 0, "bfloat16")]
+    for kind, shape, axis, name in cases:
+        dtype = getattr(torch, name)
+        x = (torch.rand(shape, device="cuda") * 4 - 2).to(dtype)
+        stat = x.float().amax if kind is ReduceKind.MAX else x.float().var
+        out = stat(axis, keepdim=True).to(dtype)
+        dy = torch.rand_like(out)
+        dx = torch.empty_like(x)
+        plan = ReduceBackwardPlan.select(ReduceBackwardDescriptor(kind, shape, axis,
+                                                                  ELEMENTS[name]))
+        ws = _workspace(torch, plan)
+        for _ in range(2):
+            plan.run(ReduceBackwardArgs(dy, dx, x, out), workspace=ws)
+            torch.cuda.synchronize()
+        access = next(iter(plan._launches.values()))[1][0]
+        print(f"{kind.name} {list(shape)} axis {axis} {name}: {access}", flush=True)
 
 
 def order(ctx: Context) -> None:
