@@ -59,21 +59,35 @@ class Context:
         A ~0.5 ms GPU spin (``torch.cuda._sleep``) is queued before the start event, so the
         host's launch time (Python + driver) is hidden behind it and the events bracket
         only device work: without it, a 20 µs host launch shows up as 20 µs of "kernel"."""
+        return self.time_gpu_many([fn], sets, warmup, iters)[0]
+
+    def time_gpu_many(self, fns: Sequence[Callable[[int], None]], sets: int = 1,
+                      warmup: int = 5, iters: int = 50) -> list[float]:
+        """``time_gpu`` of each of ``fns``, interleaved: every iteration times each function
+        once, in turn, so a drift of the GPU's clocks or of the machine over the
+        measurement affects all of them alike (this package's kernel against torch's:
+        neither is measured first). The input sets rotate call by call, so no call finds
+        the previous call's input in L2."""
         torch = self.torch
-        for i in range(warmup):
-            fn(i % sets)
+        calls = 0
+        for _ in range(warmup):
+            for fn in fns:
+                fn(calls % sets)
+                calls += 1
         torch.cuda.synchronize()
-        times = []
+        times: list[list[float]] = [[] for _ in fns]
         start = torch.cuda.Event(enable_timing=True)
         end = torch.cuda.Event(enable_timing=True)
-        for i in range(iters):
-            torch.cuda._sleep(SPIN_CYCLES)
-            start.record()
-            fn(i % sets)
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) * 1e3)
-        return statistics.median(times)
+        for _ in range(iters):
+            for fn, spent in zip(fns, times):
+                torch.cuda._sleep(SPIN_CYCLES)
+                start.record()
+                fn(calls % sets)
+                end.record()
+                end.synchronize()
+                spent.append(start.elapsed_time(end) * 1e3)
+                calls += 1
+        return [statistics.median(spent) for spent in times]
 
     def time_host(self, fn: Callable[[], None], calls: int = 10000) -> float:
         """Host µs per call, measured two ways, reporting the smaller:

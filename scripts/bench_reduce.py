@@ -106,11 +106,9 @@ def bench(ctx: Any) -> None:
                 plan = ReducePlan.select(ReduceDescriptor(kind, shape, axis, element))
                 y = torch.empty(out_shape, device="cuda", dtype=dtype)
                 ws = _workspace(torch, plan)
-                ours = ctx.time_gpu(lambda i, p=plan, y=y, w=ws, xs=xs:
-                                    p.run(ReduceArgs(xs[i], y), workspace=w),
-                                    sets=sets, warmup=3, iters=20)
-                theirs = ctx.time_gpu(lambda i, f=fn, xs=xs, a=axis: f(xs[i], a), sets=sets,
-                                      warmup=3, iters=20)
+                ours, theirs = ctx.time_gpu_many(
+                    [lambda i, p=plan, y=y, w=ws, xs=xs: p.run(ReduceArgs(xs[i], y), workspace=w),
+                     lambda i, f=fn, xs=xs, a=axis: f(xs[i], a)], sets=sets, warmup=3, iters=20)
                 ctx.row(f"{kind.name} {label}", dtype_name, ours, nbytes + out_bytes, theirs)
             for kind, fn in ARG.items():
                 if only and kind.name not in only and dtype_name not in only \
@@ -119,11 +117,10 @@ def bench(ctx: Any) -> None:
                 arg = ArgReducePlan.select(ArgReduceDescriptor(kind, shape, axis, element))
                 idx = torch.empty(out_shape, device="cuda", dtype=torch.int64)
                 ws = _workspace(torch, arg)
-                ours = ctx.time_gpu(lambda i, p=arg, y=idx, w=ws, xs=xs:
-                                    p.run(ArgReduceArgs(xs[i], y), workspace=w),
-                                    sets=sets, warmup=3, iters=20)
-                theirs = ctx.time_gpu(lambda i, f=fn, xs=xs, a=axis: f(xs[i], a), sets=sets,
-                                      warmup=3, iters=20)
+                ours, theirs = ctx.time_gpu_many(
+                    [lambda i, p=arg, y=idx, w=ws, xs=xs: p.run(ArgReduceArgs(xs[i], y),
+                                                                workspace=w),
+                     lambda i, f=fn, xs=xs, a=axis: f(xs[i], a)], sets=sets, warmup=3, iters=20)
                 ctx.row(f"{kind.name} {label}", dtype_name, ours,
                         nbytes + out_bytes // element.byte_width * 8, theirs)
             x = xs[0]
@@ -141,11 +138,10 @@ def bench(ctx: Any) -> None:
                 ws = _workspace(torch, plan)
                 saved = kind not in (K.SUM, K.MEAN)
                 args = ReduceBackwardArgs(dy, dx, x if saved else None, y if saved else None)
-                ours = ctx.time_gpu(lambda i, p=plan, a=args, w=ws: p.run(a, workspace=w),
-                                    warmup=3, iters=20)
-                theirs = ctx.time_gpu(
-                    lambda i, o=out, xg=xg, g=dy: torch.autograd.grad(o, xg, g,
-                                                                      retain_graph=True),
+                ours, theirs = ctx.time_gpu_many(
+                    [lambda i, p=plan, a=args, w=ws: p.run(a, workspace=w),
+                     lambda i, o=out, xg=xg, g=dy: torch.autograd.grad(o, xg, g,
+                                                                       retain_graph=True)],
                     warmup=3, iters=20)
                 moved = 2 * nbytes + 2 * out_bytes if saved else nbytes + out_bytes
                 ctx.row(f"{kind.name} backward {label}", dtype_name, ours, moved, theirs)
@@ -178,4 +174,6 @@ def bench(ctx: Any) -> None:
     ctx.notes.append("torch's Sum gradient is dy.expand(...): a view, no memory written, so "
                      "its time is autograd's host overhead; this plan writes dx.")
     ctx.notes.append("Workspace passed (split reductions); torch times its own kernels "
-                     "(torch.autograd.grad for gradients).")
+                     "(torch.autograd.grad for gradients). Each row times this package's call "
+                     "and torch's alternately, iteration by iteration (Context.time_gpu_many), "
+                     "on the same inputs.")
