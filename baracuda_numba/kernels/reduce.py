@@ -1425,9 +1425,10 @@ def _make_reduce_cols_vec(kind: Any, element: ElementKind) -> Callable[..., None
 #: and one population count per mask instead of a 64-bit shift and increment per element),
 #: H200, 2026-11-26, ncu at normal clocks, µs before -> after: bf16 Max [256, 1e6] axis 1
 #: first pass 339 -> 310, rewrite 52 -> 36; f32 first pass 545 -> 537, rewrite 21 -> 11;
-#: bf16 [1e6, 64] axis 0 (columns) rewrite 17 -> 13. Benchmark (two alternating runs each):
-#: bf16 [256, 1e6] axis 1 394 -> 350, f32 572 -> 554; f32 [256, 1e6] axis 0 582 -> 561;
-#: bf16 [1e6, 64] axis 0 115 -> 105.
+#: bf16 [1e6, 64] axis 0 (columns) first pass 78-83 -> 85-88, rewrite 17 -> 13. Benchmark
+#: (two alternating runs each): bf16 [256, 1e6] axis 1 394 -> 350, f32 572 -> 554; f32
+#: [256, 1e6] axis 0 582 -> 561; bf16 [1e6, 64] axis 0 115 -> 105. H100: f32 [1e6, 64] axis
+#: 0 got slower, 209 -> 219 (docs/notes/reduce.md, eleventh pass: the variants tried).
 REWRITE_MASKS_ROWS = 8
 REWRITE_MASKS_COLS = 2
 
