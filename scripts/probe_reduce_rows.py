@@ -23,6 +23,10 @@ the rows, and the benchmark's order effect (the first case timed on fresh inputs
   --clock-control none --metrics gpu__time_duration.sum -k regex:reduce_backward python3
   scripts/probe_reduce_rows.py ties`` gives each pass's time (first pass, tie merge,
   rewrite);
+* ``sync``: the Var / Std gradients of f32 / bf16 [256, 1e6] axis 1 (and
+  ``PROBE_SHAPES``) through the row-sync kernel (batches per item, grid) against the plan
+  without it (statistic pass + split gradient), timed alternately, each checked against
+  ``torch.autograd`` and for repeatable bits;
 * ``order``: Sum, Mean, Sum again (one kernel: Mean is Sum divided by n) on inputs
   allocated just before, for the shapes whose first benchmark row looked slow.
 """
@@ -340,6 +344,75 @@ def ties(ctx: Context) -> None:
             torch.cuda.synchronize()
         access = next(iter(plan._launches.values()))[1][0]
         print(f"{kind.name} {list(shape)} axis {axis} {name}: {access}", flush=True)
+
+
+def sync(ctx: Context) -> None:
+    """``PROBE_SHAPES`` (default ``256x1000000``), ``PROBE_KINDS`` (default ``VAR,STD``).
+    Commit 'reduce: Var/Std gradient of long rows in one launch' records the variants
+    measured before this part kept only these (Max/Min, register caps, double-buffered
+    batches, shorter leads)."""
+    from baracuda_numba.plans.reduce import (
+        ReduceBackwardArgs,
+        ReduceBackwardDescriptor,
+        ReduceBackwardPlan,
+    )
+
+    shapes = [tuple(int(n) for n in item.split("x"))
+              for item in os.environ.get("PROBE_SHAPES", "256x1000000").split(",")]
+    kinds = [ReduceKind[k] for k in os.environ.get("PROBE_KINDS", "VAR,STD").split(",")]
+    defaults = {"batches": plans._SYNC_BATCHES, "grid": plans._SYNC_GRID}
+    variants: list[tuple[str, Any]] = [("old", None)] + [
+        (label, {**defaults, **change}) for label, change in (
+            ("sync", {}), ("batches 2", {"batches": 2}), ("grid 1056", {"grid": 1056}))]
+    torch_fn = {ReduceKind.VAR: lambda t: t.var(1, keepdim=True),
+                ReduceKind.STD: lambda t: t.std(1, keepdim=True)}
+    for shape in shapes:
+        for name, element in ELEMENTS.items():
+            dtype = getattr(torch, name)
+            x = (torch.rand(shape, device="cuda") * 4 - 2).to(dtype)
+            dx = torch.empty_like(x)
+            for kind in kinds:
+                xg = x.detach().requires_grad_(True)
+                out = torch_fn[kind](xg)
+                dy = torch.rand_like(out) * 2 - 1
+                (expect,) = torch.autograd.grad(out, xg, dy)
+                out = out.detach()
+                xg = None
+                runs, names = [], []
+                for label, variant in variants:
+                    if variant is not None:
+                        plans._SYNC_BATCHES = variant["batches"]
+                        plans._SYNC_GRID = variant["grid"]
+                    plan = ReduceBackwardPlan.select(
+                        ReduceBackwardDescriptor(kind, shape, 1, element))
+                    if variant is None:
+                        plan._sync = None  # the statistic pass + split gradient
+                    ws = _workspace(torch, plan)
+                    args = ReduceBackwardArgs(dy, dx, x, out)
+                    dx.fill_(float("nan"))
+                    plan.run(args, workspace=ws)
+                    bits = dx.clone()
+                    plan.run(args, workspace=ws)
+                    assert torch.equal(bits.view(torch.int16 if dx.element_size() == 2
+                                                 else torch.int32),
+                                       dx.view(torch.int16 if dx.element_size() == 2
+                                               else torch.int32)), f"{label}: not repeatable"
+                    err = ((dx.double() - expect.double()).abs().max()
+                           / expect.double().abs().max()).item()
+                    path = list(plan._launches.values())[0][1][0]
+                    plans._SYNC_BATCHES = defaults["batches"]
+                    plans._SYNC_GRID = defaults["grid"]
+                    runs.append(lambda i, p=plan, a=args, w=ws: p.run(a, workspace=w))
+                    names.append(f"{label} ({path}, err {err:.1e})")
+                times = ctx.time_gpu_many(runs, warmup=3, iters=15)
+                moved = 2 * x.numel() * x.element_size()
+                print(f"{name} {kind.name} backward {list(shape)} axis 1:", flush=True)
+                for label, us in zip(names, times):
+                    print(f"  {label:44s} {us:9.2f} us "
+                          f"{moved / us / 1e3 / ctx.copy_gbps * 100:5.1f}% copy", flush=True)
+                runs = None
+            x = dx = None
+            torch.cuda.empty_cache()
 
 
 def order(ctx: Context) -> None:

@@ -11,8 +11,10 @@ import pytest
 from conftest import EDGE_LENGTHS, FLOAT_ELEMENTS, SIMULATOR, torch_or_skip
 
 from baracuda_numba.errors import InvalidProblem, Unsupported, WorkspaceTooSmall
-from baracuda_numba.kernels.reduce import VEC_LOADS, tie_mask_iters
+from baracuda_numba.kernels.reduce import SYNC_BLOCK, VEC_LOADS, tie_mask_iters
 from baracuda_numba.plans.reduce import (
+    _SYNC_BATCHES,
+    _SYNC_GRID,
     _TIES_OVER_REG_COLS,
     REDUCE_ELEMENTS,
     REDUCE_KINDS,
@@ -1002,6 +1004,8 @@ def test_register_resident_backward(kind, element, layout, rng):
         expected_access = "generic" if access == "cols" and not workspace else access
         if access == "reg_cols" and _ties_take_cols(kind, element, workspace):
             expected_access = "cols"
+        if layout == "too_long" and kind in (K.VAR, K.STD) and workspace:
+            expected_access = "sync"  # 3 long rows: one launch (the next section)
         assert chosen == expected_access, what
         results.append(got.tobytes())
         if layout.endswith("padded") and SIMULATOR:  # the padding columns stay poisoned
@@ -1010,6 +1014,79 @@ def test_register_resident_backward(kind, element, layout, rng):
     if access.startswith("reg") and not _ties_take_cols(kind, element, True):
         # the same kernel with and without a workspace
         assert results[0] == results[1], f"{kind.name} {layout}: workspace changed dx"
+
+
+# -- the Var/Std gradient of long rows in one launch (access "sync") ----------------------
+# Word-aligned rows too long for the registers, with a workspace: chunks publish their sums
+# through the workspace and the gradient chunks wait for their row's (a ticket order that
+# never deadlocks, whatever the number of resident blocks).
+
+
+def _sync_layouts(width: int) -> dict:
+    """name -> (base shape, index into the base, shape of the view): rows of 2.5 chunks (a
+    partial last chunk), padded rows, one row; in the simulator (a lead of parts + 2
+    chunks) the statistic and gradient items alternate there, on the GPU (a lead of parts
+    + _SYNC_GRID) only in "long_rows" (3 rows of 300 chunks)."""
+    chunk = _SYNC_BATCHES * SYNC_BLOCK * VEC_LOADS * width
+    every = (slice(None), slice(None))
+    long = chunk * 5 // 2
+    layouts = {
+        "rows": ((3, long), every, (3, long)),
+        "padded": ((3, long + 2 * width), (slice(None), slice(0, long)), (3, long)),
+        "one_row": ((1, long), every, (long,)),
+    }
+    if not SIMULATOR:
+        assert 2 * 300 > _SYNC_GRID
+        layouts["long_rows"] = ((3, 300 * chunk - width), every, (3, 300 * chunk - width))
+    return layouts
+
+
+@IEEE_SPECIALS
+@pytest.mark.parametrize("layout", list(_sync_layouts(2)), ids=str)
+@pytest.mark.parametrize("element", WORD_ELEMENTS, ids=lambda e: e.name)
+@pytest.mark.parametrize("kind", [K.VAR, K.STD], ids=lambda k: k.name)
+def test_row_sync_backward(kind, element, layout, rng):
+    """dx against float64 (correction 0 on the padded rows) with an inf in the first row
+    (its sum -> mean is inf: x - inf = -inf as torch) and a NaN in the last; a workspace
+    full of ones (zeroed by the plan before each launch); bit-identical on a rerun; the
+    padding untouched. Without a workspace the statistic is Welford's (NaN for the inf
+    row: inf - inf in its merge), so that run is checked on the other rows."""
+    width = 2 if element is E.F32 else 4
+    base_shape, index, shape = _sync_layouts(width)[layout]
+    correction = 0 if layout == "padded" else 1
+    base = rng.uniform(-2.0, 2.0, size=base_shape)
+    specials = base_shape[0] > 1
+    if specials:
+        base[0, 5] = np.inf
+        base[-1, -7] = np.nan
+    base = to_storage(base, element)
+    x_host = np.ascontiguousarray(base[index]).reshape(shape)
+    axis = len(shape) - 1
+    y = saved_output(kind, x_host, axis, element, correction)
+    dy = random_values(y.shape, element, rng)
+    expected = backward_reference(kind, from_storage(dy, element), from_storage(x_host, element),
+                                  from_storage(y, element), axis, correction)
+    results = []
+    for workspace in (True, True, False):
+        dx_base = poisoned(base_shape, element)
+        dx = device_view(dx_base, index, shape, element)
+        desc = ReduceBackwardDescriptor(kind, shape, axis, element, correction)
+        plan = ReduceBackwardPlan.select(desc)
+        ws = to_device(np.full(plan.workspace_size, 0xFF, np.uint8)) if workspace else None
+        plan.run(ReduceBackwardArgs(to_device(dy), dx, device_view(base, index, shape, element),
+                                    to_device(y)), workspace=ws)
+        what = f"{kind.name} backward {element.name} {layout} workspace={workspace}"
+        got = storage_of(dx, element)
+        rows = slice(1 if specials and not workspace else 0, None)
+        check_backward(from_storage(got, element)[rows], expected[rows], element, what)
+        chosen = next(iter(plan._launches.values()))[1][0]
+        assert (chosen == "sync") == workspace, what
+        results.append(got.tobytes())
+        if layout == "padded":
+            assert np.all(np.isnan(from_storage(storage_of(
+                device_view(dx_base, (slice(None), slice(shape[1], None)), (3, 2 * width),
+                            element), element), element))), what
+    assert results[0] == results[1], f"{kind.name} {layout}: not deterministic"
 
 
 # -- the Max/Min gradient's tie count after dx (split word rows and columns) ---------------

@@ -73,6 +73,7 @@ from ..types import ElementKind, ReduceKind
 from .common import (
     MAX_RANK,
     bf16_to_f32,
+    bitcast,
     div_mod,
     f32_from_bits,
     f32_to_bf16,
@@ -1916,6 +1917,175 @@ def _make_backward_rows_reg(kind: ReduceKind, element: ElementKind) -> Callable[
     return reduce_backward_rows_reg
 
 
+#: Threads of the row-sync gradient's blocks (a power of two, at most SHARED_SLOTS); each
+#: work item is ``batches`` batches of VEC_LOADS words per thread (a batch's loads all in
+#: flight at once). (H200, 2026-11-26, [256, 1e6] axis 1: the next batch's loads issued
+#: before this one's math (16 words live, 86-96 registers) gained nothing: f32 Var 709-776
+#: µs at caps 80 / none against 720-729 without.)
+SYNC_BLOCK = 64 if SIMULATOR else 256
+#: A published chunk partial: the bits of the f64 total, inverted (0 = not yet written; a
+#: NaN total is written as the canonical NaN, whose inverse is not 0).
+_CANONICAL_NAN_BITS = int64(0x7FF8000000000000)
+
+
+def _make_backward_rows_sync(kind: ReduceKind, element: ElementKind) -> Callable[..., None]:
+    ops = GRAD_OPS[kind]
+    assert ops.stat == "mean"
+    spec = ELEMENTS[element]
+    vec = VECTOR[element]
+    ACC = spec.acc
+    load = spec.load
+    unpack, pack, store_word = vec.unpack, vec.pack, vec.store_word
+    W, LOG_W = vec.width, vec.log_width
+    coefficient, element_fn = ops.coefficient, ops.element
+    READS_Y = ops.reads_y
+    WARPS = SHARED_SLOTS // 32
+
+    @cuda.jit(device=True, inline=True)
+    def block_total(value, sums, tid, block):
+        """The f64 sum of ``value`` over the block, in a fixed order, for every thread
+        (the whole block calls it: the simulator's shuffles are block barriers)."""
+        width = 16
+        while width >= 1:  # xor butterfly: every lane ends with the same sum
+            value += shfl_xor(value, width)
+            width >>= 1
+        if tid & 31 == 0:
+            sums[tid >> 5] = value
+        cuda.syncthreads()
+        total = float64(0)
+        for w in range(block >> 5):
+            total += sums[w]
+        cuda.syncthreads()  # sums is free again
+        return total
+
+    @cuda.jit(device=True, inline=True)
+    def load_batch(xv, words, at, j, step, end):
+        for u in range(VEC_LOADS):  # all in flight at once
+            if j + u * step < end:
+                words[u] = xv[at + uint64(j + u * step)]
+
+    @cuda.jit(device=True, inline=True)
+    def stat_batch(words, values, j, step, end, total):
+        for u in range(VEC_LOADS):
+            if j + u * step < end:
+                unpack(words[u], values, 0)
+                for e in range(W):
+                    total += values[e]
+        return total
+
+    @cuda.jit(device=True, inline=True)
+    def grad_batch(dx, dxv, words, values, results, at, j, step, end, cf, yv, mean):
+        for u in range(VEC_LOADS):
+            if j + u * step < end:
+                unpack(words[u], values, 0)
+                for e in range(W):
+                    results[e] = element_fn(cf, values[e], yv, mean)
+                store_word(dx, dxv, at + uint64(j + u * step), pack(results), 0)
+
+    def reduce_backward_rows_sync(dy, xv, y, dx, dxv, ctl, partials, out_numel, extent,
+                                  row_words, dy_stride, y_stride, parts, batches, lag, param):
+        """The Var/Std gradient ``dx = c * (x - mean)`` (``c`` from dy, y and ``param``
+        as in GRAD_OPS; ``mean = sum(x) / extent``) of ``out_numel`` long word-aligned
+        contiguous rows of ``extent`` elements (a multiple of W), ``row_words`` words
+        apart in ``x`` and ``dx``, in one launch instead of a statistic pass and a split
+        gradient. Each row is cut into ``parts`` chunks of ``batches`` batches
+        (``VEC_LOADS * blockDim`` words each); with the chunks numbered row by row (``n =
+        out_numel * parts``), the work items are handed out in ticket order (``ctl[0]``)
+        over any number of resident blocks:
+
+            S(0), ..., S(lag - 1), then S(lag), D(0), S(lag + 1), D(1), ..., then the
+            last D
+
+        ``S(k)`` sums its chunk's ``x`` in a fixed order and publishes the f64 total in
+        ``partials[k]`` (its bits inverted, one atomic exchange: the value is its own
+        ready flag). ``D(k)`` issues its first batch's loads, reads the row's ``parts``
+        partials until all are published (S items have smaller tickets and never wait,
+        so nothing waits forever), sums them in a fixed order (deterministic, the same
+        for every chunk of the row), then writes its chunk of ``dx``. ``lag`` (at least
+        ``parts - 1``) is what keeps a D item from waiting; ``ctl`` and ``partials`` are
+        zero before the launch."""
+        tid = cuda.threadIdx.x
+        block = cuda.blockDim.x
+        shared_t = cuda.shared.array(1, int64)
+        sums = cuda.shared.array(WARPS, float64)
+        words = cuda.local.array(VEC_LOADS, uint64)
+        values = cuda.local.array(W, ACC)
+        results = cuda.local.array(W, ACC)
+        nvec = extent >> LOG_W
+        step = int64(block)
+        batch = step * VEC_LOADS
+        n = out_numel * parts
+        lead = min(lag, n)
+        tickets = 2 * n
+        if tid == 0:
+            shared_t[0] = cuda.atomic.add(ctl, 0, int64(1))
+        cuda.syncthreads()
+        t = shared_t[0]
+        while t < tickets:  # uniform across the block
+            cuda.syncthreads()  # every thread has read shared_t
+            if tid == 0:  # the next ticket, in flight during this item
+                shared_t[0] = cuda.atomic.add(ctl, 0, int64(1))
+            stat = True
+            k = t
+            if t >= lead:
+                u = t - lead
+                if u < 2 * (n - lead):  # S(lead + u / 2) and D(u / 2) alternate
+                    k = u >> 1
+                    if u & 1:
+                        stat = False
+                    else:
+                        k += lead
+                else:
+                    k = n - lead + (u - 2 * (n - lead))
+                    stat = False
+            row = k // parts
+            part = k - row * parts
+            at = uint64(row * row_words)
+            j = part * batches * batch + tid
+            end = min(nvec, j - tid + batches * batch)
+            load_batch(xv, words, at, j, step, end)  # the first batch
+            if stat:
+                total = ACC(0)
+                while j < end:
+                    total = stat_batch(words, values, j, step, end, total)
+                    j += batch
+                    load_batch(xv, words, at, j, step, end)
+                chunk_total = block_total(float64(total), sums, tid, block)
+                if tid == 0:
+                    if chunk_total != chunk_total:
+                        bits = _CANONICAL_NAN_BITS
+                    else:
+                        bits = bitcast(chunk_total, int64)
+                    cuda.atomic.exch(partials, k, ~bits)
+            else:
+                while True:  # the row's partials, at L2 (atomics), until all are published
+                    row_total = float64(0)
+                    published = 1
+                    q = int64(tid)
+                    while q < parts:
+                        bits = cuda.atomic.add(partials, row * parts + q, int64(0))
+                        if bits == 0:
+                            published = 0
+                        row_total += bitcast(~bits, float64)
+                        q += step
+                    if cuda.syncthreads_and(published):
+                        break
+                row_total = block_total(row_total, sums, tid, block)
+                g = load(dy, row * dy_stride)
+                yv = load(y, row * y_stride) if READS_Y else g
+                mean = ACC(row_total / float64(extent))
+                cf = ACC(coefficient(g, yv, mean, int64(0), param))
+                while j < end:
+                    grad_batch(dx, dxv, words, values, results, at, j, step, end, cf, yv,
+                               mean)
+                    j += batch
+                    load_batch(xv, words, at, j, step, end)
+            cuda.syncthreads()  # shared_t holds the next ticket
+            t = shared_t[0]
+
+    return reduce_backward_rows_sync
+
+
 #: Rows (words) each thread of the column register-resident gradient holds, and its block:
 #: a 1024-thread block holds 4096 rows of a 32-byte strip of columns (128 KB of registers).
 REG_COL_WORDS = 16
@@ -2188,6 +2358,24 @@ REDUCE_BACKWARD_ROWS_REG_KERNELS: dict[tuple[ReduceKind, ElementKind], Kernel] =
         f"reduce_backward_rows_reg[{_kind_name(kind)},{element.name.lower()}]",
         _make_backward_rows_reg(kind, element), _reg_backward_signature(element))
     for element in VECTOR for kind in STAT_GRAD_KINDS
+}
+
+
+def _sync_backward_signature(element: ElementKind) -> tuple[types.Type, ...]:
+    spec = ELEMENTS[element]
+    arr = flat(spec.storage)
+    words = flat(uint64)
+    return (arr, words, arr, arr, words, flat(int64), flat(int64), int64, int64, int64,
+            int64, int64, int64, int64, int64, float64)
+
+
+#: (kind, element) -> the Var/Std gradient of long word-aligned rows in one launch, its
+#: chunks meeting through the workspace (a ticket, then the published chunk partials).
+REDUCE_BACKWARD_ROWS_SYNC_KERNELS: dict[tuple[ReduceKind, ElementKind], Kernel] = {
+    (kind, element): Kernel(
+        f"reduce_backward_rows_sync[{_kind_name(kind)},{element.name.lower()}]",
+        _make_backward_rows_sync(kind, element), _sync_backward_signature(element))
+    for element in VECTOR for kind in (ReduceKind.VAR, ReduceKind.STD)
 }
 
 

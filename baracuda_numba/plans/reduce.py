@@ -53,6 +53,7 @@ from typing import Any
 
 from .._runtime import SIMULATOR
 from ..arrays import TensorMut, TensorRef, as_mut, as_ref, flat_span
+from ..driver import memset_d8_async
 from ..errors import InvalidProblem, Unsupported
 from ..kernels.common import pad8
 from ..kernels.reduce import (
@@ -68,6 +69,7 @@ from ..kernels.reduce import (
     REDUCE_BACKWARD_COLS_VEC_KERNELS,
     REDUCE_BACKWARD_KERNELS,
     REDUCE_BACKWARD_ROWS_REG_KERNELS,
+    REDUCE_BACKWARD_ROWS_SYNC_KERNELS,
     REDUCE_BACKWARD_ROWS_VEC_KERNELS,
     REDUCE_COLS_VEC_KERNELS,
     REDUCE_KERNELS,
@@ -76,6 +78,7 @@ from ..kernels.reduce import (
     REG_COLS_BLOCK,
     REG_COLS_SMALL_BLOCK,
     SHORT_LOADS,
+    SYNC_BLOCK,
     TIES,
     VEC_LOADS,
     VECTOR,
@@ -175,6 +178,35 @@ _REG_SHORT_WORDS = 4
 #: Max/Min/Var/Std gradient of word-aligned rows / strips of columns held in registers (x
 #: read once).
 GENERIC, ROWS, COLS, REG, REG_COLS = "generic", "rows", "cols", "reg", "reg_cols"
+#: SYNC: the Var/Std gradient of long word-aligned rows in one launch, in chunks that meet
+#: through the workspace (``kernels.reduce.reduce_backward_rows_sync``).
+SYNC = "sync"
+
+# Row-sync gradient (Var/Std of long rows): batches per work item (a chunk:
+# _SYNC_BATCHES * SYNC_BLOCK * VEC_LOADS words) and its grid (work items are handed out by
+# ticket, so blocks beyond the resident ones only start later). The statistic runs a row
+# and a grid of chunks ahead of the gradient (the lead): a shorter lead makes gradient
+# items wait. Measured, [256, 1e6] axis 1, µs (2026-11-26):
+# - batches 1 / 2 / 4: H200 f32 Var 909 / 729 / 716; H100 - / 1010 / 1028;
+# - grid 264 / 396 / 528 / 1056 (H200): 1163 / 792 / 729 / 714-946;
+# - a lead of 12 / 8 / 4 MB instead of a grid of chunks (H200): 937 / 1304 / 2487.
+# At the lead that does not wait, the times fit x's second read coming from DRAM (f32: 3
+# GB at about the copy rate): a 3-pass gradient in one launch. Against the statistic pass
+# + split gradient: H200 f32 Var 716-729 vs 765-769, bf16 366-370 vs 444-446; H100 f32
+# 1010 vs 1077, bf16 510 vs 591.
+_SYNC_BATCHES = 1 if SIMULATOR else 2
+_SYNC_GRID = 2 if SIMULATOR else 132 * 4
+
+
+def _sync_layout(out_numel: int, extent: int, width: int) -> tuple[int, int, int, int]:
+    """``(parts, batches, lag, workspace bytes)`` of the row-sync gradient: rows of
+    ``extent // width`` words cut into ``parts`` chunks of ``batches`` batches; the
+    workspace holds the ticket, then one published partial per chunk (int64, all zeroed
+    before each launch)."""
+    words = max(extent // width, 1)
+    chunk = _SYNC_BATCHES * SYNC_BLOCK * VEC_LOADS
+    parts = -(-words // chunk)
+    return parts, _SYNC_BATCHES, parts + _SYNC_GRID, 8 * (1 + out_numel * parts)
 
 
 def _pow2_at_least(n: int) -> int:
@@ -857,6 +889,16 @@ class _TieCount:
     rewrite: Any
 
 
+@dataclass(frozen=True)
+class _SyncLaunch:
+    """The row-sync gradient (SYNC): its bound launch (``fast``: stream and pointers) and
+    the bytes of workspace it uses (the ticket, then the chunk partials), zeroed before
+    each launch."""
+
+    fast: Any
+    ctl_bytes: int
+
+
 def _gradient_runner(launch: tuple[Any, Any], ws_ptr: int) -> Any:
     """``runner(stream, dy_ptr, dx_ptr, x_ptr, y_ptr)`` (0 for an absent x or y): the
     statistic pass if the layout has one, then the gradient launch with its pointers."""
@@ -875,6 +917,13 @@ def _gradient_runner(launch: tuple[Any, Any], ws_ptr: int) -> Any:
             merge(handle, 0, 0, 0, ws_ptr, 0)
             rewrite(handle, *pointers)
         return ties
+    if access == SYNC:
+        ctl_bytes = gradient.ctl_bytes
+
+        def sync(handle: int, dy_ptr: int, dx_ptr: int, x_ptr: int, y_ptr: int) -> None:
+            memset_d8_async(ws_ptr, 0, ctl_bytes, handle)
+            bound(handle, dy_ptr, x_ptr, y_ptr, dx_ptr, dx_ptr, ws_ptr, ws_ptr + 8)
+        return sync
     if stat is None:  # one launch: its argument list, as one small function per access
         if access == ROWS:
             def rows(handle: int, dy_ptr: int, dx_ptr: int, x_ptr: int, y_ptr: int) -> None:
@@ -974,6 +1023,17 @@ class ReduceBackwardPlan(Plan):
                     or slots * 8 <= pref.max_workspace_bytes:
                 self._tie_slots = slots
                 workspace = max(workspace, slots * 8)
+        # the row-sync gradient of long Var/Std rows (its ticket and chunk partials; the
+        # Max/Min gradient keeps the tie count after dx, which measured faster: H200,
+        # 2026-11-26, [256, 1e6] axis 1, f32 553-558 µs against 716-730, bf16 352-354
+        # against 366-380)
+        self._sync: tuple[int, int, int, int] | None = None
+        if self._stat_kind is VAR_STAT and self._numel and desc.element in VECTOR:
+            layout = _sync_layout(self._out_numel, extent, VECTOR[desc.element].width)
+            if pref is None or pref.max_workspace_bytes is None \
+                    or layout[3] <= pref.max_workspace_bytes:
+                self._sync = layout
+                workspace = max(workspace, layout[3])
         sku = KernelSku(OpCategory.REDUCTION, int(kind), desc.element, None, None, None,
                         ArchSku.SM80, BackendKind.BESPOKE, _guarantee(desc.element))
         super().__init__(desc, sku, pref, workspace)
@@ -1067,10 +1127,16 @@ class ReduceBackwardPlan(Plan):
         if access == ROWS and self._stat_kind is not None:
             width = VECTOR[element].width
             lanes = _reg_lanes(extent, width)
-            if lanes and dx.ptr % 8 == 0 and extent % width == 0 and len(out_shape) <= 1 \
-                    and all(s % width == 0 for s in out_strides[0]):
+            whole_words = dx.ptr % 8 == 0 and extent % width == 0 and len(out_shape) <= 1 \
+                and all(s % width == 0 for s in out_strides[0])
+            if lanes and whole_words:
                 return None, (REG, self._bind_reg(dy, dx, y, out_strides,
                                                   lanes.bit_length() - 1, _BLOCK, None))
+            if whole_words and with_workspace and self._sync is not None and (
+                    self._out_numel < _VEC_TARGET_BLOCKS or _rows_vec_geometry(
+                        self._out_numel, extent, width, self._max_splits).splits > 1):
+                # rows too few to fill the GPU a block each, or split anyway
+                return None, (SYNC, self._bind_sync(dy, dx, y, out_strides))
         shift = (dx.ptr & 7) // element.byte_width  # dx's (and x's) elements past a word
         if access == ROWS:
             width = VECTOR[element].width
@@ -1168,6 +1234,26 @@ class ReduceBackwardPlan(Plan):
         rewrite = list(args)
         rewrite[mode_at] = 3
         return _TieCount(merge.fast, kernel.bind(grid, _BLOCK, tuple(rewrite)).fast)
+
+    def _bind_sync(self, dy: TensorRef, dx: TensorMut, y: TensorRef | None,
+                   out_strides: list[tuple[int, ...]]) -> _SyncLaunch:
+        """The row-sync gradient of word-aligned rows (at most one collapsed output dim,
+        x and dx in the same layout) that the word-row kernels would split."""
+        element = self.descriptor.element
+        assert y is not None and self._sync is not None
+        width = VECTOR[element].width
+        parts, batches, lag, workspace = self._sync
+        grad_kind = GRAD_KERNEL_KIND.get(self.descriptor.kind, self.descriptor.kind)
+        kernel = REDUCE_BACKWARD_ROWS_SYNC_KERNELS[(grad_kind, element)].prepare()
+        dx_view = (0, flat_span(dx.shape, dx.strides))
+        words = (0, -(-dx_view[1] * element.byte_width // 8))
+        dx_s, _, y_s, dy_s = [s[0] if s else 0 for s in out_strides]
+        bound = kernel.bind(_SYNC_GRID, SYNC_BLOCK, (
+            (0, flat_span(dy.shape, dy.strides)), words, (0, flat_span(y.shape, y.strides)),
+            dx_view, _dx_words(words), (0, 1), (0, self._out_numel * parts),
+            self._out_numel, self._extent, dx_s // width, dy_s, y_s, parts, batches, lag,
+            self._param))
+        return _SyncLaunch(bound.fast, workspace)
 
     def _bind_reg(self, dy: TensorRef, dx: TensorMut, y: TensorRef | None,
                   out_strides: list[tuple[int, ...]], log2_lanes: int, block: int,
