@@ -1928,6 +1928,25 @@ SYNC_BLOCK = 64 if SIMULATOR else 256
 _CANONICAL_NAN_BITS = int64(0x7FF8000000000000)
 
 
+@cuda.jit(device=True, inline=True)
+def _block_total(value, sums, tid, block):
+    """The f64 sum of ``value`` over the block (``sums``: one shared f64 per warp), in a
+    fixed order, for every thread. The whole block calls it: the simulator's shuffles are
+    block barriers."""
+    width = 16
+    while width >= 1:  # xor butterfly: every lane ends with the same sum
+        value += shfl_xor(value, width)
+        width >>= 1
+    if tid & 31 == 0:
+        sums[tid >> 5] = value
+    cuda.syncthreads()
+    total = float64(0)
+    for w in range(block >> 5):
+        total += sums[w]
+    cuda.syncthreads()  # sums is free again
+    return total
+
+
 def _make_backward_rows_sync(kind: ReduceKind, element: ElementKind) -> Callable[..., None]:
     ops = GRAD_OPS[kind]
     assert ops.stat == "mean"
@@ -1940,23 +1959,6 @@ def _make_backward_rows_sync(kind: ReduceKind, element: ElementKind) -> Callable
     coefficient, element_fn = ops.coefficient, ops.element
     READS_Y = ops.reads_y
     WARPS = SHARED_SLOTS // 32
-
-    @cuda.jit(device=True, inline=True)
-    def block_total(value, sums, tid, block):
-        """The f64 sum of ``value`` over the block, in a fixed order, for every thread
-        (the whole block calls it: the simulator's shuffles are block barriers)."""
-        width = 16
-        while width >= 1:  # xor butterfly: every lane ends with the same sum
-            value += shfl_xor(value, width)
-            width >>= 1
-        if tid & 31 == 0:
-            sums[tid >> 5] = value
-        cuda.syncthreads()
-        total = float64(0)
-        for w in range(block >> 5):
-            total += sums[w]
-        cuda.syncthreads()  # sums is free again
-        return total
 
     @cuda.jit(device=True, inline=True)
     def load_batch(xv, words, at, j, step, end):
@@ -1983,7 +1985,7 @@ def _make_backward_rows_sync(kind: ReduceKind, element: ElementKind) -> Callable
                 store_word(dx, dxv, at + uint64(j + u * step), pack(results), 0)
 
     def reduce_backward_rows_sync(dy, xv, y, dx, dxv, ctl, partials, out_numel, extent,
-                                  row_words, dy_stride, y_stride, parts, batches, lag, param):
+                                  row_words, dy_stride, y_stride, parts, batches, lead, param):
         """The Var/Std gradient ``dx = c * (x - mean)`` (``c`` from dy, y and ``param``
         as in GRAD_OPS; ``mean = sum(x) / extent``) of ``out_numel`` long word-aligned
         contiguous rows of ``extent`` elements (a multiple of W), ``row_words`` words
@@ -1993,16 +1995,17 @@ def _make_backward_rows_sync(kind: ReduceKind, element: ElementKind) -> Callable
         out_numel * parts``), the work items are handed out in ticket order (``ctl[0]``)
         over any number of resident blocks:
 
-            S(0), ..., S(lag - 1), then S(lag), D(0), S(lag + 1), D(1), ..., then the
-            last D
+            S(0), ..., S(lead - 1), then S(lead), D(0), S(lead + 1), D(1), ..., then
+            the last D
 
         ``S(k)`` sums its chunk's ``x`` in a fixed order and publishes the f64 total in
         ``partials[k]`` (its bits inverted, one atomic exchange: the value is its own
         ready flag). ``D(k)`` issues its first batch's loads, reads the row's ``parts``
         partials until all are published (S items have smaller tickets and never wait,
         so nothing waits forever), sums them in a fixed order (deterministic, the same
-        for every chunk of the row), then writes its chunk of ``dx``. ``lag`` (at least
-        ``parts - 1``) is what keeps a D item from waiting; ``ctl`` and ``partials`` are
+        for every chunk of the row), then writes its chunk of ``dx``. ``lead`` (at least
+        ``parts - 1``: a row's last S item comes before its first D item) is what keeps a
+        D item from waiting; ``ctl`` and ``partials`` are
         zero before the launch."""
         tid = cuda.threadIdx.x
         block = cuda.blockDim.x
@@ -2015,7 +2018,7 @@ def _make_backward_rows_sync(kind: ReduceKind, element: ElementKind) -> Callable
         step = int64(block)
         batch = step * VEC_LOADS
         n = out_numel * parts
-        lead = min(lag, n)
+        lead = min(lead, n)
         tickets = 2 * n
         if tid == 0:
             shared_t[0] = cuda.atomic.add(ctl, 0, int64(1))
@@ -2050,7 +2053,7 @@ def _make_backward_rows_sync(kind: ReduceKind, element: ElementKind) -> Callable
                     total = stat_batch(words, values, j, step, end, total)
                     j += batch
                     load_batch(xv, words, at, j, step, end)
-                chunk_total = block_total(float64(total), sums, tid, block)
+                chunk_total = _block_total(float64(total), sums, tid, block)
                 if tid == 0:
                     if chunk_total != chunk_total:
                         bits = _CANONICAL_NAN_BITS
@@ -2070,7 +2073,7 @@ def _make_backward_rows_sync(kind: ReduceKind, element: ElementKind) -> Callable
                         q += step
                     if cuda.syncthreads_and(published):
                         break
-                row_total = block_total(row_total, sums, tid, block)
+                row_total = _block_total(row_total, sums, tid, block)
                 g = load(dy, row * dy_stride)
                 yv = load(y, row * y_stride) if READS_Y else g
                 mean = ACC(row_total / float64(extent))

@@ -199,10 +199,10 @@ _SYNC_GRID = 2 if SIMULATOR else 132 * 4
 
 
 def _sync_layout(out_numel: int, extent: int, width: int) -> tuple[int, int, int, int]:
-    """``(parts, batches, lag, workspace bytes)`` of the row-sync gradient: rows of
-    ``extent // width`` words cut into ``parts`` chunks of ``batches`` batches; the
-    workspace holds the ticket, then one published partial per chunk (int64, all zeroed
-    before each launch)."""
+    """``(parts, batches, lead, workspace bytes)`` of the row-sync gradient: rows of
+    ``extent // width`` words cut into ``parts`` chunks of ``batches`` batches, the
+    statistic ``lead`` chunks ahead of the gradient; the workspace holds the ticket, then
+    one published partial per chunk (int64, all zeroed before each launch)."""
     words = max(extent // width, 1)
     chunk = _SYNC_BATCHES * SYNC_BLOCK * VEC_LOADS
     parts = -(-words // chunk)
@@ -1235,24 +1235,35 @@ class ReduceBackwardPlan(Plan):
         rewrite[mode_at] = 3
         return _TieCount(merge.fast, kernel.bind(grid, _BLOCK, tuple(rewrite)).fast)
 
-    def _bind_sync(self, dy: TensorRef, dx: TensorMut, y: TensorRef | None,
-                   out_strides: list[tuple[int, ...]]) -> _SyncLaunch:
-        """The row-sync gradient of word-aligned rows (at most one collapsed output dim,
-        x and dx in the same layout) that the word-row kernels would split."""
+    def _word_arrays(self, dy: TensorRef, dx: TensorMut, y: TensorRef | None,
+                     out_strides: list[tuple[int, ...]]) -> tuple[tuple[Any, ...], int, int,
+                                                                   int]:
+        """The leading array arguments ``(dy, xv, y, dx, dxv)`` of the register-resident
+        and row-sync gradients (x and dx in the same layout: x's words span dx's), and
+        the output strides of dx, y and dy (one collapsed output dim at most)."""
         element = self.descriptor.element
-        assert y is not None and self._sync is not None
-        width = VECTOR[element].width
-        parts, batches, lag, workspace = self._sync
-        grad_kind = GRAD_KERNEL_KIND.get(self.descriptor.kind, self.descriptor.kind)
-        kernel = REDUCE_BACKWARD_ROWS_SYNC_KERNELS[(grad_kind, element)].prepare()
+        assert y is not None
         dx_view = (0, flat_span(dx.shape, dx.strides))
         words = (0, -(-dx_view[1] * element.byte_width // 8))
         dx_s, _, y_s, dy_s = [s[0] if s else 0 for s in out_strides]
+        arrays = ((0, flat_span(dy.shape, dy.strides)), words,
+                  (0, flat_span(y.shape, y.strides)), dx_view, _dx_words(words))
+        return arrays, dx_s, y_s, dy_s
+
+    def _bind_sync(self, dy: TensorRef, dx: TensorMut, y: TensorRef | None,
+                   out_strides: list[tuple[int, ...]]) -> _SyncLaunch:
+        """The row-sync gradient of word-aligned rows (at most one collapsed output dim,
+        x and dx in the same layout): too few rows to fill the GPU a block each, or rows
+        the word-row kernels would split."""
+        element = self.descriptor.element
+        assert self._sync is not None
+        parts, batches, lead, workspace = self._sync
+        grad_kind = GRAD_KERNEL_KIND.get(self.descriptor.kind, self.descriptor.kind)
+        kernel = REDUCE_BACKWARD_ROWS_SYNC_KERNELS[(grad_kind, element)].prepare()
+        arrays, dx_s, y_s, dy_s = self._word_arrays(dy, dx, y, out_strides)
         bound = kernel.bind(_SYNC_GRID, SYNC_BLOCK, (
-            (0, flat_span(dy.shape, dy.strides)), words, (0, flat_span(y.shape, y.strides)),
-            dx_view, _dx_words(words), (0, 1), (0, self._out_numel * parts),
-            self._out_numel, self._extent, dx_s // width, dy_s, y_s, parts, batches, lag,
-            self._param))
+            *arrays, (0, 1), (0, self._out_numel * parts), self._out_numel, self._extent,
+            dx_s // VECTOR[element].width, dy_s, y_s, parts, batches, lead, self._param))
         return _SyncLaunch(bound.fast, workspace)
 
     def _bind_reg(self, dy: TensorRef, dx: TensorMut, y: TensorRef | None,
@@ -1264,7 +1275,6 @@ class ReduceBackwardPlan(Plan):
         ``2**log2_lanes`` column words (COLS layouts, ``axis_stride`` = the axis stride of x
         and dx)."""
         element = self.descriptor.element
-        assert y is not None
         width = VECTOR[element].width
         grad_kind = GRAD_KERNEL_KIND.get(self.descriptor.kind, self.descriptor.kind)
         if axis_stride is None:
@@ -1275,11 +1285,8 @@ class ReduceBackwardPlan(Plan):
                 else REDUCE_BACKWARD_COLS_REG_KERNELS
             kernel = table[(grad_kind, element)]
             groups = -(-self._out_numel // (width << log2_lanes))
-        dx_view = (0, flat_span(dx.shape, dx.strides))
-        words = (0, -(-dx_view[1] * element.byte_width // 8))
-        dx_s, _, y_s, dy_s = [s[0] if s else 0 for s in out_strides]
+        arrays, dx_s, y_s, dy_s = self._word_arrays(dy, dx, y, out_strides)
         stride_words = (dx_s if axis_stride is None else axis_stride) // width
         return kernel.bind(min(groups, _MAX_GRID_X), block, (
-            (0, flat_span(dy.shape, dy.strides)), words, (0, flat_span(y.shape, y.strides)),
-            dx_view, _dx_words(words), self._out_numel, self._extent, stride_words, dy_s, y_s,
-            log2_lanes, self._param))
+            *arrays, self._out_numel, self._extent, stride_words, dy_s, y_s, log2_lanes,
+            self._param))
