@@ -1383,6 +1383,29 @@ def test_gpu_more_than_2_31_elements():
 
 
 @pytest.mark.gpu
+def test_gpu_row_sync_more_than_2_31_elements():
+    """The one-launch Var gradient (access "sync") of 2 bf16 rows, 2^31 + 4096 elements in
+    all: spot elements at both ends of each row (row 1 lies past 2^31) against float64."""
+    torch = torch_or_skip()
+    n = (1 << 30) + 2048
+    x = torch.empty((2, n), device="cuda", dtype=torch.bfloat16).uniform_(-1, 1)
+    x[1, n - 5] = 3.0
+    dy = torch.tensor([[2.0], [-1.0]], device="cuda", dtype=torch.bfloat16)
+    y = torch.ones((2, 1), device="cuda", dtype=torch.bfloat16)  # not read by Var
+    plan = ReduceBackwardPlan.select(ReduceBackwardDescriptor(K.VAR, (2, n), 1, E.BF16))
+    ws = torch.empty(plan.workspace_size, device="cuda", dtype=torch.uint8)
+    dx = torch.full_like(x, float("nan"))
+    plan.run(ReduceBackwardArgs(dy, dx, x, y), workspace=ws)
+    assert next(iter(plan._launches.values()))[1][0] == "sync"
+    for r in range(2):
+        mean = sum(float(c.double().sum()) for c in x[r].split(1 << 28)) / n
+        coef = float(dy[r, 0]) * 2.0 / (n - 1)
+        for i in (0, 1, n // 2, n - 5, n - 1):
+            expected = coef * (float(x[r, i]) - mean)
+            assert abs(float(dx[r, i]) - expected) <= 2.0**-7 * abs(expected) + 1e-3 * abs(coef)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("kind", [ReduceKind.SUM, ReduceKind.VAR, ReduceKind.MAX],
                          ids=lambda k: k.name)
 @pytest.mark.parametrize("axis", [0, 1])
