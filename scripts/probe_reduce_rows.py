@@ -27,6 +27,10 @@ the rows, and the benchmark's order effect (the first case timed on fresh inputs
   ``PROBE_SHAPES``) through the row-sync kernel (batches per item, grid) against the plan
   without it (statistic pass + split gradient), timed alternately, each checked against
   ``torch.autograd`` and for repeatable bits;
+* ``stash``: the column register-resident gradients (Max / Min / Var / Std of f32 / bf16
+  [4096, 4096] and ``PROBE_SHAPES`` along axis 0) with and without the shared-memory stash
+  kernel (``_COLS_STASH``), Max / Min also through the tie count, timed alternately, each
+  checked against ``torch.autograd`` and for repeatable bits;
 * ``order``: Sum, Mean, Sum again (one kernel: Mean is Sum divided by n) on inputs
   allocated just before, for the shapes whose first benchmark row looked slow.
 """
@@ -261,7 +265,8 @@ def caps(ctx: Context) -> None:
 def cols(ctx: Context) -> None:
     """``PROBE_COLS`` (default ``2:1024:64,1:512:64,1:512:80,0:256:64``): variants
     ``log2 column words:block:register cap`` of the column register-resident gradient,
-    each timed on the same buffers and compared with ``torch.autograd``."""
+    each timed on the same buffers and compared with ``torch.autograd``; ``PROBE_SHAPES``
+    (default ``4096x4096``) the shapes, reduced along axis 0."""
     from baracuda_numba.plans.reduce import (
         ReduceBackwardArgs,
         ReduceBackwardDescriptor,
@@ -271,49 +276,52 @@ def cols(ctx: Context) -> None:
     variants = [tuple(int(n) for n in item.split(":"))
                 for item in os.environ.get("PROBE_COLS",
                                            "2:1024:64,1:512:64,1:512:80,0:256:64").split(",")]
-    shape, axis = (4096, 4096), 0
+    shapes = [tuple(int(n) for n in item.split("x"))
+              for item in os.environ.get("PROBE_SHAPES", "4096x4096").split(",")]
+    axis = 0
     layout, small, ties = plans._cols_reg_layout, plans.REG_COLS_SMALL_BLOCK, \
         plans._TIES_OVER_REG_COLS
     fns = {ReduceKind.MAX: lambda t: t.amax(0, keepdim=True),
            ReduceKind.VAR: lambda t: t.var(0, keepdim=True),
            ReduceKind.STD: lambda t: t.std(0, keepdim=True)}
-    for name, element in ELEMENTS.items():
-        dtype = getattr(torch, name)
-        x = (torch.rand(shape, device="cuda") * 4 - 2).to(dtype)
-        dx = torch.empty_like(x)
-        moved = 2 * x.numel() * x.element_size()
-        for kind, fn in fns.items():
-            xg = x.detach().requires_grad_(True)
-            out = fn(xg)
-            dy = torch.rand_like(out) * 2 - 1
-            (expect,) = torch.autograd.grad(out, xg, dy)
-            expect = expect.double()
-            runs = [("plan", None)] + [(f"{v[0]}:{v[1]}:{v[2]}", v) for v in variants]
-            figures = []
-            for label, v in runs:
-                try:
-                    if v is not None:
-                        plans._cols_reg_layout = lambda e, w, v=v: (v[0], v[1])
-                        plans.REG_COLS_SMALL_BLOCK = v[1] if v[2] == 80 else 0
-                        plans._TIES_OVER_REG_COLS = ()
-                    plan = ReduceBackwardPlan.select(ReduceBackwardDescriptor(kind, shape, axis,
-                                                                              element))
-                    ws = _workspace(torch, plan)
-                    args = ReduceBackwardArgs(dy, dx, x, out.detach())
-                    dx.fill_(float("nan"))
-                    us = ctx.time_gpu(lambda i, p=plan, a=args, w=ws: p.run(a, workspace=w),
-                                      warmup=5, iters=40)
-                finally:
-                    plans._cols_reg_layout, plans.REG_COLS_SMALL_BLOCK = layout, small
-                    plans._TIES_OVER_REG_COLS = ties
-                err = ((dx.double() - expect).abs().max() / expect.abs().max()).item()
-                pct = moved / us / 1e3 / ctx.copy_gbps * 100
-                figures.append(f"{label} {us:7.2f} us ({pct:4.1f}%, err {err:.0e})")
-            print(f"  {name} {kind.name} backward {list(shape)} axis 0: " + ", ".join(figures),
-                  flush=True)
-            out = xg = None
-        x = dx = None
-        torch.cuda.empty_cache()
+    for shape in shapes:
+        for name, element in ELEMENTS.items():
+            dtype = getattr(torch, name)
+            x = (torch.rand(shape, device="cuda") * 4 - 2).to(dtype)
+            dx = torch.empty_like(x)
+            moved = 2 * x.numel() * x.element_size()
+            for kind, fn in fns.items():
+                xg = x.detach().requires_grad_(True)
+                out = fn(xg)
+                dy = torch.rand_like(out) * 2 - 1
+                (expect,) = torch.autograd.grad(out, xg, dy)
+                expect = expect.double()
+                runs = [("plan", None)] + [(f"{v[0]}:{v[1]}:{v[2]}", v) for v in variants]
+                figures = []
+                for label, v in runs:
+                    try:
+                        if v is not None:
+                            plans._cols_reg_layout = lambda e, w, v=v: (v[0], v[1])
+                            plans.REG_COLS_SMALL_BLOCK = v[1] if v[2] == 80 else 0
+                            plans._TIES_OVER_REG_COLS = ()
+                        plan = ReduceBackwardPlan.select(ReduceBackwardDescriptor(kind, shape, axis,
+                                                                                  element))
+                        ws = _workspace(torch, plan)
+                        args = ReduceBackwardArgs(dy, dx, x, out.detach())
+                        dx.fill_(float("nan"))
+                        us = ctx.time_gpu(lambda i, p=plan, a=args, w=ws: p.run(a, workspace=w),
+                                          warmup=5, iters=40)
+                    finally:
+                        plans._cols_reg_layout, plans.REG_COLS_SMALL_BLOCK = layout, small
+                        plans._TIES_OVER_REG_COLS = ties
+                    err = ((dx.double() - expect).abs().max() / expect.abs().max()).item()
+                    pct = moved / us / 1e3 / ctx.copy_gbps * 100
+                    figures.append(f"{label} {us:7.2f} us ({pct:4.1f}%, err {err:.0e})")
+                print(f"  {name} {kind.name} backward {list(shape)} axis 0: " + ", ".join(figures),
+                      flush=True)
+                out = xg = None
+            x = dx = None
+            torch.cuda.empty_cache()
 
 
 def ties(ctx: Context) -> None:
@@ -409,6 +417,90 @@ def sync(ctx: Context) -> None:
                 print(f"{name} {kind.name} backward {list(shape)} axis 1:", flush=True)
                 for label, us in zip(names, times):
                     print(f"  {label:44s} {us:9.2f} us "
+                          f"{moved / us / 1e3 / ctx.copy_gbps * 100:5.1f}% copy", flush=True)
+                runs = None
+            x = dx = None
+            torch.cuda.empty_cache()
+
+
+def _resident(bound: Any) -> int:
+    """Resident blocks per SM of a bound launch (``PROBE_CARVEOUT``: set the shared-memory
+    carveout preference, percent, first)."""
+    import ctypes
+
+    from baracuda_numba.driver import libcuda
+
+    function = bound._kernel._function
+    carveout = os.environ.get("PROBE_CARVEOUT")
+    if carveout is not None:
+        libcuda().cuFuncSetAttribute(function, 9, int(carveout))
+    count = ctypes.c_int()
+    occupancy = libcuda().cuOccupancyMaxActiveBlocksPerMultiprocessor
+    occupancy.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_void_p, ctypes.c_int,
+                          ctypes.c_size_t]
+    occupancy(ctypes.byref(count), function, bound._block[0], bound._shared)
+    return count.value
+
+
+def stash(ctx: Context) -> None:
+    from baracuda_numba.plans.reduce import (
+        ReduceBackwardArgs,
+        ReduceBackwardDescriptor,
+        ReduceBackwardPlan,
+    )
+
+    shapes = [tuple(int(n) for n in item.split("x"))
+              for item in os.environ.get("PROBE_SHAPES", "4096x4096").split(",")]
+    fns = {ReduceKind.MAX: lambda t: t.amax(0, keepdim=True),
+           ReduceKind.MIN: lambda t: t.amin(0, keepdim=True),
+           ReduceKind.VAR: lambda t: t.var(0, keepdim=True),
+           ReduceKind.STD: lambda t: t.std(0, keepdim=True)}
+    ties = plans._TIES_OVER_REG_COLS
+    bits = {2: torch.int16, 4: torch.int32}
+    for shape in shapes:
+        for name, element in ELEMENTS.items():
+            dtype = getattr(torch, name)
+            x = (torch.rand(shape, device="cuda") * 4 - 2).to(dtype)
+            dx = torch.empty_like(x)
+            moved = 2 * x.numel() * x.element_size()
+            for kind, fn in fns.items():
+                xg = x.detach().requires_grad_(True)
+                out = fn(xg)
+                dy = torch.rand_like(out) * 2 - 1
+                (expect,) = torch.autograd.grad(out, xg, dy)
+                expect = expect.double()
+                out = out.detach()
+                xg = None
+                variants = [("plain", False, ()), ("stash", True, ())]
+                if kind in (ReduceKind.MAX, ReduceKind.MIN):
+                    variants.append(("tie count", True, (ElementKind.F32, ElementKind.BF16)))
+                runs, names = [], []
+                for label, on, over in variants:
+                    plans._COLS_STASH, plans._TIES_OVER_REG_COLS = on, over
+                    try:
+                        plan = ReduceBackwardPlan.select(
+                            ReduceBackwardDescriptor(kind, shape, 0, element))
+                        ws = _workspace(torch, plan)
+                        args = ReduceBackwardArgs(dy, dx, x, out)
+                        dx.fill_(float("nan"))
+                        plan.run(args, workspace=ws)
+                        first = dx.clone()
+                        plan.run(args, workspace=ws)
+                    finally:
+                        plans._COLS_STASH, plans._TIES_OVER_REG_COLS = True, ties
+                    view = bits[dx.element_size()]
+                    assert torch.equal(first.view(view), dx.view(view)), f"{label}: not repeatable"
+                    err = ((dx.double() - expect).abs().max() / expect.abs().max()).item()
+                    access, bound = list(plan._launches.values())[0][1]
+                    kernel = bound._kernel.name if access == "reg_cols" else access
+                    if access == "reg_cols":
+                        kernel += f", {_resident(bound)}/SM"
+                    runs.append(lambda i, p=plan, a=args, w=ws: p.run(a, workspace=w))
+                    names.append(f"{label} ({kernel}, err {err:.1e})")
+                times = ctx.time_gpu_many(runs, warmup=5, iters=40)
+                print(f"{name} {kind.name} backward {list(shape)} axis 0:", flush=True)
+                for label, us in zip(names, times):
+                    print(f"  {label:64s} {us:8.2f} us "
                           f"{moved / us / 1e3 / ctx.copy_gbps * 100:5.1f}% copy", flush=True)
                 runs = None
             x = dx = None

@@ -27,6 +27,7 @@ from baracuda_numba.plans.reduce import (
     ReduceBackwardPlan,
     ReduceDescriptor,
     ReducePlan,
+    _cols_reg_layout,
 )
 from baracuda_numba.testing import (
     TOLERANCE,
@@ -941,6 +942,9 @@ def _reg_layouts(width: int) -> dict:
                         0, "reg_cols"),
         # 40 rows: 4 row lanes x 16 (f32) / 8 (f16, bf16) column words: 64 / 32 threads
         "reg_cols_small": ((40, 16), every, 0, "reg_cols"),
+        # strips twice as wide through the stash kernel: 16 rows per thread in shared
+        # memory, the rest (up to 16) in registers; partial last rows, several strips
+        "cols_stash": ((250, 32) if SIMULATOR else (4000, 64), every, 0, "reg_cols"),
         "cols_short": ((6, 16), every, 0, "cols"),  # < 8 rows per thread
         # more rows than the simulator's 64-thread block holds; a 512-thread block (GPU)
         "cols_long": ((300, 8), every, 0, "cols" if SIMULATOR else "reg_cols"),
@@ -957,6 +961,9 @@ def _reg_layouts(width: int) -> dict:
 
 
 _REG_LAYOUT_NAMES = list(_reg_layouts(2))
+#: reg_cols layouts that must (not) take the stash kernel whatever the element.
+_STASH_LAYOUTS = {"cols_stash": True, "cols_block": True, "cols_long": False,
+                  "reg_cols_small": False, "reg_cols_256": False}
 
 
 @IEEE_SPECIALS
@@ -988,6 +995,9 @@ def test_register_resident_backward(kind, element, layout, rng):
     expected = backward_reference(kind, from_storage(dy, element), from_storage(x_host, element),
                                   from_storage(y, element), axis, correction)
     results = []
+    # the stash kernel's wider strips beat the tie count after dx
+    stash = access == "reg_cols" and _cols_reg_layout(shape[axis], width)[2]
+    assert stash == _STASH_LAYOUTS.get(layout, stash), layout
     for workspace in (True, False, True):
         dx_base = poisoned(base_shape, element)
         dx = device_view(dx_base, index, shape, element)
@@ -1002,16 +1012,19 @@ def test_register_resident_backward(kind, element, layout, rng):
         check_backward(from_storage(got, element), expected, element, what)
         chosen = next(iter(plan._launches.values()))[1][0]
         expected_access = "generic" if access == "cols" and not workspace else access
-        if access == "reg_cols" and _ties_take_cols(kind, element, workspace):
+        if access == "reg_cols" and _ties_take_cols(kind, element, workspace) and not stash:
             expected_access = "cols"
         if layout == "too_long" and kind in (K.VAR, K.STD) and workspace:
             expected_access = "sync"  # 3 long rows: one launch (the next section)
         assert chosen == expected_access, what
+        if chosen == "reg_cols":
+            name = next(iter(plan._launches.values()))[1][1]._kernel.name
+            assert ("stash" in name) == stash, (what, name)
         results.append(got.tobytes())
         if layout.endswith("padded") and SIMULATOR:  # the padding columns stay poisoned
             assert np.all(np.isnan(from_storage(dx_base[:, 16:], element))), what
     assert results[0] == results[2], f"{kind.name} {layout}: not deterministic"
-    if access.startswith("reg") and not _ties_take_cols(kind, element, True):
+    if access.startswith("reg") and (stash or not _ties_take_cols(kind, element, True)):
         # the same kernel with and without a workspace
         assert results[0] == results[1], f"{kind.name} {layout}: workspace changed dx"
 

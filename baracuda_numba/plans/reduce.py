@@ -66,6 +66,7 @@ from ..kernels.reduce import (
     KIND_OPS,
     REDUCE_BACKWARD_COLS_REG_KERNELS,
     REDUCE_BACKWARD_COLS_REG_SMALL_KERNELS,
+    REDUCE_BACKWARD_COLS_STASH_KERNELS,
     REDUCE_BACKWARD_COLS_VEC_KERNELS,
     REDUCE_BACKWARD_KERNELS,
     REDUCE_BACKWARD_ROWS_REG_KERNELS,
@@ -74,9 +75,11 @@ from ..kernels.reduce import (
     REDUCE_COLS_VEC_KERNELS,
     REDUCE_KERNELS,
     REDUCE_ROWS_VEC_KERNELS,
+    REG_COL_STASH,
     REG_COL_WORDS,
     REG_COLS_BLOCK,
     REG_COLS_SMALL_BLOCK,
+    REG_COLS_STASH_BYTES,
     SHORT_LOADS,
     SYNC_BLOCK,
     TIES,
@@ -326,22 +329,38 @@ def _reg_lanes(extent: int, width: int) -> int:
     return lanes if lanes <= _BLOCK else 0
 
 
-def _cols_reg_layout(extent: int, width: int) -> tuple[int, int] | None:
-    """(log2 of the column words per block, block threads) of the column register-resident
-    gradient, or None where it does not apply: every row in the block's registers
-    (REG_COL_WORDS per thread), a strip of at least 4 words (32 bytes per row), at most 32
-    (word, element) pairs, and at least 8 rows per thread on average (shorter columns keep
-    the statistic pass). The block is as small as the column allows (whole warps, at most
-    REG_COLS_BLOCK): short columns get more resident blocks per SM, so one block's stores
-    overlap another's loads, and columns of a few hundred rows fit at all. (H100,
-    2026-11-23: the Max/Var gradients of [256, 1e6] along axis 0 read x twice with the
-    1024-thread block only, 63% of copy for f32; see docs/notes/reduce.md.)"""
+def _cols_reg_layout(extent: int, width: int) -> tuple[int, int, bool] | None:
+    """(log2 of the column words per block, block threads, stash) of the column
+    register-resident gradient, or None where it does not apply: every row in the block's
+    registers (REG_COL_WORDS per thread), a strip of at least 4 words (32 bytes per row), at
+    most 32 (word, element) pairs, and at least 8 rows per thread on average (shorter
+    columns keep the statistic pass). The block is as small as the column allows (whole
+    warps, at most REG_COLS_BLOCK): short columns get more resident blocks per SM, so one
+    block's stores overlap another's loads, and columns of a few hundred rows fit at all.
+    (H100, 2026-11-23: the Max/Var gradients of [256, 1e6] along axis 0 read x twice with
+    the 1024-thread block only, 63% of copy for f32; see docs/notes/reduce.md.)
+
+    Where the strip fills a REG_COLS_BLOCK-thread block and the stash (REG_COL_STASH more
+    words per thread, in shared memory) would widen it, the stash kernel takes the wider
+    strip (``stash`` True; _COLS_STASH): 32-byte strips of 4096 rows become 64-byte ones
+    (H200, 2026-11-26: 17-23 % faster; narrower strips are slower, see the
+    eleventh pass of docs/notes/reduce.md)."""
     row_lanes = _pow2_at_least(-(-extent // REG_COL_WORDS))
     cw = min(REG_COLS_BLOCK // row_lanes, 32 // width)
     block = max(cw * row_lanes, 32)
     if cw < 4 or extent < 8 * (block // cw):
         return None
-    return cw.bit_length() - 1, block
+    if block == REG_COLS_BLOCK and _COLS_STASH:
+        row_lanes = _pow2_at_least(-(-extent // (REG_COL_WORDS + REG_COL_STASH)))
+        wide = min(REG_COLS_BLOCK // row_lanes, 32 // width)
+        if wide > cw:
+            return wide.bit_length() - 1, wide * row_lanes, True
+    return cw.bit_length() - 1, block, False
+
+
+#: Whether the column register-resident gradient takes the stash kernel where it widens
+#: the strip (the probe's A/B switch).
+_COLS_STASH = True
 
 
 def _cols_vec_geometry(out_numel: int, extent: int, width: int, max_splits: int) -> _Geometry:
@@ -807,9 +826,10 @@ def _bind_merge(kernel: Any, common: tuple[Any, ...], out_numel: int, splits: in
 
 
 #: Elements whose Max/Min gradient takes the tie count after dx over the column
-#: register-resident kernel (with a workspace). (H200, 2026-11-23, Max gradient, µs
-#: register-resident / tie count: f32 [4096, 4096] axis 0 56.8 / 51.3, [256, 1e6] axis 0
-#: 631.6 / 582.4; bf16 38.4 / 40.6 and 383.1 / 399.7.)
+#: register-resident kernel (with a workspace), except where the stash kernel takes the
+#: strip. (H200, 2026-11-23, Max gradient, µs register-resident / tie count: f32 [4096,
+#: 4096] axis 0 56.8 / 51.3, [256, 1e6] axis 0 631.6 / 582.4; bf16 38.4 / 40.6 and 383.1 /
+#: 399.7. 2026-11-26: f32 [4096, 4096] axis 0 with the stash 48.1, tie count 52.2.)
 _TIES_OVER_REG_COLS: tuple[ElementKind, ...] = (ElementKind.F32,)
 
 _CACHE_LIMIT = 64
@@ -1118,10 +1138,12 @@ class ReduceBackwardPlan(Plan):
                                   dx.strides[axis], pointers)
             if access == COLS and self._stat_kind is not None:
                 cols_reg = _cols_reg_layout(extent, VECTOR[element].width)
-                if cols_reg is not None and not (element in _TIES_OVER_REG_COLS and with_workspace
-                                                 and self._tie_slots):
-                    return None, (REG_COLS, self._bind_reg(dy, dx, y, out_strides, *cols_reg,
-                                                           dx.strides[axis]))
+                # the tie count after dx beats the narrow strips (f32), not the stash
+                if cols_reg is not None and (cols_reg[2] or not (
+                        element in _TIES_OVER_REG_COLS and with_workspace and self._tie_slots)):
+                    log2_cw, block, stash = cols_reg
+                    return None, (REG_COLS, self._bind_reg(dy, dx, y, out_strides, log2_cw,
+                                                           block, dx.strides[axis], stash))
                 if not with_workspace:
                     access = GENERIC  # the column word kernel needs the workspace
         if access == ROWS and self._stat_kind is not None:
@@ -1268,25 +1290,30 @@ class ReduceBackwardPlan(Plan):
 
     def _bind_reg(self, dy: TensorRef, dx: TensorMut, y: TensorRef | None,
                   out_strides: list[tuple[int, ...]], log2_lanes: int, block: int,
-                  axis_stride: int | None) -> Any:
+                  axis_stride: int | None, stash: bool = False) -> Any:
         """The register-resident gradient in ``block``-thread blocks: rows (``axis_stride``
         None: at most one collapsed output dim, word aligned, extent a whole number of
         words, x and dx in the same layout) of ``2**log2_lanes`` lanes each, or strips of
         ``2**log2_lanes`` column words (COLS layouts, ``axis_stride`` = the axis stride of x
-        and dx)."""
+        and dx; ``stash``: the kernel that parks most rows in shared memory)."""
         element = self.descriptor.element
         width = VECTOR[element].width
         grad_kind = GRAD_KERNEL_KIND.get(self.descriptor.kind, self.descriptor.kind)
+        shared = 0
         if axis_stride is None:
             kernel = REDUCE_BACKWARD_ROWS_REG_KERNELS[(grad_kind, element)]
             groups = -(-self._out_numel // (block >> log2_lanes))
         else:
-            table = REDUCE_BACKWARD_COLS_REG_SMALL_KERNELS if block <= REG_COLS_SMALL_BLOCK \
+            table = REDUCE_BACKWARD_COLS_STASH_KERNELS if stash else \
+                REDUCE_BACKWARD_COLS_REG_SMALL_KERNELS if block <= REG_COLS_SMALL_BLOCK \
                 else REDUCE_BACKWARD_COLS_REG_KERNELS
             kernel = table[(grad_kind, element)]
             groups = -(-self._out_numel // (width << log2_lanes))
+            if stash:
+                shared = REG_COLS_STASH_BYTES
+                kernel.allow_dynamic_shared(shared)
         arrays, dx_s, y_s, dy_s = self._word_arrays(dy, dx, y, out_strides)
         stride_words = (dx_s if axis_stride is None else axis_stride) // width
         return kernel.bind(min(groups, _MAX_GRID_X), block, (
             *arrays, self._out_numel, self._extent, stride_words, dy_s, y_s, log2_lanes,
-            self._param))
+            self._param), shared)
