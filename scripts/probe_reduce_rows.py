@@ -27,10 +27,12 @@ the rows, and the benchmark's order effect (the first case timed on fresh inputs
   ``PROBE_SHAPES``) through the row-sync kernel (batches per item, grid) against the plan
   without it (statistic pass + split gradient), timed alternately, each checked against
   ``torch.autograd`` and for repeatable bits;
-* ``stash``: the column register-resident gradients (Max / Min / Var / Std of f32 / bf16
-  [4096, 4096] and ``PROBE_SHAPES`` along axis 0) with and without the shared-memory stash
-  kernel (``_COLS_STASH``), Max / Min also through the tie count, timed alternately, each
-  checked against ``torch.autograd`` and for repeatable bits;
+* ``strips``: the column register-resident gradients (Max / Min / Var / Std of f32 / bf16
+  ``PROBE_SHAPES``, default [4096, 4096] and [256, 1e6], along axis 0) as before the wider
+  strips (32-byte strips in 1024-thread blocks, no 128-byte f16/bf16 strips) and now (the
+  shared-memory stash kernel, 128-byte f16/bf16 strips in small blocks), Max / Min also
+  through the tie count, timed alternately, each checked against ``torch.autograd`` and
+  for repeatable bits (``PROBE_DTYPES`` limits the dtypes);
 * ``order``: Sum, Mean, Sum again (one kernel: Mean is Sum divided by n) on inputs
   allocated just before, for the shapes whose first benchmark row looked slow.
 """
@@ -442,7 +444,7 @@ def _resident(bound: Any) -> int:
     return count.value
 
 
-def stash(ctx: Context) -> None:
+def strips(ctx: Context) -> None:
     from baracuda_numba.plans.reduce import (
         ReduceBackwardArgs,
         ReduceBackwardDescriptor,
@@ -450,15 +452,17 @@ def stash(ctx: Context) -> None:
     )
 
     shapes = [tuple(int(n) for n in item.split("x"))
-              for item in os.environ.get("PROBE_SHAPES", "4096x4096").split(",")]
+              for item in os.environ.get("PROBE_SHAPES", "4096x4096,256x1000000").split(",")]
     fns = {ReduceKind.MAX: lambda t: t.amax(0, keepdim=True),
            ReduceKind.MIN: lambda t: t.amin(0, keepdim=True),
            ReduceKind.VAR: lambda t: t.var(0, keepdim=True),
            ReduceKind.STD: lambda t: t.std(0, keepdim=True)}
-    ties = plans._TIES_OVER_REG_COLS
+    ties, wide = plans._TIES_OVER_REG_COLS, plans.REG_COLS_WIDE_BLOCK
     bits = {2: torch.int16, 4: torch.int32}
     for shape in shapes:
         for name, element in ELEMENTS.items():
+            if name not in os.environ.get("PROBE_DTYPES", "float32,bfloat16"):
+                continue
             dtype = getattr(torch, name)
             x = (torch.rand(shape, device="cuda") * 4 - 2).to(dtype)
             dx = torch.empty_like(x)
@@ -471,12 +475,13 @@ def stash(ctx: Context) -> None:
                 expect = expect.double()
                 out = out.detach()
                 xg = None
-                variants = [("plain", False, ()), ("stash", True, ())]
+                variants = [("before", False, ties), ("now", True, ties)]
                 if kind in (ReduceKind.MAX, ReduceKind.MIN):
                     variants.append(("tie count", True, (ElementKind.F32, ElementKind.BF16)))
                 runs, names = [], []
                 for label, on, over in variants:
                     plans._COLS_STASH, plans._TIES_OVER_REG_COLS = on, over
+                    plans.REG_COLS_WIDE_BLOCK = wide if on else 0
                     try:
                         plan = ReduceBackwardPlan.select(
                             ReduceBackwardDescriptor(kind, shape, 0, element))
@@ -488,6 +493,7 @@ def stash(ctx: Context) -> None:
                         plan.run(args, workspace=ws)
                     finally:
                         plans._COLS_STASH, plans._TIES_OVER_REG_COLS = True, ties
+                        plans.REG_COLS_WIDE_BLOCK = wide
                     view = bits[dx.element_size()]
                     assert torch.equal(first.view(view), dx.view(view)), f"{label}: not repeatable"
                     err = ((dx.double() - expect).abs().max() / expect.abs().max()).item()
@@ -497,7 +503,7 @@ def stash(ctx: Context) -> None:
                         kernel += f", {_resident(bound)}/SM"
                     runs.append(lambda i, p=plan, a=args, w=ws: p.run(a, workspace=w))
                     names.append(f"{label} ({kernel}, err {err:.1e})")
-                times = ctx.time_gpu_many(runs, warmup=5, iters=40)
+                times = ctx.time_gpu_many(runs, warmup=5, iters=40 if x.numel() < 1e8 else 10)
                 print(f"{name} {kind.name} backward {list(shape)} axis 0:", flush=True)
                 for label, us in zip(names, times):
                     print(f"  {label:64s} {us:8.2f} us "

@@ -942,6 +942,9 @@ def _reg_layouts(width: int) -> dict:
                         0, "reg_cols"),
         # 40 rows: 4 row lanes x 16 (f32) / 8 (f16, bf16) column words: 64 / 32 threads
         "reg_cols_small": ((40, 16), every, 0, "reg_cols"),
+        # 128-byte strips of f16/bf16 (64 columns: 4 row lanes x 16 words, each thread
+        # adding its own columns' warp partials); 80 columns: a partial second strip
+        "reg_cols_wide": ((40, 80), every, 0, "reg_cols"),
         # strips twice as wide through the stash kernel: 16 rows per thread in shared
         # memory, the rest (up to 16) in registers; partial last rows, several strips
         "cols_stash": ((250, 32) if SIMULATOR else (4000, 64), every, 0, "reg_cols"),
@@ -963,7 +966,7 @@ def _reg_layouts(width: int) -> dict:
 _REG_LAYOUT_NAMES = list(_reg_layouts(2))
 #: reg_cols layouts that must (not) take the stash kernel whatever the element.
 _STASH_LAYOUTS = {"cols_stash": True, "cols_block": True, "cols_long": False,
-                  "reg_cols_small": False, "reg_cols_256": False}
+                  "reg_cols_small": False, "reg_cols_wide": False, "reg_cols_256": False}
 
 
 @IEEE_SPECIALS

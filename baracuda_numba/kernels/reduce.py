@@ -2093,12 +2093,16 @@ def _make_backward_rows_sync(kind: ReduceKind, element: ElementKind) -> Callable
 #: a 1024-thread block holds 4096 rows of a 32-byte strip of columns (128 KB of registers).
 REG_COL_WORDS = 16
 REG_COLS_BLOCK = 64 if SIMULATOR else 1024
-#: (column word, element) pairs of one tile at most: one warp lane per pair in the combine.
+#: (column word, element) pairs of one tile at most: one warp lane per pair in the combine
+#: (up to 32), or each thread adding its own pairs' warp partials (up to 64, in blocks of
+#: at most REG_COLS_WIDE_BLOCK threads).
 _REG_COL_PAIRS = 32
+REG_COL_WIDE_PAIRS = 64
+REG_COLS_WIDE_BLOCK = 64 if SIMULATOR else 256
 
 
-def _make_backward_cols_reg(kind: ReduceKind, element: ElementKind,
-                            stash: int = 0) -> Callable[..., None]:
+def _make_backward_cols_reg(kind: ReduceKind, element: ElementKind, stash: int = 0,
+                            wide: bool = False) -> Callable[..., None]:
     ops = GRAD_OPS[kind]
     spec = ELEMENTS[element]
     vec = VECTOR[element]
@@ -2109,10 +2113,12 @@ def _make_backward_cols_reg(kind: ReduceKind, element: ElementKind,
     coefficient, element_fn = ops.coefficient, ops.element
     READS_Y = ops.reads_y
     STAT_TIES = ops.stat == "ties"
-    SLOTS = REG_COLS_BLOCK // 32 * _REG_COL_PAIRS  # one buffer of warp partials
+    SLOTS = max(REG_COLS_BLOCK // 32 * _REG_COL_PAIRS,  # one buffer of warp partials
+                REG_COLS_WIDE_BLOCK // 32 * REG_COL_WIDE_PAIRS)
     PARTIALS = 2 * SLOTS
     STASH = stash
     HELD = REG_COL_WORDS
+    WIDE = wide and 16 * W > _REG_COL_PAIRS  # 16-word f16/bf16 strips: 64 pairs
     assert STASH % HELD == 0, "the stash is loaded HELD words at a time"
 
     def reduce_backward_cols_reg(dy, xv, y, dx, dxv, out_numel, extent, axis_words,
@@ -2124,7 +2130,9 @@ def _make_backward_cols_reg(kind: ReduceKind, element: ElementKind,
         holds column word ``t % cw`` of rows ``t // cw + u * (block / cw)``, u <
         REG_COL_WORDS, in registers. The column totals meet in xor shuffles within each
         warp, then every warp adds the warps' partials from shared memory in warp order
-        (fixed order: deterministic) and broadcasts them by shuffles.
+        (fixed order: deterministic) and broadcasts them by shuffles; a strip of more than
+        32 (word, element) pairs (16 f16/bf16 words) has each thread add its own pairs'
+        partials instead, in the same order.
 
         With ``STASH`` > 0 (a multiple of HELD = REG_COL_WORDS) a thread holds rows u <
         STASH + HELD: the first STASH parked in dynamic shared memory (``STASH *
@@ -2195,20 +2203,29 @@ def _make_backward_cols_reg(kind: ReduceKind, element: ElementKind,
                 if lane < cws:
                     partial[uint32(buffer + warp * pairs + cw * uint32(W) + uint32(e))] = total
             cuda.syncthreads()
-            # every warp: lane -> pair lane % pairs, adding warps lane // pairs + k * parts
-            pair = lane & (pairs - uint32(1))
-            parts = uint32(32) >> log_pairs
-            total = ACC(0)
-            w = lane >> log_pairs
-            while w < warps:
-                total += partial[uint32(buffer + w * pairs + pair)]
-                w = uint32(w + parts)
-            width = uint32(16)
-            while width >= pairs:
-                total += shfl_xor(total, width)
-                width = uint32(width >> uint32(1))
-            for e in range(W):  # lane p < pairs holds pair p's total
-                totals[e] = shfl_idx(total, cw * uint32(W) + uint32(e))
+            if WIDE and pairs > uint32(32):  # wide strips (small blocks): each thread adds
+                for e in range(W):  # its own columns' warp partials, in warp order
+                    total = ACC(0)
+                    for w in range(warps):
+                        total += partial[uint32(buffer + w * pairs + cw * uint32(W)
+                                                + uint32(e))]
+                    totals[e] = total
+            else:
+                # every warp: lane -> pair lane % pairs, adding warps lane // pairs + k *
+                # parts
+                pair = lane & (pairs - uint32(1))
+                parts = uint32(32) >> log_pairs
+                total = ACC(0)
+                w = lane >> log_pairs
+                while w < warps:
+                    total += partial[uint32(buffer + w * pairs + pair)]
+                    w = uint32(w + parts)
+                width = uint32(16)
+                while width >= pairs:
+                    total += shfl_xor(total, width)
+                    width = uint32(width >> uint32(1))
+                for e in range(W):  # lane p < pairs holds pair p's total
+                    totals[e] = shfl_idx(total, cw * uint32(W) + uint32(e))
             parity = uint32(parity ^ uint32(1))
             for e in range(W):
                 g = cfs[e]
@@ -2426,10 +2443,10 @@ REDUCE_BACKWARD_ROWS_SYNC_KERNELS: dict[tuple[ReduceKind, ElementKind], Kernel] 
 }
 
 
-def _cols_reg_kernels(name: str, max_registers: int,
-                      stash: int = 0) -> dict[tuple[ReduceKind, ElementKind], Kernel]:
+def _cols_reg_kernels(name: str, max_registers: int, stash: int = 0,
+                      wide: bool = False) -> dict[tuple[ReduceKind, ElementKind], Kernel]:
     return {(kind, element): Kernel(f"{name}[{_kind_name(kind)},{element.name.lower()}]",
-                                    _make_backward_cols_reg(kind, element, stash),
+                                    _make_backward_cols_reg(kind, element, stash, wide),
                                     _reg_backward_signature(element),
                                     max_registers=max_registers)
             for element in VECTOR for kind in STAT_GRAD_KINDS}
@@ -2448,7 +2465,10 @@ REG_COLS_SMALL_BLOCK = 512
 #: blocks for bf16, 256 for f32, µs at caps 64 / 80 / 96 / uncapped: bf16 Max 595 / 487
 #: / 449 / 453, Var 470 / 447 / 496 / 541, Std 531 / 482 / 547 / 474; f32 Max 793 / 780
 #: / 993 / 772, Var 778 / 796 / 982 / 774, Std 787 / 778 / 978 / 773.)
-REDUCE_BACKWARD_COLS_REG_SMALL_KERNELS = _cols_reg_kernels("reduce_backward_cols_reg_small", 80)
+REDUCE_BACKWARD_COLS_REG_SMALL_KERNELS = _cols_reg_kernels("reduce_backward_cols_reg_small", 80,
+                                                           wide=True)
+# the plan gives strips of more than 32 pairs only to blocks of these kernels
+assert REG_COLS_WIDE_BLOCK <= REG_COLS_SMALL_BLOCK
 
 #: Words per thread the stash kernels below park in dynamic shared memory (on top of
 #: REG_COL_WORDS in registers), and the bytes of it a launch takes (REG_COLS_BLOCK

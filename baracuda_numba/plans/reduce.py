@@ -76,10 +76,12 @@ from ..kernels.reduce import (
     REDUCE_KERNELS,
     REDUCE_ROWS_VEC_KERNELS,
     REG_COL_STASH,
+    REG_COL_WIDE_PAIRS,
     REG_COL_WORDS,
     REG_COLS_BLOCK,
     REG_COLS_SMALL_BLOCK,
     REG_COLS_STASH_BYTES,
+    REG_COLS_WIDE_BLOCK,
     SHORT_LOADS,
     SYNC_BLOCK,
     TIES,
@@ -333,7 +335,8 @@ def _cols_reg_layout(extent: int, width: int) -> tuple[int, int, bool] | None:
     """(log2 of the column words per block, block threads, stash) of the column
     register-resident gradient, or None where it does not apply: every row in the block's
     registers (REG_COL_WORDS per thread), a strip of at least 4 words (32 bytes per row), at
-    most 32 (word, element) pairs, and at least 8 rows per thread on average (shorter
+    most 32 (word, element) pairs (64, up to 128 bytes, in blocks of at most
+    REG_COLS_WIDE_BLOCK threads), and at least 8 rows per thread on average (shorter
     columns keep the statistic pass). The block is as small as the column allows (whole
     warps, at most REG_COLS_BLOCK): short columns get more resident blocks per SM, so one
     block's stores overlap another's loads, and columns of a few hundred rows fit at all.
@@ -347,6 +350,8 @@ def _cols_reg_layout(extent: int, width: int) -> tuple[int, int, bool] | None:
     eleventh pass of docs/notes/reduce.md)."""
     row_lanes = _pow2_at_least(-(-extent // REG_COL_WORDS))
     cw = min(REG_COLS_BLOCK // row_lanes, 32 // width)
+    # f16/bf16 strips of up to 128 bytes too (64 pairs) where the block stays small
+    cw = max(cw, min(REG_COLS_WIDE_BLOCK // row_lanes, 16, REG_COL_WIDE_PAIRS // width))
     block = max(cw * row_lanes, 32)
     if cw < 4 or extent < 8 * (block // cw):
         return None
