@@ -264,6 +264,29 @@ def caps(ctx: Context) -> None:
             torch.cuda.empty_cache()
 
 
+def _column_grads(shapes: list[tuple[int, ...]], fns: dict[ReduceKind, Any]) -> Any:
+    """For each shape, dtype (``PROBE_DTYPES``, default both) and kind of ``fns`` (torch
+    reductions along axis 0): ``(shape, name, element, x, dx, moved, kind, out, dy,
+    expect)``, with random inputs, the saved output and ``torch.autograd``'s dx in
+    float64; ``moved`` = the bytes the benchmark counts."""
+    for shape in shapes:
+        for name, element in ELEMENTS.items():
+            if name not in os.environ.get("PROBE_DTYPES", "float32,bfloat16"):
+                continue
+            dtype = getattr(torch, name)
+            x = (torch.rand(shape, device="cuda") * 4 - 2).to(dtype)
+            dx = torch.empty_like(x)
+            moved = 2 * x.numel() * x.element_size()
+            for kind, fn in fns.items():
+                xg = x.detach().requires_grad_(True)
+                out = fn(xg)
+                dy = torch.rand_like(out) * 2 - 1
+                (expect,) = torch.autograd.grad(out, xg, dy)
+                yield shape, name, element, x, dx, moved, kind, out.detach(), dy, expect.double()
+            x = dx = None
+            torch.cuda.empty_cache()
+
+
 def cols(ctx: Context) -> None:
     """``PROBE_COLS`` (default ``2:1024:64,1:512:64,1:512:80,0:256:64``): variants
     ``log2 column words:block:register cap`` of the column register-resident gradient,
@@ -286,44 +309,30 @@ def cols(ctx: Context) -> None:
     fns = {ReduceKind.MAX: lambda t: t.amax(0, keepdim=True),
            ReduceKind.VAR: lambda t: t.var(0, keepdim=True),
            ReduceKind.STD: lambda t: t.std(0, keepdim=True)}
-    for shape in shapes:
-        for name, element in ELEMENTS.items():
-            dtype = getattr(torch, name)
-            x = (torch.rand(shape, device="cuda") * 4 - 2).to(dtype)
-            dx = torch.empty_like(x)
-            moved = 2 * x.numel() * x.element_size()
-            for kind, fn in fns.items():
-                xg = x.detach().requires_grad_(True)
-                out = fn(xg)
-                dy = torch.rand_like(out) * 2 - 1
-                (expect,) = torch.autograd.grad(out, xg, dy)
-                expect = expect.double()
-                runs = [("plan", None)] + [(f"{v[0]}:{v[1]}:{v[2]}", v) for v in variants]
-                figures = []
-                for label, v in runs:
-                    try:
-                        if v is not None:
-                            plans._cols_reg_layout = lambda e, w, v=v: (v[0], v[1])
-                            plans.REG_COLS_SMALL_BLOCK = v[1] if v[2] == 80 else 0
-                            plans._TIES_OVER_REG_COLS = ()
-                        plan = ReduceBackwardPlan.select(ReduceBackwardDescriptor(kind, shape, axis,
-                                                                                  element))
-                        ws = _workspace(torch, plan)
-                        args = ReduceBackwardArgs(dy, dx, x, out.detach())
-                        dx.fill_(float("nan"))
-                        us = ctx.time_gpu(lambda i, p=plan, a=args, w=ws: p.run(a, workspace=w),
-                                          warmup=5, iters=40)
-                    finally:
-                        plans._cols_reg_layout, plans.REG_COLS_SMALL_BLOCK = layout, small
-                        plans._TIES_OVER_REG_COLS = ties
-                    err = ((dx.double() - expect).abs().max() / expect.abs().max()).item()
-                    pct = moved / us / 1e3 / ctx.copy_gbps * 100
-                    figures.append(f"{label} {us:7.2f} us ({pct:4.1f}%, err {err:.0e})")
-                print(f"  {name} {kind.name} backward {list(shape)} axis 0: " + ", ".join(figures),
-                      flush=True)
-                out = xg = None
-            x = dx = None
-            torch.cuda.empty_cache()
+    for shape, name, element, x, dx, moved, kind, out, dy, expect in _column_grads(shapes, fns):
+        runs = [("plan", None)] + [(f"{v[0]}:{v[1]}:{v[2]}", v) for v in variants]
+        figures = []
+        for label, v in runs:
+            try:
+                if v is not None:
+                    plans._cols_reg_layout = lambda e, w, v=v: (v[0], v[1], False)
+                    plans.REG_COLS_SMALL_BLOCK = v[1] if v[2] == 80 else 0
+                    plans._TIES_OVER_REG_COLS = ()
+                plan = ReduceBackwardPlan.select(ReduceBackwardDescriptor(kind, shape, axis,
+                                                                          element))
+                ws = _workspace(torch, plan)
+                args = ReduceBackwardArgs(dy, dx, x, out)
+                dx.fill_(float("nan"))
+                us = ctx.time_gpu(lambda i, p=plan, a=args, w=ws: p.run(a, workspace=w),
+                                  warmup=5, iters=40)
+            finally:
+                plans._cols_reg_layout, plans.REG_COLS_SMALL_BLOCK = layout, small
+                plans._TIES_OVER_REG_COLS = ties
+            err = ((dx.double() - expect).abs().max() / expect.abs().max()).item()
+            pct = moved / us / 1e3 / ctx.copy_gbps * 100
+            figures.append(f"{label} {us:7.2f} us ({pct:4.1f}%, err {err:.0e})")
+        print(f"  {name} {kind.name} backward {list(shape)} axis 0: " + ", ".join(figures),
+              flush=True)
 
 
 def ties(ctx: Context) -> None:
@@ -459,58 +468,41 @@ def strips(ctx: Context) -> None:
            ReduceKind.STD: lambda t: t.std(0, keepdim=True)}
     ties, wide = plans._TIES_OVER_REG_COLS, plans.REG_COLS_WIDE_BLOCK
     bits = {2: torch.int16, 4: torch.int32}
-    for shape in shapes:
-        for name, element in ELEMENTS.items():
-            if name not in os.environ.get("PROBE_DTYPES", "float32,bfloat16"):
-                continue
-            dtype = getattr(torch, name)
-            x = (torch.rand(shape, device="cuda") * 4 - 2).to(dtype)
-            dx = torch.empty_like(x)
-            moved = 2 * x.numel() * x.element_size()
-            for kind, fn in fns.items():
-                xg = x.detach().requires_grad_(True)
-                out = fn(xg)
-                dy = torch.rand_like(out) * 2 - 1
-                (expect,) = torch.autograd.grad(out, xg, dy)
-                expect = expect.double()
-                out = out.detach()
-                xg = None
-                variants = [("before", False, ties), ("now", True, ties)]
-                if kind in (ReduceKind.MAX, ReduceKind.MIN):
-                    variants.append(("tie count", True, (ElementKind.F32, ElementKind.BF16)))
-                runs, names = [], []
-                for label, on, over in variants:
-                    plans._COLS_STASH, plans._TIES_OVER_REG_COLS = on, over
-                    plans.REG_COLS_WIDE_BLOCK = wide if on else 0
-                    try:
-                        plan = ReduceBackwardPlan.select(
-                            ReduceBackwardDescriptor(kind, shape, 0, element))
-                        ws = _workspace(torch, plan)
-                        args = ReduceBackwardArgs(dy, dx, x, out)
-                        dx.fill_(float("nan"))
-                        plan.run(args, workspace=ws)
-                        first = dx.clone()
-                        plan.run(args, workspace=ws)
-                    finally:
-                        plans._COLS_STASH, plans._TIES_OVER_REG_COLS = True, ties
-                        plans.REG_COLS_WIDE_BLOCK = wide
-                    view = bits[dx.element_size()]
-                    assert torch.equal(first.view(view), dx.view(view)), f"{label}: not repeatable"
-                    err = ((dx.double() - expect).abs().max() / expect.abs().max()).item()
-                    access, bound = list(plan._launches.values())[0][1]
-                    kernel = bound._kernel.name if access == "reg_cols" else access
-                    if access == "reg_cols":
-                        kernel += f", {_resident(bound)}/SM"
-                    runs.append(lambda i, p=plan, a=args, w=ws: p.run(a, workspace=w))
-                    names.append(f"{label} ({kernel}, err {err:.1e})")
-                times = ctx.time_gpu_many(runs, warmup=5, iters=40 if x.numel() < 1e8 else 10)
-                print(f"{name} {kind.name} backward {list(shape)} axis 0:", flush=True)
-                for label, us in zip(names, times):
-                    print(f"  {label:64s} {us:8.2f} us "
-                          f"{moved / us / 1e3 / ctx.copy_gbps * 100:5.1f}% copy", flush=True)
-                runs = None
-            x = dx = None
-            torch.cuda.empty_cache()
+    for shape, name, element, x, dx, moved, kind, out, dy, expect in _column_grads(shapes, fns):
+        variants = [("before", False, ties), ("now", True, ties)]
+        if kind in (ReduceKind.MAX, ReduceKind.MIN):
+            variants.append(("tie count", True, (ElementKind.F32, ElementKind.BF16)))
+        runs, names = [], []
+        for label, on, over in variants:
+            plans._COLS_STASH, plans._TIES_OVER_REG_COLS = on, over
+            plans.REG_COLS_WIDE_BLOCK = wide if on else 0
+            try:
+                plan = ReduceBackwardPlan.select(
+                    ReduceBackwardDescriptor(kind, shape, 0, element))
+                ws = _workspace(torch, plan)
+                args = ReduceBackwardArgs(dy, dx, x, out)
+                dx.fill_(float("nan"))
+                plan.run(args, workspace=ws)
+                first = dx.clone()
+                plan.run(args, workspace=ws)
+            finally:
+                plans._COLS_STASH, plans._TIES_OVER_REG_COLS = True, ties
+                plans.REG_COLS_WIDE_BLOCK = wide
+            view = bits[dx.element_size()]
+            assert torch.equal(first.view(view), dx.view(view)), f"{label}: not repeatable"
+            err = ((dx.double() - expect).abs().max() / expect.abs().max()).item()
+            access, bound = list(plan._launches.values())[0][1]
+            kernel = bound._kernel.name if access == "reg_cols" else access
+            if access == "reg_cols":
+                kernel += f", {_resident(bound)}/SM"
+            runs.append(lambda i, p=plan, a=args, w=ws: p.run(a, workspace=w))
+            names.append(f"{label} ({kernel}, err {err:.1e})")
+        times = ctx.time_gpu_many(runs, warmup=5, iters=40 if x.numel() < 1e8 else 10)
+        print(f"{name} {kind.name} backward {list(shape)} axis 0:", flush=True)
+        for label, us in zip(names, times):
+            print(f"  {label:64s} {us:8.2f} us "
+                  f"{moved / us / 1e3 / ctx.copy_gbps * 100:5.1f}% copy", flush=True)
+        runs = None
 
 
 def order(ctx: Context) -> None:
