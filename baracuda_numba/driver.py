@@ -168,6 +168,15 @@ def set_max_dynamic_shared(function: int, nbytes: int) -> None:
     check(libcuda().cuFuncSetAttribute(function, 8, int(nbytes)), "cuFuncSetAttribute")
 
 
+def function_static_shared(function: int) -> int:
+    """Bytes of static shared memory per block of a loaded ``CUfunction``
+    (``CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES``)."""
+    value = ctypes.c_int()
+    check(libcuda().cuFuncGetAttribute(ctypes.byref(value), 1, function),
+          "cuFuncGetAttribute")
+    return value.value
+
+
 def function_registers(function: int) -> int:
     """Registers per thread of a loaded ``CUfunction`` (``CU_FUNC_ATTRIBUTE_NUM_REGS``)."""
     value = ctypes.c_int()

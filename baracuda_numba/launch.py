@@ -44,6 +44,7 @@ from ._runtime import SIMULATOR
 from .driver import (
     CU_ERROR_INVALID_CONTEXT,
     check,
+    function_static_shared,
     launch_kernel,
     load_function,
     pointer_launcher,
@@ -244,6 +245,7 @@ class Kernel:
         self._lock = threading.Lock()
         self._function: int | None = None
         self._dynamic_shared = 0  # bytes of dynamic shared memory opted in so far
+        self._shared_limit: int | None = None  # dynamic_shared_limit, once read
         self._dispatcher_obj: Any = None
         if register:
             _REGISTRY.append(self)
@@ -288,15 +290,30 @@ class Kernel:
                 _write_cubin(path, library, cc)
         return self
 
+    def dynamic_shared_limit(self) -> int:
+        """Bytes of dynamic shared memory one block of this kernel can take on the current
+        device: the opt-in limit per block (227 KiB on sm_90, 163 KiB on sm_80, 99 KiB on
+        sm_86 / sm_89) less the kernel's static shared memory. Unbounded in the
+        simulator. Read once per process."""
+        if SIMULATOR:
+            return 1 << 30
+        if self._shared_limit is None:
+            self.prepare()
+            optin = int(cuda.current_context().device.MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+            self._shared_limit = optin - function_static_shared(self._function)
+        return self._shared_limit
+
     def allow_dynamic_shared(self, nbytes: int) -> Kernel:
         """Opt this kernel in to ``nbytes`` of dynamic shared memory per block
-        (``cuda.shared.array(0, dtype)`` in the kernel, ``shared_bytes`` at launch). The
-        opt-in is needed once static plus dynamic shared memory exceeds 48 KiB, so it is
-        set for any request (the kernel's static tables count too). A no-op in the
-        simulator, whose launches take any size. Idempotent; the largest request so far
-        stays in force."""
+        (``cuda.shared.array(0, dtype)`` in the kernel, ``shared_bytes`` at launch), at
+        most :meth:`dynamic_shared_limit` (a larger opt-in is refused by the driver; a
+        plan picks its layouts within the limit). The opt-in is needed once static plus
+        dynamic shared memory exceeds 48 KiB, so it is set for any request (the kernel's
+        static tables count too). A no-op in the simulator, whose launches take any size.
+        Idempotent; the largest request so far stays in force."""
         if SIMULATOR or nbytes <= self._dynamic_shared:
             return self
+        nbytes = min(nbytes, self.dynamic_shared_limit())
         self.prepare()
         with _PREPARE_LOCK:
             if nbytes > self._dynamic_shared:

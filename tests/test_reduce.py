@@ -11,7 +11,13 @@ import pytest
 from conftest import EDGE_LENGTHS, FLOAT_ELEMENTS, SIMULATOR, torch_or_skip
 
 from baracuda_numba.errors import InvalidProblem, Unsupported, WorkspaceTooSmall
-from baracuda_numba.kernels.reduce import SYNC_BLOCK, VEC_LOADS, tie_mask_iters
+from baracuda_numba.kernels.reduce import (
+    REDUCE_BACKWARD_COLS_STASH_KERNELS,
+    REG_COLS_STASH_BYTES,
+    SYNC_BLOCK,
+    VEC_LOADS,
+    tie_mask_iters,
+)
 from baracuda_numba.plans.reduce import (
     _SYNC_BATCHES,
     _SYNC_GRID,
@@ -1030,6 +1036,41 @@ def test_register_resident_backward(kind, element, layout, rng):
     if access.startswith("reg") and (stash or not _ties_take_cols(kind, element, True)):
         # the same kernel with and without a workspace
         assert results[0] == results[1], f"{kind.name} {layout}: workspace changed dx"
+
+
+def test_stash_needs_its_shared_memory(monkeypatch, rng):
+    """A device whose blocks cannot take the stash's shared memory (sm_86 / sm_89: 99 KiB)
+    keeps the 32-byte strips of the plain kernel, with the float64 result."""
+    shape = (250, 32) if SIMULATOR else (4000, 64)
+    x_host = to_storage(rng.uniform(-2.0, 2.0, size=shape), E.F32)
+    y = saved_output(K.VAR, x_host, 0, E.F32)
+    dy = random_values(y.shape, E.F32, rng)
+    expected = backward_reference(K.VAR, dy, x_host, y, 0)
+    names = []
+    for fits in (True, False):
+        if not fits:
+            monkeypatch.setattr(REDUCE_BACKWARD_COLS_STASH_KERNELS[(K.VAR, E.F32)],
+                                "dynamic_shared_limit", lambda: REG_COLS_STASH_BYTES - 1)
+        plan = ReduceBackwardPlan.select(ReduceBackwardDescriptor(K.VAR, shape, 0, E.F32))
+        dx = to_device(poisoned(shape, E.F32))
+        plan.run(ReduceBackwardArgs(to_device(dy), dx, to_device(x_host), to_device(y)))
+        check_backward(to_host(dx), expected, E.F32, f"VAR stash fits={fits}")
+        access, bound = next(iter(plan._launches.values()))[1]
+        names.append((access, bound._kernel.name))
+    plain = "reduce_backward_cols_reg_small" if SIMULATOR else "reduce_backward_cols_reg"
+    assert names == [("reg_cols", "reduce_backward_cols_stash[var,f32]"),
+                     ("reg_cols", f"{plain}[var,f32]")], names
+
+
+@pytest.mark.gpu
+def test_gpu_dynamic_shared_limit():
+    """The stash kernel's dynamic shared memory limit is the device's opt-in limit less
+    its static shared memory; a larger opt-in is clamped to it instead of failing."""
+    kernel = REDUCE_BACKWARD_COLS_STASH_KERNELS[(K.VAR, E.F32)]
+    limit = kernel.dynamic_shared_limit()
+    assert REG_COLS_STASH_BYTES <= limit < 256 * 1024, limit  # H100 / H200: 227 KiB less 8
+    kernel.allow_dynamic_shared(1 << 30)
+    assert kernel._dynamic_shared == limit
 
 
 # -- the Var/Std gradient of long rows in one launch (access "sync") ----------------------

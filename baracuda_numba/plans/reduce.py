@@ -331,7 +331,8 @@ def _reg_lanes(extent: int, width: int) -> int:
     return lanes if lanes <= _BLOCK else 0
 
 
-def _cols_reg_layout(extent: int, width: int) -> tuple[int, int, bool] | None:
+def _cols_reg_layout(extent: int, width: int,
+                     stash: bool = True) -> tuple[int, int, bool] | None:
     """(log2 of the column words per block, block threads, stash) of the column
     register-resident gradient, or None where it does not apply: every row in the block's
     registers (REG_COL_WORDS per thread), a strip of at least 4 words (32 bytes per row), at
@@ -345,9 +346,10 @@ def _cols_reg_layout(extent: int, width: int) -> tuple[int, int, bool] | None:
 
     Where the strip fills a REG_COLS_BLOCK-thread block and the stash (REG_COL_STASH more
     words per thread, in shared memory) would widen it, the stash kernel takes the wider
-    strip (``stash`` True; _COLS_STASH): 32-byte strips of 4096 rows become 64-byte ones
-    (H200, 2026-11-26: 17-23 % faster; narrower strips are slower, see the
-    eleventh pass of docs/notes/reduce.md)."""
+    strip (``stash`` True in the result; the argument ``stash`` False, as on a device
+    without the shared memory, or _COLS_STASH False rule it out): 32-byte strips of 4096
+    rows become 64-byte ones (H100 / H200, 2026-11-26: 9-23 % faster; see the thirteenth
+    pass of docs/notes/reduce.md)."""
     row_lanes = _pow2_at_least(-(-extent // REG_COL_WORDS))
     cw = min(REG_COLS_BLOCK // row_lanes, 32 // width)
     # f16/bf16 strips of up to 128 bytes too (64 pairs) where the block stays small
@@ -355,7 +357,7 @@ def _cols_reg_layout(extent: int, width: int) -> tuple[int, int, bool] | None:
     block = max(cw * row_lanes, 32)
     if cw < 4 or extent < 8 * (block // cw):
         return None
-    if block == REG_COLS_BLOCK and _COLS_STASH:
+    if block == REG_COLS_BLOCK and stash and _COLS_STASH:
         row_lanes = _pow2_at_least(-(-extent // (REG_COL_WORDS + REG_COL_STASH)))
         wide = min(REG_COLS_BLOCK // row_lanes, 32 // width)
         if wide > cw:
@@ -366,6 +368,13 @@ def _cols_reg_layout(extent: int, width: int) -> tuple[int, int, bool] | None:
 #: Whether the column register-resident gradient takes the stash kernel where it widens
 #: the strip (the probe's A/B switch).
 _COLS_STASH = True
+
+
+def _stash_fits(kind: ReduceKind, element: ElementKind) -> bool:
+    """Whether the current device gives a block of the stash kernel its shared memory
+    (sm_80 / sm_90 do; sm_86 / sm_89, 99 KiB per block, do not)."""
+    kernel = REDUCE_BACKWARD_COLS_STASH_KERNELS[(GRAD_KERNEL_KIND.get(kind, kind), element)]
+    return kernel.dynamic_shared_limit() >= REG_COLS_STASH_BYTES
 
 
 def _cols_vec_geometry(out_numel: int, extent: int, width: int, max_splits: int) -> _Geometry:
@@ -1143,6 +1152,9 @@ class ReduceBackwardPlan(Plan):
                                   dx.strides[axis], pointers)
             if access == COLS and self._stat_kind is not None:
                 cols_reg = _cols_reg_layout(extent, VECTOR[element].width)
+                if cols_reg is not None and cols_reg[2] and not _stash_fits(
+                        self.descriptor.kind, element):
+                    cols_reg = _cols_reg_layout(extent, VECTOR[element].width, stash=False)
                 # the tie count after dx beats the narrow strips (f32), not the stash
                 if cols_reg is not None and (cols_reg[2] or not (
                         element in _TIES_OVER_REG_COLS and with_workspace and self._tie_slots)):
