@@ -852,7 +852,8 @@ def _elem_centered(c, x, yv, mean):
 @dataclass(frozen=True)
 class GradOps:
     """A gradient formula ``dx = element(coefficient(dy, y, stat), x)``; ``stat`` names
-    the per-output statistic it needs (``"mean"`` from Welford, ``"ties"`` count)."""
+    the per-output statistic it needs (``"mean"``: the statistic pass's sum, which the
+    gradient divides by the extent, or a fused Welford reduction; ``"ties"`` count)."""
 
     coefficient: Any
     element: Any
@@ -889,8 +890,9 @@ def _make_backward(kind: ReduceKind, element: ElementKind) -> Callable[..., None
                         dx_axis_stride, out_shape, dy_strides, x_strides, y_strides,
                         dx_strides, lanes, row_layout, chunk_len, param, fused):
         """dx over the rows of ``out_numel`` outputs. The statistic (mean / tie count) is
-        ``stat_acc[o]`` / ``stat_k[o]``, or with ``fused`` (one split only) reduced here
-        first by the lanes of the row, which then re-read their elements (cache-warm)."""
+        ``stat_acc[o] / extent`` (a sum) / ``stat_k[o]``, or with ``fused`` (one split
+        only) reduced here first by the lanes of the row, which then re-read their elements
+        (cache-warm)."""
         tid = cuda.threadIdx.x
         block = cuda.blockDim.x
         slots = block // lanes
@@ -933,7 +935,7 @@ def _make_backward(kind: ReduceKind, element: ElementKind) -> Callable[..., None
                     cuda.syncthreads()  # sa/sk are free for the next group
                 elif valid:
                     if STAT_MEAN:
-                        mean = stat_acc[o]
+                        mean = stat_acc[o] / ACC(extent)  # the statistic pass's sum
                     else:
                         count = stat_k[o]
             if valid:
@@ -1581,7 +1583,7 @@ def _make_backward_rows_vec(kind: ReduceKind, element: ElementKind) -> Callable[
                     count = int64(1)
                 elif valid:
                     if STAT_MEAN:
-                        mean = stat_acc[o]
+                        mean = stat_acc[o] / ACC(extent)  # the statistic pass's sum
                     else:
                         count = stat_k[o]
                         if fused == 3 and count == 1:
@@ -1740,7 +1742,7 @@ def _make_backward_cols_vec(kind: ReduceKind, element: ElementKind) -> Callable[
                     mean = g
                     count = int64(0)
                     if STAT_MEAN:
-                        mean = stat_acc[uint64(o)]
+                        mean = stat_acc[uint64(o)] / ACC(extent)  # the statistic pass's sum
                     if STAT_TIES:
                         count = int64(1) if mode == 2 else stat_k[uint64(o)]
                         rewrite = rewrite or count != 1
