@@ -921,6 +921,34 @@ def test_gpu_store_only_rows(kind, element, rng):
                                                                           element)[:, cols:])
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("element", WORD_ELEMENTS, ids=lambda e: e.name)
+@pytest.mark.parametrize("kind", [K.VAR, K.STD], ids=lambda k: k.name)
+def test_gpu_mean_statistic_columns(kind, element, rng):
+    """Columns too long for the register-resident gradient (30001 rows of 64 along axis 0:
+    many splits, a short last one): the Sum kernel's statistic pass, then the column word
+    gradient walking each chunk from its end, against NumPy and bit-identical on a rerun;
+    the values sit off 0 (3 + uniform), so a wrong mean shows."""
+    shape = (30001, 64)
+    x = to_storage(3.0 + from_storage(random_values(shape, element, rng), element), element)
+    y = saved_output(kind, x, 0, element)
+    dy = random_values(y.shape, element, rng)
+    expected = backward_reference(kind, from_storage(dy, element), from_storage(x, element),
+                                  from_storage(y, element), 0)
+    plan = ReduceBackwardPlan.select(ReduceBackwardDescriptor(kind, shape, 0, element))
+    ws = to_device(np.zeros(plan.workspace_size, np.uint8))
+    args = (to_device(dy), to_device(x), to_device(y))
+    results = []
+    for _ in range(2):
+        dx = to_device(poisoned(shape, element))
+        plan.run(ReduceBackwardArgs(args[0], dx, args[1], args[2]), workspace=ws)
+        results.append(from_storage(host(dx), element))
+    what = f"{kind.name} backward {element.name} {shape}"
+    check_backward(results[0], expected, element, what)
+    np.testing.assert_array_equal(results[1], results[0], what)
+    assert next(iter(plan._launches.values()))[1][0] == "cols", what
+
+
 # -- register-resident gradient (Max/Min, Var/Std of lines that fit in one block) --------
 # Word-aligned rows whose extent is a whole number of words take the kernel that holds the
 # row in registers (access "reg"): one warp or less per row, several warps per row, padded
