@@ -420,6 +420,69 @@ def test_split_and_single_pass_agree_and_are_deterministic(rng):
     assert limited.workspace_size == 0
 
 
+def test_unsplit_column_geometry():
+    """A column layout that may not split the axis (no workspace) trades slots for lanes
+    along the axis instead of running in a handful of blocks: the grid grows towards the
+    one-wave target, each block keeps a 32-byte run of every row (4 words / 8 elements),
+    and there are no more lanes than rows."""
+    from baracuda_numba.plans.reduce import (
+        _BLOCK,
+        _TARGET_BLOCKS,
+        _VEC_TARGET_BLOCKS,
+        _cols_vec_geometry,
+        _geometry,
+    )
+
+    def check(got, split, units, extent, min_slots, target):
+        slots = _BLOCK // got.lanes
+        assert got.splits == 1 and got.groups == -(-units // slots)
+        assert got.lanes >= split.lanes and (got.lanes == split.lanes or got.lanes <= extent)
+        assert slots >= min(min_slots, _BLOCK // split.lanes)
+        assert got.groups <= max(target, split.groups)
+        # one halving more would break a rule
+        assert slots // 2 < min_slots or -(-units // (slots // 2)) > target \
+            or _BLOCK // (slots // 2) > extent
+
+    for out_numel, extent in ((4096, 4096), (64, 37), (200_000, 3), (64, 1_000_000)):
+        for width in (2, 4):
+            check(_cols_vec_geometry(out_numel, extent, width, 1),
+                  _cols_vec_geometry(out_numel, extent, width, 1 << 16), out_numel // width,
+                  extent, 4, _VEC_TARGET_BLOCKS)
+        check(_geometry(out_numel, extent, False, 1),
+              _geometry(out_numel, extent, False, 1 << 16), out_numel, extent, 8,
+              _TARGET_BLOCKS)
+    assert _cols_vec_geometry(64, 37, 2, 1).lanes > _cols_vec_geometry(64, 37, 2, 1 << 16).lanes
+    assert _geometry(64, 37, False, 1).lanes > _geometry(64, 37, False, 1 << 16).lanes
+    if not SIMULATOR:  # f32 [4096, 4096] along axis 0 ran in 8 blocks of one lane per word
+        assert _cols_vec_geometry(4096, 4096, 2, 1).groups == 512
+
+
+@pytest.mark.parametrize("element", [E.F32, E.BF16, E.F64], ids=lambda e: e.name)
+def test_unsplit_columns(element, rng):
+    """Columns without a workspace (more lanes per block, combined in shared memory): every
+    forward kind, Argmax, and the Var / Std / Max gradients (fused statistic) of [37, 64]
+    along axis 0 against NumPy."""
+    shape = (37, 64)
+    for kind in REDUCE_KINDS:
+        x = inputs_for(kind, shape, element, rng)
+        x64 = from_storage(x, element)
+        got, _ = run_forward(kind, x, 0, element, workspace=False)
+        check_forward(got, reference(kind, x64, 0), kind, element, x64, 0,
+                      f"{kind.name} {element.name} unsplit columns")
+    x = to_storage(rng.integers(-3, 4, size=shape) * 0.5, element)
+    plan = ArgReducePlan.select(ArgReduceDescriptor(K.ARGMAX, shape, 0, element))
+    y = to_device(poisoned((1, 64), E.I64))
+    plan.run(ArgReduceArgs(to_device(x), y))
+    np.testing.assert_array_equal(host(y), arg_reference(K.ARGMAX, from_storage(x, element), 0))
+    for kind in (K.VAR, K.STD, K.MAX):
+        y = saved_output(kind, x, 0, element)
+        dy = random_values(y.shape, element, rng)
+        expected = backward_reference(kind, from_storage(dy, element), from_storage(x, element),
+                                      from_storage(y, element), 0)
+        got = run_backward(kind, x, y, dy, 0, element, workspace=False)
+        check_backward(got, expected, element, f"{kind.name} {element.name} unsplit columns")
+
+
 # -- backward ----------------------------------------------------------------------------
 
 
