@@ -431,6 +431,7 @@ def test_unsplit_column_geometry():
         _VEC_TARGET_BLOCKS,
         _cols_vec_geometry,
         _geometry,
+        _lanes_first,
     )
 
     def check(got, split, units, extent, min_slots, target):
@@ -455,20 +456,32 @@ def test_unsplit_column_geometry():
     assert _geometry(64, 37, False, 1).lanes > _geometry(64, 37, False, 1 << 16).lanes
     if not SIMULATOR:  # f32 [4096, 4096] along axis 0 ran in 8 blocks of one lane per word
         assert _cols_vec_geometry(4096, 4096, 2, 1).groups == 512
+        # the forward's lanes first: [4096, 4096] unsplit with a workspace too, [1e6, 64]
+        # (64 columns) keeps whole rows per block and splits
+        assert _cols_vec_geometry(4096, 4096, 2, 1 << 16, True) \
+            == _cols_vec_geometry(4096, 4096, 2, 1)
+        for width in (2, 4):
+            assert _cols_vec_geometry(64, 10**6, width, 1 << 16, True) \
+                == _cols_vec_geometry(64, 10**6, width, 1 << 16)
+    lanes_first = _cols_vec_geometry(64, 37, 2, 1 << 16, True)
+    assert lanes_first.splits == 1 and lanes_first.lanes > 1
+    assert _lanes_first(K.SUM, E.BF16) and _lanes_first(K.LOG_SUM_EXP, E.F32)
+    assert not _lanes_first(K.LOG_SUM_EXP, E.BF16) and not _lanes_first(K.LOG_SUM_EXP, E.F16)
 
 
 @pytest.mark.parametrize("element", [E.F32, E.BF16, E.F64], ids=lambda e: e.name)
 def test_unsplit_columns(element, rng):
     """Columns without a workspace (more lanes per block, combined in shared memory): every
-    forward kind, Argmax, and the Var / Std / Max gradients (fused statistic) of [37, 64]
-    along axis 0 against NumPy."""
+    forward kind (also with a workspace: lanes first), Argmax, and the Var / Std / Max
+    gradients (fused statistic) of [37, 64] along axis 0 against NumPy."""
     shape = (37, 64)
     for kind in REDUCE_KINDS:
         x = inputs_for(kind, shape, element, rng)
         x64 = from_storage(x, element)
-        got, _ = run_forward(kind, x, 0, element, workspace=False)
-        check_forward(got, reference(kind, x64, 0), kind, element, x64, 0,
-                      f"{kind.name} {element.name} unsplit columns")
+        for workspace in (False, True):  # with one: the forward's lanes first
+            got, _ = run_forward(kind, x, 0, element, workspace=workspace)
+            check_forward(got, reference(kind, x64, 0), kind, element, x64, 0,
+                          f"{kind.name} {element.name} unsplit columns {workspace}")
     x = to_storage(rng.integers(-3, 4, size=shape) * 0.5, element)
     plan = ArgReducePlan.select(ArgReduceDescriptor(K.ARGMAX, shape, 0, element))
     y = to_device(poisoned((1, 64), E.I64))
