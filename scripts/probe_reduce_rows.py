@@ -214,11 +214,6 @@ def caps(ctx: Context) -> None:
     on the same buffers and compared bit for bit with the uncapped kernel's dx."""
     from baracuda_numba.kernels import reduce as kernels
     from baracuda_numba.launch import Kernel
-    from baracuda_numba.plans.reduce import (
-        ReduceBackwardArgs,
-        ReduceBackwardDescriptor,
-        ReduceBackwardPlan,
-    )
 
     table = kernels.REDUCE_BACKWARD_ROWS_VEC_KERNELS
     variants = {ReduceKind.PROD: (lambda t: t.prod(1, keepdim=True), (None, 64)),
@@ -242,11 +237,7 @@ def caps(ctx: Context) -> None:
                                                         original.py_func, original.signature,
                                                         register=False, max_registers=cap)
                     try:
-                        plan = ReduceBackwardPlan.select(ReduceBackwardDescriptor(
-                            kind, shape, 1, element))
-                        ws = _workspace(torch, plan)
-                        args = ReduceBackwardArgs(dy, dx, x, out)
-                        dx.fill_(float("nan"))
+                        plan, ws, args = _gradient(kind, shape, 1, element, dy, dx, x, out)
                         us = ctx.time_gpu(lambda i, p=plan, a=args, w=ws: p.run(a, workspace=w),
                                           warmup=5, iters=20)
                     finally:
@@ -262,6 +253,21 @@ def caps(ctx: Context) -> None:
                       + ", ".join(figures), flush=True)
             x = dx = None
             torch.cuda.empty_cache()
+
+
+def _gradient(kind: ReduceKind, shape: tuple[int, ...], axis: int, element: ElementKind,
+              dy: Any, dx: Any, x: Any, out: Any) -> tuple[Any, Any, Any]:
+    """``(plan, workspace, args)``: a ``ReduceBackwardPlan`` selected under the probe's
+    current overrides, its workspace and the args writing ``dx``, poisoned with NaN."""
+    from baracuda_numba.plans.reduce import (
+        ReduceBackwardArgs,
+        ReduceBackwardDescriptor,
+        ReduceBackwardPlan,
+    )
+
+    plan = ReduceBackwardPlan.select(ReduceBackwardDescriptor(kind, shape, axis, element))
+    dx.fill_(float("nan"))
+    return plan, _workspace(torch, plan), ReduceBackwardArgs(dy, dx, x, out)
 
 
 def _column_grads(shapes: list[tuple[int, ...]], fns: dict[ReduceKind, Any]) -> Any:
@@ -292,11 +298,6 @@ def cols(ctx: Context) -> None:
     ``log2 column words:block:register cap`` of the column register-resident gradient,
     each timed on the same buffers and compared with ``torch.autograd``; ``PROBE_SHAPES``
     (default ``4096x4096``) the shapes, reduced along axis 0."""
-    from baracuda_numba.plans.reduce import (
-        ReduceBackwardArgs,
-        ReduceBackwardDescriptor,
-        ReduceBackwardPlan,
-    )
 
     variants = [tuple(int(n) for n in item.split(":"))
                 for item in os.environ.get("PROBE_COLS",
@@ -318,11 +319,7 @@ def cols(ctx: Context) -> None:
                     plans._cols_reg_layout = lambda e, w, v=v: (v[0], v[1], False)
                     plans.REG_COLS_SMALL_BLOCK = v[1] if v[2] == 80 else 0
                     plans._TIES_OVER_REG_COLS = ()
-                plan = ReduceBackwardPlan.select(ReduceBackwardDescriptor(kind, shape, axis,
-                                                                          element))
-                ws = _workspace(torch, plan)
-                args = ReduceBackwardArgs(dy, dx, x, out)
-                dx.fill_(float("nan"))
+                plan, ws, args = _gradient(kind, shape, axis, element, dy, dx, x, out)
                 us = ctx.time_gpu(lambda i, p=plan, a=args, w=ws: p.run(a, workspace=w),
                                   warmup=5, iters=40)
             finally:
@@ -454,11 +451,6 @@ def _resident(bound: Any) -> int:
 
 
 def strips(ctx: Context) -> None:
-    from baracuda_numba.plans.reduce import (
-        ReduceBackwardArgs,
-        ReduceBackwardDescriptor,
-        ReduceBackwardPlan,
-    )
 
     shapes = [tuple(int(n) for n in item.split("x"))
               for item in os.environ.get("PROBE_SHAPES", "4096x4096,256x1000000").split(",")]
@@ -477,11 +469,7 @@ def strips(ctx: Context) -> None:
             plans._COLS_STASH, plans._TIES_OVER_REG_COLS = on, over
             plans.REG_COLS_WIDE_BLOCK = wide if on else 0
             try:
-                plan = ReduceBackwardPlan.select(
-                    ReduceBackwardDescriptor(kind, shape, 0, element))
-                ws = _workspace(torch, plan)
-                args = ReduceBackwardArgs(dy, dx, x, out)
-                dx.fill_(float("nan"))
+                plan, ws, args = _gradient(kind, shape, 0, element, dy, dx, x, out)
                 plan.run(args, workspace=ws)
                 first = dx.clone()
                 plan.run(args, workspace=ws)

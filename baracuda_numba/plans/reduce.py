@@ -673,6 +673,7 @@ class _ForwardPlan(Plan):
         self._out_numel = product(self._out_shape)
         self._kernel = REDUCE_KERNELS[(kernel_kind, desc.element)]
         self._kernel_kind = kernel_kind
+        self._lanes_first = _lanes_first(kernel_kind, desc.element)
         self._param = param
         limit = 1 << 30
         if pref is not None and pref.max_workspace_bytes is not None:
@@ -728,8 +729,7 @@ class _ForwardPlan(Plan):
                                x.strides[self._axis] == 1,
                                self._max_splits if with_workspace else 1,
                                self.descriptor.element, self._kernel_kind, x.ptr,
-                               lanes_first=_lanes_first(self._kernel_kind,
-                                                        self.descriptor.element))
+                               lanes_first=self._lanes_first)
             launch = _bind_reduce(self._kernel, self._kernel_kind, self.descriptor.element, x,
                                   y, None, problem, self._extent, self._out_numel,
                                   with_workspace, self._param, final=True)
