@@ -278,6 +278,31 @@ def test_tile_with_a_partial_last_head_group(rng, pairing, in_place):
     np.testing.assert_array_equal(to_host(y_dev).view(np.uint8), expected.view(np.uint8))
 
 
+@pytest.mark.parametrize("pairing", [INTERLEAVED, HALF_SPLIT], ids=lambda p: p.name)
+@pytest.mark.parametrize("positions_kind", ["none", "per_sequence"])
+def test_tile_with_more_pairs_than_threads(rng, pairing, positions_kind):
+    """rope_tile with one head a block: fewer threads than pairs (D = 32 f16: 16 pairs for
+    4 interleaved / 2 half-split items), so threads compute several pairs' angles, with
+    positions and without (pos = s). Bits equal the element path's, and x is unchanged."""
+    shape = (SHAPE16[0], 2, SHAPE16[2], 32)
+    desc = RopeDescriptor(*shape, element=F16, pairing=pairing)
+    x = random_values(shape, F16, rng)
+    positions = make_positions(positions_kind, shape, rng, high=1_000_000)
+    expected = run_plan(desc, x, positions, force_pairs=True)
+    plan = RopePlan.select(desc)
+    plan.angle_table, plan.tile, plan.tile_heads_per_block = False, True, 1
+    plan.retune()
+    x_dev = to_device(x)
+    pos = None if positions is None else to_device(positions)
+    view = as_mut(x_dev, "test", "x")
+    assert plan._kernel_path(view, view, pos) == "tile"
+    assert plan._tile_heads_per_block(plan._unit_items(view, view)[3]) == 1
+    y_dev = to_device(poisoned(shape, F16))
+    plan.run(RopeArgs(x_dev, y_dev, pos))
+    np.testing.assert_array_equal(to_host(y_dev).view(np.uint8), expected.view(np.uint8))
+    np.testing.assert_array_equal(to_host(x_dev).view(np.uint8), x.view(np.uint8))
+
+
 @pytest.mark.parametrize("element", [F16, F32], ids=lambda e: e.name)
 @pytest.mark.parametrize("pairing", [INTERLEAVED, HALF_SPLIT], ids=lambda p: p.name)
 @pytest.mark.parametrize("path", ["units", "table", "tile"])
