@@ -19,6 +19,7 @@ from baracuda_numba.kernels.reduce import (
     tie_mask_iters,
 )
 from baracuda_numba.plans.reduce import (
+    _REG_STREAM_MIN_LANES,
     _SYNC_BATCHES,
     _SYNC_GRID,
     _TIES_OVER_REG_COLS,
@@ -34,6 +35,7 @@ from baracuda_numba.plans.reduce import (
     ReduceDescriptor,
     ReducePlan,
     _cols_reg_layout,
+    _reg_lanes,
 )
 from baracuda_numba.testing import (
     TOLERANCE,
@@ -1139,6 +1141,47 @@ def test_register_resident_backward(kind, element, layout, rng):
     if access.startswith("reg") and (stash or not _ties_take_cols(kind, element, True)):
         # the same kernel with and without a workspace
         assert results[0] == results[1], f"{kind.name} {layout}: workspace changed dx"
+
+
+@IEEE_SPECIALS
+@pytest.mark.parametrize("layout", ["reg_rows", "reg_padded", "reg_warps"]
+                         + ([] if SIMULATOR else ["reg_block", "too_long"]), ids=str)
+@pytest.mark.parametrize("element", WORD_ELEMENTS, ids=lambda e: e.name)
+@pytest.mark.parametrize("kind", [K.PROD, K.NORM2, K.LOG_SUM_EXP], ids=lambda k: k.name)
+def test_register_resident_stream_backward(kind, element, layout, rng):
+    """The gradients without a statistic take the register-resident row kernel (every
+    load of a row, then every store) where a row spans at least a warp of lanes, and the
+    word row kernel otherwise; dx against float64 (a zero in the first row: Prod's
+    dy * y / x is NaN there), bit-identical on a rerun, padding untouched."""
+    width = 2 if element is E.F32 else 4
+    base_shape, index, axis, access = _reg_layouts(width)[layout]
+    base = rng.uniform(0.9, 1.1, size=base_shape) * rng.choice([-1.0, 1.0], size=base_shape)
+    base[(0,) * (len(base_shape) - 1) + (3,)] = 0.0
+    base = to_storage(base, element)
+    shape = np.empty(base_shape)[index].shape
+    x_host = np.ascontiguousarray(base[index])
+    y = saved_output(kind, x_host, axis, element)
+    dy = random_values(y.shape, element, rng)
+    expected = backward_reference(kind, from_storage(dy, element), from_storage(x_host, element),
+                                  from_storage(y, element), axis)
+    lanes = _reg_lanes(shape[axis], width)
+    expected_access = "reg" if access == "reg" and lanes >= _REG_STREAM_MIN_LANES else "rows"
+    assert expected_access == "reg" or layout in ("reg_rows", "reg_padded", "too_long")
+    results = []
+    for _ in range(2):
+        dx_base = poisoned(base_shape, element)
+        dx = device_view(dx_base, index, shape, element)
+        plan = ReduceBackwardPlan.select(ReduceBackwardDescriptor(kind, shape, axis, element))
+        plan.run(ReduceBackwardArgs(to_device(dy), dx, device_view(base, index, shape, element),
+                                    to_device(y)))
+        what = f"{kind.name} backward {element.name} {layout}"
+        got = storage_of(dx, element)
+        check_backward(from_storage(got, element), expected, element, what)
+        assert next(iter(plan._launches.values()))[1][0] == expected_access, what
+        if layout.endswith("padded") and SIMULATOR:
+            assert np.all(np.isnan(from_storage(dx_base[:, 16:], element))), what
+        results.append(got.tobytes())
+    assert results[0] == results[1], f"{kind.name} {layout}: not deterministic"
 
 
 def test_stash_needs_its_shared_memory(monkeypatch, rng):

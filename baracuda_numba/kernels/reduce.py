@@ -1852,6 +1852,7 @@ def _make_backward_rows_reg(kind: ReduceKind, element: ElementKind) -> Callable[
     W, LOG_W = vec.width, vec.log_width
     coefficient, element_fn = ops.coefficient, ops.element
     READS_Y = ops.reads_y
+    STAT = ops.stat is not None
     STAT_TIES = ops.stat == "ties"
     WARPS = SHARED_SLOTS // 32  # most warps of one block
     PARTIALS = 2 * WARPS  # two buffers: one barrier per group
@@ -1865,7 +1866,9 @@ def _make_backward_rows_reg(kind: ReduceKind, element: ElementKind) -> Callable[
         (consecutive threads) hold the row's words in registers, lane ``l`` the words ``l +
         u * lanes``; the per-lane totals meet in an xor-shuffle butterfly (every lane gets
         the same value), then, for rows wider than a warp, the warps' totals in shared
-        memory in warp order (a fixed order: deterministic)."""
+        memory in warp order (a fixed order: deterministic). The kinds without a statistic
+        (Prod, Norm2, LogSumExp: ``dx = element(coefficient(dy, y), x)``) skip the totals:
+        every load of the row in flight at once, then every store."""
         # in-row indices are 32-bit (a row holds at most 256 * VEC_LOADS words) and lanes
         # is a power of two. Registers (ptxas, sm_90): 45-51, 4-5 resident blocks per SM;
         # with 64-bit index math 89-91 (2 blocks): Max f32 [4096, 4096] 98 µs vs 49.5.
@@ -1899,32 +1902,33 @@ def _make_backward_rows_reg(kind: ReduceKind, element: ElementKind) -> Callable[
                 if u < held:
                     words[u] = xv[at + uint64(uint32(u) << log_lanes)]
             total = ACC(0)
-            for u in range(VEC_LOADS):
-                if u < held:
-                    unpack(words[u], values, 0)
-                    for e in range(W):
-                        if STAT_TIES:
-                            total += ACC(1) if values[e] == yv else ACC(0)
-                        else:
-                            total += values[e]
-            width = min(lanes, uint32(32)) >> uint32(1)
-            while width >= uint32(1):  # a + b == b + a: both lanes of a pair get the same sum
-                total += shfl_xor(total, width)
-                width = uint32(width >> uint32(1))
-            if row_warps > uint32(1):
-                if tid & uint32(31) == uint32(0):
-                    partial[uint32(parity * uint32(WARPS) + (tid >> uint32(5)))] = total
-                cuda.syncthreads()
-                first = uint32(parity * uint32(WARPS) + slot * row_warps)
-                total = partial[first]
-                for w in range(1, row_warps):
-                    total += partial[uint32(first + uint32(w))]
-                parity = uint32(parity ^ uint32(1))
+            if STAT:
+                for u in range(VEC_LOADS):
+                    if u < held:
+                        unpack(words[u], values, 0)
+                        for e in range(W):
+                            if STAT_TIES:
+                                total += ACC(1) if values[e] == yv else ACC(0)
+                            else:
+                                total += values[e]
+                width = min(lanes, uint32(32)) >> uint32(1)
+                while width >= uint32(1):  # a + b == b + a: both lanes of a pair: one sum
+                    total += shfl_xor(total, width)
+                    width = uint32(width >> uint32(1))
+                if row_warps > uint32(1):
+                    if tid & uint32(31) == uint32(0):
+                        partial[uint32(parity * uint32(WARPS) + (tid >> uint32(5)))] = total
+                    cuda.syncthreads()
+                    first = uint32(parity * uint32(WARPS) + slot * row_warps)
+                    total = partial[first]
+                    for w in range(1, row_warps):
+                        total += partial[uint32(first + uint32(w))]
+                    parity = uint32(parity ^ uint32(1))
             mean = g
             count = int64(0)
             if STAT_TIES:
                 count = int64(total)
-            else:
+            elif STAT:
                 mean = total / ACC(extent)
             cf = ACC(coefficient(g, yv, mean, count, param))
             for u in range(VEC_LOADS):
@@ -2436,6 +2440,9 @@ def _reg_backward_signature(element: ElementKind) -> tuple[types.Type, ...]:
 
 #: Gradient kinds with a per-row statistic (Max/Min: tie count, Var/Std: mean).
 STAT_GRAD_KINDS = tuple(kind for kind, ops in GRAD_OPS.items() if ops.stat is not None)
+#: Gradients without a statistic that read x (``dx = element(coefficient(dy, y), x)``).
+STREAM_GRAD_KINDS = tuple(kind for kind, ops in GRAD_OPS.items()
+                          if ops.stat is None and ops.reads_x)
 
 #: (kind, element) -> register-resident gradient of word-aligned rows that fit in the
 #: registers of one block (x read once).
@@ -2443,7 +2450,7 @@ REDUCE_BACKWARD_ROWS_REG_KERNELS: dict[tuple[ReduceKind, ElementKind], Kernel] =
     (kind, element): Kernel(
         f"reduce_backward_rows_reg[{_kind_name(kind)},{element.name.lower()}]",
         _make_backward_rows_reg(kind, element), _reg_backward_signature(element))
-    for element in VECTOR for kind in STAT_GRAD_KINDS
+    for element in VECTOR for kind in STAT_GRAD_KINDS + STREAM_GRAD_KINDS
 }
 
 
