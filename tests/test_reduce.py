@@ -12,6 +12,7 @@ from conftest import EDGE_LENGTHS, FLOAT_ELEMENTS, SIMULATOR, torch_or_skip
 
 from baracuda_numba.errors import InvalidProblem, Unsupported, WorkspaceTooSmall
 from baracuda_numba.kernels.reduce import (
+    CHUNK,
     REDUCE_BACKWARD_COLS_STASH_KERNELS,
     REG_COLS_STASH_BYTES,
     SYNC_BLOCK,
@@ -20,9 +21,14 @@ from baracuda_numba.kernels.reduce import (
 )
 from baracuda_numba.plans.reduce import (
     _REG_STREAM_MIN_LANES,
+    _STREAM_COL_MIN_BATCHES,
+    _STREAM_COL_TARGET_BLOCKS,
+    _STREAM_ROW_MIN_BATCHES,
+    _STREAM_ROW_TARGET_BLOCKS,
     _SYNC_BATCHES,
     _SYNC_GRID,
     _TIES_OVER_REG_COLS,
+    _VEC_TARGET_BLOCKS,
     REDUCE_ELEMENTS,
     REDUCE_KINDS,
     ArgReduceArgs,
@@ -35,7 +41,10 @@ from baracuda_numba.plans.reduce import (
     ReduceDescriptor,
     ReducePlan,
     _cols_reg_layout,
+    _cols_vec_geometry,
     _reg_lanes,
+    _rows_vec_geometry,
+    _split_aim,
 )
 from baracuda_numba.testing import (
     TOLERANCE,
@@ -1182,6 +1191,32 @@ def test_register_resident_stream_backward(kind, element, layout, rng):
             assert np.all(np.isnan(from_storage(dx_base[:, 16:], element))), what
         results.append(got.tobytes())
     assert results[0] == results[1], f"{kind.name} {layout}: not deterministic"
+
+
+def test_stream_gradient_split_geometry():
+    """The gradients without a statistic split lines that split anyway (fewer groups than
+    half of _VEC_TARGET_BLOCKS) down to _STREAM_*_MIN_BATCHES batches per thread, aiming
+    at _STREAM_*_TARGET_BLOCKS blocks; lines with more groups split as the kernels with a
+    statistic do."""
+    stream_rows = {"target": _STREAM_ROW_TARGET_BLOCKS, "min_batches": _STREAM_ROW_MIN_BATCHES}
+    stream_cols = {"target": _STREAM_COL_TARGET_BLOCKS, "min_batches": _STREAM_COL_MIN_BATCHES}
+    assert _split_aim(1, 1 << 20) == 1 << 20
+    assert _split_aim(_VEC_TARGET_BLOCKS - 1, 1 << 20) == _VEC_TARGET_BLOCKS
+    # one long row, one column word over many rows: a split per batch, up to the target
+    long = 1 << 22
+    for width in (1, 2, 4):
+        row = _rows_vec_geometry(1, long * width, width, 1 << 16, **stream_rows)
+        base = _rows_vec_geometry(1, long * width, width, 1 << 16)
+        batch = row.lanes * VEC_LOADS
+        assert row.splits == min(_STREAM_ROW_TARGET_BLOCKS, long // batch) > base.splits
+        assert row.chunk_len % batch == 0
+        col = _cols_vec_geometry(width, long, width, 1 << 16, **stream_cols)
+        base = _cols_vec_geometry(width, long, width, 1 << 16)
+        assert col.splits > base.splits and col.chunk_len % (col.lanes * CHUNK) == 0
+        # groups that fill half of _VEC_TARGET_BLOCKS or more: as before
+        rows = (_VEC_TARGET_BLOCKS - 1) * 8  # (GPU) 8 rows of 32 lanes per block
+        many = _rows_vec_geometry(rows, 1024 * width, width, 1 << 16, **stream_rows)
+        assert many == _rows_vec_geometry(rows, 1024 * width, width, 1 << 16)
 
 
 def test_stash_needs_its_shared_memory(monkeypatch, rng):

@@ -214,6 +214,13 @@ def _sync_layout(out_numel: int, extent: int, width: int) -> tuple[int, int, int
     return parts, _SYNC_BATCHES, parts + _SYNC_GRID, 8 * (1 + out_numel * parts)
 
 
+def _split_aim(groups: int, target: int) -> int:
+    """The blocks a split of ``groups`` line groups aims at: ``target`` where the groups
+    fill less than half of _VEC_TARGET_BLOCKS (they split anyway), else _VEC_TARGET_BLOCKS
+    (at most one wave, as the kernels with a statistic to merge)."""
+    return target if _VEC_TARGET_BLOCKS // groups > 1 else _VEC_TARGET_BLOCKS
+
+
 def _pow2_at_least(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
 
@@ -233,7 +240,8 @@ class _Geometry:
 
 
 def _rows_vec_geometry(out_numel: int, extent: int, width: int, max_splits: int,
-                       store_only: bool = False, warp_rows: bool = False) -> _Geometry:
+                       store_only: bool = False, warp_rows: bool = False, target: int = 0,
+                       min_batches: int = 0) -> _Geometry:
     """Lanes per row and splits for the word-access row kernels: a row of ``extent //
     width`` words gets about _VEC_WORDS_PER_LANE words per lane (short rows: one batch per
     lane, at least 4 lanes = a 32-byte sector per row and load), split only when there are
@@ -252,7 +260,12 @@ def _rows_vec_geometry(out_numel: int, extent: int, width: int, max_splits: int,
     same buffers: 32 lanes x 16 splits 179.3 µs, 256 lanes x 2 splits 184.1, torch
     182.6. In separate processes, bf16 Sum / Max / Norm2 / Argmax 1.9-2.4 % faster, Var
     1.7 % slower; in the benchmark bf16 LogSumExp 335 -> 345 µs; f32 Sum 341-343 µs
-    either way on the same buffers, 0.8-2 % slower across processes.)"""
+    either way on the same buffers, 0.8-2 % slower across processes.)
+
+    ``target`` / ``min_batches`` (0: _VEC_TARGET_BLOCKS / _VEC_MIN_BATCHES): the blocks a
+    split aims at and the batches each split keeps at least (``_split_aim``)."""
+    target = target or _VEC_TARGET_BLOCKS
+    min_batches = min_batches or _VEC_MIN_BATCHES
     words = max(extent // width, 1)
     if store_only and width == 2 and words in _STORE_ONLY_WORDS \
             and out_numel >= _STORE_ONLY_ROWS:
@@ -268,8 +281,8 @@ def _rows_vec_geometry(out_numel: int, extent: int, width: int, max_splits: int,
     batch = lanes * VEC_LOADS
     splits = 1
     if groups < _VEC_TARGET_BLOCKS and max_splits > 1:
-        splits = min(max(1, _VEC_TARGET_BLOCKS // groups),
-                     max(1, words // (batch * _VEC_MIN_BATCHES)), max_splits)
+        splits = min(max(1, _split_aim(groups, target) // groups),
+                     max(1, words // (batch * min_batches)), max_splits)
     chunk = -(-words // splits)
     chunk = -(-chunk // batch) * batch if splits > 1 else words + 1
     splits = max(1, -(-words // chunk))
@@ -341,6 +354,20 @@ def _reg_lanes(extent: int, width: int) -> int:
 #: against 183.1 (f32 Prod) and 97.0 against 92.6 (bf16 LogSumExp).)
 _REG_STREAM_KINDS = (ReduceKind.PROD, ReduceKind.NORM2, ReduceKind.LOG_SUM_EXP)
 _REG_STREAM_MIN_LANES = 32
+#: The word-kernel gradients without a statistic (Sum, Mean, Prod, Norm2, LogSumExp)
+#: whose lines split anyway (``_split_aim``): the blocks a split aims at and the batches
+#: a split keeps at least. Nothing merges their splits, so they split until a thread has
+#: one batch: every load of a thread in flight, then every store, and more blocks to
+#: overlap one block's stores with another's loads. (H100, 2026-11-26, alternating runs,
+#: µs before -> after: f32 [4096, 4096] axis 0 Prod 53.4-53.5 -> 48.8-49.7, Norm2
+#: 51.5-51.7 -> 48.2-48.4, Sum 26.8 -> 24.7; [1e6, 64] axis 0 Prod 190.5-191.3 -> 180.7-
+#: 180.8; [256, 1e6] axis 1 Prod 741 -> 727-728; bf16 [1e6, 64] axis 0 Prod 99.0-99.6 ->
+#: 95.0-95.1, [256, 1e6] axis 1 Prod 404.8 -> 392.8-393.7; bf16 [4096, 4096] axis 0 Prod
+#: 29.7-29.8 -> 30.9-31.0 (slower), Norm2 26.7-26.9 -> 26.0-26.2. bf16 [4096, 4096]
+#: axis 1 Sum / Mean, 512 row groups, took 8 splits without the "anyway": 14.4 / 16.0 ->
+#: 18.2-18.5 / 18.4-19.0.)
+_STREAM_COL_TARGET_BLOCKS = _STREAM_ROW_TARGET_BLOCKS = 8 * _VEC_TARGET_BLOCKS
+_STREAM_COL_MIN_BATCHES = _STREAM_ROW_MIN_BATCHES = 1
 
 
 def _cols_reg_layout(extent: int, width: int,
@@ -421,7 +448,8 @@ def _lanes_first(kernel_kind: Any, element: ElementKind) -> bool:
 
 
 def _cols_vec_geometry(out_numel: int, extent: int, width: int, max_splits: int,
-                       lanes_first: bool = False) -> _Geometry:
+                       lanes_first: bool = False, target: int = 0,
+                       min_batches: int = 0) -> _Geometry:
     """Slots (words of outputs) and lanes for the word-access column kernels:
     consecutive threads own consecutive words of outputs, the remaining threads of the
     block walk the axis with them; split the axis when there are too few groups (or, when
@@ -433,7 +461,12 @@ def _cols_vec_geometry(out_numel: int, extent: int, width: int, max_splits: int,
     split -> lanes first: bf16 Sum 23.5 -> 20.7-20.9, Max 23.2-23.4 -> 20.0-20.1, Var
     40.5-40.8 -> 30.2-30.4, Argmax 31.6 -> 30.6-30.7; f32 Sum 32.6 -> 32.1, Max 33.0-33.2
     either way, Var 37.3-37.5 -> 36.3, Argmax 36.8-36.9 -> 34.5-34.7, LogSumExp 44.7-45.0
-    -> 41.6-41.7; [1e6, 64] unchanged.)"""
+    -> 41.6-41.7; [1e6, 64] unchanged.)
+
+    ``target`` / ``min_batches`` (0: _VEC_TARGET_BLOCKS / _VEC_MIN_BATCHES): the blocks a
+    split aims at and the batches each split keeps at least (``_split_aim``)."""
+    target = target or _VEC_TARGET_BLOCKS
+    min_batches = min_batches or _VEC_MIN_BATCHES
     out_words = max(out_numel // width, 1)
     slots = min(_BLOCK, _pow2_at_least(out_words))
     unsplit = max_splits <= 1
@@ -448,8 +481,8 @@ def _cols_vec_geometry(out_numel: int, extent: int, width: int, max_splits: int,
     batch = lanes * CHUNK
     splits = 1
     if groups < _VEC_TARGET_BLOCKS and not unsplit:
-        splits = min(max(1, _VEC_TARGET_BLOCKS // groups),
-                     max(1, extent // (batch * _VEC_MIN_BATCHES)), max_splits)
+        splits = min(max(1, _split_aim(groups, target) // groups),
+                     max(1, extent // (batch * min_batches)), max_splits)
     chunk = -(-max(extent, 1) // splits)
     chunk = -(-chunk // batch) * batch if splits > 1 else max(extent, 1)
     splits = max(1, -(-max(extent, 1) // chunk))
@@ -1260,11 +1293,17 @@ class ReduceBackwardPlan(Plan):
                 geometry = _short_rows_geometry(self._out_numel, extent, width, out_shape,
                                                 out_strides[0], shift)
             if geometry is None:
-                geometry = _rows_vec_geometry(self._out_numel, extent, width, 1 << 16,
-                                              store_only=not self._needs_saved)
+                stream = self._stat_kind is None  # no statistic: splits cost nothing
+                geometry = _rows_vec_geometry(
+                    self._out_numel, extent, width, 1 << 16, store_only=not self._needs_saved,
+                    target=_STREAM_ROW_TARGET_BLOCKS if stream else 0,
+                    min_batches=_STREAM_ROW_MIN_BATCHES if stream else 0)
         elif access == COLS:
-            geometry = _cols_vec_geometry(self._out_numel, extent, VECTOR[element].width,
-                                          1 << 16)
+            stream = self._stat_kind is None  # no statistic: splits cost nothing
+            geometry = _cols_vec_geometry(
+                self._out_numel, extent, VECTOR[element].width, 1 << 16,
+                target=_STREAM_COL_TARGET_BLOCKS if stream else 0,
+                min_batches=_STREAM_COL_MIN_BATCHES if stream else 0)
         else:
             # stores: at least one full 32-byte sector of a row per warp instruction. (H100,
             # 2026-11-22: Sum's gradient of f32 [1e6, 64] took 230 µs with 8 lanes and 267
