@@ -78,6 +78,9 @@ def geometry(ctx: Context) -> None:
     per_lanes = [int(n) for n in os.environ.get("PROBE_PER_LANE", "64,32,16,8,4").split(",")]
     targets = [int(n) for n in os.environ.get("PROBE_TARGETS", "528,1056,2112").split(",")]
     defaults = (plans._VEC_WORDS_PER_LANE, plans._VEC_WARP_ROW_WORDS, plans._VEC_TARGET_BLOCKS)
+    # PROBE_WARP_ROW_WORDS: rows of at least this many words keep >= 32 lanes (a larger
+    # value lets long rows take fewer lanes)
+    warp_row_words = int(os.environ.get("PROBE_WARP_ROW_WORDS", defaults[1]))
     for shape in shapes:
         out_shape = (shape[0], 1)
         for name, element in ELEMENTS.items():
@@ -96,6 +99,7 @@ def geometry(ctx: Context) -> None:
                 for target in targets:
                     plans._VEC_WORDS_PER_LANE = per_lane
                     plans._VEC_TARGET_BLOCKS = target
+                    plans._VEC_WARP_ROW_WORDS = warp_row_words
                     for with_ws in (False, True):
                         if target != defaults[2] and not with_ws:
                             continue
