@@ -1193,6 +1193,41 @@ def test_register_resident_stream_backward(kind, element, layout, rng):
     assert results[0] == results[1], f"{kind.name} {layout}: not deterministic"
 
 
+@IEEE_SPECIALS
+@pytest.mark.parametrize("element", WORD_ELEMENTS, ids=lambda e: e.name)
+@pytest.mark.parametrize("kind", [K.MAX, K.MIN], ids=lambda k: k.name)
+def test_register_resident_tie_specials(kind, element):
+    """Max/Min gradients through the register-resident rows with -0 and +0 tied,
+    infinities, a NaN line, subnormal ties and NaN / inf dy, against float64,
+    bit-identical on a rerun."""
+    tiny = {E.F16: 2.0 ** -20, E.BF16: 2.0 ** -130, E.F32: 2.0 ** -140}[element]
+    rows = np.arange(12 * 64).reshape(12, 64) % 5 - 2.0
+    rows[0, :] = -0.0
+    rows[0, 7], rows[0, 40] = 0.0, 0.0  # Max +0 ties every -0; Min -0 ties every +0
+    rows[1, :] = -np.inf
+    rows[2, 5], rows[2, 63], rows[2, 20] = np.inf, -np.inf, np.inf
+    rows[3, 9] = np.nan
+    rows[4, :] = -1.0
+    rows[4, 3], rows[4, 33], rows[5, :] = tiny, tiny, -tiny
+    x = to_storage(rows, element)
+    x64 = from_storage(x, element)
+    y = saved_output(kind, x, 1, element)
+    dy = to_storage(np.array([[1.5], [np.nan], [2.0], [1.0], [np.inf], [-3.0]]
+                             + [[0.25]] * 6), element)
+    expected = backward_reference(kind, from_storage(dy, element), x64,
+                                  from_storage(y, element), 1)
+    results = []
+    for _ in range(2):
+        plan = ReduceBackwardPlan.select(ReduceBackwardDescriptor(kind, x.shape, 1, element))
+        dx = to_device(poisoned(x.shape, element))
+        plan.run(ReduceBackwardArgs(to_device(dy), dx, to_device(x), to_device(y)))
+        assert next(iter(plan._launches.values()))[1][0] == "reg"
+        got = to_host(dx)
+        check_backward(from_storage(got, element), expected, element, f"{kind.name} specials")
+        results.append(got.tobytes())
+    assert results[0] == results[1]
+
+
 def test_stream_gradient_split_geometry():
     """The gradients without a statistic split lines that split anyway (fewer groups than
     half of _VEC_TARGET_BLOCKS) down to _STREAM_*_MIN_BATCHES batches per thread, aiming
