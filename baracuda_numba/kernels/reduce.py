@@ -2481,12 +2481,23 @@ STAT_GRAD_KINDS = tuple(kind for kind, ops in GRAD_OPS.items() if ops.stat is no
 STREAM_GRAD_KINDS = tuple(kind for kind, ops in GRAD_OPS.items()
                           if ops.stat is None and ops.reads_x)
 
+#: Register caps of the register-resident row gradient, per (kind, element) (the others
+#: uncapped): at most 48 registers keep 5 resident 256-thread blocks per SM. Max (Min's
+#: kernel) takes 51 uncapped (4 blocks) and spills 4-8 bytes at 48; the others take 40-48.
+#: H100, 2026-11-26, alternating runs, µs uncapped -> 48: bf16 [1e6, 64] axis 1 Max
+#: 104.6-104.8 -> 102.8-102.9, Min 103.7-104.0 -> 101.9-102.1; bf16 [4096, 4096] axis 1
+#: 28.4 / 27.4-27.5 either way; f32 slower ([1e6, 64] Max 183.9-184.0 -> 188.1-188.4), so
+#: f32 stays uncapped.
+REG_ROWS_MAX_REGISTERS = {(ReduceKind.MAX, ElementKind.F16): 48,
+                          (ReduceKind.MAX, ElementKind.BF16): 48}
+
 #: (kind, element) -> register-resident gradient of word-aligned rows that fit in the
 #: registers of one block (x read once).
 REDUCE_BACKWARD_ROWS_REG_KERNELS: dict[tuple[ReduceKind, ElementKind], Kernel] = {
     (kind, element): Kernel(
         f"reduce_backward_rows_reg[{_kind_name(kind)},{element.name.lower()}]",
-        _make_backward_rows_reg(kind, element), _reg_backward_signature(element))
+        _make_backward_rows_reg(kind, element), _reg_backward_signature(element),
+        max_registers=REG_ROWS_MAX_REGISTERS.get((kind, element)))
     for element in VECTOR for kind in STAT_GRAD_KINDS + STREAM_GRAD_KINDS
 }
 
