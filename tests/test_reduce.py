@@ -21,10 +21,8 @@ from baracuda_numba.kernels.reduce import (
 )
 from baracuda_numba.plans.reduce import (
     _REG_STREAM_MIN_LANES,
-    _STREAM_COL_MIN_BATCHES,
-    _STREAM_COL_TARGET_BLOCKS,
-    _STREAM_ROW_MIN_BATCHES,
-    _STREAM_ROW_TARGET_BLOCKS,
+    _STREAM_MIN_BATCHES,
+    _STREAM_TARGET_BLOCKS,
     _SYNC_BATCHES,
     _SYNC_GRID,
     _TIES_OVER_REG_COLS,
@@ -1230,11 +1228,11 @@ def test_register_resident_tie_specials(kind, element):
 
 def test_stream_gradient_split_geometry():
     """The gradients without a statistic split lines that split anyway (fewer groups than
-    half of _VEC_TARGET_BLOCKS) down to _STREAM_*_MIN_BATCHES batches per thread, aiming
-    at _STREAM_*_TARGET_BLOCKS blocks; lines with more groups split as the kernels with a
+    half of _VEC_TARGET_BLOCKS) down to _STREAM_MIN_BATCHES batches per thread, aiming
+    at _STREAM_TARGET_BLOCKS blocks; lines with more groups split as the kernels with a
     statistic do."""
-    stream_rows = {"target": _STREAM_ROW_TARGET_BLOCKS, "min_batches": _STREAM_ROW_MIN_BATCHES}
-    stream_cols = {"target": _STREAM_COL_TARGET_BLOCKS, "min_batches": _STREAM_COL_MIN_BATCHES}
+    stream_rows = stream_cols = {"target": _STREAM_TARGET_BLOCKS,
+                                 "min_batches": _STREAM_MIN_BATCHES}
     assert _split_aim(1, 1 << 20) == 1 << 20
     assert _split_aim(_VEC_TARGET_BLOCKS - 1, 1 << 20) == _VEC_TARGET_BLOCKS
     # one long row, one column word over many rows: a split per batch, up to the target
@@ -1243,7 +1241,7 @@ def test_stream_gradient_split_geometry():
         row = _rows_vec_geometry(1, long * width, width, 1 << 16, **stream_rows)
         base = _rows_vec_geometry(1, long * width, width, 1 << 16)
         batch = row.lanes * VEC_LOADS
-        assert row.splits == min(_STREAM_ROW_TARGET_BLOCKS, long // batch) > base.splits
+        assert row.splits == min(_STREAM_TARGET_BLOCKS, long // batch) > base.splits
         assert row.chunk_len % batch == 0
         col = _cols_vec_geometry(width, long, width, 1 << 16, **stream_cols)
         base = _cols_vec_geometry(width, long, width, 1 << 16)

@@ -83,6 +83,7 @@ from ..kernels.reduce import (
     REG_COLS_STASH_BYTES,
     REG_COLS_WIDE_BLOCK,
     SHORT_LOADS,
+    STREAM_GRAD_KINDS,
     SYNC_BLOCK,
     TIES,
     VEC_LOADS,
@@ -344,15 +345,15 @@ def _reg_lanes(extent: int, width: int) -> int:
     return lanes if lanes <= _BLOCK else 0
 
 
-#: Gradients without a statistic that take the register-resident row kernel (every load
-#: of a row in flight, then every store) where a row spans at least _REG_STREAM_MIN_LANES
-#: lanes; shorter rows keep the word row kernel's short-row path. (H100, 2026-11-26,
+#: The gradients without a statistic that read x (``STREAM_GRAD_KINDS``: Prod, Norm2,
+#: LogSumExp) take the register-resident row kernel (every load of a row in flight, then
+#: every store) where a row spans at least _REG_STREAM_MIN_LANES lanes; shorter rows keep
+#: the word row kernel's short-row path. (H100, 2026-11-26,
 #: [4096, 4096] along axis 1, alternating runs, µs word row kernel -> register-resident:
 #: f32 Prod 55.4-56.0 -> 48.2-48.5, Norm2 53.0-53.1 -> 47.2-47.5, LogSumExp 53.5-53.7 ->
 #: 47.3-47.9; bf16 Prod 32.5-32.7 -> 26.2-26.5, Norm2 29.0 -> 24.3-24.4, LogSumExp
 #: 29.5-30.5 -> 25.2-25.3. With 4 lanes or more, [1e6, 64] along axis 1 took 184.6 µs
 #: against 183.1 (f32 Prod) and 97.0 against 92.6 (bf16 LogSumExp).)
-_REG_STREAM_KINDS = (ReduceKind.PROD, ReduceKind.NORM2, ReduceKind.LOG_SUM_EXP)
 _REG_STREAM_MIN_LANES = 32
 #: The word-kernel gradients without a statistic (Sum, Mean, Prod, Norm2, LogSumExp)
 #: whose lines split anyway (``_split_aim``): the blocks a split aims at and the batches
@@ -366,8 +367,8 @@ _REG_STREAM_MIN_LANES = 32
 #: 29.7-29.8 -> 30.9-31.0 (slower), Norm2 26.7-26.9 -> 26.0-26.2. bf16 [4096, 4096]
 #: axis 1 Sum / Mean, 512 row groups, took 8 splits without the "anyway": 14.4 / 16.0 ->
 #: 18.2-18.5 / 18.4-19.0.)
-_STREAM_COL_TARGET_BLOCKS = _STREAM_ROW_TARGET_BLOCKS = 8 * _VEC_TARGET_BLOCKS
-_STREAM_COL_MIN_BATCHES = _STREAM_ROW_MIN_BATCHES = 1
+_STREAM_TARGET_BLOCKS = 8 * _VEC_TARGET_BLOCKS
+_STREAM_MIN_BATCHES = 1
 
 
 def _cols_reg_layout(extent: int, width: int,
@@ -1138,6 +1139,10 @@ class ReduceBackwardPlan(Plan):
             self._param = 1.0
         self._stat_kind = {ReduceKind.MAX: TIES, ReduceKind.MIN: TIES,
                            ReduceKind.VAR: MEAN_STAT, ReduceKind.STD: MEAN_STAT}.get(kind)
+        # without a statistic nothing merges the splits of the word kernels' lines
+        self._stream_split = {"target": _STREAM_TARGET_BLOCKS,
+                              "min_batches": _STREAM_MIN_BATCHES} \
+            if self._stat_kind is None else {}
         self._launches: dict[Any, tuple[_ReduceLaunch | None, Any]] = {}
         # (dy, dx, x, y) layout key -> gradient runner (run fast path)
         self._memo = LayoutMemo(4)
@@ -1269,7 +1274,7 @@ class ReduceBackwardPlan(Plan):
                                                            block, dx.strides[axis], stash))
                 if not with_workspace:
                     access = GENERIC  # the column word kernel needs the workspace
-        stream = self._stat_kind is None and self.descriptor.kind in _REG_STREAM_KINDS
+        stream = self.descriptor.kind in STREAM_GRAD_KINDS
         if access == ROWS and (self._stat_kind is not None or stream):
             width = VECTOR[element].width
             lanes = _reg_lanes(extent, width)
@@ -1293,17 +1298,12 @@ class ReduceBackwardPlan(Plan):
                 geometry = _short_rows_geometry(self._out_numel, extent, width, out_shape,
                                                 out_strides[0], shift)
             if geometry is None:
-                stream = self._stat_kind is None  # no statistic: splits cost nothing
-                geometry = _rows_vec_geometry(
-                    self._out_numel, extent, width, 1 << 16, store_only=not self._needs_saved,
-                    target=_STREAM_ROW_TARGET_BLOCKS if stream else 0,
-                    min_batches=_STREAM_ROW_MIN_BATCHES if stream else 0)
+                geometry = _rows_vec_geometry(self._out_numel, extent, width, 1 << 16,
+                                              store_only=not self._needs_saved,
+                                              **self._stream_split)
         elif access == COLS:
-            stream = self._stat_kind is None  # no statistic: splits cost nothing
-            geometry = _cols_vec_geometry(
-                self._out_numel, extent, VECTOR[element].width, 1 << 16,
-                target=_STREAM_COL_TARGET_BLOCKS if stream else 0,
-                min_batches=_STREAM_COL_MIN_BATCHES if stream else 0)
+            geometry = _cols_vec_geometry(self._out_numel, extent, VECTOR[element].width,
+                                          1 << 16, **self._stream_split)
         else:
             # stores: at least one full 32-byte sector of a row per warp instruction. (H100,
             # 2026-11-22: Sum's gradient of f32 [1e6, 64] took 230 µs with 8 lanes and 267
