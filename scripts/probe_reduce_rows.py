@@ -22,7 +22,8 @@ the rows, and the benchmark's order effect (the first case timed on fresh inputs
   each run twice with a workspace, for a profiler: ``ncu --cache-control none
   --clock-control none --metrics gpu__time_duration.sum -k regex:reduce_backward python3
   scripts/probe_reduce_rows.py ties`` gives each pass's time (first pass, tie merge,
-  rewrite);
+  rewrite); ``PROBE_CASES`` (``KIND:RxC:axis:dtype,...``; MAX / MIN / VAR / STD) replaces
+  the cases;
 * ``sync``: the Var / Std gradients of f32 / bf16 [256, 1e6] axis 1 (and
   ``PROBE_SHAPES``) through the row-sync kernel (batches per item, grid) against the plan
   without it (statistic pass + split gradient), timed alternately, each checked against
@@ -349,10 +350,15 @@ def ties(ctx: Context) -> None:
              (ReduceKind.MAX, (1_000_000, 64), 0, "bfloat16"),
              (ReduceKind.MAX, (4096, 4096), 0, "bfloat16"),
              (ReduceKind.VAR, (1_000_000, 64), 0, "bfloat16")]
+    if os.environ.get("PROBE_CASES"):  # KIND:RxC:axis:dtype,...
+        cases = [(ReduceKind[k], tuple(int(n) for n in s.split("x")), int(a), d)
+                 for k, s, a, d in (item.split(":")
+                                    for item in os.environ["PROBE_CASES"].split(","))]
     for kind, shape, axis, name in cases:
         dtype = getattr(torch, name)
         x = (torch.rand(shape, device="cuda") * 4 - 2).to(dtype)
-        stat = x.float().amax if kind is ReduceKind.MAX else x.float().var
+        stat = {ReduceKind.MAX: x.float().amax, ReduceKind.MIN: x.float().amin,
+                ReduceKind.STD: x.float().std}.get(kind, x.float().var)
         out = stat(axis, keepdim=True).to(dtype)
         dy = torch.rand_like(out)
         dx = torch.empty_like(x)

@@ -754,9 +754,71 @@ def test_short_rows_selection(element):
         assert _short_rows((1000, n), (n, 1), element, ptr=8)[0]  # a word in: taken
         assert not _short_rows((7, 3, n), (4 * n, n, 1), element)[0]  # two output dims
         assert not _short_rows((1000, n - width), (n, 1), element)[0]  # not lanes x 4 words
-    n = 2 * SHORT_LOADS * width  # 2 lanes: generic; 16 lanes: several batches per lane
+    n = 2 * SHORT_LOADS * width  # 2 lanes: generic
     assert not _short_rows((1000, n), (n, 1), element)[0]
-    assert not _short_rows((1000, 8 * n), (8 * n, 1), element)[0]
+
+
+@pytest.mark.parametrize("element", WORD_ELEMENTS, ids=lambda e: e.name)
+def test_longer_short_rows_selection(element):
+    """The forward of LONG_SHORT_KINDS also takes rows of lanes x VEC_LOADS words, lanes a
+    power of two up to a block; the other kinds and the gradients keep 4 or 8 lanes x
+    SHORT_LOADS words."""
+    from baracuda_numba.kernels.reduce import VEC_LOADS, VECTOR
+    from baracuda_numba.plans.reduce import _BLOCK, _problem, _short_rows_geometry
+
+    width = VECTOR[element].width
+    for lanes in (8, _BLOCK):
+        n = lanes * VEC_LOADS * width
+        taken, geometry = _short_rows((50, n), (n, 1), element)
+        assert taken and (geometry.lanes, geometry.splits) == (lanes, 1), (lanes, geometry)
+        assert _short_rows_geometry(50, n, width, (50,), (n,), 0) is None  # gradients
+        for kind in (K.VAR, K.LOG_SUM_EXP, K.ARGMAX):
+            problem = _problem((50, n), 1, [(n, 1), (1, 1)], True, 1 << 16, element, kind)
+            assert problem.geometry.chunk_len != 0, kind
+    for words in (6 * VEC_LOADS, 2 * _BLOCK * VEC_LOADS, _BLOCK * VEC_LOADS + 4):
+        n = words * width  # 6 lanes: not a power of two; more than a block; not 8 per lane
+        assert not _short_rows((50, n), (n, 1), element)[0], words
+
+
+@IEEE_SPECIALS
+@pytest.mark.parametrize("element", WORD_ELEMENTS, ids=lambda e: e.name)
+def test_longer_short_rows(element):
+    """Every kind and the arg-reductions on rows of 8 lanes and of a block of lanes x
+    VEC_LOADS words (the short-row path for LONG_SHORT_KINDS, the row loop for the
+    others), with NaN / inf / ties / -0, against NumPy and bit-identical on a rerun."""
+    from baracuda_numba.kernels.reduce import LONG_SHORT_KINDS, VEC_LOADS, VECTOR
+    from baracuda_numba.plans.reduce import _BLOCK, _problem
+
+    width = VECTOR[element].width
+    rng = np.random.default_rng(11)
+    for lanes in (8, _BLOCK):
+        n = lanes * VEC_LOADS * width
+        # magnitudes near 1: the products of 2048 values stay within f16 range
+        rows = rng.choice([-1.0, 1.0], (5, n)) * rng.uniform(0.95, 1.05, (5, n))
+        rows[0, n // 3] = np.nan
+        rows[1, 7], rows[1, n - 1] = np.inf, -np.inf
+        rows[2, :] = -0.0
+        rows[3, 5], rows[3, n - 2] = 3.0, 3.0  # ties of the max
+        rows[3, 6], rows[3, n - 3] = -3.0, -3.0  # and of the min
+        x = to_storage(rows, element)
+        x64 = from_storage(x, element)
+        for kind in REDUCE_KINDS:
+            got, plan = run_forward(kind, x, 1, element)
+            again, _ = run_forward(kind, x, 1, element)
+            check_forward(got, reference(kind, x64, 1), kind, element, x64, 1,
+                          f"{kind.name} {lanes} x {VEC_LOADS} words")
+            np.testing.assert_array_equal(got.view(np.uint8), again.view(np.uint8), kind.name)
+            assert _forward_access(plan) == "rows"
+            kernel_kind = K.SUM if kind is K.MEAN else kind
+            problem = _problem(x.shape, 1, [(n, 1), (1, 1)], True, 1 << 16, element,
+                               kernel_kind)
+            assert (problem.geometry.chunk_len == 0) == (kernel_kind in LONG_SHORT_KINDS)
+        for kind in (K.ARGMAX, K.ARGMIN):
+            desc = ArgReduceDescriptor(kind, x.shape, 1, element)
+            plan = ArgReducePlan.select(desc)
+            y = to_device(poisoned(desc.output_shape(), E.I64))
+            plan.run(ArgReduceArgs(to_device(x), y))
+            np.testing.assert_array_equal(host(y), arg_reference(kind, x64, 1), kind.name)
 
 
 @IEEE_SPECIALS
@@ -897,6 +959,46 @@ def test_short_rows_backward(kind, element, layout, rng):
     short = layout == "rows_short" or (layout == "rows_short_padded" and element is E.F32)
     assert access == "rows", what
     assert (gradient._args[16] == 0) == short, what  # chunk_vecs 0: the short-row path
+
+
+@pytest.mark.parametrize("element", WORD_ELEMENTS, ids=lambda e: e.name)
+def test_longer_short_rows_backward(element, rng):
+    """The store-only gradients (Sum / Mean) take the short-row path on rows of 8 lanes and
+    of a block of lanes x VEC_LOADS words too (contiguous and padded rows), into a
+    poisoned buffer whose padding must survive; the gradients that read x do not."""
+    from baracuda_numba.kernels.reduce import VEC_LOADS, VECTOR
+    from baracuda_numba.plans.reduce import _BLOCK
+
+    width = VECTOR[element].width
+    for lanes in (8, _BLOCK):
+        n = lanes * VEC_LOADS * width
+        for pad in (0, width):
+            base = poisoned((3, n + pad), element)
+            for kind in (K.SUM, K.MEAN, K.NORM2):
+                x_host = random_values((3, n), element, rng)
+                y = saved_output(kind, x_host, 1, element)
+                dy = random_values(y.shape, element, rng)
+                expected = backward_reference(kind, from_storage(dy, element),
+                                              from_storage(x_host, element),
+                                              from_storage(y, element), 1)
+                dx_base = base.copy()
+                dx = device_view(dx_base, (slice(None), slice(0, n)), (3, n), element)
+                xs = np.ascontiguousarray(x_host)
+                plan = ReduceBackwardPlan.select(ReduceBackwardDescriptor(kind, (3, n), 1,
+                                                                          element))
+                saved = kind is K.NORM2
+                plan.run(ReduceBackwardArgs(to_device(dy), dx, to_device(xs) if saved else None,
+                                            to_device(y) if saved else None))
+                what = f"{kind.name} backward {element.name} {lanes} lanes pad {pad}"
+                got = from_storage(storage_of(dx, element), element)
+                check_backward(got, expected, element, what)
+                whole = dx_base if SIMULATOR else storage_of(dx._base, element)
+                np.testing.assert_array_equal(whole[:, n:], base[:, n:], what)
+                access, gradient = next(iter(plan._launches.values()))[1]
+                if kind is K.NORM2:
+                    assert access != "rows" or gradient._args[16] != 0, what
+                else:
+                    assert access == "rows" and gradient._args[16] == 0, what
 
 
 def test_store_only_rows_geometry():

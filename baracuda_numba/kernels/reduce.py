@@ -1267,6 +1267,15 @@ def _vec_lane_reducer(kind: Any, element: ElementKind) -> Any:
 #: took 116 µs (75%; ncu: 83 M warp instructions, 0.72 issued per scheduler cycle: issue
 #: bound on the per-row index math, head/tail peeling and the remainder checks).
 SHORT_LOADS = 4
+#: Kernel kinds whose short-row path also takes rows of exactly ``lanes * VEC_LOADS`` words
+#: (up to a block of lanes): the kinds with one operation per merge. The others keep the
+#: row loop there (H100, 2026-11-26, scripts/probe_reduce_read.py, [4096, 4096] along rows,
+#: µs, row loop -> short rows: f32 Sum 28.6 -> 26.4, Max 28.6 -> 26.4, but Var 30.9 ->
+#: 37.8, LogSumExp 38.5 -> 57.9, Argmax 31.0 -> 39.0: their merges across 8 warps), and
+#: their kernels keep the SHORT_LOADS arrays (f32 [1e6, 64] Var 116 -> 128 µs with the
+#: VEC_LOADS path compiled in).
+LONG_SHORT_KINDS = (ReduceKind.SUM, ReduceKind.MAX, ReduceKind.MIN, ReduceKind.PROD,
+                    ReduceKind.NORM2)
 
 
 def _make_reduce_rows_vec(kind: Any, element: ElementKind) -> Callable[..., None]:
@@ -1279,9 +1288,12 @@ def _make_reduce_rows_vec(kind: Any, element: ElementKind) -> Callable[..., None
     write_state = _state_writer(kind, element, ops.final)
     combine = _lane_combiner(kind, element)
     short_chunk = _vec_chunk(kind, ACC, vec.width, SHORT_LOADS)
+    long_chunk = _vec_chunk(kind, ACC, vec.width)
     unpack = vec.unpack
     W, LOG_W = vec.width, vec.log_width
-    SHORT_COUNT = SHORT_LOADS * W
+    LONG = kind in LONG_SHORT_KINDS
+    SHORT_WORDS = VEC_LOADS if LONG else SHORT_LOADS
+    SHORT_COUNT = SHORT_WORDS * W
     INIT_A, INIT_K = ops.init_a(spec), ops.init_k
     USES_AUX = ops.uses_aux
     LAST = MAX_RANK - 1
@@ -1301,10 +1313,11 @@ def _make_reduce_rows_vec(kind: Any, element: ElementKind) -> Callable[..., None
         count is not 1 (ties, or none: a NaN y) and skips the others.
 
         ``chunk_vecs == 0`` selects the short-row path (plans: one split, one collapsed
-        output dim, ``shift == 0``, rows of exactly ``lanes * SHORT_LOADS`` words starting
-        on a word): lane ``l`` of row ``o`` loads words ``l + u * lanes`` (u <
-        SHORT_LOADS) at once and folds them with the kind's chunk; no head, tail or
-        remainder path and one multiply per offset."""
+        output dim, ``shift == 0``, rows of exactly ``lanes * SHORT_LOADS`` or, for
+        LONG_SHORT_KINDS, ``lanes * VEC_LOADS`` words starting on a word): lane ``l`` of
+        row ``o`` loads words ``l + u * lanes`` (u < the words per lane) at once and folds
+        them with the kind's chunk; no head, tail or remainder path and one multiply per
+        offset."""
         tid = cuda.threadIdx.x
         block = cuda.blockDim.x
         sa = cuda.shared.array(SHARED_SLOTS, ACC)
@@ -1319,7 +1332,9 @@ def _make_reduce_rows_vec(kind: Any, element: ElementKind) -> Callable[..., None
             row_words = uint64(x_strides[LAST]) >> uint64(LOG_W)
             y_stride = uint64(y_strides[LAST])
             aux_stride = uint64(aux_strides[LAST])
-            words = cuda.local.array(SHORT_LOADS, uint64)
+            # VEC_LOADS words per lane (LONG_SHORT_KINDS only), else SHORT_LOADS
+            whole = LONG and (extent >> LOG_W) == lanes * VEC_LOADS
+            words = cuda.local.array(SHORT_WORDS, uint64)
             values = cuda.local.array(SHORT_COUNT, ACC)
             vspan = int64(lanes * W)
             while group * slots < out_numel:  # uniform across the block
@@ -1331,13 +1346,20 @@ def _make_reduce_rows_vec(kind: Any, element: ElementKind) -> Callable[..., None
                 k = int64(INIT_K)
                 if valid:
                     at = uint64(o) * row_words + uint64(lane)
-                    for u in range(SHORT_LOADS):  # every load of the row in flight at once
-                        words[u] = xv[at + uint64(u * lanes)]
+                    for u in range(SHORT_WORDS):  # every load of the row in flight at once
+                        if u < SHORT_LOADS or whole:
+                            words[u] = xv[at + uint64(u * lanes)]
                     aux_value = load(aux, uint64(o) * aux_stride) if USES_AUX else ACC(0)
-                    for u in range(SHORT_LOADS):
-                        unpack(words[u], values, u * W)
-                    a, b, c, k = short_chunk(a, b, c, k, values, int64(lane * W), vspan,
-                                             aux_value)
+                    if whole:
+                        for u in range(SHORT_WORDS):
+                            unpack(words[u], values, u * W)
+                        a, b, c, k = long_chunk(a, b, c, k, values, int64(lane * W), vspan,
+                                                aux_value)
+                    else:
+                        for u in range(SHORT_LOADS):
+                            unpack(words[u], values, u * W)
+                        a, b, c, k = short_chunk(a, b, c, k, values, int64(lane * W), vspan,
+                                                 aux_value)
                 a, b, c, k = combine(a, b, c, k, tid, lane, lanes, slots, 1, sa, sb, sk)
                 if lane == 0 and valid:
                     write_state(y, int64(uint64(o) * y_stride), ws_acc, ws_k, mode != 0, a, b,
@@ -1556,7 +1578,8 @@ def _make_backward_rows_vec(kind: ReduceKind, element: ElementKind) -> Callable[
         (Sum, Mean, Prod, Norm2, LogSumExp; plans: the conditions of ``reduce_rows_vec``'s
         short rows, one split): lane ``l`` of row ``o`` loads x words ``l + u * lanes`` (u <
         SHORT_LOADS) at once, then stores the dx words at the same indices; no head, tail
-        or remainder path and one multiply per offset."""
+        or remainder path and one multiply per offset. The store-only gradient (Sum /
+        Mean: no x) also takes rows of ``lanes * VEC_LOADS`` words."""
         tid = cuda.threadIdx.x
         block = cuda.blockDim.x
         slots = block // lanes
@@ -1575,6 +1598,9 @@ def _make_backward_rows_vec(kind: ReduceKind, element: ElementKind) -> Callable[
         group = int64(cuda.blockIdx.x)
         if not HAS_STAT and chunk_vecs == 0:
             row_words = uint64(dx_strides[LAST]) >> uint64(LOG_W)
+            # store-only rows (Sum / Mean) may hold VEC_LOADS words per lane
+            held = VEC_LOADS if not READS_X and (extent >> LOG_W) == lanes * VEC_LOADS \
+                else SHORT_LOADS
             while group * slots < out_numel:  # uniform across the block
                 o = group * slots + slot
                 if o < out_numel:
@@ -1596,8 +1622,9 @@ def _make_backward_rows_vec(kind: ReduceKind, element: ElementKind) -> Callable[
                         for e in range(W):
                             results[e] = element_fn(cf, cf, yv, g)
                         w = pack(results)
-                        for u in range(SHORT_LOADS):
-                            store_word(dx, dxv, at + uint64(u * lanes), w, 0)
+                        for u in range(VEC_LOADS):
+                            if u < held:
+                                store_word(dx, dxv, at + uint64(u * lanes), w, 0)
                 group += cuda.gridDim.x
             return
         while group * slots < out_numel:  # uniform across the block

@@ -64,6 +64,7 @@ from ..kernels.reduce import (
     FORWARD_KINDS,
     GRAD_KERNEL_KIND,
     KIND_OPS,
+    LONG_SHORT_KINDS,
     REDUCE_BACKWARD_COLS_REG_KERNELS,
     REDUCE_BACKWARD_COLS_REG_SMALL_KERNELS,
     REDUCE_BACKWARD_COLS_STASH_KERNELS,
@@ -178,6 +179,11 @@ _VEC_WARP_ROW_WORDS = 512
 # 196-210; bf16 [1e6, 64] (16 words) 4 x 4 97-105 µs vs 8 x 2 116-150; bf16 [4096, 4096]
 # (1024 words) 128 x 8 28.5-30.1 µs vs 256 x 4 32.4-37.8.)
 _REG_SHORT_WORDS = 4
+#: The forward kinds whose short rows include rows of lanes x VEC_LOADS words (a module
+#: name, so a probe can set it to () for the row loop).
+_LONG_SHORT_KINDS = LONG_SHORT_KINDS
+#: Whether the store-only gradient (Sum / Mean) takes them too.
+_STORE_ONLY_SHORT = True
 
 #: How a layout is read: the generic strided kernels, or word access along contiguous
 #: rows (reduce axis stride 1) or contiguous outputs (column layout); REG / REG_COLS: the
@@ -302,22 +308,39 @@ def _warp_rows(element: ElementKind, kernel_kind: Any) -> bool:
 
 
 def _short_rows_geometry(out_numel: int, extent: int, width: int, out_shape: tuple[int, ...],
-                         x_out_strides: tuple[int, ...], shift: int) -> _Geometry | None:
+                         x_out_strides: tuple[int, ...], shift: int,
+                         longer: bool = False) -> _Geometry | None:
     """The short-row path of ``reduce_rows_vec`` (``chunk_len`` 0): rows of exactly
     ``lanes * SHORT_LOADS`` words with lanes 4 or 8 (f32 rows of 32 or 64 elements, f16/bf16
     of 64 or 128), word aligned (``shift`` 0, row stride a whole number of words), over one
     collapsed output dim; never split. These are the rows the generic geometry gives at
     most one batch per lane (4 lanes, <= VEC_LOADS words each), i.e. its one-word-at-a-time
-    remainder path; longer rows (unmeasured with this path) keep it. None where it does not
-    apply. (H100, 2026-11-22, Sum f32 [1e6, 64] axis 1: see ``kernels.reduce.SHORT_LOADS``.)"""
+    remainder path. (H100, 2026-11-22, Sum f32 [1e6, 64] axis 1: see
+    ``kernels.reduce.SHORT_LOADS``.)
+
+    ``longer`` (the forward kernels of ``kernels.reduce.LONG_SHORT_KINDS`` and the
+    store-only Sum / Mean gradient) also takes rows of ``lanes * VEC_LOADS`` words, lanes a
+    power of two from 4 to a block (64 to 2048 words): the whole row in flight at once,
+    where the row loop gives a warp the row in batches of VEC_LOADS words (the gradient:
+    the row's stores without the loop; it precedes ``_rows_vec_geometry``'s 8-lane f32
+    rule for these rows). (H100, 2026-11-26, scripts/probe_reduce_read.py, row loop
+    -> short rows, µs: Sum f32 [4096, 4096] 28.6 -> 26.4, [16384, 1024] 30.6 -> 26.0; bf16
+    [4096, 4096] 18.5 -> 17.0, [65536, 256] 20.1 -> 15.8. SHORT_LOADS words for these rows,
+    with twice the lanes, took 23.1 for bf16 [4096, 4096]. Store-only gradient, row
+    geometry -> short rows: f32 [4096, 4096] Sum 25.1-25.9 -> 23.3-24.1, bf16 14.7-15.5 ->
+    12.5-13.3, bf16 [16384, 1024] 19.1-19.9 -> 12.5-13.3.) None where it does not
+    apply."""
     if shift or extent % width or len(out_shape) != 1 or x_out_strides[0] < 0 \
             or x_out_strides[0] % width:
         return None
     words = extent // width
     lanes = words // SHORT_LOADS
     if words % SHORT_LOADS or lanes & (lanes - 1) or lanes < _MIN_ROW_LANES \
-            or words > _MIN_ROW_LANES * VEC_LOADS:
-        return None
+            or lanes > 2 * _MIN_ROW_LANES:
+        lanes = words // VEC_LOADS
+        if not longer or words % VEC_LOADS or lanes & (lanes - 1) or lanes < _MIN_ROW_LANES \
+                or lanes > _BLOCK:
+            return None
     groups = max(1, -(-out_numel // (_BLOCK // lanes)))
     return _Geometry(lanes, True, 1, 0, groups)
 
@@ -830,7 +853,7 @@ def _problem(shape: tuple[int, ...], axis: int, strides: list[tuple[int, ...]],
         width = VECTOR[element].width
         shift = (x_ptr & 7) // element.byte_width
         geometry = _short_rows_geometry(out_numel, extent, width, out_shape, out_strides[0],
-                                        shift)
+                                        shift, kernel_kind in _LONG_SHORT_KINDS)
         if geometry is None:
             geometry = _rows_vec_geometry(out_numel, extent, width, max_splits,
                                           warp_rows=_warp_rows(element, kernel_kind))
@@ -1296,7 +1319,8 @@ class ReduceBackwardPlan(Plan):
             geometry = None
             if self._stat_kind is None:  # the kernel's short-row path (chunk_len 0)
                 geometry = _short_rows_geometry(self._out_numel, extent, width, out_shape,
-                                                out_strides[0], shift)
+                                                out_strides[0], shift,
+                                                _STORE_ONLY_SHORT and not self._needs_saved)
             if geometry is None:
                 geometry = _rows_vec_geometry(self._out_numel, extent, width, 1 << 16,
                                               store_only=not self._needs_saved,
