@@ -811,11 +811,20 @@ if SIMULATOR:  # the simulator's libdevice has no frcp_rn
     def _recip_f32(x):
         return np.float32(1.0) / np.float32(x)
 
+    @cuda.jit(device=True, inline=True)
+    def _recip_approx_f32(x):
+        return np.float32(1.0) / np.float32(x)
+
 else:
 
     @cuda.jit(device=True, inline=True)
     def _recip_f32(x):
         return libdevice.frcp_rn(x)
+
+    @cuda.jit(device=True, inline=True)
+    def _recip_approx_f32(x):
+        # div.approx.f32: at most 2 ulp of f32 for 2^-126 <= |x| < 2^126
+        return libdevice.fast_fdividef(float32(1.0), x)
 
 
 @cuda.jit(device=True, inline=True)
@@ -862,6 +871,16 @@ def _elem_div(c, x, yv, mean):
 
 
 @cuda.jit(device=True, inline=True)
+def _elem_div_half(c, x, yv, mean):
+    # _elem_div for f16/bf16 elements: 1 / x approximate (<= 2 ulp of f32, far below the
+    # final rounding to 8 or 11 bits) instead of the correctly rounded rcp.rn sequence
+    ax = abs(x)
+    if ax >= _RECIP_LOW and ax < _RECIP_HIGH:
+        return c * _recip_approx_f32(x)
+    return c / x
+
+
+@cuda.jit(device=True, inline=True)
 def _elem_mul(c, x, yv, mean):
     return c * x
 
@@ -889,15 +908,18 @@ class GradOps:
     reads_y: bool
     stat: str | None = None
     coefficient_f32: Any = None  # the coefficient for an f32 accumulator, if another
+    element_half: Any = None  # the element function for f16/bf16 elements, if another
 
 
 def _grad_fns(kind: ReduceKind, element: ElementKind) -> tuple[Any, Any]:
     """(coefficient, element) device functions of ``kind``'s gradient for ``element``'s
     accumulator."""
     ops = GRAD_OPS[kind]
+    elem = ops.element_half if ops.element_half is not None and element.byte_width == 2 \
+        else ops.element
     if ops.coefficient_f32 is not None and ELEMENTS[element].acc is float32:
-        return ops.coefficient_f32, ops.element
-    return ops.coefficient, ops.element
+        return ops.coefficient_f32, elem
+    return ops.coefficient, elem
 
 
 #: The gradient table (float element kinds only). Sum is Mean with param = 1 (dy / 1 is
@@ -905,7 +927,7 @@ def _grad_fns(kind: ReduceKind, element: ElementKind) -> tuple[Any, Any]:
 GRAD_OPS: dict[ReduceKind, GradOps] = {
     ReduceKind.MEAN: GradOps(_coef_mean, _elem_coef, False, False),
     ReduceKind.MAX: GradOps(_coef_ties, _elem_ties, True, True, "ties"),
-    ReduceKind.PROD: GradOps(_coef_prod, _elem_div, True, True),
+    ReduceKind.PROD: GradOps(_coef_prod, _elem_div, True, True, element_half=_elem_div_half),
     ReduceKind.NORM2: GradOps(_coef_norm2, _elem_mul, True, True),
     ReduceKind.LOG_SUM_EXP: GradOps(_coef_identity, _elem_lse, True, True),
     ReduceKind.VAR: GradOps(_coef_var, _elem_centered, True, False, "mean"),
