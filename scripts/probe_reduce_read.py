@@ -2,7 +2,7 @@
 a row Sum gets closest to it (the forward bf16 Sum / Mean of [4096, 4096] along axis 1
 are the two forward rows at 0.98-0.99x torch).
 
-``python scripts/probe_reduce_read.py [read] [short] [write] [write_cols]``;
+``python scripts/probe_reduce_read.py [read] [short] [write] [write_cols] [occupancy]``;
 ``PROBE_DTYPES`` (default ``bfloat16,float32``).
 
 ``read``: variants, each timed interleaved with the others on rotated inputs
@@ -15,6 +15,9 @@ are the two forward rows at 0.98-0.99x torch).
 * ``block{R}``: a 256-thread block per ``R`` consecutive rows read in copy order (thread
   ``t`` loads words ``t + u * 256`` of the block's span), each thread's sums per row,
   then a warp shuffle and a shared-memory combine per row;
+* ``l{lanes}[t][c]``: ``lanes`` (128 / 256) lanes per row, the whole row in flight, the
+  warps meeting after one barrier or (``t``) in the plan's tree, (``c``) capped at 64
+  registers;
 * the plan (``ReducePlan`` Sum) and ``torch.sum``.
 
 Each variant's sums are checked against ``torch.sum`` in float64.
@@ -163,6 +166,60 @@ def _block_kernel(row_words: int, bf16: bool, rows: int):
     return block
 
 
+def _lanes_kernel(row_words: int, bf16: bool, lanes: int, tree: bool, cap: bool):
+    """``lanes`` lanes per row (a power of two, 32 to THREADS), every word of the row in
+    flight at once; the warps of a row meet in shared memory after one barrier (lane 0
+    adds them in warp order) or, with ``tree``, in a halving tree with a barrier per level
+    (the plan's ``_lane_combiner``); ``cap``: 64 registers, as the plan's kernels."""
+    per_lane = row_words // lanes
+    slots = THREADS // lanes
+    groups = lanes // 32
+
+    def lanes_rows(xv, y):
+        t = cuda.threadIdx.x
+        lane = t % lanes
+        row = cuda.blockIdx.x * slots + t // lanes
+        base = uint64(row) * uint64(row_words) + uint64(lane)
+        words = cuda.local.array(per_lane, uint64)
+        for u in range(per_lane):
+            words[u] = xv[base + uint64(u * lanes)]
+        s = float32(0)
+        for u in range(per_lane):
+            s += _word_sum(words[u], bf16)
+        s = _warp_sum(s)
+        shared = cuda.shared.array(THREADS, float32)
+        if groups > 1:
+            shared[t] = s
+            cuda.syncthreads()
+            if tree:
+                half = groups // 2
+                while half >= 1:
+                    if lane % 32 == 0 and lane // 32 < half:
+                        s += shared[t + half * 32]
+                        shared[t] = s
+                    cuda.syncthreads()
+                    half //= 2
+            elif lane == 0:
+                for g in range(1, groups):
+                    s += shared[t + g * 32]
+        if lane == 0:
+            y[row] = s
+
+    return cuda.jit(max_registers=64)(lanes_rows) if cap else cuda.jit(lanes_rows)
+
+
+def _report(ctx: Context, what: str, variants: dict, nbytes: int, sets: int = 1,
+            reps: int = 2, iters: int = 60) -> None:
+    """Time ``variants`` (label -> fn(i)) interleaved ``reps`` times and print µs and % of
+    the copy bandwidth for ``nbytes`` moved."""
+    labels = list(variants)
+    for rep in range(reps):
+        times = ctx.time_gpu_many([variants[k] for k in labels], sets=sets, iters=iters)
+        print(f"{what} rep {rep}: " + ", ".join(
+            f"{k} {t:.2f} ({nbytes / t / 1e3 / ctx.copy_gbps * 100:.0f}%)"
+            for k, t in zip(labels, times)), flush=True)
+
+
 def _variants(name: str, ctx: Context) -> None:
     dtype = getattr(torch, name)
     bf16 = dtype == torch.bfloat16
@@ -189,8 +246,15 @@ def _variants(name: str, ctx: Context) -> None:
         if rows * row_words // THREADS <= 32:
             k = _block_kernel(row_words, bf16, rows)
             variants[f"block{rows}"] = lambda i, k=k, r=rows: k[ROWS // r, THREADS](xv[i], y32n)
+    for lanes in (128, 256):
+        for tree in (False, True):
+            for cap in (False, True):
+                if row_words % lanes == 0 and row_words // lanes <= 16:
+                    k = _lanes_kernel(row_words, bf16, lanes, tree, cap)
+                    variants[f"l{lanes}{'t' if tree else ''}{'c' if cap else ''}"] = (
+                        lambda i, k=k, r=THREADS // lanes: k[ROWS // r, THREADS](xv[i], y32n))
     for label, fn in variants.items():
-        if label.startswith(("warp", "block")):
+        if label.startswith(("warp", "block", "l")):
             y32.fill_(float("nan"))
             fn(0)
             torch.cuda.synchronize()
@@ -203,12 +267,7 @@ def _variants(name: str, ctx: Context) -> None:
     ws = _workspace(torch, plan)
     variants["plan"] = lambda i: plan.run(ReduceArgs(xs[i], y), workspace=ws)
     variants["torch"] = lambda i: torch.sum(xs[i], 1, keepdim=True)
-    labels = list(variants)
-    for rep in range(2):
-        times = ctx.time_gpu_many([variants[k] for k in labels], sets=sets, iters=60)
-        print(name, f"rep {rep}: " + ", ".join(
-            f"{k} {t:.2f} ({nbytes / t / 1e3 / ctx.copy_gbps * 100:.0f}%)"
-            for k, t in zip(labels, times)), flush=True)
+    _report(ctx, name, variants, nbytes, sets)
 
 
 @cuda.jit
@@ -250,13 +309,27 @@ def _write_row_kernel(row_words: int, lanes: int):
     return wrow
 
 
-def _write_one(ctx: Context, name: str, shape: tuple[int, int]) -> None:
-    from baracuda_numba.plans import reduce as plans
+def _store_only(kind: ReduceKind, element: ElementKind, axis: int, dy, dx):
+    """``fn(i)`` running the Sum / Mean gradient plan of ``dx``'s shape along ``axis``
+    (selected and bound now, under the probe's current settings), checked once."""
     from baracuda_numba.plans.reduce import (
         ReduceBackwardArgs,
         ReduceBackwardDescriptor,
         ReduceBackwardPlan,
     )
+
+    shape = tuple(dx.shape)
+    plan = ReduceBackwardPlan.select(ReduceBackwardDescriptor(kind, shape, axis, element))
+    ws = _workspace(torch, plan)
+    dx.fill_(float("nan"))
+    plan.run(ReduceBackwardArgs(dy, dx), workspace=ws)  # binds under these settings
+    expect = dy.float() / (shape[axis] if kind is ReduceKind.MEAN else 1)
+    assert torch.equal(dx.float(), expect.expand(shape).to(dx.dtype).float()), kind
+    return lambda i: plan.run(ReduceBackwardArgs(dy, dx), workspace=ws)
+
+
+def _write_one(ctx: Context, name: str, shape: tuple[int, int]) -> None:
+    from baracuda_numba.plans import reduce as plans
 
     rows, cols = shape
     dtype = getattr(torch, name)
@@ -281,33 +354,17 @@ def _write_one(ctx: Context, name: str, shape: tuple[int, int]) -> None:
     for kind in (ReduceKind.SUM, ReduceKind.MEAN):
         for short in (False, True):
             plans._STORE_ONLY_SHORT = short
-            plan = ReduceBackwardPlan.select(ReduceBackwardDescriptor(kind, shape, 1, element))
-            ws = _workspace(torch, plan)
-            dx.fill_(float("nan"))
-            plan.run(ReduceBackwardArgs(dy, dx), workspace=ws)  # binds under this setting
-            expect = dy.float() / (cols if kind is ReduceKind.MEAN else 1)
-            assert torch.equal(dx.float(), expect.expand(shape).to(dtype).float()), kind
-            variants[f"{kind.name}{'_short' if short else ''}"] = (
-                lambda i, p=plan, w=ws: p.run(ReduceBackwardArgs(dy, dx), workspace=w))
+            variants[f"{kind.name}{'_short' if short else ''}"] = _store_only(kind, element,
+                                                                             1, dy, dx)
     plans._STORE_ONLY_SHORT = True
     variants["fill_"] = lambda i: dx.fill_(1.5)
-    labels = list(variants)
-    for rep in range(2):
-        times = ctx.time_gpu_many([variants[k] for k in labels], iters=60)
-        print(f"{name} {list(shape)} write rep {rep}: " + ", ".join(
-            f"{k} {t:.2f} ({nbytes / t / 1e3 / ctx.copy_gbps * 100:.0f}%)"
-            for k, t in zip(labels, times)), flush=True)
+    _report(ctx, f"{name} {list(shape)} write", variants, nbytes)
 
 
 def _write_cols(ctx: Context, name: str) -> None:
     """The store-only gradients along axis 0 of [4096, 4096] with the column splits aimed
     at ``PROBE_TARGETS`` blocks (default 4224, 2112, 1056, 528; one batch per split)."""
     from baracuda_numba.plans import reduce as plans
-    from baracuda_numba.plans.reduce import (
-        ReduceBackwardArgs,
-        ReduceBackwardDescriptor,
-        ReduceBackwardPlan,
-    )
 
     shape = (ROWS, COLS)
     dtype = getattr(torch, name)
@@ -321,22 +378,10 @@ def _write_cols(ctx: Context, name: str) -> None:
                                                   "4224,2112,1056,528").split(",")):
         plans._STREAM_TARGET_BLOCKS = target
         for kind in (ReduceKind.SUM, ReduceKind.MEAN):
-            plan = ReduceBackwardPlan.select(ReduceBackwardDescriptor(kind, shape, 0, element))
-            ws = _workspace(torch, plan)
-            dx.fill_(float("nan"))
-            plan.run(ReduceBackwardArgs(dy, dx), workspace=ws)
-            expect = dy.float() / (ROWS if kind is ReduceKind.MEAN else 1)
-            assert torch.equal(dx.float(), expect.expand(shape).to(dtype).float()), kind
-            variants[f"{kind.name}@{target}"] = (
-                lambda i, p=plan, w=ws: p.run(ReduceBackwardArgs(dy, dx), workspace=w))
+            variants[f"{kind.name}@{target}"] = _store_only(kind, element, 0, dy, dx)
     plans._STREAM_TARGET_BLOCKS = default
     variants["fill_"] = lambda i: dx.fill_(1.5)
-    labels = list(variants)
-    for rep in range(2):
-        times = ctx.time_gpu_many([variants[k] for k in labels], iters=60)
-        print(f"{name} {list(shape)} axis 0 write rep {rep}: " + ", ".join(
-            f"{k} {t:.2f} ({nbytes / t / 1e3 / ctx.copy_gbps * 100:.0f}%)"
-            for k, t in zip(labels, times)), flush=True)
+    _report(ctx, f"{name} {list(shape)} axis 0 write", variants, nbytes)
 
 
 def _write(ctx: Context) -> None:
@@ -345,6 +390,54 @@ def _write(ctx: Context) -> None:
     for name in os.environ.get("PROBE_DTYPES", "bfloat16,float32").split(","):
         for shape in shapes:
             _write_one(ctx, name, shape)
+
+
+def _occupancy(ctx: Context) -> None:
+    """The forward plans of Sum / Max on the short rows of [4096, 4096] and [16384, 1024]
+    along axis 1 through: the row-loop kernel's short path (``vec``), the short-row kernel
+    as registered, and the short-row kernel capped at 48 / 40 registers (5 / 6 resident
+    blocks per SM)."""
+    from baracuda_numba.kernels.reduce import REDUCE_ROWS_SHORT_KERNELS
+    from baracuda_numba.launch import Kernel
+    from baracuda_numba.plans import reduce as plans
+
+    registered = dict(REDUCE_ROWS_SHORT_KERNELS)
+    for name in os.environ.get("PROBE_DTYPES", "bfloat16,float32").split(","):
+        dtype = getattr(torch, name)
+        element = ElementKind.BF16 if dtype == torch.bfloat16 else ElementKind.F32
+        for shape in ((4096, 4096), (16384, 1024)):
+            nbytes = shape[0] * shape[1] * dtype.itemsize
+            sets = ctx.sets_for(nbytes)
+            xs = [(torch.rand(shape, device="cuda") * 4 - 2).to(dtype) for _ in range(sets)]
+            for kind in (ReduceKind.SUM, ReduceKind.MAX):
+                key = (kind, element)
+                base = registered[key]
+                tables = {"vec": {}, "short": registered}
+                for cap in (48, 40):
+                    table = dict(registered)
+                    table[key] = Kernel(f"{base.name}@{cap}", base.py_func, base.signature,
+                                        max_registers=cap, register=False)
+                    tables[f"short{cap}"] = table
+                variants = {}
+                expect = (torch.sum if kind is ReduceKind.SUM else torch.amax)(
+                    xs[0].float(), 1, keepdim=True)
+                for label, table in tables.items():
+                    plans.REDUCE_ROWS_SHORT_KERNELS = table
+                    plan = ReducePlan.select(ReduceDescriptor(kind, shape, 1, element))
+                    y = torch.empty((shape[0], 1), device="cuda", dtype=dtype)
+                    fn = _runner(plan, ReduceArgs, xs, y)
+                    fn(0)
+                    torch.cuda.synchronize()
+                    err = ((y.double() - expect.double()).abs()
+                           / (expect.double().abs() + 1)).max().item()
+                    assert err < 2e-2, (label, err)
+                    variants[label] = fn
+                plans.REDUCE_ROWS_SHORT_KERNELS = registered
+                variants["torch"] = lambda i, xs=xs, f=(torch.sum if kind is ReduceKind.SUM
+                                                       else torch.amax): f(xs[i], 1,
+                                                                           keepdim=True)
+                _report(ctx, f"{kind.name} {list(shape)} {name}", variants, nbytes, sets,
+                        iters=40)
 
 
 def _runner(plan, args_type, xs, y):
@@ -425,6 +518,8 @@ def main() -> None:
         _short(ctx)
     if "write" in parts:
         _write(ctx)
+    if "occupancy" in parts:
+        _occupancy(ctx)
     if "write_cols" in parts:
         for name in os.environ.get("PROBE_DTYPES", "bfloat16,float32").split(","):
             _write_cols(ctx, name)

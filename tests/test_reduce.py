@@ -780,6 +780,29 @@ def test_longer_short_rows_selection(element):
         assert not _short_rows((50, n), (n, 1), element)[0], words
 
 
+def _check_rows_every_kind(x, x64, element, what):
+    """Every reduce kind along the rows of ``x`` (storage; ``x64`` its float64 values)
+    against NumPy, through the word row kernels, bit-identical on a rerun."""
+    for kind in REDUCE_KINDS:
+        got, plan = run_forward(kind, x, 1, element)
+        again, _ = run_forward(kind, x, 1, element)
+        check_forward(got, reference(kind, x64, 1), kind, element, x64, 1,
+                      f"{kind.name} {what}")
+        np.testing.assert_array_equal(got.view(np.uint8), again.view(np.uint8), kind.name)
+        assert _forward_access(plan) == "rows"
+
+
+def _check_arg_rows(x, x64, element):
+    """Argmax / Argmin of the rows of ``x`` (storage; ``x64`` its float64 values) against
+    NumPy's first occurrence, into poisoned outputs."""
+    for kind in (K.ARGMAX, K.ARGMIN):
+        desc = ArgReduceDescriptor(kind, x.shape, 1, element)
+        plan = ArgReducePlan.select(desc)
+        y = to_device(poisoned(desc.output_shape(), E.I64))
+        plan.run(ArgReduceArgs(to_device(x), y))
+        np.testing.assert_array_equal(host(y), arg_reference(kind, x64, 1), kind.name)
+
+
 @IEEE_SPECIALS
 @pytest.mark.parametrize("element", WORD_ELEMENTS, ids=lambda e: e.name)
 def test_longer_short_rows(element):
@@ -802,23 +825,13 @@ def test_longer_short_rows(element):
         rows[3, 6], rows[3, n - 3] = -3.0, -3.0  # and of the min
         x = to_storage(rows, element)
         x64 = from_storage(x, element)
+        _check_rows_every_kind(x, x64, element, f"{lanes} x {VEC_LOADS} words")
         for kind in REDUCE_KINDS:
-            got, plan = run_forward(kind, x, 1, element)
-            again, _ = run_forward(kind, x, 1, element)
-            check_forward(got, reference(kind, x64, 1), kind, element, x64, 1,
-                          f"{kind.name} {lanes} x {VEC_LOADS} words")
-            np.testing.assert_array_equal(got.view(np.uint8), again.view(np.uint8), kind.name)
-            assert _forward_access(plan) == "rows"
             kernel_kind = K.SUM if kind is K.MEAN else kind
             problem = _problem(x.shape, 1, [(n, 1), (1, 1)], True, 1 << 16, element,
                                kernel_kind)
             assert (problem.geometry.chunk_len == 0) == (kernel_kind in LONG_SHORT_KINDS)
-        for kind in (K.ARGMAX, K.ARGMIN):
-            desc = ArgReduceDescriptor(kind, x.shape, 1, element)
-            plan = ArgReducePlan.select(desc)
-            y = to_device(poisoned(desc.output_shape(), E.I64))
-            plan.run(ArgReduceArgs(to_device(x), y))
-            np.testing.assert_array_equal(host(y), arg_reference(kind, x64, 1), kind.name)
+        _check_arg_rows(x, x64, element)
 
 
 @IEEE_SPECIALS
@@ -838,19 +851,8 @@ def test_short_rows_specials(element):
     x = to_storage(rows, element)
     x64 = from_storage(x, element)
     assert _short_rows(x.shape, (64, 1), element)[0]
-    for kind in REDUCE_KINDS:
-        got, plan = run_forward(kind, x, 1, element)
-        again, _ = run_forward(kind, x, 1, element)
-        check_forward(got, reference(kind, x64, 1), kind, element, x64, 1,
-                      f"{kind.name} short-row specials")
-        np.testing.assert_array_equal(got.view(np.uint8), again.view(np.uint8), kind.name)
-        assert _forward_access(plan) == "rows"
-    for kind in (K.ARGMAX, K.ARGMIN):
-        desc = ArgReduceDescriptor(kind, x.shape, 1, element)
-        plan = ArgReducePlan.select(desc)
-        y = to_device(poisoned(desc.output_shape(), E.I64))
-        plan.run(ArgReduceArgs(to_device(x), y))
-        np.testing.assert_array_equal(host(y), arg_reference(kind, x64, 1), kind.name)
+    _check_rows_every_kind(x, x64, element, "short-row specials")
+    _check_arg_rows(x, x64, element)
 
 
 @IEEE_SPECIALS
