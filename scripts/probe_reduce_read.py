@@ -2,7 +2,7 @@
 a row Sum gets closest to it (the forward bf16 Sum / Mean of [4096, 4096] along axis 1
 are the two forward rows at 0.98-0.99x torch).
 
-``python scripts/probe_reduce_read.py [read] [short] [write] [write_cols] [occupancy]``;
+``python scripts/probe_reduce_read.py [read] [short] [write] [write_cols]``;
 ``PROBE_DTYPES`` (default ``bfloat16,float32``).
 
 ``read``: variants, each timed interleaved with the others on rotated inputs
@@ -392,54 +392,6 @@ def _write(ctx: Context) -> None:
             _write_one(ctx, name, shape)
 
 
-def _occupancy(ctx: Context) -> None:
-    """The forward plans of Sum / Max on the short rows of [4096, 4096] and [16384, 1024]
-    along axis 1 through: the row-loop kernel's short path (``vec``), the short-row kernel
-    as registered, and the short-row kernel capped at 48 / 40 registers (5 / 6 resident
-    blocks per SM)."""
-    from baracuda_numba.kernels.reduce import REDUCE_ROWS_SHORT_KERNELS
-    from baracuda_numba.launch import Kernel
-    from baracuda_numba.plans import reduce as plans
-
-    registered = dict(REDUCE_ROWS_SHORT_KERNELS)
-    for name in os.environ.get("PROBE_DTYPES", "bfloat16,float32").split(","):
-        dtype = getattr(torch, name)
-        element = ElementKind.BF16 if dtype == torch.bfloat16 else ElementKind.F32
-        for shape in ((4096, 4096), (16384, 1024)):
-            nbytes = shape[0] * shape[1] * dtype.itemsize
-            sets = ctx.sets_for(nbytes)
-            xs = [(torch.rand(shape, device="cuda") * 4 - 2).to(dtype) for _ in range(sets)]
-            for kind in (ReduceKind.SUM, ReduceKind.MAX):
-                key = (kind, element)
-                base = registered[key]
-                tables = {"vec": {}, "short": registered}
-                for cap in (48, 40):
-                    table = dict(registered)
-                    table[key] = Kernel(f"{base.name}@{cap}", base.py_func, base.signature,
-                                        max_registers=cap, register=False)
-                    tables[f"short{cap}"] = table
-                variants = {}
-                expect = (torch.sum if kind is ReduceKind.SUM else torch.amax)(
-                    xs[0].float(), 1, keepdim=True)
-                for label, table in tables.items():
-                    plans.REDUCE_ROWS_SHORT_KERNELS = table
-                    plan = ReducePlan.select(ReduceDescriptor(kind, shape, 1, element))
-                    y = torch.empty((shape[0], 1), device="cuda", dtype=dtype)
-                    fn = _runner(plan, ReduceArgs, xs, y)
-                    fn(0)
-                    torch.cuda.synchronize()
-                    err = ((y.double() - expect.double()).abs()
-                           / (expect.double().abs() + 1)).max().item()
-                    assert err < 2e-2, (label, err)
-                    variants[label] = fn
-                plans.REDUCE_ROWS_SHORT_KERNELS = registered
-                variants["torch"] = lambda i, xs=xs, f=(torch.sum if kind is ReduceKind.SUM
-                                                       else torch.amax): f(xs[i], 1,
-                                                                           keepdim=True)
-                _report(ctx, f"{kind.name} {list(shape)} {name}", variants, nbytes, sets,
-                        iters=40)
-
-
 def _runner(plan, args_type, xs, y):
     ws = _workspace(torch, plan)
     return lambda i: plan.run(args_type(xs[i], y), workspace=ws)
@@ -518,8 +470,6 @@ def main() -> None:
         _short(ctx)
     if "write" in parts:
         _write(ctx)
-    if "occupancy" in parts:
-        _occupancy(ctx)
     if "write_cols" in parts:
         for name in os.environ.get("PROBE_DTYPES", "bfloat16,float32").split(","):
             _write_cols(ctx, name)

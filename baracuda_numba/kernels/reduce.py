@@ -1300,15 +1300,13 @@ LONG_SHORT_KINDS = (ReduceKind.SUM, ReduceKind.MAX, ReduceKind.MIN, ReduceKind.P
                     ReduceKind.NORM2)
 
 
-def _short_rows_reducer(kind: Any, element: ElementKind) -> Any:
-    """Device function: the short-row path of the forward row kernels (``chunk_vecs ==
-    0``, see ``reduce_rows_vec``), reading the layout from the same arguments. Every
-    thread of the block calls it."""
+def _make_reduce_rows_vec(kind: Any, element: ElementKind) -> Callable[..., None]:
     ops = KIND_OPS[kind]
     spec = ELEMENTS[element]
     vec = VECTOR[element]
     ACC = spec.acc
     load = spec.load
+    vec_lane_reduce = _vec_lane_reducer(kind, element)
     write_state = _state_writer(kind, element, ops.final)
     combine = _lane_combiner(kind, element)
     short_chunk = _vec_chunk(kind, ACC, vec.width, SHORT_LOADS)
@@ -1321,84 +1319,6 @@ def _short_rows_reducer(kind: Any, element: ElementKind) -> Any:
     INIT_A, INIT_K = ops.init_a(spec), ops.init_k
     USES_AUX = ops.uses_aux
     LAST = MAX_RANK - 1
-
-    @cuda.jit(device=True, inline=True)
-    def short_rows(xv, y, ws_acc, ws_k, aux, out_numel, extent, x_strides, y_strides,
-                   aux_strides, lanes, splits, mode, param, sa, sb, sk):
-        tid = cuda.threadIdx.x
-        slots = cuda.blockDim.x // lanes
-        lane = tid % lanes
-        slot = tid // lanes
-        split = int64(cuda.blockIdx.y)
-        group = int64(cuda.blockIdx.x)
-        row_words = uint64(x_strides[LAST]) >> uint64(LOG_W)
-        y_stride = uint64(y_strides[LAST])
-        aux_stride = uint64(aux_strides[LAST])
-        # VEC_LOADS words per lane (LONG_SHORT_KINDS only), else SHORT_LOADS
-        whole = LONG and (extent >> LOG_W) == lanes * VEC_LOADS
-        words = cuda.local.array(SHORT_WORDS, uint64)
-        values = cuda.local.array(SHORT_COUNT, ACC)
-        vspan = int64(lanes * W)
-        while group * slots < out_numel:  # uniform across the block
-            o = group * slots + slot
-            valid = o < out_numel
-            a = ACC(INIT_A)
-            b = ACC(0)
-            c = ACC(0)
-            k = int64(INIT_K)
-            if valid:
-                at = uint64(o) * row_words + uint64(lane)
-                for u in range(SHORT_WORDS):  # every load of the row in flight at once
-                    if u < SHORT_LOADS or whole:
-                        words[u] = xv[at + uint64(u * lanes)]
-                aux_value = load(aux, uint64(o) * aux_stride) if USES_AUX else ACC(0)
-                if whole:
-                    for u in range(SHORT_WORDS):
-                        unpack(words[u], values, u * W)
-                    a, b, c, k = long_chunk(a, b, c, k, values, int64(lane * W), vspan,
-                                            aux_value)
-                else:
-                    for u in range(SHORT_LOADS):
-                        unpack(words[u], values, u * W)
-                    a, b, c, k = short_chunk(a, b, c, k, values, int64(lane * W), vspan,
-                                             aux_value)
-            a, b, c, k = combine(a, b, c, k, tid, lane, lanes, slots, 1, sa, sb, sk)
-            if lane == 0 and valid:
-                write_state(y, int64(uint64(o) * y_stride), ws_acc, ws_k, mode != 0, a, b, c,
-                            k, param, o, out_numel, split, splits)
-            group += cuda.gridDim.x
-
-    return short_rows
-
-
-def _make_reduce_rows_short(kind: Any, element: ElementKind) -> Callable[..., None]:
-    ACC = ELEMENTS[element].acc
-    short_rows = _short_rows_reducer(kind, element)
-
-    def reduce_rows_short(x, xv, y, ws_acc, ws_k, aux, out_numel, extent, out_shape,
-                          x_strides, y_strides, aux_strides, lanes, splits, chunk_vecs, mode,
-                          param, shift):
-        """``reduce_rows_vec``'s short-row path (``chunk_vecs`` 0) as a kernel of its own,
-        with its arguments: without the row loop it needs fewer registers, so more blocks
-        are resident (see REDUCE_ROWS_SHORT_KERNELS)."""
-        sa = cuda.shared.array(SHARED_SLOTS, ACC)
-        sb = cuda.shared.array(SHARED_SLOTS, ACC)
-        sk = cuda.shared.array(SHARED_SLOTS, int64)
-        short_rows(xv, y, ws_acc, ws_k, aux, out_numel, extent, x_strides, y_strides,
-                   aux_strides, lanes, splits, mode, param, sa, sb, sk)
-
-    return reduce_rows_short
-
-
-def _make_reduce_rows_vec(kind: Any, element: ElementKind) -> Callable[..., None]:
-    ops = KIND_OPS[kind]
-    spec = ELEMENTS[element]
-    ACC = spec.acc
-    load = spec.load
-    vec_lane_reduce = _vec_lane_reducer(kind, element)
-    write_state = _state_writer(kind, element, ops.final)
-    short_rows = _short_rows_reducer(kind, element)
-    USES_AUX = ops.uses_aux
 
     def reduce_rows_vec(x, xv, y, ws_acc, ws_k, aux, out_numel, extent, out_shape, x_strides,
                         y_strides, aux_strides, lanes, splits, chunk_vecs, mode, param, shift):
@@ -1431,8 +1351,42 @@ def _make_reduce_rows_vec(kind: Any, element: ElementKind) -> Callable[..., None
         split = int64(cuda.blockIdx.y)
         group = int64(cuda.blockIdx.x)
         if chunk_vecs == 0:
-            short_rows(xv, y, ws_acc, ws_k, aux, out_numel, extent, x_strides, y_strides,
-                       aux_strides, lanes, splits, mode, param, sa, sb, sk)
+            row_words = uint64(x_strides[LAST]) >> uint64(LOG_W)
+            y_stride = uint64(y_strides[LAST])
+            aux_stride = uint64(aux_strides[LAST])
+            # VEC_LOADS words per lane (LONG_SHORT_KINDS only), else SHORT_LOADS
+            whole = LONG and (extent >> LOG_W) == lanes * VEC_LOADS
+            words = cuda.local.array(SHORT_WORDS, uint64)
+            values = cuda.local.array(SHORT_COUNT, ACC)
+            vspan = int64(lanes * W)
+            while group * slots < out_numel:  # uniform across the block
+                o = group * slots + slot
+                valid = o < out_numel
+                a = ACC(INIT_A)
+                b = ACC(0)
+                c = ACC(0)
+                k = int64(INIT_K)
+                if valid:
+                    at = uint64(o) * row_words + uint64(lane)
+                    for u in range(SHORT_WORDS):  # every load of the row in flight at once
+                        if u < SHORT_LOADS or whole:
+                            words[u] = xv[at + uint64(u * lanes)]
+                    aux_value = load(aux, uint64(o) * aux_stride) if USES_AUX else ACC(0)
+                    if whole:
+                        for u in range(SHORT_WORDS):
+                            unpack(words[u], values, u * W)
+                        a, b, c, k = long_chunk(a, b, c, k, values, int64(lane * W), vspan,
+                                                aux_value)
+                    else:
+                        for u in range(SHORT_LOADS):
+                            unpack(words[u], values, u * W)
+                        a, b, c, k = short_chunk(a, b, c, k, values, int64(lane * W), vspan,
+                                                 aux_value)
+                a, b, c, k = combine(a, b, c, k, tid, lane, lanes, slots, 1, sa, sb, sk)
+                if lane == 0 and valid:
+                    write_state(y, int64(uint64(o) * y_stride), ws_acc, ws_k, mode != 0, a, b,
+                                c, k, param, o, out_numel, split, splits)
+                group += cuda.gridDim.x
             return
         while group * slots < out_numel:  # uniform across the block
             o = group * slots + slot
@@ -2521,19 +2475,6 @@ REDUCE_ROWS_VEC_KERNELS: dict[tuple[Any, ElementKind], Kernel] = {
                             _vec_reduce_signature(kind, element),
                             max_registers=VEC_MAX_REGISTERS)
     for element in VECTOR for kind in FORWARD_KINDS[element]
-}
-
-#: (kind, element) -> the short-row path of REDUCE_ROWS_VEC_KERNELS as a kernel of its own,
-#: for LONG_SHORT_KINDS: uncapped, without the row loop's registers. (H100, 2026-11-26,
-#: scripts/probe_reduce_read.py read: Sum of [4096, 4096] along rows by raw kernels with
-#: the row in flight took 14.3-14.7 µs (bf16) / 24.8-25.2 (f32) whatever the lanes (128,
-#: 256), combine (one barrier or the tree) or 64-register cap, the plan's capped row kernel
-#: 16.4-17.3 / 26.6-27.4 with 4 resident blocks per SM.)
-REDUCE_ROWS_SHORT_KERNELS: dict[tuple[Any, ElementKind], Kernel] = {
-    (kind, element): Kernel(f"reduce_rows_short[{_kind_name(kind)},{element.name.lower()}]",
-                            _make_reduce_rows_short(kind, element),
-                            _vec_reduce_signature(kind, element))
-    for element in VECTOR for kind in LONG_SHORT_KINDS
 }
 
 #: (kind, element) -> column-layout forward kernel with word loads.
