@@ -263,9 +263,8 @@ def _variants(name: str, ctx: Context) -> None:
             assert err < 1e-2, label
     element = ElementKind.BF16 if bf16 else ElementKind.F32
     plan = ReducePlan.select(ReduceDescriptor(ReduceKind.SUM, (ROWS, COLS), 1, element))
-    y = torch.empty((ROWS, 1), device="cuda", dtype=dtype)
-    ws = _workspace(torch, plan)
-    variants["plan"] = lambda i: plan.run(ReduceArgs(xs[i], y), workspace=ws)
+    variants["plan"] = _runner(plan, ReduceArgs, xs,
+                               torch.empty((ROWS, 1), device="cuda", dtype=dtype))
     variants["torch"] = lambda i: torch.sum(xs[i], 1, keepdim=True)
     _report(ctx, name, variants, nbytes, sets)
 
@@ -424,7 +423,7 @@ def _short(ctx: Context) -> None:
             sets = ctx.sets_for(nbytes)
             xs = [(torch.rand(shape, device="cuda") * 4 - 2).to(dtype) for _ in range(sets)]
             for kind in kinds:
-                fns, labels = [], []
+                variants = {}
                 arg = kind is ReduceKind.ARGMAX
                 expect = torch_fns[kind](xs[0].float() if not arg else xs[0], 1, keepdim=True)
                 for label, order in orders.items():
@@ -445,15 +444,12 @@ def _short(ctx: Context) -> None:
                         err = ((y.double() - expect.double()).abs()
                                / (expect.double().abs() + 1)).max().item()
                         assert err < 2e-2, (label, kind, err)
-                    fns.append(fn)
-                    labels.append(label)
+                    variants[label] = fn
                 plans._LONG_SHORT_KINDS = orders["short"]
-                fns.append(lambda i, f=torch_fns[kind], xs=xs: f(xs[i], 1, keepdim=True))
-                labels.append("torch")
-                times = ctx.time_gpu_many(fns, sets=sets, iters=40)
-                print(f"{kind.name} {list(shape)} {name}: " + ", ".join(
-                    f"{k} {t:.2f} ({nbytes / t / 1e3 / ctx.copy_gbps * 100:.0f}%)"
-                    for k, t in zip(labels, times)), flush=True)
+                variants["torch"] = lambda i, f=torch_fns[kind], xs=xs: f(xs[i], 1,
+                                                                           keepdim=True)
+                _report(ctx, f"{kind.name} {list(shape)} {name}", variants, nbytes, sets,
+                        reps=1, iters=40)
             xs = None
             torch.cuda.empty_cache()
 
