@@ -109,14 +109,17 @@ def expected_storage_values(y64, element):
 
 
 #: Plan attributes that force one kernel family (``rows``: the ``ROPE_KERNELS`` layouts).
-PATHS = {"table": {"angle_table": True}, "tile": {"angle_table": False, "tile": True},
+PATHS = {"table": {"angle_table": True},
+         "table_planes": {"angle_table": True, "table_flat": False},
+         "tile": {"angle_table": False, "tile": True},
          "rows": {"angle_table": False, "tile": False}}
 
 
 def run_plan(desc, x_host, positions, inverse=False, force_pairs=False, out=None,
              heads_per_thread=None, units16=None, path=None):
-    """``path``: "table", "tile" or "rows" (forced), or None (the plan's choice; "rows"
-    when ``heads_per_thread`` or ``units16`` tune the rows kernels)."""
+    """``path``: a key of ``PATHS`` (forced: "table" takes rope_flat where it fits,
+    "table_planes" never), or None (the plan's choice; "rows" when ``heads_per_thread`` or
+    ``units16`` tune the rows kernels)."""
     plan = (RopeBackwardPlan if inverse else RopePlan).select(
         RopeBackwardDescriptor.of(desc) if inverse else desc)
     plan.force_pairs = force_pairs
@@ -244,13 +247,71 @@ def test_table_and_tile_match_the_other_paths(rng, element, pairing, rotary_dim,
     desc = RopeDescriptor(*SHAPE16, element=element, pairing=pairing, rotary_dim=rotary_dim)
     x = random_values(SHAPE16, element, rng)
     for positions in (None, make_positions("per_sequence", SHAPE16, rng, high=1_000_001)):
-        paths = ("tile", "rows") if positions is not None else ("table", "tile", "rows")
+        paths = ("tile", "rows") if positions is not None else ("table", "table_planes",
+                                                                   "tile", "rows")
         pairs = run_plan(desc, x, positions, inverse, force_pairs=True)
         for path in paths:
             got = run_plan(desc, x, positions, inverse, path=path)
             np.testing.assert_array_equal(got.view(np.uint8), pairs.view(np.uint8),
                                           err_msg=f"{path}, positions: {positions is not None}")
         check(desc, x, positions, inverse, path=paths[0])
+
+
+@pytest.mark.parametrize("element", [F16, BF16, F32], ids=lambda e: e.name)
+@pytest.mark.parametrize("dim, rotary_dim", [(48, None), (48, 16), (32, None)],
+                         ids=["D48", "D48_R16", "D32"])
+@pytest.mark.parametrize("inverse", [False, True], ids=["forward", "backward"])
+def test_flat_table_kernel(rng, element, dim, rotary_dim, inverse):
+    """rope_flat (the angle table over compact interleaved x and y, one unit per thread,
+    rows of a power of two of units or not) gives the bits of rope_table and of the element
+    path, out of place and in place (a partial rotary dim's tail left as it is), and
+    matches the reference."""
+    shape = (2, 3, 5, dim) if SIMULATOR else (3, 7, 37, dim)
+    desc = RopeDescriptor(*shape, element=element, rotary_dim=rotary_dim)
+    x = random_values(shape, element, rng)
+    expected = run_plan(desc, x, None, inverse, force_pairs=True)
+    for path in ("table", "table_planes"):
+        got = run_plan(desc, x, None, inverse, path=path)
+        np.testing.assert_array_equal(got.view(np.uint8), expected.view(np.uint8), path)
+    plan = (RopeBackwardPlan.select(RopeBackwardDescriptor.of(desc)) if inverse
+            else RopePlan.select(desc))
+    x_dev = to_device(x)
+    view = as_mut(x_dev, "test", "x")
+    assert plan._kernel_path(view, view, None) == "table" and plan._flat_fits(view, view)
+    plan.run(RopeBackwardArgs(x_dev, x_dev) if inverse else RopeArgs(x_dev, x_dev))
+    np.testing.assert_array_equal(to_host(x_dev).view(np.uint8), expected.view(np.uint8),
+                                  "in place")
+    check(desc, x, None, inverse, path="table")
+
+
+def test_flat_table_kernel_choice(monkeypatch):
+    """rope_flat only for interleaved x and y that are both compact, fewer than 2^32 units
+    and a grid that covers them; ``table_flat = False`` keeps rope_table."""
+    from baracuda_numba.plans import rope as rope_plans
+
+    shape = (2, 3, 4, 64)
+    padded = (3 * 4 * 72, 4 * 72, 72, 1)
+
+    def fits(pairing=INTERLEAVED, x_strides=None, y_strides=None, dims=shape, **attrs):
+        plan = RopePlan.select(RopeDescriptor(*dims, element=F32, pairing=pairing))
+        for name, value in attrs.items():
+            setattr(plan, name, value)
+        x = TensorMut(0x10000, dims, x_strides or contiguous_strides(dims), "<f4", 4, None)
+        y = TensorMut(0x100000, dims, y_strides or contiguous_strides(dims), "<f4", 4, None)
+        return plan._flat_fits(x, y)
+
+    assert fits()
+    assert not fits(HALF_SPLIT)
+    assert not fits(x_strides=padded)
+    assert not fits(y_strides=padded)
+    assert not fits(table_flat=False)
+    assert fits(dims=(3, 1, 1 << 17, 1 << 15))  # 3 * 2^30 units
+    assert not fits(dims=(4, 1, 1 << 17, 1 << 15))  # 2^32 units
+    units = 2 * 3 * 4 * 64 // 4
+    monkeypatch.setattr(rope_plans, "_GRID_X_LIMIT", -(-units // rope_plans._FLAT_BLOCK))
+    assert fits()
+    monkeypatch.setattr(rope_plans, "_GRID_X_LIMIT", rope_plans._GRID_X_LIMIT - 1)
+    assert not fits()
 
 
 @pytest.mark.parametrize("pairing", [INTERLEAVED, HALF_SPLIT], ids=lambda p: p.name)
@@ -926,8 +987,8 @@ def test_torch_fast_path_repeats_checks_that_depend_on_pointers(pairing):
 
 @pytest.mark.gpu
 def test_more_than_2_31_elements_table_and_tile():
-    """2^31 + 2^22 f16 elements ([129, 128, 1024, 128]) in place: rope_table (positions
-    absent), then rope_tile (forced, positions [B, S]) on the result; spot-checks of the
+    """2^31 + 2^22 f16 elements ([129, 128, 1024, 128]) in place: rope_flat and rope_table
+    (positions absent), then rope_tile (forced, positions [B, S]) on the result; spot-checks of the
     first and last planes against the float64 reference."""
     torch = torch_or_skip()
     shape = (129, 128, 1024, 128)
@@ -947,8 +1008,15 @@ def test_more_than_2_31_elements_table_and_tile():
     rtol, atol = TOLERANCE[F16]
     plan = RopePlan.select(RopeDescriptor(*shape, element=F16))
     before = sample()
+    view = as_mut(x, "test", "x")
+    assert plan._flat_fits(view, view)
     plan.run(RopeArgs(x, x))
-    assert plan._table is not None  # the table path ran
+    assert plan._table is not None  # the table path ran (rope_flat)
+    assert_close(sample(), expect(before, np.array(rows)), rtol, atol * 2, "flat, 2^31")
+    plan.table_flat = False  # rope_table
+    plan.retune()
+    before = sample()
+    plan.run(RopeArgs(x, x))
     assert_close(sample(), expect(before, np.array(rows)), rtol, atol * 2, "table, 2^31")
     positions = torch.randint(0, 100_000, (shape[0], shape[2]), device="cuda")
     plan.tile = True

@@ -51,12 +51,14 @@ from typing import Any
 import numpy as np
 from numba import cuda
 
-from ..arrays import TensorMut, TensorRef, as_mut, as_ref, flat_span
+from .._runtime import SIMULATOR
+from ..arrays import TensorMut, TensorRef, as_mut, as_ref, contiguous_strides, flat_span
 from ..driver import stream_capturing, stream_synchronize
 from ..errors import InvalidProblem
 from ..kernels.rope import (
     ROPE_ANGLES_KERNEL,
     ROPE_ELEMENTS,
+    ROPE_FLAT_KERNELS,
     ROPE_KERNELS,
     ROPE_TABLE_KERNELS,
     ROPE_TILE_KERNELS,
@@ -132,6 +134,10 @@ _UNITS16_MAX_HALF_ELEMENTS = 1 << 22
 _TABLE_MAX_BYTES = 4 << 20
 _TABLE_ELEMENTS = (ElementKind.F16, ElementKind.BF16, ElementKind.F32)
 _TABLE_BLOCK = 256
+# ``rope_flat``: the table over compact interleaved x and y, one unit per thread in memory
+# order (``ROPE_FLAT_KERNELS``), fewer than 2^32 units; blocks of _FLAT_BLOCK threads, the
+# grid covering the units.
+_FLAT_BLOCK = 64 if SIMULATOR else 256
 
 # ``rope_tile`` (positions given, or no table): one row of several heads per block, the
 # row's angles computed once into shared memory. Taken automatically while one 16-byte unit
@@ -295,6 +301,9 @@ class _RopeBase(Plan):
         self.tile: bool | None = None
         #: (b, h) planes per ``rope_table`` thread (None: ``TABLE_PLANES_PER_THREAD``)
         self.table_planes_per_thread: int | None = None
+        #: ``rope_flat`` for the table path where it fits (compact interleaved x and y):
+        #: None or True = yes, False = never (``rope_table`` instead)
+        self.table_flat: bool | None = None
         #: heads per ``rope_tile`` block (None: about _TILE_THREADS threads a block)
         self.tile_heads_per_block: int | None = None
         self._table: Any = None  # the (cos, sin) table, built at first use
@@ -321,9 +330,10 @@ class _RopeBase(Plan):
                                in ROPE_TABLE_KERNELS.items() if kind is element}
         self._tile_kernels = {layout: kernel for (kind, layout), kernel
                               in ROPE_TILE_KERNELS.items() if kind is element}
+        self._flat_kernel = None if self._half_split else ROPE_FLAT_KERNELS.get(element)
         if not self._empty:
             for kernel in (*self._kernels.values(), *self._table_kernels.values(),
-                           *self._tile_kernels.values()):
+                           *self._tile_kernels.values(), *filter(None, [self._flat_kernel])):
                 kernel.prepare()
             if self._table_kernels:
                 ROPE_ANGLES_KERNEL.prepare()
@@ -616,26 +626,45 @@ class _RopeBase(Plan):
             return width, "half_split_16B", rot_items, self._items16(width, in_place), rot_items
         return width, "interleaved_16B", rot_items, self._items16(width, in_place), 0
 
+    def _flat_fits(self, x: TensorRef, y: TensorMut) -> bool:
+        """Whether ``rope_flat`` takes this table call: interleaved, x and y both compact
+        (their units in the order of the whole tensor's), fewer than 2^32 units and a grid
+        that covers them."""
+        if self._flat_kernel is None or self.table_flat is False:
+            return False
+        compact = contiguous_strides(self._shape)
+        units = math.prod(self._shape) * self._itemsize // 16
+        return (x.strides == compact and y.strides == compact and units < 1 << 32
+                and -(-units // _FLAT_BLOCK) <= _GRID_X_LIMIT)
+
     def _configure_table(self, x: TensorRef, y: TensorMut, table: int) -> Any:
         """Launch of ``rope_table``: one 16-byte item per thread along each (b, h) plane's
         (s, item), planes along grid.y; the table's pointer is fixed in the launch, which
-        takes ``(stream, x, y, positions)`` like the others."""
+        takes ``(stream, x, y, positions)`` like the others. Compact interleaved x and y
+        take ``rope_flat`` instead (:meth:`_flat_fits`): one unit per thread."""
         batch, heads, seq, dim = self._shape
         width, layout, rot_items, items, partner = self._unit_items(x, y)
-        plane_units = seq * items
-        per_thread = TABLE_PLANES_PER_THREAD[layout] if self.table_planes_per_thread is None \
-            else self.table_planes_per_thread
-        grid = (min(-(-plane_units // _TABLE_BLOCK), _GRID_X_LIMIT),
-                min(-(-(batch * heads) // per_thread), _GRID_YZ_LIMIT))
         x_words, y_words, xs, ys = _unit_views(x, y, width)
-        params = ((plane_units, items, rot_items, partner, self._rotary // width, heads,
-                   batch * heads) + xs + ys + (self._rotary // 2, self._inverse))
-        kernel = self._table_kernels[layout]
-        if per_thread != TABLE_PLANES_PER_THREAD[layout]:  # a benchmark's variant
-            kernel = _table_variant(self.descriptor.element, layout, per_thread)
-        bound = kernel.bind(
-            grid, _TABLE_BLOCK, ((0, x_words), (0, y_words), (0, self._table_bytes // 4),
-                                 params))
+        if self._flat_fits(x, y):
+            units = batch * heads * seq * dim // width
+            row_items = dim // width
+            items_log = row_items.bit_length() - 1 if row_items & (row_items - 1) == 0 else -1
+            params = (units, row_items, items_log, rot_items, seq, self._rotary // 2,
+                      int(x.ptr == y.ptr), self._inverse)
+            kernel, grid, block = self._flat_kernel, -(-units // _FLAT_BLOCK), _FLAT_BLOCK
+        else:
+            plane_units = seq * items
+            per_thread = TABLE_PLANES_PER_THREAD[layout] \
+                if self.table_planes_per_thread is None else self.table_planes_per_thread
+            grid = (min(-(-plane_units // _TABLE_BLOCK), _GRID_X_LIMIT),
+                    min(-(-(batch * heads) // per_thread), _GRID_YZ_LIMIT))
+            params = ((plane_units, items, rot_items, partner, self._rotary // width, heads,
+                       batch * heads) + xs + ys + (self._rotary // 2, self._inverse))
+            kernel, block = self._table_kernels[layout], _TABLE_BLOCK
+            if per_thread != TABLE_PLANES_PER_THREAD[layout]:  # a benchmark's variant
+                kernel = _table_variant(self.descriptor.element, layout, per_thread)
+        bound = kernel.bind(grid, block, ((0, x_words), (0, y_words),
+                                          (0, self._table_bytes // 4), params))
         launch = bound.taking(("a0", "a1", str(table)), 3)
         if launch is None:  # the dispatcher path (simulator)
             def launch(stream: int, x_ptr: int, y_ptr: int, _positions: int) -> None:
