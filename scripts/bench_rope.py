@@ -6,7 +6,10 @@ counted); % of the copy ceiling measured in the same run;
 compared with ``torch.compile`` (default mode) of the eager formula with precomputed
 cos/sin tables (the usual model code), and with that formula run eagerly.
 Decode shape [64, 32, 1, 128] with positions [64, 1]: device time and host time per
-``run`` against the host time of one PyTorch elementwise op (``torch.add(a, a, out=b)``).
+``run`` against the host time of one PyTorch elementwise op (``torch.add(a, a, out=b)``);
+the torch column is torch.compile given cos/sin already gathered at the positions, and a
+note gives torch.compile of the whole formula (the angles computed from the positions in
+the call, as the plans do).
 """
 
 from __future__ import annotations
@@ -49,6 +52,26 @@ def rope_half_split(x: Any, cos: Any, sin: Any) -> Any:
 
 
 EAGER = {RopePairing.INTERLEAVED: rope_interleaved, RopePairing.HALF_SPLIT: rope_half_split}
+
+
+def formula(pairing: RopePairing) -> Any:
+    """The whole RoPE formula from the positions (the angles computed in the timed call,
+    as the plans do): ``f(x, positions)``, positions [B, S] or None (pos = s)."""
+    eager = EAGER[pairing]
+
+    def rope_formula(x: Any, positions: Any) -> Any:
+        import torch
+
+        dim = x.shape[-1]
+        pairs = torch.arange(dim // 2, device=x.device, dtype=torch.float64)
+        inv_freq = (BASE ** (-(2.0 * pairs) / dim)).float()
+        if positions is None:
+            theta = torch.arange(x.shape[2], device=x.device).float()[:, None] * inv_freq
+        else:
+            theta = (positions.float()[..., None] * inv_freq)[:, None]
+        return eager(x, theta.cos(), theta.sin())
+
+    return rope_formula
 
 
 def tables(torch: Any, positions: Any, dim: int) -> tuple[Any, Any]:
@@ -99,6 +122,19 @@ def _time_torch(ctx: Any, fn: Any, xs: list[Any], cos: Any, sin: Any) -> float |
         return None
 
 
+def _time_formula(ctx: Any, pairing: RopePairing, xs: list[Any], positions: Any) -> float | None:
+    """Device µs of torch.compile of :func:`formula` (angles from the positions in the
+    call), or None if it fails."""
+    try:
+        fn = ctx.torch.compile(formula(pairing))
+        fn(xs[0], positions)
+        return ctx.time_gpu(lambda i: fn(xs[i], positions), sets=len(xs))
+    except Exception as exc:
+        _note(ctx, f"torch.compile of the formula failed: {type(exc).__name__}: "
+                   f"{str(exc)[:200]}")
+        return None
+
+
 def _large(ctx: Any, torch: Any, compiled: dict) -> None:
     batch, heads, seq, dim = LARGE
     cos, sin = tables(torch, torch.arange(seq, device="cuda"), dim)  # [S, D/2]
@@ -124,7 +160,10 @@ def _large(ctx: Any, torch: Any, compiled: dict) -> None:
                 if pairing in compiled else None
             label = pairing.name.lower()
             eager_note = f"eager {eager:.0f} µs" if eager else "eager n/a"
-            path = forward._kernel_path(*forward.can_implement(fwd_args[0]))
+            view = forward.can_implement(fwd_args[0])
+            path = forward._kernel_path(*view)
+            if path == "table" and forward._flat_fits(*view[:2]):
+                path = "table (rope_flat)"
             _row(ctx, f"fwd {list(LARGE)} {label}", name, us_fwd, moved, fused,
                     f"vs torch.compile; {eager_note}; kernel {path}")
             _row(ctx, f"bwd {list(LARGE)} {label}", name, us_bwd, moved, fused_bwd,
@@ -134,13 +173,18 @@ def _large(ctx: Any, torch: Any, compiled: dict) -> None:
 
 
 def _tuning(ctx: Any, torch: Any) -> None:
-    """Registers per kernel; large shape, forward: ``rope_table`` by (b, h) planes per
-    thread against the rows kernels (no table)."""
+    """Registers per kernel; large shape, forward: ``rope_flat`` (interleaved) and
+    ``rope_table`` by (b, h) planes per thread against the rows kernels (no table)."""
     from baracuda_numba.driver import function_registers
-    from baracuda_numba.kernels.rope import ROPE_KERNELS, ROPE_TABLE_KERNELS, ROPE_TILE_KERNELS
+    from baracuda_numba.kernels.rope import (
+        ROPE_FLAT_KERNELS,
+        ROPE_KERNELS,
+        ROPE_TABLE_KERNELS,
+        ROPE_TILE_KERNELS,
+    )
 
     regs = []
-    for kernels in (ROPE_KERNELS, ROPE_TABLE_KERNELS, ROPE_TILE_KERNELS):
+    for kernels in (ROPE_KERNELS, ROPE_TABLE_KERNELS, ROPE_FLAT_KERNELS, ROPE_TILE_KERNELS):
         for kernel in kernels.values():
             function = kernel.prepare()._function
             if function:
@@ -157,12 +201,17 @@ def _tuning(ctx: Any, torch: Any) -> None:
         for pairing in RopePairing:
             plan = RopePlan.select(RopeDescriptor(*LARGE, element=element, pairing=pairing))
             results = []
-            for table, per_thread in ((False, None), (True, 1), (True, 2), (True, 4)):
+            variants = [(False, None, False), (True, 1, False), (True, 2, False),
+                        (True, 4, False)]
+            if pairing is RopePairing.INTERLEAVED:
+                variants.insert(1, (True, None, True))
+            for table, per_thread, flat in variants:
                 plan.angle_table, plan.table_planes_per_thread = table, per_thread
+                plan.table_flat = flat
                 plan.retune()
                 us = ctx.time_gpu(lambda i, p=plan, a=args: p.run(a[i]), sets=sets)
-                label = f"table/planes={per_thread}" if table else \
-                    plan._layout(*plan.can_implement(args[0])[:2])[0]
+                label = "rope_flat" if flat else f"table/planes={per_thread}" if table \
+                    else plan._layout(*plan.can_implement(args[0])[:2])[0]
                 results.append(f"{label}: {us:.1f}")
             _note(ctx, f"tuning {name} {pairing.name.lower()} fwd µs "
                              f"({moved / 1e6:.0f} MB moved): " + "; ".join(results))
@@ -231,11 +280,14 @@ def _decode(ctx: Any, torch: Any, compiled: dict) -> None:
             eager = _time_torch(ctx, EAGER[pairing], xs, cos, sin)
             fused = _time_torch(ctx, compiled[pairing], xs, cos, sin) \
                 if pairing in compiled else None
+            whole = _time_formula(ctx, pairing, xs, positions)
             note = ""
             if eager is not None:
                 note += f"; torch eager {eager:.1f} µs"
             if fused is not None:
                 note += "; torch µs column = torch.compile"
+            if whole is not None:
+                note += f"; torch.compile from the positions {whole:.2f} µs"
             rows.append((label, name, us, moved, fused or eager, note))
             backward = RopeBackwardPlan.select(RopeBackwardDescriptor.of(desc), forward=desc)
             bwd_args = [RopeBackwardArgs(x, y, positions) for x, y in zip(xs, ys)]

@@ -8,12 +8,12 @@ revision of the package, imported under another name, in one process.
 (the package imports itself only relatively, so the copy runs as ``baracuda_old``; its
 kernels compile from their own source files, so neither revision's cubins or Numba cache
 entries serve the other). ``decode``: [64, 32, 1, 128] with positions [64, 1], every dtype
-and pairing, forward and backward; ``large``: [8, 32, 2048, 128] without positions, f32
-interleaved; each row times old, new and torch.compile (precomputed cos/sin, sin negated
-for the backward) alternately, call by call (``Context.time_gpu_many``), ``rounds`` times
-(default 2), and checks that old and new give the same bits. ``placement``: the f32
-interleaved forward of the large shape into outputs at different places (see its
-docstring).
+and pairing, forward and backward; ``large``: [8, 32, 2048, 128] without positions, f16 /
+bf16 / f32 interleaved and bf16 / f32 half-split; old and new write the same outputs; each
+row times old, new and torch.compile (precomputed cos/sin, sin negated for the backward)
+alternately, call by call (``Context.time_gpu_many``), ``rounds`` times (default 2), and
+checks that old and new give the same bits. ``placement``: the forward of the large shape
+into outputs at different places (see its docstring).
 """
 
 from __future__ import annotations
@@ -47,11 +47,11 @@ def _row(ctx: Context, shape: tuple[int, ...], positions: Any, name: str, elemen
          pairing: Any, inverse: bool, compiled: dict, rounds: int, sets: int) -> None:
     dtype = getattr(torch, name)
     xs = [torch.randn(shape, device="cuda", dtype=dtype) for _ in range(sets)]
-    ys = {label: [torch.empty_like(x) for x in xs] for label in PACKAGES}
+    ys = [torch.empty_like(x) for x in xs]  # shared: where y lies moves a row by 1-3 %
     fns = []
-    for label, package in PACKAGES.items():
+    for package in PACKAGES.values():
         plan, args_type = _plans(package, shape, element.name, pairing.name, inverse)
-        args = [args_type(x, y, positions) for x, y in zip(xs, ys[label])]
+        args = [args_type(x, y, positions) for x, y in zip(xs, ys)]
         fns.append(lambda i, p=plan, a=args: p.run(a[i]))
     cos, sin = tables(torch, positions if positions is not None
                       else torch.arange(shape[2], device="cuda"), shape[3])
@@ -60,10 +60,12 @@ def _row(ctx: Context, shape: tuple[int, ...], positions: Any, name: str, elemen
     sin = -sin if inverse else sin
     fn = compiled[pairing]
     fns.append(lambda i: fn(xs[i], cos, sin))
+    outputs = []
     for f in fns:
         f(0)
+        outputs.append(ys[0].clone())
     torch.cuda.synchronize()
-    same = torch.equal(ys["old"][0].view(torch.uint8), ys["new"][0].view(torch.uint8))
+    same = torch.equal(outputs[0].view(torch.uint8), outputs[1].view(torch.uint8))
     line = []
     for _ in range(rounds):
         old, new, theirs = ctx.time_gpu_many(fns, sets=sets, iters=200)
@@ -73,31 +75,40 @@ def _row(ctx: Context, shape: tuple[int, ...], positions: Any, name: str, elemen
 
 
 def placement(ctx: Context, compiled: dict, rounds: int) -> None:
-    """The f32 interleaved forward of [8, 32, 2048, 128] into output sets allocated at
-    different places (before x, right after x, after a 64 MB spacer) and torch.compile
-    (its output from the caching allocator), timed alternately: how much the row depends
-    on where y lies relative to x."""
-    from baracuda_numba.plans.rope import RopeArgs, RopeDescriptor, RopePlan
+    """The forward of [8, 32, 2048, 128] (f32 / bf16 interleaved, f32 half-split) into
+    output sets allocated at different places (before x, right after x, after a 64 MB
+    spacer, and per call from torch's caching allocator as torch.compile's own output is)
+    and torch.compile, timed alternately: how much a row depends on where y lies."""
     from baracuda_numba.types import ElementKind, RopePairing
 
+    for name, element, pairing in (("float32", ElementKind.F32, RopePairing.INTERLEAVED),
+                                   ("float32", ElementKind.F32, RopePairing.HALF_SPLIT),
+                                   ("bfloat16", ElementKind.BF16, RopePairing.INTERLEAVED)):
+        _placement_row(ctx, name, element, pairing, compiled[pairing], rounds)
+
+
+def _placement_row(ctx: Context, name: str, element: Any, pairing: Any, fn: Any,
+                   rounds: int) -> None:
+    from baracuda_numba.plans.rope import RopeArgs, RopeDescriptor, RopePlan
+
     sets = 2
-    before = [torch.empty(LARGE, device="cuda") for _ in range(sets)]
-    xs = [torch.randn(LARGE, device="cuda") for _ in range(sets)]
-    after = [torch.empty(LARGE, device="cuda") for _ in range(sets)]
+    dtype = getattr(torch, name)
+    before = [torch.empty(LARGE, device="cuda", dtype=dtype) for _ in range(sets)]
+    xs = [torch.randn(LARGE, device="cuda", dtype=dtype) for _ in range(sets)]
+    after = [torch.empty(LARGE, device="cuda", dtype=dtype) for _ in range(sets)]
     spacer = torch.empty(16 << 20, device="cuda")
-    spaced = [torch.empty(LARGE, device="cuda") for _ in range(sets)]
-    plan = RopePlan.select(RopeDescriptor(*LARGE, element=ElementKind.F32,
-                                          pairing=RopePairing.INTERLEAVED))
+    spaced = [torch.empty(LARGE, device="cuda", dtype=dtype) for _ in range(sets)]
+    plan = RopePlan.select(RopeDescriptor(*LARGE, element=element, pairing=pairing))
     fns = [lambda i, ys=ys: plan.run(RopeArgs(xs[i], ys[i])) for ys in (before, after, spaced)]
+    fns.append(lambda i: plan.run(RopeArgs(xs[i], torch.empty_like(xs[i]))))
     cos, sin = tables(torch, torch.arange(LARGE[2], device="cuda"), LARGE[3])
-    fn = compiled[RopePairing.INTERLEAVED]
     fns.append(lambda i: fn(xs[i], cos, sin))
     for _ in range(rounds):
         times = ctx.time_gpu_many(fns, sets=sets, iters=100)
-        print("placement f32 interleaved fwd: " + ", ".join(
+        print(f"placement {name} {pairing.name.lower()} fwd: " + ", ".join(
             f"{label} {us:.2f}" for label, us in zip(
-                ("y before x", "y after x", "y after a spacer", "torch.compile"), times)),
-            flush=True)
+                ("y before x", "y after x", "y after a spacer",
+                 "y per call from the allocator", "torch.compile"), times)), flush=True)
     del spacer
 
 
@@ -120,11 +131,12 @@ def main() -> None:
     if "placement" in parts:
         placement(ctx, compiled, rounds)
     if "large" in parts:
-        from baracuda_numba.types import ElementKind
-
-        for inverse in (False, True):
-            _row(ctx, LARGE, None, "float32", ElementKind.F32, RopePairing.INTERLEAVED,
-                 inverse, compiled, rounds, 2)
+        for name, element in DTYPES:
+            for pairing in RopePairing:
+                if pairing is RopePairing.INTERLEAVED or name != "float16":
+                    for inverse in (False, True):
+                        _row(ctx, LARGE, None, name, element, pairing, inverse, compiled,
+                             rounds, 2)
 
 
 if __name__ == "__main__":
