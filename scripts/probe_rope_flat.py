@@ -30,7 +30,7 @@ from numba.cuda.extending import intrinsic
 
 from baracuda_numba.kernels.common import f32_from_bits
 from baracuda_numba.kernels.rope import (
-    WORDS4,
+    _address,
     _flat_c,
     _pack16_bf16,
     _pack16_f16,
@@ -41,6 +41,7 @@ from baracuda_numba.kernels.rope import (
     _unpack16_f16,
     _unpack16_f32,
     load16,
+    load16_last,
     store16,
 )
 from baracuda_numba.launch import Kernel
@@ -50,53 +51,28 @@ from baracuda_numba.types import RopePairing
 BLOCK = 256
 
 
-def _hinted(policy: str) -> tuple[Any, Any]:
-    """16-byte load and store intrinsics with an L2 eviction policy
-    (``createpolicy.fractional.L2::<policy>`` + ``.L2::cache_hint``, as Triton emits for
-    ``eviction_policy=``)."""
-    word = ir.IntType(32)
-    create = f"createpolicy.fractional.L2::{policy}.b64 p, 1.0;"
+@intrinsic
+def store16_first(typingctx, array, index, words):
+    """``store16`` with an L2 ``evict_first`` policy (probe only)."""
+    def codegen(context, builder, sig, args):
+        word = ir.IntType(32)
+        values = [context.cast(builder, builder.extract_value(args[2], i), sig.args[2][i],
+                               uint32) for i in range(4)]
+        fnty = ir.FunctionType(ir.VoidType(), [ir.IntType(64)] + [word] * 4)
+        asm = ir.InlineAsm(fnty, "{ .reg .b64 p; createpolicy.fractional.L2::evict_first.b64 "
+                           "p, 1.0; st.global.L2::cache_hint.v4.u32 [$0], {$1, $2, $3, $4}, "
+                           "p; }", "l,r,r,r,r", side_effect=True)
+        address = _address(context, builder, sig.args[0], args[0], sig.args[1], args[1])
+        builder.call(asm, [address] + values)
+        return context.get_dummy_value()
+    return types.void(array, index, words), codegen
 
-    def address(context, builder, sig, args):
-        ary = context.make_array(sig.args[0])(context, builder, args[0])
-        offset = context.cast(builder, args[1], sig.args[1], types.int64)
-        return builder.ptrtoint(builder.gep(ary.data, [offset]), ir.IntType(64))
-
-    @intrinsic
-    def load(typingctx, array, index):
-        def codegen(context, builder, sig, args):
-            fnty = ir.FunctionType(ir.LiteralStructType([word] * 4), [ir.IntType(64)])
-            asm = ir.InlineAsm(fnty, "{ .reg .b64 p; " + create + " ld.global.L2::cache_hint"
-                               ".v4.u32 {$0, $1, $2, $3}, [$4], p; }", "=r,=r,=r,=r,l",
-                               side_effect=True)
-            loaded = builder.call(asm, [address(context, builder, sig, args)])
-            return context.make_tuple(builder, WORDS4, [builder.extract_value(loaded, i)
-                                                        for i in range(4)])
-        return WORDS4(array, index), codegen
-
-    @intrinsic
-    def store(typingctx, array, index, words):
-        def codegen(context, builder, sig, args):
-            values = [context.cast(builder, builder.extract_value(args[2], i), sig.args[2][i],
-                                   uint32) for i in range(4)]
-            fnty = ir.FunctionType(ir.VoidType(), [ir.IntType(64)] + [word] * 4)
-            asm = ir.InlineAsm(fnty, "{ .reg .b64 p; " + create + " st.global.L2::cache_hint"
-                               ".v4.u32 [$0], {$1, $2, $3, $4}, p; }", "l,r,r,r,r",
-                               side_effect=True)
-            builder.call(asm, [address(context, builder, sig, args)] + values)
-            return context.get_dummy_value()
-        return types.void(array, index, words), codegen
-
-    return load, store
-
-
-LOAD_LAST, _ = _hinted("evict_last")
-LOAD_FIRST, STORE_FIRST = _hinted("evict_first")
 
 #: variant -> (table load, x load, y store)
-HINTS = {"plain": (load16, load16, store16), "table evict_last": (LOAD_LAST, load16, store16),
-         "table and x evict_last": (LOAD_LAST, LOAD_LAST, store16),
-         "table evict_last, y evict_first": (LOAD_LAST, load16, STORE_FIRST)}
+HINTS = {"plain": (load16, load16, store16),
+         "table evict_last": (load16_last, load16, store16),
+         "table and x evict_last": (load16_last, load16_last, store16),
+         "table evict_last, y evict_first": (load16_last, load16, store16_first)}
 
 
 def _make_flat(pairs: int, unpack: Any, pack: Any, rotate: Any, hints: tuple[Any, ...],

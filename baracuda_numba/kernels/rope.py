@@ -150,48 +150,39 @@ else:
         offset = context.cast(builder, index, index_type, types.int64)
         return builder.ptrtoint(builder.gep(ary.data, [offset]), ir.IntType(64))
 
-    @intrinsic
-    def load16(typingctx, array, index):
-        """``ld.global.v4.u32``: words ``index .. index+3`` of a uint32 array in one 16-byte
-        access (the address must be 16-byte aligned). Numba has no 16-byte scalar type; its
-        8-byte accesses reached 97 % of torch's copy_ on 537 MB where 16-byte ones reach
-        100 % (H100, 2026-11-22, scripts/probe_rope_f32.py). Volatile: the loads stay in
-        program order before the stores that follow (in place, a repeated head is read
-        before it is written)."""
+    def _load16_asm(text: str):  # noqa: ANN202 - returns a Numba intrinsic
+        """A 16-byte load intrinsic ``(uint32 array, index) -> 4 words`` whose PTX is
+        ``text`` (outputs $0-$3, the address $4). Volatile: the loads stay in program order
+        before the stores that follow (in place, a repeated head is read before it is
+        written)."""
 
-        def codegen(context, builder, signature, args):
-            address = _address(context, builder, signature.args[0], args[0],
-                               signature.args[1], args[1])
-            word = ir.IntType(32)
-            fnty = ir.FunctionType(ir.LiteralStructType([word] * 4), [ir.IntType(64)])
-            asm = ir.InlineAsm(fnty, "ld.global.v4.u32 {$0, $1, $2, $3}, [$4];",
-                               "=r,=r,=r,=r,l", side_effect=True)
-            loaded = builder.call(asm, [address])
-            return context.make_tuple(builder, WORDS4,
-                                      [builder.extract_value(loaded, i) for i in range(4)])
+        @intrinsic
+        def load(typingctx, array, index):
+            def codegen(context, builder, signature, args):
+                address = _address(context, builder, signature.args[0], args[0],
+                                   signature.args[1], args[1])
+                word = ir.IntType(32)
+                fnty = ir.FunctionType(ir.LiteralStructType([word] * 4), [ir.IntType(64)])
+                asm = ir.InlineAsm(fnty, text, "=r,=r,=r,=r,l", side_effect=True)
+                loaded = builder.call(asm, [address])
+                return context.make_tuple(builder, WORDS4,
+                                          [builder.extract_value(loaded, i) for i in range(4)])
 
-        return WORDS4(array, index), codegen
+            return WORDS4(array, index), codegen
 
-    @intrinsic
-    def load16_last(typingctx, array, index):
-        """``load16`` with an L2 ``evict_last`` policy (``createpolicy.fractional`` +
-        ``.L2::cache_hint``, what Triton emits for ``eviction_policy="evict_last"``): for
-        small tables read by every thread while a large tensor streams through L2."""
+        return load
 
-        def codegen(context, builder, signature, args):
-            address = _address(context, builder, signature.args[0], args[0],
-                               signature.args[1], args[1])
-            word = ir.IntType(32)
-            fnty = ir.FunctionType(ir.LiteralStructType([word] * 4), [ir.IntType(64)])
-            asm = ir.InlineAsm(fnty, "{ .reg .b64 p; createpolicy.fractional.L2::evict_last"
-                               ".b64 p, 1.0; ld.global.L2::cache_hint.v4.u32 "
-                               "{$0, $1, $2, $3}, [$4], p; }", "=r,=r,=r,=r,l",
-                               side_effect=True)
-            loaded = builder.call(asm, [address])
-            return context.make_tuple(builder, WORDS4,
-                                      [builder.extract_value(loaded, i) for i in range(4)])
-
-        return WORDS4(array, index), codegen
+    #: ``ld.global.v4.u32``: words ``index .. index+3`` of a uint32 array in one 16-byte
+    #: access (the address must be 16-byte aligned). Numba has no 16-byte scalar type; its
+    #: 8-byte accesses reached 97 % of torch's copy_ on 537 MB where 16-byte ones reach
+    #: 100 % (H100, 2026-11-22, scripts/probe_rope_f32.py).
+    load16 = _load16_asm("ld.global.v4.u32 {$0, $1, $2, $3}, [$4];")
+    #: ``load16`` with an L2 ``evict_last`` policy (``createpolicy.fractional`` +
+    #: ``.L2::cache_hint``, what Triton emits for ``eviction_policy="evict_last"``): for
+    #: small tables read by every thread while a large tensor streams through L2.
+    load16_last = _load16_asm("{ .reg .b64 p; createpolicy.fractional.L2::evict_last.b64 p, "
+                              "1.0; ld.global.L2::cache_hint.v4.u32 {$0, $1, $2, $3}, [$4], "
+                              "p; }")
 
     @intrinsic
     def store16(typingctx, array, index, words):

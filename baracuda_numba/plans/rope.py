@@ -33,7 +33,9 @@ Kernels (:meth:`_RopeBase._kernel_path`), where 16-byte units fit (f16/bf16/f32)
   that run's stream, then waited for) and keeps: 8 bytes a pair, 1 MB for S = 2048 and
   R = 128. Taken while the table is at most 4 MB and within ``pref.max_workspace_bytes``;
   a run captured into a CUDA graph before the table exists takes another kernel (nothing
-  can be allocated or waited for while capturing);
+  can be allocated or waited for while capturing). Interleaved x and y that are both
+  compact take ``rope_flat`` instead, one unit per thread in memory order with the table
+  read under an L2 ``evict_last`` policy (:meth:`_RopeBase._flat_fits`);
 * small problems (decode): ``rope_tile``, one row of several heads per block, the row's
   angles computed once into shared memory; one tile per block and 32-bit offsets, so only
   where that grid fits CUDA's limits and x and y span fewer than 2^31 16-byte units;
