@@ -727,3 +727,33 @@ def test_each_launcher_binding_runs_kernels(monkeypatch, backend):
     finally:
         monkeypatch.delenv("BARACUDA_LAUNCHER")
         driver._launcher.cache_clear()
+
+
+@pytest.mark.simulator
+def test_simulator_shuffles_wait_for_their_warp_only():
+    """The simulator's shuffle stand-in synchronises the 32 lanes of a warp, not the block:
+    warp 0 shuffles before a ``syncthreads`` that warp 1 reaches directly, and warp 1 must
+    still see what warp 0 wrote before that barrier (a block barrier inside the shuffle
+    would have released warp 1 early). Also a partial last warp (40 threads)."""
+    from baracuda_numba.kernels.common import shfl_xor
+
+    @cuda.jit
+    def kernel(out):
+        shared = cuda.shared.array(1, np.int64)
+        tid = cuda.threadIdx.x
+        if tid == 0:
+            shared[0] = -1
+        cuda.syncthreads()
+        if tid < 32:
+            value = shfl_xor(np.int64(tid), 1)
+            if tid == 0:
+                shared[0] = value + 100
+        cuda.syncthreads()
+        out[tid] = shared[0]
+        out[tid + 64] = shfl_xor(np.int64(tid), 1)  # warp 1: lanes 32..39 only
+
+    for _ in range(3):
+        out = np.full(128, -7, np.int64)
+        kernel[1, 40](out)
+        np.testing.assert_array_equal(out[:40], 101)
+        np.testing.assert_array_equal(out[64:104], np.arange(40) ^ 1)

@@ -335,6 +335,30 @@ def pad8(values: tuple[int, ...], fill: int) -> tuple[int, ...]:
 
 if SIMULATOR:
 
+    import threading
+
+    def _sim_warp_sync():
+        """Wait for the other lanes of this thread's warp (the simulator's threads are
+        Python threads; ``BlockThread`` has the lane's block manager and linear id).
+
+        A warp-level barrier, not ``cuda.syncthreads``: the simulator counts any blocked
+        thread at any barrier as arrived, so a block barrier inside a shuffle would also
+        release warps waiting at a real ``syncthreads`` elsewhere (after a different
+        number of shuffles), which a GPU's ``bar.sync`` does not. The lanes of a warp are
+        those of the block that exist (a partial last warp has fewer); every one of them
+        must reach the shuffle, as ``FULL_MASK`` requires on the GPU (else this raises
+        after 60 s rather than hang).
+        """
+        me = threading.current_thread()
+        manager = me._manager
+        barriers = manager.__dict__.setdefault("_baracuda_warp_barriers", {})
+        base = me.thread_id - me.thread_id % 32
+        barrier = barriers.get(base)
+        if barrier is None:
+            threads = int(np.prod(manager._block_dim))
+            barrier = barriers.setdefault(base, threading.Barrier(min(32, threads - base)))
+        barrier.wait(timeout=60.0)
+
     def _sim_exchange(value, source_lane):
         scratch = cuda.shared.array(1024, dtype=np.float64)  # one slot per thread
         boxed = cuda.shared.array(1024, dtype=np.int64)
@@ -345,11 +369,11 @@ if SIMULATOR:
             boxed[tid] = value
         else:
             scratch[tid] = value
-        cuda.syncthreads()
+        _sim_warp_sync()
         warp_base = tid - tid % 32
         source = warp_base + source_lane
         result = boxed[source] if is_int else scratch[source]
-        cuda.syncthreads()
+        _sim_warp_sync()
         return type(value)(result)
 
     @cuda.jit(device=True)
