@@ -646,6 +646,19 @@ def test_backward_rank_8(rng):
 WORD_ELEMENTS = (E.F16, E.BF16, E.F32)
 
 
+def kinds_elements_layouts(kinds, layouts, elements=WORD_ELEMENTS):
+    """``kind, element, layout`` parameters: every combination on the GPU. The simulator
+    (CI time) runs each kind x layout at one element kind, rotating with the kind and the
+    layout (a Latin square), so every kind x element pair still runs where there are at
+    least as many layouts as element kinds, and every element x layout pair where there
+    are at least as many kinds."""
+    kinds, layouts = list(kinds), list(layouts)
+    return [pytest.param(kind, element, layout, id=f"{kind.name}-{element.name}-{layout}")
+            for k, kind in enumerate(kinds) for e, element in enumerate(elements)
+            for j, layout in enumerate(layouts)
+            if not SIMULATOR or (k + j) % len(elements) == e]
+
+
 def _word_layouts():
     """name -> (base shape, index into the base, reduce axis, expected access)."""
     return {
@@ -697,9 +710,8 @@ def _forward_access(plan):
     return next(iter(plan._launches.values())).access
 
 
-@pytest.mark.parametrize("layout", list(_word_layouts()), ids=str)
-@pytest.mark.parametrize("element", WORD_ELEMENTS, ids=lambda e: e.name)
-@pytest.mark.parametrize("kind", REDUCE_KINDS + (K.ARGMAX, K.ARGMIN), ids=lambda k: k.name)
+@pytest.mark.parametrize("kind, element, layout", kinds_elements_layouts(
+    REDUCE_KINDS + (K.ARGMAX, K.ARGMIN), _word_layouts()))
 def test_word_access_forward(kind, element, layout, rng):
     base_shape, index, axis, access = _word_layouts()[layout]
     shape = _view_shape(layout, base_shape, index)
@@ -876,9 +888,8 @@ def test_word_access_specials(element):
             assert _forward_access(plan) == ("rows" if axis == 1 else "cols")
 
 
-@pytest.mark.parametrize("layout", ["rows_phases", "rows_split", "cols_split"], ids=str)
-@pytest.mark.parametrize("element", WORD_ELEMENTS, ids=lambda e: e.name)
-@pytest.mark.parametrize("kind", REDUCE_KINDS, ids=lambda k: k.name)
+@pytest.mark.parametrize("kind, element, layout", kinds_elements_layouts(
+    REDUCE_KINDS, ["rows_phases", "rows_split", "cols_split"]))
 def test_word_access_backward(kind, element, layout, rng):
     """dx and x share the layout and word phase (dx a view of a poisoned buffer); with the
     workspace (statistic pass, splits) and without (fused statistic / single pass)."""
@@ -928,10 +939,8 @@ def _ties_take_cols(kind, element, workspace):
 _SHORT_LAYOUTS = ("rows_short", "rows_short_padded", "rows_short_phase")
 
 
-@pytest.mark.parametrize("layout", _SHORT_LAYOUTS, ids=str)
-@pytest.mark.parametrize("element", WORD_ELEMENTS, ids=lambda e: e.name)
-@pytest.mark.parametrize("kind", [K.SUM, K.MEAN, K.PROD, K.NORM2, K.LOG_SUM_EXP],
-                         ids=lambda k: k.name)
+@pytest.mark.parametrize("kind, element, layout", kinds_elements_layouts(
+    [K.SUM, K.MEAN, K.PROD, K.NORM2, K.LOG_SUM_EXP], _SHORT_LAYOUTS))
 def test_short_rows_backward(kind, element, layout, rng):
     """The gradients without a statistic take the row kernel's short-row path exactly where
     the forward does (64-element rows, word aligned; padded rows stay word aligned for f32
@@ -1193,9 +1202,8 @@ _STASH_LAYOUTS = {"cols_stash": True, "cols_block": True, "cols_long": False,
 
 
 @IEEE_SPECIALS
-@pytest.mark.parametrize("layout", _REG_LAYOUT_NAMES, ids=str)
-@pytest.mark.parametrize("element", WORD_ELEMENTS, ids=lambda e: e.name)
-@pytest.mark.parametrize("kind", [K.MAX, K.MIN, K.VAR, K.STD], ids=lambda k: k.name)
+@pytest.mark.parametrize("kind, element, layout", kinds_elements_layouts(
+    [K.MAX, K.MIN, K.VAR, K.STD], _REG_LAYOUT_NAMES))
 def test_register_resident_backward(kind, element, layout, rng):
     """dx against float64 with ties (Max/Min), a NaN line (Max/Min: no position equals the
     saved NaN, so the line is NaN) or an inf (Var/Std: x - inf = -inf as torch) in one line,
@@ -1417,9 +1425,8 @@ def _sync_layouts(width: int) -> dict:
 
 
 @IEEE_SPECIALS
-@pytest.mark.parametrize("layout", list(_sync_layouts(2)), ids=str)
-@pytest.mark.parametrize("element", WORD_ELEMENTS, ids=lambda e: e.name)
-@pytest.mark.parametrize("kind", [K.VAR, K.STD], ids=lambda k: k.name)
+@pytest.mark.parametrize("kind, element, layout",
+                         kinds_elements_layouts([K.VAR, K.STD], _sync_layouts(2)))
 def test_row_sync_backward(kind, element, layout, rng):
     """dx against float64 (correction 0 on the padded rows) with an inf in the first row
     (its sum -> mean is inf: x - inf = -inf as torch) and a NaN in the last; a workspace

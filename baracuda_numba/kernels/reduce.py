@@ -2043,8 +2043,7 @@ _CANONICAL_NAN_BITS = int64(0x7FF8000000000000)
 @cuda.jit(device=True, inline=True)
 def _block_total(value, sums, tid, block):
     """The f64 sum of ``value`` over the block (``sums``: one shared f64 per warp), in a
-    fixed order, for every thread. The whole block calls it: the simulator's shuffles are
-    block barriers."""
+    fixed order, for every thread. The whole block calls it (two block barriers)."""
     width = 16
     while width >= 1:  # xor butterfly: every lane ends with the same sum
         value += shfl_xor(value, width)
