@@ -24,11 +24,11 @@ def _shared_array(self, shape, dtype, alignment=None):
     launch the same array for one ``cuda.shared.array`` call site, kept in a dict keyed by
     (file, line). numba-cuda looks the key up, allocates on a miss and then stores; a
     thread switch between the two lets two threads each store their own array, so the
-    block no longer shares it (an uninitialised ``np.empty`` is read back: wrong sums
-    and overflow warnings, seen in ``test_scan.py`` about one run in three with a 0.2 ms
-    GIL switch interval). ``dict.setdefault`` is atomic under the GIL. The key comes from
-    the caller's frame rather than ``traceback.extract_stack`` (which also reads every
-    frame's source line): the same key, at a fraction of the cost.
+    block no longer shares it (a stress test did not reproduce it; the sporadic
+    simulator failures seen with a 0.2 ms GIL switch interval went with the warp-level
+    shuffle barrier of ``kernels.common``). ``dict.setdefault`` is atomic under the GIL.
+    The key comes from the caller's frame rather than ``traceback.extract_stack`` (which
+    also reads every frame's source line): the same key, at a fraction of the cost.
     """
     from numba.cuda import types
     from numba.cuda.np import numpy_support
