@@ -78,6 +78,8 @@ def libcuda() -> ctypes.CDLL:
     lib.cuFuncSetAttribute.argtypes = [_ptr, ctypes.c_int, ctypes.c_int]
     lib.cuStreamIsCapturing.argtypes = [_ptr, ctypes.POINTER(ctypes.c_int)]
     lib.cuStreamSynchronize.argtypes = [_ptr]
+    lib.cuOccupancyMaxActiveBlocksPerMultiprocessor.argtypes = [
+        ctypes.POINTER(ctypes.c_int), _ptr, ctypes.c_int, _size_t]
     return lib
 
 
@@ -174,6 +176,16 @@ def function_static_shared(function: int) -> int:
     value = ctypes.c_int()
     check(libcuda().cuFuncGetAttribute(ctypes.byref(value), 1, function),
           "cuFuncGetAttribute")
+    return value.value
+
+
+def max_active_blocks(function: int, block: int, dynamic_shared: int = 0) -> int:
+    """Blocks of ``block`` threads (and ``dynamic_shared`` bytes) of ``function`` that one
+    SM holds at once (``cuOccupancyMaxActiveBlocksPerMultiprocessor``)."""
+    value = ctypes.c_int()
+    check(libcuda().cuOccupancyMaxActiveBlocksPerMultiprocessor(
+        ctypes.byref(value), function, int(block), int(dynamic_shared)),
+        "cuOccupancyMaxActiveBlocksPerMultiprocessor")
     return value.value
 
 

@@ -47,6 +47,7 @@ from .driver import (
     function_static_shared,
     launch_kernel,
     load_function,
+    max_active_blocks,
     pointer_launcher,
     set_max_dynamic_shared,
 )
@@ -302,6 +303,15 @@ class Kernel:
             optin = int(cuda.current_context().device.MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
             self._shared_limit = optin - function_static_shared(self._function)
         return self._shared_limit
+
+    def resident_blocks(self, block: int) -> int:
+        """Blocks of ``block`` threads of this kernel the current device holds at once (all
+        SMs; no dynamic shared memory). The simulator runs one block at a time: 1."""
+        if SIMULATOR:
+            return 1
+        self.prepare()
+        sms = int(cuda.current_context().device.MULTIPROCESSOR_COUNT)
+        return sms * max_active_blocks(self._function, block)
 
     def allow_dynamic_shared(self, nbytes: int) -> Kernel:
         """Opt this kernel in to ``nbytes`` of dynamic shared memory per block
