@@ -14,12 +14,14 @@ from baracuda_numba.errors import InvalidProblem, Unsupported, WorkspaceTooSmall
 from baracuda_numba.kernels.reduce import (
     CHUNK,
     REDUCE_BACKWARD_COLS_STASH_KERNELS,
+    REDUCE_BACKWARD_ROWS_HOLD_KERNELS,
     REG_COLS_STASH_BYTES,
     SYNC_BLOCK,
     VEC_LOADS,
     tie_mask_iters,
 )
 from baracuda_numba.plans.reduce import (
+    _HOLD_ELEMENTS,
     _REG_STREAM_MIN_LANES,
     _STREAM_MIN_BATCHES,
     _STREAM_TARGET_BLOCKS,
@@ -1448,7 +1450,7 @@ def test_row_sync_backward(kind, element, layout, rng):
     dy = random_values(y.shape, element, rng)
     expected = backward_reference(kind, from_storage(dy, element), from_storage(x_host, element),
                                   from_storage(y, element), axis, correction)
-    results = []
+    results, holds = [], []
     for workspace in (True, True, False):
         dx_base = poisoned(base_shape, element)
         dx = device_view(dx_base, index, shape, element)
@@ -1460,14 +1462,73 @@ def test_row_sync_backward(kind, element, layout, rng):
         what = f"{kind.name} backward {element.name} {layout} workspace={workspace}"
         got = storage_of(dx, element)
         check_backward(from_storage(got, element), expected, element, what)
-        chosen = next(iter(plan._launches.values()))[1][0]
-        assert (chosen == "sync") == workspace, what
+        access, launch = next(iter(plan._launches.values()))[1]
+        assert (access == "sync") == workspace, what
+        if workspace:
+            holds.append(launch.hold)
         results.append(got.tobytes())
         if layout == "padded":
             assert np.all(np.isnan(from_storage(storage_of(
                 device_view(dx_base, (slice(None), slice(shape[1], None)), (3, 2 * width),
                             element), element), element))), what
     assert results[0] == results[1], f"{kind.name} {layout}: not deterministic"
+    # f16/bf16 chunks held in registers (x read once) where the device holds every chunk
+    # of a row twice over; the other kernel (row_hold forced the other way, where it can
+    # run) gives the same bits: the same sums in the same order
+    parts = plan._sync[0]
+    resident = REDUCE_BACKWARD_ROWS_HOLD_KERNELS[(kind, element)].resident_blocks(SYNC_BLOCK)
+    fits = parts == 1 or 2 * parts <= resident
+    assert holds == [fits and element in _HOLD_ELEMENTS] * 2, (holds, parts, resident)
+    if fits:
+        plan = ReduceBackwardPlan.select(desc)
+        plan.row_hold = not holds[0]
+        dx = device_view(poisoned(base_shape, element), index, shape, element)
+        ws = to_device(np.full(plan.workspace_size, 0xFF, np.uint8))
+        plan.run(ReduceBackwardArgs(to_device(dy), dx, device_view(base, index, shape, element),
+                                    to_device(y)), workspace=ws)
+        assert next(iter(plan._launches.values()))[1][1].hold is not holds[0]
+        assert storage_of(dx, element).tobytes() == results[0], f"{what}: hold != sync"
+
+
+@IEEE_SPECIALS
+@pytest.mark.parametrize("kind", [K.VAR, K.STD], ids=lambda k: k.name)
+@pytest.mark.parametrize("element", WORD_ELEMENTS if not SIMULATOR else [E.F32, E.BF16],
+                         ids=lambda e: e.name)
+def test_row_hold_backward_one_chunk_rows(kind, element, rng, monkeypatch):
+    """Rows of one partial chunk (a thread's last words past the row) forced onto the
+    row-sync path (no register-resident rows) and the hold kernel (for every element: a
+    chunk waits only for itself, also in the simulator, whose blocks run one after
+    another), against float64, with an inf row, a NaN row and a workspace of 0xFF bytes;
+    bit-identical on a rerun."""
+    import baracuda_numba.plans.reduce as plans_reduce
+
+    monkeypatch.setattr(plans_reduce, "_reg_lanes", lambda extent, width: 0)
+    width = 2 if element is E.F32 else 4
+    shape = (3, (_SYNC_BATCHES * SYNC_BLOCK * VEC_LOADS - SYNC_BLOCK * 5 // 2) * width)
+    x_host = rng.uniform(-2.0, 2.0, size=shape)
+    x_host[0, 5] = np.inf
+    x_host[-1, -7] = np.nan
+    x_host = to_storage(x_host, element)
+    y = saved_output(kind, x_host, 1, element, 1)
+    dy = random_values(y.shape, element, rng)
+    expected = backward_reference(kind, from_storage(dy, element), from_storage(x_host, element),
+                                  from_storage(y, element), 1, 1)
+    results = []
+    for _ in range(2):
+        plan = ReduceBackwardPlan.select(ReduceBackwardDescriptor(kind, shape, 1, element, 1))
+        plan.row_hold = True
+        assert plan._sync[0] == 1
+        ws = to_device(np.full(plan.workspace_size, 0xFF, np.uint8))
+        dx = to_device(poisoned(shape, element))
+        plan.run(ReduceBackwardArgs(to_device(dy), dx, to_device(x_host), to_device(y)),
+                 workspace=ws)
+        access, launch = next(iter(plan._launches.values()))[1]
+        assert access == "sync" and launch.hold
+        got = to_host(dx)
+        check_backward(from_storage(got, element), expected, element,
+                       f"{kind.name} backward {element.name} one-chunk rows (hold)")
+        results.append(got.tobytes())
+    assert results[0] == results[1], "not deterministic"
 
 
 # -- the Max/Min gradient's tie count after dx (split word rows and columns) ---------------
@@ -1784,6 +1845,35 @@ def test_gpu_row_sync_more_than_2_31_elements():
         for i in (0, 1, n // 2, n - 5, n - 1):
             expected = coef * (float(x[r, i]) - mean)
             assert abs(float(dx[r, i]) - expected) <= 2.0**-7 * abs(expected) + 1e-3 * abs(coef)
+
+
+@pytest.mark.gpu
+def test_gpu_row_hold_more_than_2_31_elements():
+    """The bf16 Var gradient with the chunks held in registers: 524 rows (fewer than a
+    block each would fill, so the row-sync path) of 4,100,096 elements (251 chunks, the
+    last partial: twice that within the 528 blocks an H100 / H200 holds at once),
+    2^31 + 966,656 elements in all; rows 0, 1 and 523 (which crosses 2^31) against
+    float64 at both ends and the middle."""
+    torch = torch_or_skip()
+    rows, n = 524, 4_100_096
+    x = torch.empty((rows, n), device="cuda", dtype=torch.bfloat16).uniform_(-1, 1)
+    x[rows - 1, n - 5] = 3.0
+    dy = torch.randn((rows, 1), device="cuda", dtype=torch.bfloat16)
+    y = torch.ones((rows, 1), device="cuda", dtype=torch.bfloat16)  # not read by Var
+    plan = ReduceBackwardPlan.select(ReduceBackwardDescriptor(K.VAR, (rows, n), 1, E.BF16))
+    ws = torch.empty(plan.workspace_size, device="cuda", dtype=torch.uint8)
+    dx = torch.full_like(x, float("nan"))
+    plan.run(ReduceBackwardArgs(dy, dx, x, y), workspace=ws)
+    resident = REDUCE_BACKWARD_ROWS_HOLD_KERNELS[(K.VAR, E.BF16)].resident_blocks(SYNC_BLOCK)
+    access, launch = next(iter(plan._launches.values()))[1]
+    assert access == "sync" and launch.hold, (access, plan._sync, resident)
+    for r in (0, 1, rows - 1):
+        mean = float(x[r].double().mean())
+        coef = float(dy[r, 0]) * 2.0 / (n - 1)
+        for i in (0, 1, n // 2, n - 5, n - 1):
+            expected = coef * (float(x[r, i]) - mean)
+            assert abs(float(dx[r, i]) - expected) <= 2.0**-7 * abs(expected) + 1e-3 * abs(coef)
+    assert not torch.isnan(dx[-2:]).any()
 
 
 @pytest.mark.gpu

@@ -2058,7 +2058,55 @@ def _block_total(value, sums, tid, block):
     return total
 
 
-def _make_backward_rows_sync(kind: ReduceKind, element: ElementKind) -> Callable[..., None]:
+@cuda.jit(device=True, inline=True)
+def _first_ticket(ctl, shared_t, tid):
+    """The block's first work item: thread 0 takes ticket ``ctl[0]`` (an atomic counter,
+    zero before the launch) and the block reads it from ``shared_t[0]``."""
+    if tid == 0:
+        shared_t[0] = cuda.atomic.add(ctl, 0, int64(1))
+    cuda.syncthreads()
+    return shared_t[0]
+
+
+@cuda.jit(device=True, inline=True)
+def _publish_partial(partials, k, chunk_total, tid):
+    """Thread 0 publishes chunk ``k``'s f64 total: its bits inverted, one atomic exchange
+    (the value is its own ready flag; a NaN total as the canonical NaN)."""
+    if tid == 0:
+        if chunk_total != chunk_total:
+            bits = _CANONICAL_NAN_BITS
+        else:
+            bits = bitcast(chunk_total, int64)
+        cuda.atomic.exch(partials, k, ~bits)
+
+
+@cuda.jit(device=True, inline=True)
+def _row_total(partials, row, parts, sums, tid, block):
+    """The f64 sum of ``row``'s ``parts`` published chunk totals, read at L2 (atomics)
+    until every one is published, added in a fixed order (the same for every chunk of the
+    row), for every thread. The whole block calls it."""
+    step = int64(block)
+    while True:
+        row_total = float64(0)
+        published = 1
+        q = int64(tid)
+        while q < parts:
+            bits = cuda.atomic.add(partials, row * parts + q, int64(0))
+            if bits == 0:
+                published = 0
+            row_total += bitcast(~bits, float64)
+            q += step
+        if cuda.syncthreads_and(published):
+            break
+    return _block_total(row_total, sums, tid, block)
+
+
+def _mean_grad_batches(kind: ReduceKind, element: ElementKind, n: int) -> tuple[Any, ...]:
+    """``(load_batch, stat_batch, grad_batch, row_coefficient)`` of the Var/Std gradient
+    of word rows (``mean = sum / extent``), a batch being ``n`` words a thread, word
+    ``j + u·step`` (``u < n``) of those below ``end``: its loads all in flight at once, its
+    sum in the element's accumulator, its ``dx = c * (x - mean)`` stored; and the row's
+    ``(c, y, mean)`` from ``dy``, ``y`` and the row's f64 total."""
     ops = GRAD_OPS[kind]
     assert ops.stat == "mean"
     spec = ELEMENTS[element]
@@ -2066,20 +2114,19 @@ def _make_backward_rows_sync(kind: ReduceKind, element: ElementKind) -> Callable
     ACC = spec.acc
     load = spec.load
     unpack, pack, store_word = vec.unpack, vec.pack, vec.store_word
-    W, LOG_W = vec.width, vec.log_width
+    W = vec.width
     coefficient, element_fn = _grad_fns(kind, element)
     READS_Y = ops.reads_y
-    WARPS = SHARED_SLOTS // 32
 
     @cuda.jit(device=True, inline=True)
     def load_batch(xv, words, at, j, step, end):
-        for u in range(VEC_LOADS):  # all in flight at once
+        for u in range(n):  # all in flight at once
             if j + u * step < end:
                 words[u] = xv[at + uint64(j + u * step)]
 
     @cuda.jit(device=True, inline=True)
     def stat_batch(words, values, j, step, end, total):
-        for u in range(VEC_LOADS):
+        for u in range(n):
             if j + u * step < end:
                 unpack(words[u], values, 0)
                 for e in range(W):
@@ -2088,12 +2135,29 @@ def _make_backward_rows_sync(kind: ReduceKind, element: ElementKind) -> Callable
 
     @cuda.jit(device=True, inline=True)
     def grad_batch(dx, dxv, words, values, results, at, j, step, end, cf, yv, mean):
-        for u in range(VEC_LOADS):
+        for u in range(n):
             if j + u * step < end:
                 unpack(words[u], values, 0)
                 for e in range(W):
                     results[e] = element_fn(cf, values[e], yv, mean)
                 store_word(dx, dxv, at + uint64(j + u * step), pack(results), 0)
+
+    @cuda.jit(device=True, inline=True)
+    def row_coefficient(dy, y, row, dy_stride, y_stride, row_total, extent, param):
+        g = load(dy, row * dy_stride)
+        yv = load(y, row * y_stride) if READS_Y else g
+        mean = ACC(row_total / float64(extent))
+        return ACC(coefficient(g, yv, mean, int64(0), param)), yv, mean
+
+    return load_batch, stat_batch, grad_batch, row_coefficient
+
+
+def _make_backward_rows_sync(kind: ReduceKind, element: ElementKind) -> Callable[..., None]:
+    ACC = ELEMENTS[element].acc
+    W, LOG_W = VECTOR[element].width, VECTOR[element].log_width
+    WARPS = SHARED_SLOTS // 32
+    load_batch, stat_batch, grad_batch, row_coefficient = _mean_grad_batches(
+        kind, element, VEC_LOADS)
 
     def reduce_backward_rows_sync(dy, xv, y, dx, dxv, ctl, partials, out_numel, extent,
                                   row_words, dy_stride, y_stride, parts, batches, lead, param):
@@ -2131,10 +2195,7 @@ def _make_backward_rows_sync(kind: ReduceKind, element: ElementKind) -> Callable
         n = out_numel * parts
         lead = min(lead, n)
         tickets = 2 * n
-        if tid == 0:
-            shared_t[0] = cuda.atomic.add(ctl, 0, int64(1))
-        cuda.syncthreads()
-        t = shared_t[0]
+        t = _first_ticket(ctl, shared_t, tid)
         while t < tickets:  # uniform across the block
             cuda.syncthreads()  # every thread has read shared_t
             if tid == 0:  # the next ticket, in flight during this item
@@ -2164,31 +2225,12 @@ def _make_backward_rows_sync(kind: ReduceKind, element: ElementKind) -> Callable
                     total = stat_batch(words, values, j, step, end, total)
                     j += batch
                     load_batch(xv, words, at, j, step, end)
-                chunk_total = _block_total(float64(total), sums, tid, block)
-                if tid == 0:
-                    if chunk_total != chunk_total:
-                        bits = _CANONICAL_NAN_BITS
-                    else:
-                        bits = bitcast(chunk_total, int64)
-                    cuda.atomic.exch(partials, k, ~bits)
+                _publish_partial(partials, k, _block_total(float64(total), sums, tid, block),
+                                 tid)
             else:
-                while True:  # the row's partials, at L2 (atomics), until all are published
-                    row_total = float64(0)
-                    published = 1
-                    q = int64(tid)
-                    while q < parts:
-                        bits = cuda.atomic.add(partials, row * parts + q, int64(0))
-                        if bits == 0:
-                            published = 0
-                        row_total += bitcast(~bits, float64)
-                        q += step
-                    if cuda.syncthreads_and(published):
-                        break
-                row_total = _block_total(row_total, sums, tid, block)
-                g = load(dy, row * dy_stride)
-                yv = load(y, row * y_stride) if READS_Y else g
-                mean = ACC(row_total / float64(extent))
-                cf = ACC(coefficient(g, yv, mean, int64(0), param))
+                row_total = _row_total(partials, row, parts, sums, tid, block)
+                cf, yv, mean = row_coefficient(dy, y, row, dy_stride, y_stride, row_total,
+                                               extent, param)
                 while j < end:
                     grad_batch(dx, dxv, words, values, results, at, j, step, end, cf, yv,
                                mean)
@@ -2198,6 +2240,100 @@ def _make_backward_rows_sync(kind: ReduceKind, element: ElementKind) -> Callable
             t = shared_t[0]
 
     return reduce_backward_rows_sync
+
+
+#: Words per thread a ``reduce_backward_rows_hold`` chunk keeps in registers: the
+#: row-sync chunk (``_SYNC_BATCHES`` batches of VEC_LOADS words, plans.reduce), so both
+#: kernels cut a row into the same parts and use the same workspace.
+HOLD_WORDS = (1 if SIMULATOR else 2) * VEC_LOADS
+
+
+#: Register cap of the hold kernels: four 256-thread blocks per SM. H100, 2026-11-27,
+#: [256, 1e6] axis 1, µs (hold / the row-sync kernel): uncapped (f32 94-101 registers,
+#: bf16 150: two and one blocks per SM) f32 Var 1370 / 1009, bf16 Var 718 / 508; at 64
+#: f32 Var 1004-1005 / 1010-1011, Std 1017-1019 / 1010-1011, bf16 Var 405-426 / 510,
+#: Std 455-467 / 510-511; at 48 (spills) f32 Var 1276, bf16 Var 505. A pause
+#: (``nanosleep`` 200 or 1000 ns) between the polls of the row's partials: no change.
+HOLD_MAX_REGISTERS = 64
+
+
+def _make_backward_rows_hold(kind: ReduceKind, element: ElementKind) -> Callable[..., None]:
+    vec = VECTOR[element]
+    ACC = ELEMENTS[element].acc
+    unpack, pack, store_word = vec.unpack, vec.pack, vec.store_word
+    W, LOG_W = vec.width, vec.log_width
+    element_fn = _grad_fns(kind, element)[1]
+    WARPS = SHARED_SLOTS // 32
+    row_coefficient = _mean_grad_batches(kind, element, HOLD_WORDS)[3]
+
+    def reduce_backward_rows_hold(dy, xv, y, dx, dxv, ctl, partials, out_numel, extent,
+                                  row_words, dy_stride, y_stride, parts, param):
+        """The Var/Std gradient ``dx = c * (x - mean)`` of ``out_numel`` long word-aligned
+        rows (as ``reduce_backward_rows_sync``: ``mean = sum(x) / extent``, rows
+        ``row_words`` words apart) with x read once: each row is cut into ``parts``
+        chunks of ``HOLD_WORDS * blockDim`` words, numbered row by row and handed out in
+        ticket order (``ctl[0]``). A chunk's block loads its words into registers, sums
+        them, publishes the f64 total in ``partials`` (as the row-sync kernel), waits
+        until its row's ``parts`` totals are all published, adds them in a fixed order
+        and writes its chunk of ``dx`` from the registers.
+
+        A chunk waits for chunks with larger tickets, so the row's other chunks must be
+        resident at once. A block takes its next ticket only after its row's total is in
+        (while it stores), so a waiting block holds one ticket; with ``parts`` no larger
+        than the resident blocks, the lowest unfinished ticket's row then always has
+        every chunk taken by a running block (the plan takes this kernel only at half the
+        device's resident blocks). ``ctl`` and ``partials`` are zero before the
+        launch."""
+        tid = cuda.threadIdx.x
+        block = cuda.blockDim.x
+        shared_t = cuda.shared.array(1, int64)
+        sums = cuda.shared.array(WARPS, float64)
+        words = cuda.local.array(HOLD_WORDS, uint64)
+        values = cuda.local.array(W, ACC)
+        results = cuda.local.array(W, ACC)
+        nvec = extent >> LOG_W
+        step = int64(block)
+        chunk = step * HOLD_WORDS
+        n = out_numel * parts
+        t = _first_ticket(ctl, shared_t, tid)
+        while t < n:  # uniform across the block
+            row = t // parts
+            at = uint64(row * row_words)
+            j = (t - row * parts) * chunk + tid
+            # The chunk's loops are written out here, against a thread's word count:
+            # through _mean_grad_batches' helpers (bounds j + u·step < end) the kernel ran
+            # bf16 Var / Std 527 / 583 µs against 405-426 / 455-467 ([256, 1e6], H100,
+            # 64 registers), the row-sync kernel's 510.
+            count = min(nvec - (j - tid), chunk)  # words of this chunk
+            for u in range(HOLD_WORDS):  # all in flight at once
+                if tid + u * step < count:
+                    words[u] = xv[at + uint64(j + u * step)]
+            total = ACC(0)
+            for u in range(HOLD_WORDS):
+                if tid + u * step < count:
+                    unpack(words[u], values, 0)
+                    for e in range(W):
+                        total += values[e]
+            _publish_partial(partials, t, _block_total(float64(total), sums, tid, block),
+                             tid)
+            row_total = _row_total(partials, row, parts, sums, tid, block)
+            # the next ticket, in flight during the stores: taken only now, once this
+            # chunk waits for nothing (a ticket taken before the wait would be a chunk
+            # that no block starts while its holder waits, perhaps for that very chunk)
+            if tid == 0:
+                shared_t[0] = cuda.atomic.add(ctl, 0, int64(1))
+            cf, yv, mean = row_coefficient(dy, y, row, dy_stride, y_stride, row_total,
+                                           extent, param)
+            for u in range(HOLD_WORDS):
+                if tid + u * step < count:
+                    unpack(words[u], values, 0)
+                    for e in range(W):
+                        results[e] = element_fn(cf, values[e], yv, mean)
+                    store_word(dx, dxv, at + uint64(j + u * step), pack(results), 0)
+            cuda.syncthreads()  # shared_t holds the next ticket
+            t = shared_t[0]
+
+    return reduce_backward_rows_hold
 
 
 #: Rows (words) each thread of the column register-resident gradient holds, and its block:
@@ -2564,6 +2700,16 @@ REDUCE_BACKWARD_ROWS_SYNC_KERNELS: dict[tuple[ReduceKind, ElementKind], Kernel] 
     (kind, element): Kernel(
         f"reduce_backward_rows_sync[{_kind_name(kind)},{element.name.lower()}]",
         _make_backward_rows_sync(kind, element), _sync_backward_signature(element))
+    for element in VECTOR for kind in (ReduceKind.VAR, ReduceKind.STD)
+}
+
+#: (kind, element) -> the Var/Std gradient of long word-aligned rows with x read once, its
+#: chunks held in registers until their row's total is published.
+REDUCE_BACKWARD_ROWS_HOLD_KERNELS: dict[tuple[ReduceKind, ElementKind], Kernel] = {
+    (kind, element): Kernel(
+        f"reduce_backward_rows_hold[{_kind_name(kind)},{element.name.lower()}]",
+        _make_backward_rows_hold(kind, element), _sync_backward_signature(element)[:-3]
+        + (float64,), max_registers=HOLD_MAX_REGISTERS)
     for element in VECTOR for kind in (ReduceKind.VAR, ReduceKind.STD)
 }
 

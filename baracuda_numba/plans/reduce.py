@@ -63,6 +63,7 @@ from ..kernels.reduce import (
     FORWARD_KERNEL_KIND,
     FORWARD_KINDS,
     GRAD_KERNEL_KIND,
+    HOLD_WORDS,
     KIND_OPS,
     LONG_SHORT_KINDS,
     REDUCE_BACKWARD_COLS_REG_KERNELS,
@@ -70,6 +71,7 @@ from ..kernels.reduce import (
     REDUCE_BACKWARD_COLS_STASH_KERNELS,
     REDUCE_BACKWARD_COLS_VEC_KERNELS,
     REDUCE_BACKWARD_KERNELS,
+    REDUCE_BACKWARD_ROWS_HOLD_KERNELS,
     REDUCE_BACKWARD_ROWS_REG_KERNELS,
     REDUCE_BACKWARD_ROWS_SYNC_KERNELS,
     REDUCE_BACKWARD_ROWS_VEC_KERNELS,
@@ -207,6 +209,13 @@ SYNC = "sync"
 # + split gradient: H200 f32 Var 716-729 vs 765-769, bf16 366-370 vs 444-446; H100 f32
 # 1010 vs 1077, bf16 510 vs 591.
 _SYNC_BATCHES = 1 if SIMULATOR else 2
+assert HOLD_WORDS == _SYNC_BATCHES * VEC_LOADS  # the hold kernel's chunks are the same
+#: Elements whose long Var/Std rows hold their chunks in registers (x read once:
+#: ``reduce_backward_rows_hold``) where the device can hold twice a row's chunks at once.
+#: H100, 2026-11-27, [256, 1e6] axis 1, µs hold / row-sync kernel (x read twice), same
+#: run: bf16 Var 405-426 / 510, Std 455-467 / 510-511; f32 Var 1004-1005 / 1010-1011, Std
+#: 1017-1019 / 1010-1011 (no gain: f32 keeps the row-sync kernel). f16 has bf16's layout.
+_HOLD_ELEMENTS = (ElementKind.F16, ElementKind.BF16)
 _SYNC_GRID = 2 if SIMULATOR else 132 * 4
 
 
@@ -1061,6 +1070,9 @@ class _SyncLaunch:
 
     fast: Any
     ctl_bytes: int
+    #: the kernel that holds each chunk in registers (``reduce_backward_rows_hold``: x
+    #: read once) rather than ``reduce_backward_rows_sync`` (x read twice)
+    hold: bool
 
 
 def _gradient_runner(launch: tuple[Any, Any], ws_ptr: int) -> Any:
@@ -1196,6 +1208,10 @@ class ReduceBackwardPlan(Plan):
         # 2026-11-26, [256, 1e6] axis 1, f32 553-558 µs against 716-730, bf16 352-354
         # against 366-380)
         self._sync: tuple[int, int, int, int] | None = None
+        #: the row-sync gradient's chunks held in registers (x read once) where the
+        #: device holds twice a row's chunks at once: None = for _HOLD_ELEMENTS, True =
+        #: for every element, False = never
+        self.row_hold: bool | None = None
         if self._stat_kind is MEAN_STAT and self._numel and desc.element in VECTOR:
             layout = _sync_layout(self._out_numel, extent, VECTOR[desc.element].width)
             if pref is None or pref.max_workspace_bytes is None \
@@ -1437,12 +1453,21 @@ class ReduceBackwardPlan(Plan):
         assert self._sync is not None
         parts, batches, lead, workspace = self._sync
         grad_kind = GRAD_KERNEL_KIND.get(self.descriptor.kind, self.descriptor.kind)
-        kernel = REDUCE_BACKWARD_ROWS_SYNC_KERNELS[(grad_kind, element)].prepare()
         arrays, dx_s, y_s, dy_s = self._word_arrays(dy, dx, y, out_strides)
-        bound = kernel.bind(_SYNC_GRID, SYNC_BLOCK, (
-            *arrays, (0, 1), (0, self._out_numel * parts), self._out_numel, self._extent,
-            dx_s // VECTOR[element].width, dy_s, y_s, parts, batches, lead, self._param))
-        return _SyncLaunch(bound.fast, workspace)
+        common = (*arrays, (0, 1), (0, self._out_numel * parts), self._out_numel,
+                  self._extent, dx_s // VECTOR[element].width, dy_s, y_s, parts)
+        if self.row_hold or (self.row_hold is None and element in _HOLD_ELEMENTS):
+            # x read once: a row's chunks wait for each other, so they must all be
+            # resident; at most half the resident blocks (one-chunk rows never wait)
+            hold = REDUCE_BACKWARD_ROWS_HOLD_KERNELS[(grad_kind, element)].prepare()
+            resident = hold.resident_blocks(SYNC_BLOCK)
+            if parts == 1 or 2 * parts <= resident:
+                bound = hold.bind(min(self._out_numel * parts, resident), SYNC_BLOCK,
+                                  (*common, self._param))
+                return _SyncLaunch(bound.fast, workspace, True)
+        kernel = REDUCE_BACKWARD_ROWS_SYNC_KERNELS[(grad_kind, element)].prepare()
+        bound = kernel.bind(_SYNC_GRID, SYNC_BLOCK, (*common, batches, lead, self._param))
+        return _SyncLaunch(bound.fast, workspace, False)
 
     def _bind_reg(self, dy: TensorRef, dx: TensorMut, y: TensorRef | None,
                   out_strides: list[tuple[int, ...]], log2_lanes: int, block: int,
