@@ -29,6 +29,18 @@ from bench_rope import DECODE, DTYPES, EAGER, LARGE, tables
 import baracuda_numba
 
 PACKAGES = {"new": baracuda_numba, "old": importlib.import_module("baracuda_old")}
+CACHE = 4096  # positions of the decode rows' cos/sin caches (positions drawn below it)
+
+
+def gather_formula(pairing: Any) -> Any:
+    """The eager formula with cos/sin caches [CACHE, D/2] gathered at the positions [B, S]
+    inside the call (``cos_cached[position_ids]``, as older HF Llama code does)."""
+    eager = EAGER[pairing]
+
+    def rope_gathered(x: Any, cos_cache: Any, sin_cache: Any, positions: Any) -> Any:
+        return eager(x, cos_cache[positions][:, None], sin_cache[positions][:, None])
+
+    return rope_gathered
 
 
 def _plans(package: Any, desc_fields: tuple[int, ...], element_name: str, pairing_name: str,
@@ -60,6 +72,13 @@ def _row(ctx: Context, shape: tuple[int, ...], positions: Any, name: str, elemen
     sin = -sin if inverse else sin
     fn = compiled[pairing]
     fns.append(lambda i: fn(xs[i], cos, sin))
+    labels = [*PACKAGES, "torch.compile"]
+    if positions is not None:  # the caches gathered at the positions inside the call
+        cos_cache, sin_cache = tables(torch, torch.arange(CACHE, device="cuda"), shape[3])
+        sin_cache = -sin_cache if inverse else sin_cache
+        gathered = compiled[pairing, "gather"]
+        fns.append(lambda i: gathered(xs[i], cos_cache, sin_cache, positions))
+        labels.append("torch.compile gather in the call")
     outputs = []
     for f in fns:
         f(0)
@@ -68,8 +87,8 @@ def _row(ctx: Context, shape: tuple[int, ...], positions: Any, name: str, elemen
     same = torch.equal(outputs[0].view(torch.uint8), outputs[1].view(torch.uint8))
     line = []
     for _ in range(rounds):
-        old, new, theirs = ctx.time_gpu_many(fns, sets=sets, iters=200)
-        line.append(f"old {old:.2f} new {new:.2f} torch.compile {theirs:.2f}")
+        times = ctx.time_gpu_many(fns, sets=sets, iters=200)
+        line.append(" ".join(f"{label} {us:.2f}" for label, us in zip(labels, times)))
     print(f"{'bwd' if inverse else 'fwd'} {list(shape)} {name} {pairing.name.lower()} "
           f"(bits {'equal' if same else 'DIFFER'}): " + "; ".join(line), flush=True)
 
@@ -121,8 +140,10 @@ def main() -> None:
     ctx.copy_gbps = measure_copy_gbps(torch)
     print(f"copy {ctx.copy_gbps:.0f} GB/s, {torch.cuda.get_device_name()}", flush=True)
     compiled = {pairing: torch.compile(fn) for pairing, fn in EAGER.items()}
+    compiled.update({(pairing, "gather"): torch.compile(gather_formula(pairing))
+                     for pairing in EAGER})
     if "decode" in parts:
-        positions = torch.randint(0, 4096, (DECODE[0], DECODE[2]), device="cuda")
+        positions = torch.randint(0, CACHE, (DECODE[0], DECODE[2]), device="cuda")
         for name, element in DTYPES:
             for pairing in RopePairing:
                 for inverse in (False, True):
