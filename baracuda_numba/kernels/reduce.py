@@ -2282,8 +2282,11 @@ def _make_backward_rows_hold(kind: ReduceKind, element: ElementKind) -> Callable
         (while it stores), so a waiting block holds one ticket; with ``parts`` no larger
         than the resident blocks, the lowest unfinished ticket's row then always has
         every chunk taken by a running block (the plan takes this kernel only at half the
-        device's resident blocks). ``ctl`` and ``partials`` are zero before the
-        launch."""
+        device's resident blocks). That counts on the device's blocks: a kernel sharing
+        the GPU that never finishes, or an MPS share below the SM count the device
+        reports, could leave a row's chunks unscheduled and this kernel waiting
+        (``plan.row_hold = False`` takes the row-sync kernel, which never waits on a later
+        ticket). ``ctl`` and ``partials`` are zero before the launch."""
         tid = cuda.threadIdx.x
         block = cuda.blockDim.x
         shared_t = cuda.shared.array(1, int64)
