@@ -4,7 +4,8 @@ twice (``plan.row_hold = False``), timed alternately (``Context.time_gpu_many``)
 [256, 1e6] and other long-row shapes along axis 1, f32 and bf16, with the bits of the two
 compared and the hold kernel's registers and resident blocks printed.
 
-    python scripts/probe_reduce_hold.py [rounds]
+    [HOLD_SHAPES=256x1000000,...] [HOLD_DTYPES=float32,bfloat16,float16] \
+        python scripts/probe_reduce_hold.py [rounds]
 """
 
 from __future__ import annotations
@@ -42,7 +43,9 @@ def main() -> None:
             print(f"{kernel.name}: {function_registers(kernel._function)} registers, "
                   f"{kernel.resident_blocks(SYNC_BLOCK)} resident blocks", flush=True)
     for shape in SHAPES:
-        for name, element in (("float32", ElementKind.F32), ("bfloat16", ElementKind.BF16)):
+        for name in os.environ.get("HOLD_DTYPES", "float32,bfloat16").split(","):
+            element = {"float32": ElementKind.F32, "bfloat16": ElementKind.BF16,
+                       "float16": ElementKind.F16}[name]
             dtype = getattr(torch, name)
             x = torch.randn(shape, device="cuda", dtype=dtype)
             for kind in (ReduceKind.VAR, ReduceKind.STD):
