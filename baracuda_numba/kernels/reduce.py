@@ -2101,22 +2101,37 @@ def _row_total(partials, row, parts, sums, tid, block):
     return _block_total(row_total, sums, tid, block)
 
 
-def _mean_grad_batches(kind: ReduceKind, element: ElementKind, n: int) -> tuple[Any, ...]:
-    """``(load_batch, stat_batch, grad_batch, row_coefficient)`` of the Var/Std gradient
-    of word rows (``mean = sum / extent``), a batch being ``n`` words a thread, word
-    ``j + u·step`` (``u < n``) of those below ``end``: its loads all in flight at once, its
-    sum in the element's accumulator, its ``dx = c * (x - mean)`` stored; and the row's
-    ``(c, y, mean)`` from ``dy``, ``y`` and the row's f64 total."""
+def _mean_row_coefficient(kind: ReduceKind, element: ElementKind) -> Callable[..., Any]:
+    """``row_coefficient(dy, y, row, dy_stride, y_stride, row_total, extent, param)``:
+    the row's ``(c, y, mean)`` of the Var/Std gradient ``dx = c * (x - mean)`` from
+    ``dy``, ``y`` and the row's f64 total (``mean = total / extent``)."""
     ops = GRAD_OPS[kind]
     assert ops.stat == "mean"
     spec = ELEMENTS[element]
-    vec = VECTOR[element]
     ACC = spec.acc
     load = spec.load
+    coefficient = _grad_fns(kind, element)[0]
+    READS_Y = ops.reads_y
+
+    @cuda.jit(device=True, inline=True)
+    def row_coefficient(dy, y, row, dy_stride, y_stride, row_total, extent, param):
+        g = load(dy, row * dy_stride)
+        yv = load(y, row * y_stride) if READS_Y else g
+        mean = ACC(row_total / float64(extent))
+        return ACC(coefficient(g, yv, mean, int64(0), param)), yv, mean
+
+    return row_coefficient
+
+
+def _mean_grad_batches(kind: ReduceKind, element: ElementKind, n: int) -> tuple[Any, ...]:
+    """``(load_batch, stat_batch, grad_batch)`` of the Var/Std gradient of word rows, a
+    batch being ``n`` words a thread, word ``j + u·step`` (``u < n``) of those below
+    ``end``: its loads all in flight at once, its sum in the element's accumulator, its
+    ``dx = c * (x - mean)`` stored."""
+    vec = VECTOR[element]
     unpack, pack, store_word = vec.unpack, vec.pack, vec.store_word
     W = vec.width
-    coefficient, element_fn = _grad_fns(kind, element)
-    READS_Y = ops.reads_y
+    element_fn = _grad_fns(kind, element)[1]
 
     @cuda.jit(device=True, inline=True)
     def load_batch(xv, words, at, j, step, end):
@@ -2142,22 +2157,15 @@ def _mean_grad_batches(kind: ReduceKind, element: ElementKind, n: int) -> tuple[
                     results[e] = element_fn(cf, values[e], yv, mean)
                 store_word(dx, dxv, at + uint64(j + u * step), pack(results), 0)
 
-    @cuda.jit(device=True, inline=True)
-    def row_coefficient(dy, y, row, dy_stride, y_stride, row_total, extent, param):
-        g = load(dy, row * dy_stride)
-        yv = load(y, row * y_stride) if READS_Y else g
-        mean = ACC(row_total / float64(extent))
-        return ACC(coefficient(g, yv, mean, int64(0), param)), yv, mean
-
-    return load_batch, stat_batch, grad_batch, row_coefficient
+    return load_batch, stat_batch, grad_batch
 
 
 def _make_backward_rows_sync(kind: ReduceKind, element: ElementKind) -> Callable[..., None]:
     ACC = ELEMENTS[element].acc
     W, LOG_W = VECTOR[element].width, VECTOR[element].log_width
     WARPS = SHARED_SLOTS // 32
-    load_batch, stat_batch, grad_batch, row_coefficient = _mean_grad_batches(
-        kind, element, VEC_LOADS)
+    load_batch, stat_batch, grad_batch = _mean_grad_batches(kind, element, VEC_LOADS)
+    row_coefficient = _mean_row_coefficient(kind, element)
 
     def reduce_backward_rows_sync(dy, xv, y, dx, dxv, ctl, partials, out_numel, extent,
                                   row_words, dy_stride, y_stride, parts, batches, lead, param):
@@ -2243,8 +2251,9 @@ def _make_backward_rows_sync(kind: ReduceKind, element: ElementKind) -> Callable
 
 
 #: Words per thread a ``reduce_backward_rows_hold`` chunk keeps in registers: the
-#: row-sync chunk (``_SYNC_BATCHES`` batches of VEC_LOADS words, plans.reduce), so both
-#: kernels cut a row into the same parts and use the same workspace.
+#: row-sync chunk of the plan's layout (``_SYNC_BATCHES`` batches of VEC_LOADS words,
+#: plans.reduce), so both kernels cut a row into the same parts and use the same
+#: workspace; the plan takes the hold kernel only where they match.
 HOLD_WORDS = (1 if SIMULATOR else 2) * VEC_LOADS
 
 
@@ -2264,7 +2273,7 @@ def _make_backward_rows_hold(kind: ReduceKind, element: ElementKind) -> Callable
     W, LOG_W = vec.width, vec.log_width
     element_fn = _grad_fns(kind, element)[1]
     WARPS = SHARED_SLOTS // 32
-    row_coefficient = _mean_grad_batches(kind, element, HOLD_WORDS)[3]
+    row_coefficient = _mean_row_coefficient(kind, element)
 
     def reduce_backward_rows_hold(dy, xv, y, dx, dxv, ctl, partials, out_numel, extent,
                                   row_words, dy_stride, y_stride, parts, param):

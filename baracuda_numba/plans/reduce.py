@@ -209,7 +209,6 @@ SYNC = "sync"
 # + split gradient: H200 f32 Var 716-729 vs 765-769, bf16 366-370 vs 444-446; H100 f32
 # 1010 vs 1077, bf16 510 vs 591.
 _SYNC_BATCHES = 1 if SIMULATOR else 2
-assert HOLD_WORDS == _SYNC_BATCHES * VEC_LOADS  # the hold kernel's chunks are the same
 #: Elements whose long Var/Std rows hold their chunks in registers (x read once:
 #: ``reduce_backward_rows_hold``) where the device can hold twice a row's chunks at once.
 #: H100, 2026-11-27, [256, 1e6] axis 1, µs hold / row-sync kernel (x read twice), same
@@ -1456,7 +1455,8 @@ class ReduceBackwardPlan(Plan):
         arrays, dx_s, y_s, dy_s = self._word_arrays(dy, dx, y, out_strides)
         common = (*arrays, (0, 1), (0, self._out_numel * parts), self._out_numel,
                   self._extent, dx_s // VECTOR[element].width, dy_s, y_s, parts)
-        if self.row_hold or (self.row_hold is None and element in _HOLD_ELEMENTS):
+        if (self.row_hold or (self.row_hold is None and element in _HOLD_ELEMENTS)) \
+                and batches * VEC_LOADS == HOLD_WORDS:  # the hold kernel's chunk
             # x read once: a row's chunks wait for each other, so they must all be
             # resident; at most half the resident blocks (one-chunk rows never wait)
             hold = REDUCE_BACKWARD_ROWS_HOLD_KERNELS[(grad_kind, element)].prepare()
