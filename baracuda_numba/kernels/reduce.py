@@ -2069,21 +2069,15 @@ def _first_ticket(ctl, shared_t, tid):
 
 
 @cuda.jit(device=True, inline=True)
-def _publish(partials, k, total):
-    """Publish ``total`` (f64) in slot ``k``: its bits inverted, one atomic exchange (the
-    value is its own ready flag; a NaN total as the canonical NaN)."""
-    if total != total:
-        bits = _CANONICAL_NAN_BITS
-    else:
-        bits = bitcast(total, int64)
-    cuda.atomic.exch(partials, k, ~bits)
-
-
-@cuda.jit(device=True, inline=True)
 def _publish_partial(partials, k, chunk_total, tid):
-    """Thread 0 publishes chunk ``k``'s f64 total (``_publish``)."""
+    """Thread 0 publishes chunk ``k``'s f64 total: its bits inverted, one atomic exchange
+    (the value is its own ready flag; a NaN total as the canonical NaN)."""
     if tid == 0:
-        _publish(partials, k, chunk_total)
+        if chunk_total != chunk_total:
+            bits = _CANONICAL_NAN_BITS
+        else:
+            bits = bitcast(chunk_total, int64)
+        cuda.atomic.exch(partials, k, ~bits)
 
 
 @cuda.jit(device=True, inline=True)
@@ -2541,161 +2535,6 @@ def _make_backward_cols_reg(kind: ReduceKind, element: ElementKind, stash: int =
     return reduce_backward_cols_reg
 
 
-#: Column words per thread of ``reduce_backward_cols_hold`` (held in registers while the
-#: strip's parts meet), the largest block it takes, and its register cap.
-COL_HOLD_WORDS = 2 if SIMULATOR else 8
-COL_HOLD_MAX_BLOCK = 64 if SIMULATOR else 512
-COL_HOLD_MAX_REGISTERS = 64
-
-
-def _make_backward_cols_hold(kind: ReduceKind, element: ElementKind) -> Callable[..., None]:
-    ops = GRAD_OPS[kind]
-    spec = ELEMENTS[element]
-    vec = VECTOR[element]
-    ACC = spec.acc
-    load = spec.load
-    unpack, pack, store_word = vec.unpack, vec.pack, vec.store_word
-    W, LOG_W = vec.width, vec.log_width
-    coefficient, element_fn = _grad_fns(kind, element)
-    READS_Y = ops.reads_y
-    STAT_TIES = ops.stat == "ties"
-    HELD = COL_HOLD_WORDS
-    SLOTS = COL_HOLD_MAX_BLOCK * W  # warps x pairs: at most one pair per thread element
-    PAIRS = 32 * W  # strips of at most 32 words
-
-    def reduce_backward_cols_hold(dy, xv, y, dx, dxv, ctl, partials, out_numel, extent,
-                                  axis_words, dy_stride, y_stride, log2_cw, parts, param):
-        """The Max/Min or Var/Std gradient (statistic as ``reduce_backward_cols_reg``) in
-        the column layout with x read once, a strip of ``cw = 2**log2_cw`` column words
-        (at most 32) cut along the rows into ``parts`` parts of ``COL_HOLD_WORDS *
-        blockDim / cw`` rows. Work items (strip, part) are handed out in ticket order
-        (``ctl[0]``). Thread ``t`` of an item holds column word ``t % cw`` of the part's
-        rows ``t // cw + u * (blockDim / cw)``, u < COL_HOLD_WORDS, in registers; the
-        block adds them per (word, element) pair (xor shuffles within each warp, then the
-        warps in warp order), publishes the pair's f64 part total in ``partials[item *
-        pairs + pair]`` (as the row-sync kernel) and counts itself in
-        ``partials[strips * parts * pairs + strip]``, waits (one thread polling that
-        count) until the strip's ``parts`` parts are in, adds each pair's part totals in
-        part order (fixed: deterministic) and writes its dx from the registers.
-
-        As ``reduce_backward_rows_hold``: an item waits for items with larger tickets, so
-        a strip's parts must be resident at once (the plan takes this kernel where twice
-        ``parts`` blocks are), and a block takes its next ticket only once its strip's
-        totals are in. ``ctl`` and ``partials`` are zero before the launch."""
-        tid = uint32(cuda.threadIdx.x)
-        log_cw = uint32(log2_cw)
-        cws = uint32(1) << log_cw
-        cw = tid & (cws - uint32(1))
-        rl = tid >> log_cw
-        row_lanes = uint32(cuda.blockDim.x) >> log_cw
-        pairs = cws * uint32(W)
-        lane = tid & uint32(31)
-        warp = tid >> uint32(5)
-        warps = uint32(cuda.blockDim.x) >> uint32(5)
-        out_words = out_numel >> LOG_W
-        strips = (out_words + int64(cws) - 1) >> log_cw
-        part_rows = int64(row_lanes) * HELD
-        step = uint64(row_lanes) * uint64(axis_words)
-        shared_t = cuda.shared.array(1, int64)
-        partial = cuda.shared.array(SLOTS, ACC)
-        strip_totals = cuda.shared.array(PAIRS, float64)
-        words = cuda.local.array(HELD, uint64)
-        values = cuda.local.array(W, ACC)
-        results = cuda.local.array(W, ACC)
-        totals = cuda.local.array(W, ACC)
-        ys = cuda.local.array(W, ACC)
-        cfs = cuda.local.array(W, ACC)
-        means = cuda.local.array(W, ACC)
-        n = strips * parts
-        t = _first_ticket(ctl, shared_t, tid)
-        while t < n:  # uniform across the block
-            g = t // parts
-            ow = (g << log_cw) + cw
-            valid = ow < out_words
-            r = (t - g * parts) * part_rows + rl  # the thread's first row
-            held = uint32(0)
-            if valid and r < extent:
-                held = uint32(min(int64(HELD), (extent - r + row_lanes - 1) // row_lanes))
-            at = uint64(r) * uint64(axis_words) + uint64(ow)
-            for u in range(HELD):  # all in flight at once
-                if uint32(u) < held:
-                    words[u] = xv[at + uint64(u) * step]
-            for e in range(W):
-                o = (ow << LOG_W) + e
-                cfs[e] = load(dy, o * dy_stride) if valid else ACC(0)
-                ys[e] = load(y, o * y_stride) if READS_Y and valid else ACC(0)
-                totals[e] = ACC(0)
-            for u in range(HELD):
-                if uint32(u) < held:
-                    unpack(words[u], values, 0)
-                    for e in range(W):
-                        if STAT_TIES:
-                            totals[e] += ACC(1) if values[e] == ys[e] else ACC(0)
-                        else:
-                            totals[e] += values[e]
-            for e in range(W):  # the row lanes of a warp (lane bits >= log_cw)
-                total = totals[e]
-                width = uint32(16)
-                while width >= cws:
-                    total += shfl_xor(total, width)
-                    width = uint32(width >> uint32(1))
-                if lane < cws:
-                    partial[uint32(warp * pairs + cw * uint32(W) + uint32(e))] = total
-            cuda.syncthreads()
-            if tid < pairs:  # the part's total of pair tid, the warps in warp order
-                part_total = ACC(0)
-                for w in range(warps):
-                    part_total += partial[uint32(w * pairs + tid)]
-                _publish(partials, t * pairs + tid, float64(part_total))
-            cuda.threadfence()
-            cuda.syncthreads()
-            arrived = n * pairs + g  # the strip's count of published parts
-            if tid == 0:  # one poll a block: the count, then the totals once
-                cuda.atomic.add(partials, arrived, int64(1))
-                while cuda.atomic.add(partials, arrived, int64(0)) < parts:
-                    pass
-                cuda.threadfence()
-            cuda.syncthreads()
-            first = g * parts * pairs + tid
-            while True:  # the strip's totals, read at L2 (every part published)
-                strip_total = float64(0)
-                published = 1
-                if tid < pairs:
-                    for q in range(parts):
-                        bits = cuda.atomic.add(partials, first + q * pairs, int64(0))
-                        if bits == 0:
-                            published = 0
-                        strip_total += bitcast(~bits, float64)
-                if cuda.syncthreads_and(published):
-                    break
-            if tid < pairs:
-                strip_totals[tid] = strip_total
-            if tid == 0:  # the next ticket, taken once this item waits for nothing
-                shared_t[0] = cuda.atomic.add(ctl, 0, int64(1))
-            cuda.syncthreads()
-            for e in range(W):
-                cf = cfs[e]
-                mean = cf
-                count = int64(0)
-                total = strip_totals[cw * uint32(W) + uint32(e)]
-                if STAT_TIES:
-                    count = int64(total)
-                else:
-                    mean = ACC(total / float64(extent))
-                cfs[e] = ACC(coefficient(cf, ys[e], mean, count, param))
-                means[e] = mean
-            for u in range(HELD):
-                if uint32(u) < held:
-                    unpack(words[u], values, 0)
-                    for e in range(W):
-                        results[e] = element_fn(cfs[e], values[e], ys[e], means[e])
-                    store_word(dx, dxv, at + uint64(u) * step, pack(results), 0)
-            cuda.syncthreads()  # shared_t holds the next ticket; partial is free again
-            t = shared_t[0]
-
-    return reduce_backward_cols_hold
-
-
 # -- the kernel tables -------------------------------------------------------------------
 
 _TUPLE8 = types.UniTuple(int64, 8)
@@ -2884,17 +2723,6 @@ REDUCE_BACKWARD_ROWS_HOLD_KERNELS: dict[tuple[ReduceKind, ElementKind], Kernel] 
         _make_backward_rows_hold(kind, element), _sync_backward_signature(element)[:-3]
         + (float64,), max_registers=HOLD_MAX_REGISTERS)
     for element in VECTOR for kind in (ReduceKind.VAR, ReduceKind.STD)
-}
-
-
-#: (kind, element) -> the column gradient with x read once: strips cut into parts that
-#: meet through the workspace (a ticket, then the published part totals per column).
-REDUCE_BACKWARD_COLS_HOLD_KERNELS: dict[tuple[ReduceKind, ElementKind], Kernel] = {
-    (kind, element): Kernel(
-        f"reduce_backward_cols_hold[{_kind_name(kind)},{element.name.lower()}]",
-        _make_backward_cols_hold(kind, element), _sync_backward_signature(element)[:-4]
-        + (int32, int64, float64), max_registers=COL_HOLD_MAX_REGISTERS)
-    for element in VECTOR for kind in STAT_GRAD_KINDS
 }
 
 

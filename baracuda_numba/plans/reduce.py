@@ -58,8 +58,6 @@ from ..errors import InvalidProblem, Unsupported
 from ..kernels.common import pad8
 from ..kernels.reduce import (
     CHUNK,
-    COL_HOLD_MAX_BLOCK,
-    COL_HOLD_WORDS,
     ELEMENTS,
     FLOAT_ELEMENTS,
     FORWARD_KERNEL_KIND,
@@ -68,7 +66,6 @@ from ..kernels.reduce import (
     HOLD_WORDS,
     KIND_OPS,
     LONG_SHORT_KINDS,
-    REDUCE_BACKWARD_COLS_HOLD_KERNELS,
     REDUCE_BACKWARD_COLS_REG_KERNELS,
     REDUCE_BACKWARD_COLS_REG_SMALL_KERNELS,
     REDUCE_BACKWARD_COLS_STASH_KERNELS,
@@ -230,32 +227,6 @@ def _sync_layout(out_numel: int, extent: int, width: int) -> tuple[int, int, int
     chunk = _SYNC_BATCHES * SYNC_BLOCK * VEC_LOADS
     parts = -(-words // chunk)
     return parts, _SYNC_BATCHES, parts + _SYNC_GRID, 8 * (1 + out_numel * parts)
-
-
-#: Strip width (column words) and block of ``reduce_backward_cols_hold``, and the most
-#: parts a strip is cut into (a strip's parts must be resident at once).
-_COL_HOLD_STRIP_WORDS = 16
-_COL_HOLD_BLOCK = 64 if SIMULATOR else 256
-_COL_HOLD_MAX_PARTS = 1 if SIMULATOR else 64
-
-
-def _cols_hold_layout(out_numel: int, extent: int,
-                      width: int) -> tuple[int, int, int, int] | None:
-    """``(log2 of the strip's column words, block, parts, workspace bytes)`` of the column
-    gradient with x read once (``reduce_backward_cols_hold``), or None where a strip takes
-    more than _COL_HOLD_MAX_PARTS parts. The workspace holds the ticket, one published
-    total per (strip, part, column), then a count of published parts per strip, all
-    zeroed before each launch."""
-    out_words = max(out_numel // width, 1)
-    cw = min(_COL_HOLD_STRIP_WORDS, _pow2_at_least(out_words))
-    block = _COL_HOLD_BLOCK  # at least a thread per (word, element) pair of the strip
-    assert cw * width <= block <= COL_HOLD_MAX_BLOCK
-    rows = block // cw * COL_HOLD_WORDS
-    parts = -(-extent // rows)
-    if parts > _COL_HOLD_MAX_PARTS:
-        return None
-    strips = -(-out_words // cw)
-    return cw.bit_length() - 1, block, parts, 8 * (1 + strips * (parts * cw * width + 1))
 
 
 def _split_aim(groups: int, target: int) -> int:
@@ -1246,17 +1217,6 @@ class ReduceBackwardPlan(Plan):
                     or layout[3] <= pref.max_workspace_bytes:
                 self._sync = layout
                 workspace = max(workspace, layout[3])
-        # the column gradient with x read once (a strip's parts meet through the workspace)
-        self._col_hold: tuple[int, int, int, int] | None = None
-        #: that kernel: None = where it applies, True = wherever its layout fits (the
-        #: device permitting), False = never
-        self.col_hold: bool | None = None
-        if self._stat_kind is not None and self._numel and desc.element in VECTOR:
-            layout = _cols_hold_layout(self._out_numel, extent, VECTOR[desc.element].width)
-            if layout is not None and (pref is None or pref.max_workspace_bytes is None
-                                       or layout[3] <= pref.max_workspace_bytes):
-                self._col_hold = layout
-                workspace = max(workspace, layout[3])
         sku = KernelSku(OpCategory.REDUCTION, int(kind), desc.element, None, None, None,
                         ArchSku.SM80, BackendKind.BESPOKE, _guarantee(desc.element))
         super().__init__(desc, sku, pref, workspace)
@@ -1340,10 +1300,6 @@ class ReduceBackwardPlan(Plan):
             access = _word_access(element, None, extent, row_layout, out_shape, out_strides,
                                   dx.strides[axis], pointers)
             if access == COLS and self._stat_kind is not None:
-                if with_workspace and self._col_hold is not None and self.col_hold:
-                    hold = self._bind_col_hold(dy, dx, y, out_strides, dx.strides[axis])
-                    if hold is not None:
-                        return None, (SYNC, hold)
                 cols_reg = _cols_reg_layout(extent, VECTOR[element].width)
                 if cols_reg is not None and cols_reg[2] and not _stash_fits(
                         self.descriptor.kind, element):
@@ -1512,26 +1468,6 @@ class ReduceBackwardPlan(Plan):
         kernel = REDUCE_BACKWARD_ROWS_SYNC_KERNELS[(grad_kind, element)].prepare()
         bound = kernel.bind(_SYNC_GRID, SYNC_BLOCK, (*common, batches, lead, self._param))
         return _SyncLaunch(bound.fast, workspace, False)
-
-    def _bind_col_hold(self, dy: TensorRef, dx: TensorMut, y: TensorRef | None,
-                       out_strides: list[tuple[int, ...]], axis_stride: int) -> _SyncLaunch | None:
-        """The column gradient with x read once (COLS layouts, ``axis_stride`` = the axis
-        stride of x and dx), or None where the device cannot hold twice a strip's parts."""
-        element = self.descriptor.element
-        assert self._col_hold is not None
-        log2_cw, block, parts, workspace = self._col_hold
-        grad_kind = GRAD_KERNEL_KIND.get(self.descriptor.kind, self.descriptor.kind)
-        kernel = REDUCE_BACKWARD_COLS_HOLD_KERNELS[(grad_kind, element)].prepare()
-        resident = kernel.resident_blocks(block)
-        if parts > 1 and 2 * parts > resident:
-            return None
-        width = VECTOR[element].width
-        arrays, _, y_s, dy_s = self._word_arrays(dy, dx, y, out_strides)
-        items = -(-self._out_numel // (width << log2_cw)) * parts
-        bound = kernel.bind(min(items, resident), block, (
-            *arrays, (0, 1), (0, (workspace >> 3) - 1), self._out_numel, self._extent,
-            axis_stride // width, dy_s, y_s, log2_cw, parts, self._param))
-        return _SyncLaunch(bound.fast, workspace, True)
 
     def _bind_reg(self, dy: TensorRef, dx: TensorMut, y: TensorRef | None,
                   out_strides: list[tuple[int, ...]], log2_lanes: int, block: int,
