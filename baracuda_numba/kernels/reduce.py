@@ -2255,9 +2255,6 @@ def _make_backward_rows_sync(kind: ReduceKind, element: ElementKind) -> Callable
 #: plans.reduce), so both kernels cut a row into the same parts and use the same
 #: workspace; the plan takes the hold kernel only where they match.
 HOLD_WORDS = (1 if SIMULATOR else 2) * VEC_LOADS
-#: Words per thread a hold chunk parks in dynamic shared memory on top of HOLD_WORDS in
-#: registers (a multiple of HOLD_WORDS; HOLD_STASH * SYNC_BLOCK * 8 bytes a block).
-HOLD_STASH = 0
 
 
 #: Register cap of the hold kernels: four 256-thread blocks per SM. H100, 2026-11-27,
@@ -2269,11 +2266,8 @@ HOLD_STASH = 0
 HOLD_MAX_REGISTERS = 64
 
 
-def _make_backward_rows_hold(kind: ReduceKind, element: ElementKind,
-                             stash: int = 0) -> Callable[..., None]:
+def _make_backward_rows_hold(kind: ReduceKind, element: ElementKind) -> Callable[..., None]:
     vec = VECTOR[element]
-    STASH = stash  # words a thread parks in dynamic shared memory (HOLD_WORDS at a time)
-    assert STASH % HOLD_WORDS == 0
     ACC = ELEMENTS[element].acc
     unpack, pack, store_word = vec.unpack, vec.pack, vec.store_word
     W, LOG_W = vec.width, vec.log_width
@@ -2309,10 +2303,9 @@ def _make_backward_rows_hold(kind: ReduceKind, element: ElementKind,
         words = cuda.local.array(HOLD_WORDS, uint64)
         values = cuda.local.array(W, ACC)
         results = cuda.local.array(W, ACC)
-        parked = cuda.shared.array(0, uint64)
         nvec = extent >> LOG_W
         step = int64(block)
-        chunk = step * (HOLD_WORDS + STASH)
+        chunk = step * HOLD_WORDS
         n = out_numel * parts
         t = _first_ticket(ctl, shared_t, tid)
         while t < n:  # uniform across the block
@@ -2324,22 +2317,12 @@ def _make_backward_rows_hold(kind: ReduceKind, element: ElementKind,
             # bf16 Var / Std 527 / 583 µs against 405-426 / 455-467 ([256, 1e6], H100,
             # 64 registers), the row-sync kernel's 510.
             count = min(nvec - (j - tid), chunk)  # words of this chunk
-            total = ACC(0)
-            for b in range(STASH // HOLD_WORDS):  # the stash: loaded, summed, parked
-                for u in range(HOLD_WORDS):
-                    if tid + (b * HOLD_WORDS + u) * step < count:
-                        words[u] = xv[at + uint64(j + (b * HOLD_WORDS + u) * step)]
-                for u in range(HOLD_WORDS):
-                    if tid + (b * HOLD_WORDS + u) * step < count:
-                        unpack(words[u], values, 0)
-                        for e in range(W):
-                            total += values[e]
-                        parked[(b * HOLD_WORDS + u) * block + tid] = words[u]
             for u in range(HOLD_WORDS):  # all in flight at once
-                if tid + (STASH + u) * step < count:
-                    words[u] = xv[at + uint64(j + (STASH + u) * step)]
+                if tid + u * step < count:
+                    words[u] = xv[at + uint64(j + u * step)]
+            total = ACC(0)
             for u in range(HOLD_WORDS):
-                if tid + (STASH + u) * step < count:
+                if tid + u * step < count:
                     unpack(words[u], values, 0)
                     for e in range(W):
                         total += values[e]
@@ -2354,15 +2337,8 @@ def _make_backward_rows_hold(kind: ReduceKind, element: ElementKind,
             cf, yv, mean = row_coefficient(dy, y, row, dy_stride, y_stride, row_total,
                                            extent, param)
             for u in range(HOLD_WORDS):
-                if tid + (STASH + u) * step < count:
-                    unpack(words[u], values, 0)
-                    for e in range(W):
-                        results[e] = element_fn(cf, values[e], yv, mean)
-                    store_word(dx, dxv, at + uint64(j + (STASH + u) * step), pack(results),
-                               0)
-            for u in range(STASH):
                 if tid + u * step < count:
-                    unpack(parked[u * block + tid], values, 0)
+                    unpack(words[u], values, 0)
                     for e in range(W):
                         results[e] = element_fn(cf, values[e], yv, mean)
                     store_word(dx, dxv, at + uint64(j + u * step), pack(results), 0)
@@ -2744,8 +2720,7 @@ REDUCE_BACKWARD_ROWS_SYNC_KERNELS: dict[tuple[ReduceKind, ElementKind], Kernel] 
 REDUCE_BACKWARD_ROWS_HOLD_KERNELS: dict[tuple[ReduceKind, ElementKind], Kernel] = {
     (kind, element): Kernel(
         f"reduce_backward_rows_hold[{_kind_name(kind)},{element.name.lower()}]",
-        _make_backward_rows_hold(kind, element, HOLD_STASH),
-        _sync_backward_signature(element)[:-3]
+        _make_backward_rows_hold(kind, element), _sync_backward_signature(element)[:-3]
         + (float64,), max_registers=HOLD_MAX_REGISTERS)
     for element in VECTOR for kind in (ReduceKind.VAR, ReduceKind.STD)
 }

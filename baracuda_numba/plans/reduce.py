@@ -63,7 +63,6 @@ from ..kernels.reduce import (
     FORWARD_KERNEL_KIND,
     FORWARD_KINDS,
     GRAD_KERNEL_KIND,
-    HOLD_STASH,
     HOLD_WORDS,
     KIND_OPS,
     LONG_SHORT_KINDS,
@@ -1457,17 +1456,14 @@ class ReduceBackwardPlan(Plan):
         common = (*arrays, (0, 1), (0, self._out_numel * parts), self._out_numel,
                   self._extent, dx_s // VECTOR[element].width, dy_s, y_s, parts)
         if (self.row_hold or (self.row_hold is None and element in _HOLD_ELEMENTS)) \
-                and batches * VEC_LOADS == HOLD_WORDS + HOLD_STASH:  # the hold kernel's chunk
+                and batches * VEC_LOADS == HOLD_WORDS:  # the hold kernel's chunk
             # x read once: a row's chunks wait for each other, so they must all be
             # resident; at most half the resident blocks (one-chunk rows never wait)
             hold = REDUCE_BACKWARD_ROWS_HOLD_KERNELS[(grad_kind, element)].prepare()
-            shared = HOLD_STASH * SYNC_BLOCK * 8
-            if shared:
-                hold.allow_dynamic_shared(shared)
-            resident = hold.resident_blocks(SYNC_BLOCK, shared)
+            resident = hold.resident_blocks(SYNC_BLOCK)
             if parts == 1 or 2 * parts <= resident:
                 bound = hold.bind(min(self._out_numel * parts, resident), SYNC_BLOCK,
-                                  (*common, self._param), shared)
+                                  (*common, self._param))
                 return _SyncLaunch(bound.fast, workspace, True)
         kernel = REDUCE_BACKWARD_ROWS_SYNC_KERNELS[(grad_kind, element)].prepare()
         bound = kernel.bind(_SYNC_GRID, SYNC_BLOCK, (*common, batches, lead, self._param))
