@@ -21,7 +21,7 @@ from baracuda_numba.kernels.reduce import (
     tie_mask_iters,
 )
 from baracuda_numba.plans.reduce import (
-    _HOLD_ELEMENTS,
+    _HOLD_ROWS_IN_FLIGHT,
     _REG_STREAM_MIN_LANES,
     _STREAM_MIN_BATCHES,
     _STREAM_TARGET_BLOCKS,
@@ -1472,13 +1472,15 @@ def test_row_sync_backward(kind, element, layout, rng):
                 device_view(dx_base, (slice(None), slice(shape[1], None)), (3, 2 * width),
                             element), element), element))), what
     assert results[0] == results[1], f"{kind.name} {layout}: not deterministic"
-    # f16/bf16 chunks held in registers (x read once) where the device holds every chunk
-    # of a row twice over; the other kernel (row_hold forced the other way, where it can
-    # run) gives the same bits: the same sums in the same order
+    # chunks held in registers (x read once) where the device holds the chunks of
+    # _HOLD_ROWS_IN_FLIGHT rows at once; the other kernel (row_hold forced the other way,
+    # where it can run: twice a row's chunks) gives the same bits: the same sums in the
+    # same order
     parts = plan._sync[0]
     resident = REDUCE_BACKWARD_ROWS_HOLD_KERNELS[(kind, element)].resident_blocks(SYNC_BLOCK)
     fits = parts == 1 or 2 * parts <= resident
-    assert holds == [fits and element in _HOLD_ELEMENTS] * 2, (holds, parts, resident)
+    assert holds == [parts == 1 or _HOLD_ROWS_IN_FLIGHT * parts <= resident] * 2, (
+        holds, parts, resident)
     if fits:
         plan = ReduceBackwardPlan.select(desc)
         plan.row_hold = not holds[0]
@@ -1861,6 +1863,7 @@ def test_gpu_row_hold_more_than_2_31_elements():
     dy = torch.randn((rows, 1), device="cuda", dtype=torch.bfloat16)
     y = torch.ones((rows, 1), device="cuda", dtype=torch.bfloat16)  # not read by Var
     plan = ReduceBackwardPlan.select(ReduceBackwardDescriptor(K.VAR, (rows, n), 1, E.BF16))
+    plan.row_hold = True  # fewer than _HOLD_ROWS_IN_FLIGHT rows in flight: forced
     ws = torch.empty(plan.workspace_size, device="cuda", dtype=torch.uint8)
     dx = torch.full_like(x, float("nan"))
     plan.run(ReduceBackwardArgs(dy, dx, x, y), workspace=ws)

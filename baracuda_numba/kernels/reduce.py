@@ -2290,8 +2290,9 @@ def _make_backward_rows_hold(kind: ReduceKind, element: ElementKind) -> Callable
         resident at once. A block takes its next ticket only after its row's total is in
         (while it stores), so a waiting block holds one ticket; with ``parts`` no larger
         than the resident blocks, the lowest unfinished ticket's row then always has
-        every chunk taken by a running block (the plan takes this kernel only at half the
-        device's resident blocks). That counts on the device's blocks: a kernel sharing
+        every chunk taken by a running block (the plan takes this kernel only where a
+        row's chunks are at most a fifth of the device's resident blocks, or half when
+        forced). That counts on the device's blocks: a kernel sharing
         the GPU that never finishes, or an MPS share below the SM count the device
         reports, could leave a row's chunks unscheduled and this kernel waiting
         (``plan.row_hold = False`` takes the row-sync kernel, which never waits on a later

@@ -209,12 +209,21 @@ SYNC = "sync"
 # + split gradient: H200 f32 Var 716-729 vs 765-769, bf16 366-370 vs 444-446; H100 f32
 # 1010 vs 1077, bf16 510 vs 591.
 _SYNC_BATCHES = 1 if SIMULATOR else 2
-#: Elements whose long Var/Std rows hold their chunks in registers (x read once:
-#: ``reduce_backward_rows_hold``) where the device can hold twice a row's chunks at once.
-#: H100, 2026-11-27, [256, 1e6] axis 1, µs hold / row-sync kernel (x read twice), same
-#: run: bf16 Var 405-426 / 510, Std 455-467 / 510-511; f32 Var 1004-1005 / 1010-1011, Std
-#: 1017-1019 / 1010-1011 (no gain: f32 keeps the row-sync kernel). f16 has bf16's layout.
-_HOLD_ELEMENTS = (ElementKind.F16, ElementKind.BF16)
+#: The long Var/Std rows hold their chunks in registers (x read once:
+#: ``reduce_backward_rows_hold``) where the device holds this many rows' chunks at once
+#: (resident blocks / chunks a row); a row's first chunks wait for its last, so the
+#: fewer rows in flight, the longer the waits. H100, 2026-11-27, µs hold / row-sync
+#: kernel (x read twice), same run, by rows in flight (528 resident blocks / parts):
+#: - f32: 2.2 ([128, 2e6]) Var 1267-1272 / 1015; 2.9 ([171, 1.5e6]) 1488-1511 / 1019-1020;
+#:   4.3 ([256, 1e6]) 1004 / 1012; 5.7 ([342, 750000]) 935-939 / 1021, Std 951 / 1022;
+#:   6.4 ([384, 666664]) 961-963 / 1019; 8.5 ([512, 5e5]) 918-919 / 1014-1015;
+#: - bf16 Var (Std): 2.2 ([64, 4e6]) 654-657 (711-712) / 510-511; 3.2 ([96, 2666664])
+#:   544-545 (579-583) / 515; 4.3 ([128, 2e6]) 474-475 (498-506) / 508-509; 5.7 371-376
+#:   (445-447) / 513; 6.4 371-372 (426-428) / 512-513; 8.5 ([256, 1e6]) 406-413 (454-461)
+#:   / 511; 17 ([512, 5e5]) 359 (422) / 512;
+#: - f16 as bf16: 4.3 Var 473 (Std 502) / 508; 5.7 382-384 (436-438) / 513; 8.5 408 (435) /
+#:   511.
+_HOLD_ROWS_IN_FLIGHT = 5
 _SYNC_GRID = 2 if SIMULATOR else 132 * 4
 
 
@@ -1207,9 +1216,9 @@ class ReduceBackwardPlan(Plan):
         # 2026-11-26, [256, 1e6] axis 1, f32 553-558 µs against 716-730, bf16 352-354
         # against 366-380)
         self._sync: tuple[int, int, int, int] | None = None
-        #: the row-sync gradient's chunks held in registers (x read once) where the
-        #: device holds twice a row's chunks at once: None = for _HOLD_ELEMENTS, True =
-        #: for every element, False = never
+        #: the row-sync gradient's chunks held in registers (x read once): None = where
+        #: the device holds _HOLD_ROWS_IN_FLIGHT rows' chunks at once, True = where it
+        #: holds twice a row's chunks (the least that cannot deadlock), False = never
         self.row_hold: bool | None = None
         if self._stat_kind is MEAN_STAT and self._numel and desc.element in VECTOR:
             layout = _sync_layout(self._out_numel, extent, VECTOR[desc.element].width)
@@ -1455,13 +1464,14 @@ class ReduceBackwardPlan(Plan):
         arrays, dx_s, y_s, dy_s = self._word_arrays(dy, dx, y, out_strides)
         common = (*arrays, (0, 1), (0, self._out_numel * parts), self._out_numel,
                   self._extent, dx_s // VECTOR[element].width, dy_s, y_s, parts)
-        if (self.row_hold or (self.row_hold is None and element in _HOLD_ELEMENTS)) \
-                and batches * VEC_LOADS == HOLD_WORDS:  # the hold kernel's chunk
+        if self.row_hold is not False and batches * VEC_LOADS == HOLD_WORDS:
             # x read once: a row's chunks wait for each other, so they must all be
-            # resident; at most half the resident blocks (one-chunk rows never wait)
+            # resident; forced, at most half the resident blocks, else at most
+            # 1 / _HOLD_ROWS_IN_FLIGHT of them (one-chunk rows never wait)
             hold = REDUCE_BACKWARD_ROWS_HOLD_KERNELS[(grad_kind, element)].prepare()
             resident = hold.resident_blocks(SYNC_BLOCK)
-            if parts == 1 or 2 * parts <= resident:
+            if parts == 1 or (2 if self.row_hold else _HOLD_ROWS_IN_FLIGHT) * parts \
+                    <= resident:
                 bound = hold.bind(min(self._out_numel * parts, resident), SYNC_BLOCK,
                                   (*common, self._param))
                 return _SyncLaunch(bound.fast, workspace, True)
