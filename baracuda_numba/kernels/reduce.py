@@ -2101,10 +2101,12 @@ def _row_total(partials, row, parts, sums, tid, block):
     return _block_total(row_total, sums, tid, block)
 
 
-def _mean_row_coefficient(kind: ReduceKind, element: ElementKind) -> Callable[..., Any]:
-    """``row_coefficient(dy, y, row, dy_stride, y_stride, row_total, extent, param)``:
-    the row's ``(c, y, mean)`` of the Var/Std gradient ``dx = c * (x - mean)`` from
-    ``dy``, ``y`` and the row's f64 total (``mean = total / extent``)."""
+def _mean_row_coefficient(kind: ReduceKind, element: ElementKind) -> tuple[Any, Any]:
+    """``(row_saved, row_coefficient)`` of the Var/Std gradient ``dx = c * (x - mean)``:
+    ``row_saved(dy, y, row, dy_stride, y_stride)`` loads the row's ``(dy, y)`` (y is dy
+    where the kind does not read it); ``row_coefficient(g, yv, row_total, extent,
+    param)`` gives the row's ``(c, y, mean)`` from them and the row's f64 total (``mean =
+    total / extent``)."""
     ops = GRAD_OPS[kind]
     assert ops.stat == "mean"
     spec = ELEMENTS[element]
@@ -2114,13 +2116,16 @@ def _mean_row_coefficient(kind: ReduceKind, element: ElementKind) -> Callable[..
     READS_Y = ops.reads_y
 
     @cuda.jit(device=True, inline=True)
-    def row_coefficient(dy, y, row, dy_stride, y_stride, row_total, extent, param):
+    def row_saved(dy, y, row, dy_stride, y_stride):
         g = load(dy, row * dy_stride)
-        yv = load(y, row * y_stride) if READS_Y else g
+        return g, load(y, row * y_stride) if READS_Y else g
+
+    @cuda.jit(device=True, inline=True)
+    def row_coefficient(g, yv, row_total, extent, param):
         mean = ACC(row_total / float64(extent))
         return ACC(coefficient(g, yv, mean, int64(0), param)), yv, mean
 
-    return row_coefficient
+    return row_saved, row_coefficient
 
 
 def _mean_grad_batches(kind: ReduceKind, element: ElementKind, n: int) -> tuple[Any, ...]:
@@ -2165,7 +2170,7 @@ def _make_backward_rows_sync(kind: ReduceKind, element: ElementKind) -> Callable
     W, LOG_W = VECTOR[element].width, VECTOR[element].log_width
     WARPS = SHARED_SLOTS // 32
     load_batch, stat_batch, grad_batch = _mean_grad_batches(kind, element, VEC_LOADS)
-    row_coefficient = _mean_row_coefficient(kind, element)
+    row_saved, row_coefficient = _mean_row_coefficient(kind, element)
 
     def reduce_backward_rows_sync(dy, xv, y, dx, dxv, ctl, partials, out_numel, extent,
                                   row_words, dy_stride, y_stride, parts, batches, lead, param):
@@ -2237,8 +2242,8 @@ def _make_backward_rows_sync(kind: ReduceKind, element: ElementKind) -> Callable
                                  tid)
             else:
                 row_total = _row_total(partials, row, parts, sums, tid, block)
-                cf, yv, mean = row_coefficient(dy, y, row, dy_stride, y_stride, row_total,
-                                               extent, param)
+                g, yv = row_saved(dy, y, row, dy_stride, y_stride)
+                cf, yv, mean = row_coefficient(g, yv, row_total, extent, param)
                 while j < end:
                     grad_batch(dx, dxv, words, values, results, at, j, step, end, cf, yv,
                                mean)
@@ -2273,7 +2278,12 @@ def _make_backward_rows_hold(kind: ReduceKind, element: ElementKind) -> Callable
     W, LOG_W = vec.width, vec.log_width
     element_fn = _grad_fns(kind, element)[1]
     WARPS = SHARED_SLOTS // 32
-    row_coefficient = _mean_row_coefficient(kind, element)
+    row_saved, row_coefficient = _mean_row_coefficient(kind, element)
+    # Std loads the row's dy and y with the chunk, Var its dy after the wait. H100,
+    # 2026-11-27, µs, early / after the wait, same run: Std bf16 [512, 5e5] 395 / 422-425,
+    # [256, 1e6] 462 / 467-469, f16 [256, 1e6] 422-425 / 435-438, f32 [512, 5e5] 921-922
+    # / 938-940; Var bf16 [512, 5e5] 395-397 / 359-360, [256, 1e6] 458-459 / 421-425.
+    EARLY = GRAD_OPS[kind].reads_y
 
     def reduce_backward_rows_hold(dy, xv, y, dx, dxv, ctl, partials, out_numel, extent,
                                   row_words, dy_stride, y_stride, parts, param):
@@ -2321,6 +2331,8 @@ def _make_backward_rows_hold(kind: ReduceKind, element: ElementKind) -> Callable
             for u in range(HOLD_WORDS):  # all in flight at once
                 if tid + u * step < count:
                     words[u] = xv[at + uint64(j + u * step)]
+            if EARLY:  # the row's dy and y in flight with the chunk
+                g, yv = row_saved(dy, y, row, dy_stride, y_stride)
             total = ACC(0)
             for u in range(HOLD_WORDS):
                 if tid + u * step < count:
@@ -2335,8 +2347,9 @@ def _make_backward_rows_hold(kind: ReduceKind, element: ElementKind) -> Callable
             # that no block starts while its holder waits, perhaps for that very chunk)
             if tid == 0:
                 shared_t[0] = cuda.atomic.add(ctl, 0, int64(1))
-            cf, yv, mean = row_coefficient(dy, y, row, dy_stride, y_stride, row_total,
-                                           extent, param)
+            if not EARLY:
+                g, yv = row_saved(dy, y, row, dy_stride, y_stride)
+            cf, yv, mean = row_coefficient(g, yv, row_total, extent, param)
             for u in range(HOLD_WORDS):
                 if tid + u * step < count:
                     unpack(words[u], values, 0)

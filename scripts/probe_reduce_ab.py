@@ -1,0 +1,81 @@
+"""A/B probe (GPU) of the reduce gradients: this checkout's ``baracuda_numba`` against
+another revision imported as ``baracuda_old`` (see ``probe_rope_ab.py`` for the copy),
+in one process, timed alternately with torch as a reference; the two must write the same
+bits.
+
+    git archive REV baracuda_numba | tar -x -C ab && mv ab/baracuda_numba ab/baracuda_old
+    PYTHONPATH=ab:$PYTHONPATH AB_CASES=VAR:256x1000000:1:bfloat16,... \\
+        python scripts/probe_reduce_ab.py [rounds]
+
+A case is ``KIND:SHAPE:AXIS:DTYPE[:hold]`` (``hold``: ``plan.row_hold = True`` in both).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+import torch
+from bench import Context, measure_copy_gbps
+
+import baracuda_numba
+
+PACKAGES = {"new": baracuda_numba, "old": importlib.import_module("baracuda_old")}
+
+
+def _saved(kind: str, x: torch.Tensor, axis: int) -> torch.Tensor:
+    name = {"MAX": "amax", "MIN": "amin", "NORM2": "norm"}.get(kind, kind.lower())
+    if kind == "NORM2":
+        return x.norm(dim=axis, keepdim=True)
+    return getattr(x, name)(axis, keepdim=True)
+
+
+def main() -> None:
+    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 2
+    ctx = Context("reduce", torch)
+    ctx.copy_gbps = measure_copy_gbps(torch)
+    print(f"copy {ctx.copy_gbps:.0f} GB/s, {torch.cuda.get_device_name()}", flush=True)
+    for case in os.environ.get("AB_CASES", "VAR:256x1000000:1:bfloat16").split(","):
+        fields = case.split(":")
+        kind, shape, axis, name = fields[0], tuple(int(n) for n in fields[1].split("x")), \
+            int(fields[2]), fields[3]
+        hold = len(fields) > 4 and fields[4] == "hold"
+        dtype = getattr(torch, name)
+        x = torch.randn(shape, device="cuda", dtype=dtype)
+        y = _saved(kind, x, axis)
+        dy = torch.randn_like(y)
+        runs, outs = [], []
+        for label, package in PACKAGES.items():
+            plans = importlib.import_module(f"{package.__name__}.plans.reduce")
+            types = importlib.import_module(f"{package.__name__}.types")
+            desc = plans.ReduceBackwardDescriptor(types.ReduceKind[kind], shape, axis,
+                                                  types.ElementKind[{
+                                                      "float32": "F32", "bfloat16": "BF16",
+                                                      "float16": "F16"}[name]], 1)
+            plan = plans.ReduceBackwardPlan.select(desc)
+            if hold:
+                plan.row_hold = True
+            ws = torch.empty(plan.workspace_size, device="cuda", dtype=torch.uint8)
+            dx = torch.full_like(x, float("nan"))
+            args = plans.ReduceBackwardArgs(dy, dx, x, y)
+            plan.run(args, workspace=ws)
+            torch.cuda.synchronize()
+            launch = next(iter(plan._launches.values()))[1]
+            print(f"  {label}: access {launch[0]}, hold {getattr(launch[1], 'hold', None)}",
+                  flush=True)
+            outs.append(dx)
+            runs.append(lambda i, p=plan, a=args, w=ws: p.run(a, workspace=w))
+        same = torch.equal(outs[0].view(torch.uint8), outs[1].view(torch.uint8))
+        moved = (2 * x.numel() + 2 * y.numel()) * x.element_size()
+        for _ in range(rounds):
+            times = ctx.time_gpu_many(runs, iters=20)
+            text = ", ".join(f"{label} {us:.1f} ({moved / us / 1e3 / ctx.copy_gbps:.0%})"
+                             for label, us in zip(PACKAGES, times))
+            print(f"{case} (bits {'equal' if same else 'DIFFER'}): {text}", flush=True)
+        del x, y, dy, outs, runs
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
