@@ -7,7 +7,7 @@ bits.
     PYTHONPATH=ab:$PYTHONPATH AB_CASES=VAR:256x1000000:1:bfloat16,... \\
         python scripts/probe_reduce_ab.py [rounds]
 
-A case is ``KIND:SHAPE:AXIS:DTYPE[:hold]`` (``hold``: ``plan.row_hold = True`` in both).
+A case is ``KIND:SHAPE:AXIS:DTYPE[:hold|:sync]`` (``plan.row_hold`` True / False in both).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def main() -> None:
         fields = case.split(":")
         kind, shape, axis, name = fields[0], tuple(int(n) for n in fields[1].split("x")), \
             int(fields[2]), fields[3]
-        hold = len(fields) > 4 and fields[4] == "hold"
+        hold = {"hold": True, "sync": False}.get(fields[4]) if len(fields) > 4 else None
         dtype = getattr(torch, name)
         x = torch.randn(shape, device="cuda", dtype=dtype)
         y = _saved(kind, x, axis)
@@ -54,8 +54,7 @@ def main() -> None:
                                                       "float32": "F32", "bfloat16": "BF16",
                                                       "float16": "F16"}[name]], 1)
             plan = plans.ReduceBackwardPlan.select(desc)
-            if hold:
-                plan.row_hold = True
+            plan.row_hold = hold
             ws = torch.empty(plan.workspace_size, device="cuda", dtype=torch.uint8)
             dx = torch.full_like(x, float("nan"))
             args = plans.ReduceBackwardArgs(dy, dx, x, y)

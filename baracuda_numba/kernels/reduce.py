@@ -2268,6 +2268,8 @@ HOLD_WORDS = (1 if SIMULATOR else 2) * VEC_LOADS
 #: f32 Var 1004-1005 / 1010-1011, Std 1017-1019 / 1010-1011, bf16 Var 405-426 / 510,
 #: Std 455-467 / 510-511; at 48 (spills) f32 Var 1276, bf16 Var 505. A pause
 #: (``nanosleep`` 200 or 1000 ns) between the polls of the row's partials: no change.
+#: (Those figures predate the 32-bit word bounds: the kernels now take 77-84 registers
+#: uncapped and spill 4-20 bytes at 64, against 72-124 before; ptxas -v, sm_90.)
 HOLD_MAX_REGISTERS = 64
 
 
@@ -2301,14 +2303,14 @@ def _make_backward_rows_hold(kind: ReduceKind, element: ElementKind) -> Callable
         (while it stores), so a waiting block holds one ticket; with ``parts`` no larger
         than the resident blocks, the lowest unfinished ticket's row then always has
         every chunk taken by a running block (the plan takes this kernel only where a
-        row's chunks are at most a fifth of the device's resident blocks, or half when
+        row's chunks are at most a quarter of the device's resident blocks, or half when
         forced). That counts on the device's blocks: a kernel sharing
         the GPU that never finishes, or an MPS share below the SM count the device
         reports, could leave a row's chunks unscheduled and this kernel waiting
         (``plan.row_hold = False`` takes the row-sync kernel, which never waits on a later
         ticket). ``ctl`` and ``partials`` are zero before the launch."""
         tid = cuda.threadIdx.x
-        block = cuda.blockDim.x
+        block = SYNC_BLOCK  # the launch's block: the words' offsets are immediates
         shared_t = cuda.shared.array(1, int64)
         sums = cuda.shared.array(WARPS, float64)
         words = cuda.local.array(HOLD_WORDS, uint64)
@@ -2328,14 +2330,17 @@ def _make_backward_rows_hold(kind: ReduceKind, element: ElementKind) -> Callable
             # bf16 Var / Std 527 / 583 µs against 405-426 / 455-467 ([256, 1e6], H100,
             # 64 registers), the row-sync kernel's 510.
             count = min(nvec - (j - tid), chunk)  # words of this chunk
+            # the thread's words left in it: 32-bit bounds against immediates (64-bit
+            # tid + u·step bounds were hoisted out of the loop, 32 registers, and spilled)
+            left = int32(count - tid)
             for u in range(HOLD_WORDS):  # all in flight at once
-                if tid + u * step < count:
+                if int32(u * SYNC_BLOCK) < left:
                     words[u] = xv[at + uint64(j + u * step)]
             if EARLY:  # the row's dy and y in flight with the chunk
                 g, yv = row_saved(dy, y, row, dy_stride, y_stride)
             total = ACC(0)
             for u in range(HOLD_WORDS):
-                if tid + u * step < count:
+                if int32(u * SYNC_BLOCK) < left:
                     unpack(words[u], values, 0)
                     for e in range(W):
                         total += values[e]
@@ -2351,7 +2356,7 @@ def _make_backward_rows_hold(kind: ReduceKind, element: ElementKind) -> Callable
                 g, yv = row_saved(dy, y, row, dy_stride, y_stride)
             cf, yv, mean = row_coefficient(g, yv, row_total, extent, param)
             for u in range(HOLD_WORDS):
-                if tid + u * step < count:
+                if int32(u * SYNC_BLOCK) < left:
                     unpack(words[u], values, 0)
                     for e in range(W):
                         results[e] = element_fn(cf, values[e], yv, mean)

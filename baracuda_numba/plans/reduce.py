@@ -213,17 +213,15 @@ _SYNC_BATCHES = 1 if SIMULATOR else 2
 #: ``reduce_backward_rows_hold``) where the device holds this many rows' chunks at once
 #: (resident blocks / chunks a row); a row's first chunks wait for its last, so the
 #: fewer rows in flight, the longer the waits. H100, 2026-11-27, µs hold / row-sync
-#: kernel (x read twice), same run, by rows in flight (528 resident blocks / parts):
-#: - f32: 2.2 ([128, 2e6]) Var 1267-1272 / 1015; 2.9 ([171, 1.5e6]) 1488-1511 / 1019-1020;
-#:   4.3 ([256, 1e6]) 1004 / 1012; 5.7 ([342, 750000]) 935-939 / 1021, Std 951 / 1022;
-#:   6.4 ([384, 666664]) 961-963 / 1019; 8.5 ([512, 5e5]) 918-919 / 1014-1015;
-#: - bf16 Var (Std): 2.2 ([64, 4e6]) 654-657 (711-712) / 510-511; 3.2 ([96, 2666664])
-#:   544-545 (579-583) / 515; 4.3 ([128, 2e6]) 474-475 (498-506) / 508-509; 5.7 371-376
-#:   (445-447) / 513; 6.4 371-372 (426-428) / 512-513; 8.5 ([256, 1e6]) 406-413 (454-461)
-#:   / 511; 17 ([512, 5e5]) 359 (422) / 512;
-#: - f16 as bf16: 4.3 Var 473 (Std 502) / 508; 5.7 382-384 (436-438) / 513; 8.5 408 (435) /
-#:   511.
-_HOLD_ROWS_IN_FLIGHT = 5
+#: kernel (x read twice), by rows in flight (528 resident blocks / parts):
+#: - f32 Var: 2.2 ([128, 2e6]) 1298-1311 / 1015; 4.3 ([256, 1e6]) 982 / 1009-1010 (Std
+#:   992-993); 8.5 ([512, 5e5]) 885-886 / 1014 (Std 895);
+#: - bf16 Var (Std): 3.2 ([96, 2666664]) 516 (537) / 512-515; 4.3 ([128, 2e6]) 429-430
+#:   (447) / 508-509; 8.5 ([256, 1e6]) 377-378 (375) / 509; 17 ([512, 5e5]) 365 (367-369)
+#:   / 512.
+#: (Before the kernel's 32-bit word bounds, which ended its spills, the break-even was
+#: about 5 rows: f32 4.3 rows 1004 / 1012, bf16 2.2 rows 654-657 / 510.)
+_HOLD_ROWS_IN_FLIGHT = 4
 _SYNC_GRID = 2 if SIMULATOR else 132 * 4
 
 
