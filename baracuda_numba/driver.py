@@ -68,6 +68,8 @@ def libcuda() -> ctypes.CDLL:
     lib = ctypes.CDLL(name)
     lib.cuLaunchKernel.argtypes = [_ptr, _uint, _uint, _uint, _uint, _uint, _uint, _uint,
                                    _ptr, _ptr, _ptr]
+    lib.cuLaunchCooperativeKernel.argtypes = [_ptr, _uint, _uint, _uint, _uint, _uint, _uint,
+                                              _uint, _ptr, _ptr]
     lib.cuMemcpyDtoDAsync_v2.argtypes = [_u64, _u64, _size_t, _ptr]
     lib.cuMemcpy2DAsync_v2.argtypes = [ctypes.POINTER(_Memcpy2D), _ptr]
     lib.cuMemsetD8Async.argtypes = [_u64, ctypes.c_ubyte, _size_t, _ptr]
@@ -199,9 +201,16 @@ def function_registers(function: int) -> int:
 
 def launch_kernel(function: int, grid: tuple[int, int, int], block: tuple[int, int, int],
                   shared_bytes: int, stream: int, params: int | None,
-                  extra: int | None = None) -> int:
+                  extra: int | None = None, cooperative: bool = False) -> int:
     """``cuLaunchKernel`` with either ``params`` (a ``void*[]`` of parameter pointers) or
-    ``extra`` (a ``CU_LAUNCH_PARAM_BUFFER_*`` list); returns the raw ``CUresult``."""
+    ``extra`` (a ``CU_LAUNCH_PARAM_BUFFER_*`` list); returns the raw ``CUresult``.
+    ``cooperative``: ``cuLaunchCooperativeKernel`` (``params`` only), whose blocks are
+    all resident at once (a grid larger than the device holds fails instead)."""
+    if cooperative:
+        assert not extra
+        return libcuda().cuLaunchCooperativeKernel(function, grid[0], grid[1], grid[2],
+                                                   block[0], block[1], block[2],
+                                                   shared_bytes, stream, params)
     return libcuda().cuLaunchKernel(function, grid[0], grid[1], grid[2], block[0], block[1],
                                     block[2], shared_bytes, stream, params, extra)
 
@@ -239,7 +248,7 @@ def pointer_launcher(function: int, grid: tuple[int, int, int], block: tuple[int
                      shared_bytes: int, params: int, extra: int, slots: list[Any],
                      lock: Any, direct: list[bool], fallback: Callable[..., None],
                      failed: Callable[..., None], order: tuple[str, ...] | None = None,
-                     arity: int = 0) -> Callable[..., None]:
+                     arity: int = 0, cooperative: bool = False) -> Callable[..., None]:
     """``launch(stream, pointer_0, ..., pointer_n-1)`` for one kernel, launch shape and
     parameter block, generated as one flat Python function (the host cost of every
     ``run``): under ``lock`` it writes the pointers into ``slots`` (``ctypes.c_uint64``
@@ -252,7 +261,8 @@ def pointer_launcher(function: int, grid: tuple[int, int, int], block: tuple[int
     With ``order`` the function takes ``launch(stream, a0, ..., a{arity-1})`` instead
     and writes slot ``i`` from the expression ``order[i]`` (one of those names, or
     ``"0"``): a memo's arrays in their own order, with no frame in between to reorder
-    them.
+    them. ``cooperative``: ``cuLaunchCooperativeKernel`` through ctypes (``params``
+    only), for kernels whose blocks wait on each other.
 
     Measured on the H100 host (2026-11-22, 20,000-call loops): a bare
     ``cuda.bindings`` ``cuLaunchKernel`` 4.0-4.4 µs, the previous method (a generic
@@ -266,7 +276,11 @@ def pointer_launcher(function: int, grid: tuple[int, int, int], block: tuple[int
                                  "acquire": lock.acquire, "release": lock.release}
     kind, binding = _launcher()
     shape = f"{gx}, {gy}, {gz}, {bx}, {by}, {bz}, {shared_bytes}, stream"
-    if kind == "cupy":  # raises CUDADriverError (its .status: the CUresult)
+    if cooperative:
+        assert params and not extra
+        namespace["call"], namespace["F"] = libcuda().cuLaunchCooperativeKernel, function
+        call = f"        code = call(F, {shape}, {params})\n"
+    elif kind == "cupy":  # raises CUDADriverError (its .status: the CUresult)
         namespace["call"], namespace["F"] = binding.launchKernel, function
         namespace["DriverFailure"] = binding.CUDADriverError
         call = ("        try:\n"

@@ -332,12 +332,16 @@ class Kernel:
         return self
 
     def bind(self, grid: int | tuple[int, ...], block: int | tuple[int, ...],
-             args: Sequence[Any], shared_bytes: int = 0) -> BoundLaunch:
+             args: Sequence[Any], shared_bytes: int = 0,
+             cooperative: bool = False) -> BoundLaunch:
         """Fix every argument except the array pointers (pass ``(0, extent)`` for arrays);
         the returned :class:`BoundLaunch` then launches with just a stream and pointers.
+        ``cooperative``: a cooperative launch (every block resident at once, or an error;
+        for kernels whose blocks wait on each other).
 
         Plans cache bound launches per layout, so a repeated ``run`` packs nothing."""
-        return BoundLaunch(self, _dim3(grid), _dim3(block), tuple(args), shared_bytes)
+        return BoundLaunch(self, _dim3(grid), _dim3(block), tuple(args), shared_bytes,
+                           cooperative=cooperative)
 
     # -- launching -------------------------------------------------------------------
 
@@ -404,17 +408,24 @@ class BoundLaunch:
     the same call as one generated function (:func:`~baracuda_numba.driver.pointer_launcher`),
     which plans keep for their repeated ``run`` (one Python frame less). By default the
     block is passed whole through ``extra`` (``CU_LAUNCH_PARAM_BUFFER_POINTER``); with
-    ``packed=False`` as one pointer per parameter. The dispatcher path (simulator,
-    ``set_launch_mode("dispatcher")``) rebuilds the full argument list instead.
+    ``packed=False`` as one pointer per parameter. ``cooperative`` launches with
+    ``cuLaunchCooperativeKernel`` (one pointer per parameter: it takes no ``extra``). The
+    dispatcher path (simulator, ``set_launch_mode("dispatcher")``) rebuilds the full
+    argument list instead (and launches as usual: the simulator runs one block at a
+    time anyway).
     """
 
-    __slots__ = ("_args", "_array_positions", "_block", "_extra", "_grid", "_kernel",
-                 "_keepalive", "_lock", "_params_address", "_pointer_slots", "_shared",
-                 "_use_extra", "fast")
+    __slots__ = ("_args", "_array_positions", "_block", "_cooperative", "_extra", "_grid",
+                 "_kernel", "_keepalive", "_lock", "_params_address", "_pointer_slots",
+                 "_shared", "_use_extra", "fast")
 
     def __init__(self, kernel: Kernel, grid: tuple[int, int, int], block: tuple[int, int, int],
-                 args: tuple[Any, ...], shared_bytes: int, packed: bool | None = None) -> None:
+                 args: tuple[Any, ...], shared_bytes: int, packed: bool | None = None,
+                 cooperative: bool = False) -> None:
         self._kernel = kernel
+        self._cooperative = cooperative
+        if cooperative:
+            packed = False
         self._grid = grid
         self._block = block
         self._args = args
@@ -474,7 +485,8 @@ class BoundLaunch:
                                for offset in offsets]
         self.fast = pointer_launcher(kernel._function, grid, block, shared_bytes,
                                      self._params_address, self._extra, self._pointer_slots,
-                                     self._lock, _DIRECT, self._dispatch, self._failed)
+                                     self._lock, _DIRECT, self._dispatch, self._failed,
+                                     cooperative=cooperative)
 
     def __call__(self, stream: int, *pointers: int) -> None:
         self.fast(stream, *pointers)
@@ -489,7 +501,7 @@ class BoundLaunch:
         return pointer_launcher(self._kernel._function, self._grid, self._block,
                                 self._shared, self._params_address, self._extra,
                                 self._pointer_slots, self._lock, _DIRECT, self._dispatch,
-                                self._failed, order, arity)
+                                self._failed, order, arity, self._cooperative)
 
     def _dispatch(self, stream: int, *pointers: int) -> None:
         """The launch through Numba's dispatcher (simulator, dispatcher mode)."""
@@ -508,8 +520,9 @@ class BoundLaunch:
                     slot.value = pointer
                 code = launch_kernel(self._kernel._function, self._grid, self._block,
                                      self._shared, stream, self._params_address or None,
-                                     self._extra or None)
-        check(int(code), f"cuLaunchKernel({self._kernel.name})")
+                                     self._extra or None, self._cooperative)
+        check(int(code), f"{'cuLaunchCooperativeKernel' if self._cooperative else 'cuLaunchKernel'}"
+                         f"({self._kernel.name})")
 
 
 _PREPARE_LOCK = threading.RLock()

@@ -249,6 +249,36 @@ def test_dynamic_shared_above_48k():
     np.testing.assert_array_equal(out.copy_to_host(), np.arange(n, dtype=np.float32)[::-1])
 
 
+def test_cooperative_launch():
+    """``Kernel.bind(..., cooperative=True)``: the launch goes through
+    ``cuLaunchCooperativeKernel`` with one pointer per parameter and runs; on the GPU a
+    grid larger than the device holds at once fails with a driver error naming the call
+    (it never waits). The simulator runs it through the dispatcher."""
+    from numba import types
+
+    from baracuda_numba import driver
+    from baracuda_numba.errors import BaracudaError
+    from baracuda_numba.launch import Kernel, flat
+
+    kernel = Kernel("test_cooperative", _dynamic_shared_kernel,
+                    (flat(types.float32), types.int64), register=False)
+    n = 1000 if not SIMULATOR else 64
+    block = 256 if not SIMULATOR else 32
+    out = to_device(np.zeros(n, np.float32))
+    bound = kernel.bind(1, block, ((0, n), n), shared_bytes=n * 4, cooperative=True)
+    if not SIMULATOR:
+        assert bound.fast.__globals__["call"] is driver.libcuda().cuLaunchCooperativeKernel
+        assert bound._params_address and not bound._extra
+    bound(0, as_mut(out, "test", "out").ptr)
+    cuda.synchronize()
+    np.testing.assert_array_equal(out.copy_to_host(), np.arange(n, dtype=np.float32)[::-1])
+    if not SIMULATOR:
+        too_many = kernel.resident_blocks(block) + 1
+        with pytest.raises(BaracudaError, match="cuLaunchCooperativeKernel"):
+            kernel.bind(too_many, block, ((0, n), n), shared_bytes=n * 4,
+                        cooperative=True)(0, as_mut(out, "test", "out").ptr)
+
+
 def test_pointer_launcher_writes_pointers_then_calls_the_driver(monkeypatch):
     """The generated launcher of BoundLaunch.fast (the three driver bindings, faked): pointers
     land in their slots before the one cuLaunchKernel call, with the launch shape and the

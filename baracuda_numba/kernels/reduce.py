@@ -2304,11 +2304,11 @@ def _make_backward_rows_hold(kind: ReduceKind, element: ElementKind) -> Callable
         than the resident blocks, the lowest unfinished ticket's row then always has
         every chunk taken by a running block (the plan takes this kernel only where a
         row's chunks are at most a quarter of the device's resident blocks, or half when
-        forced). That counts on the device's blocks: a kernel sharing
-        the GPU that never finishes, or an MPS share below the SM count the device
-        reports, could leave a row's chunks unscheduled and this kernel waiting
-        (``plan.row_hold = False`` takes the row-sync kernel, which never waits on a later
-        ticket). ``ctl`` and ``partials`` are zero before the launch."""
+        forced). The plan launches it cooperatively (``cuLaunchCooperativeKernel``), so
+        every block of its grid (at most the resident blocks) runs at once whatever else
+        shares the device; a grid the device cannot hold fails to launch rather than
+        waiting (``plan.row_hold = False`` takes the row-sync kernel, which never waits on
+        a later ticket). ``ctl`` and ``partials`` are zero before the launch."""
         tid = cuda.threadIdx.x
         block = SYNC_BLOCK  # the launch's block: the words' offsets are immediates
         shared_t = cuda.shared.array(1, int64)

@@ -1470,8 +1470,10 @@ class ReduceBackwardPlan(Plan):
             resident = hold.resident_blocks(SYNC_BLOCK)
             if parts == 1 or (2 if self.row_hold else _HOLD_ROWS_IN_FLIGHT) * parts \
                     <= resident:
+                # cooperative: every block resident at once, whatever else runs on the
+                # device (a share too small for the grid fails the launch, never hangs)
                 bound = hold.bind(min(self._out_numel * parts, resident), SYNC_BLOCK,
-                                  (*common, self._param))
+                                  (*common, self._param), cooperative=True)
                 return _SyncLaunch(bound.fast, workspace, True)
         kernel = REDUCE_BACKWARD_ROWS_SYNC_KERNELS[(grad_kind, element)].prepare()
         bound = kernel.bind(_SYNC_GRID, SYNC_BLOCK, (*common, batches, lead, self._param))
