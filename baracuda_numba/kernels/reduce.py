@@ -2282,9 +2282,10 @@ def _make_backward_rows_hold(kind: ReduceKind, element: ElementKind) -> Callable
     WARPS = SHARED_SLOTS // 32
     row_saved, row_coefficient = _mean_row_coefficient(kind, element)
     # Std loads the row's dy and y with the chunk, Var its dy after the wait. H100,
-    # 2026-11-27, µs, early / after the wait, same run: Std bf16 [512, 5e5] 395 / 422-425,
-    # [256, 1e6] 462 / 467-469, f16 [256, 1e6] 422-425 / 435-438, f32 [512, 5e5] 921-922
-    # / 938-940; Var bf16 [512, 5e5] 395-397 / 359-360, [256, 1e6] 458-459 / 421-425.
+    # 2026-11-27, µs, early / after the wait, same run (before the 32-bit word bounds):
+    # Std bf16 [512, 5e5] 395 / 422-425, [256, 1e6] 462 / 467-469, f16 [256, 1e6] 422-425
+    # / 435-438, f32 [512, 5e5] 921-922 / 938-940; Var bf16 [512, 5e5] 395-397 / 359-360,
+    # [256, 1e6] 458-459 / 421-425.
     EARLY = GRAD_OPS[kind].reads_y
 
     def reduce_backward_rows_hold(dy, xv, y, dx, dxv, ctl, partials, out_numel, extent,
@@ -2308,7 +2309,8 @@ def _make_backward_rows_hold(kind: ReduceKind, element: ElementKind) -> Callable
         every block of its grid (at most the resident blocks) runs at once whatever else
         shares the device; a grid the device cannot hold fails to launch rather than
         waiting (``plan.row_hold = False`` takes the row-sync kernel, which never waits on
-        a later ticket). ``ctl`` and ``partials`` are zero before the launch."""
+        a later ticket). ``ctl`` and ``partials`` are zero before the launch; the block
+        is SYNC_BLOCK threads (a constant here: the words' offsets are immediates)."""
         tid = cuda.threadIdx.x
         block = SYNC_BLOCK  # the launch's block: the words' offsets are immediates
         shared_t = cuda.shared.array(1, int64)
