@@ -20,15 +20,15 @@ import torch
 from bench import Context, measure_copy_gbps
 
 import baracuda_numba
+from baracuda_numba._frameworks import element_of
 
 PACKAGES = {"new": baracuda_numba, "old": importlib.import_module("baracuda_old")}
 
 
 def _saved(kind: str, x: torch.Tensor, axis: int) -> torch.Tensor:
-    name = {"MAX": "amax", "MIN": "amin", "NORM2": "norm"}.get(kind, kind.lower())
     if kind == "NORM2":
         return x.norm(dim=axis, keepdim=True)
-    return getattr(x, name)(axis, keepdim=True)
+    return getattr(x, {"MAX": "amax", "MIN": "amin"}.get(kind, kind.lower()))(axis, keepdim=True)
 
 
 def main() -> None:
@@ -49,10 +49,9 @@ def main() -> None:
         for label, package in PACKAGES.items():
             plans = importlib.import_module(f"{package.__name__}.plans.reduce")
             types = importlib.import_module(f"{package.__name__}.types")
+            # each package's own enum members (the copy's enums are other classes)
             desc = plans.ReduceBackwardDescriptor(types.ReduceKind[kind], shape, axis,
-                                                  types.ElementKind[{
-                                                      "float32": "F32", "bfloat16": "BF16",
-                                                      "float16": "F16"}[name]], 1)
+                                                  types.ElementKind[element_of(x).name], 1)
             plan = plans.ReduceBackwardPlan.select(desc)
             plan.row_hold = hold
             ws = torch.empty(plan.workspace_size, device="cuda", dtype=torch.uint8)

@@ -17,6 +17,7 @@ import time
 import torch
 from bench import Context, measure_copy_gbps
 
+from baracuda_numba._frameworks import element_of
 from baracuda_numba.driver import function_registers
 from baracuda_numba.kernels.reduce import REDUCE_BACKWARD_ROWS_HOLD_KERNELS, SYNC_BLOCK
 from baracuda_numba.plans.reduce import (
@@ -44,10 +45,8 @@ def main() -> None:
                   f"{kernel.resident_blocks(SYNC_BLOCK)} resident blocks", flush=True)
     for shape in SHAPES:
         for name in os.environ.get("HOLD_DTYPES", "float32,bfloat16").split(","):
-            element = {"float32": ElementKind.F32, "bfloat16": ElementKind.BF16,
-                       "float16": ElementKind.F16}[name]
-            dtype = getattr(torch, name)
-            x = torch.randn(shape, device="cuda", dtype=dtype)
+            x = torch.randn(shape, device="cuda", dtype=getattr(torch, name))
+            element = element_of(x)
             for kind in (ReduceKind.VAR, ReduceKind.STD):
                 y = x.var(1, keepdim=True) if kind is ReduceKind.VAR else x.std(1, keepdim=True)
                 dy = torch.randn_like(y)
