@@ -1,11 +1,13 @@
-"""A/B probe (GPU) of the Var/Std gradient of long rows: the chunks held in registers
-(``reduce_backward_rows_hold``, x read once) against the row-sync kernel that reads x
-twice (``plan.row_hold = False``), timed alternately (``Context.time_gpu_many``) on
-[256, 1e6] and other long-row shapes along axis 1, f32 and bf16, with the bits of the two
-compared and the hold kernel's registers and resident blocks printed.
+"""A/B probe (GPU) of the Var/Std and Max/Min gradients of long rows: the chunks held in
+registers (``reduce_backward_rows_hold``, x read once) against the other way
+(``plan.row_hold = False``: the row-sync kernel that reads x twice for Var/Std, the tie
+count after dx for Max/Min), timed alternately (``Context.time_gpu_many``) on [256, 1e6]
+and other long-row shapes along axis 1, f32 and bf16, with the bits of the two compared
+and the hold kernel's registers and resident blocks printed. ``HOLD_FORCE=1`` forces the
+hold kernel (``plan.row_hold = True``) where the plan's rule would not take it.
 
     [HOLD_SHAPES=256x1000000,...] [HOLD_DTYPES=float32,bfloat16,float16] \
-        python scripts/probe_reduce_hold.py [rounds]
+        [HOLD_KINDS=VAR,STD,MAX,MIN] [HOLD_FORCE=1] python scripts/probe_reduce_hold.py [rounds]
 """
 
 from __future__ import annotations
@@ -27,6 +29,10 @@ from baracuda_numba.plans.reduce import (
 )
 from baracuda_numba.types import ElementKind, ReduceKind
 
+KINDS = tuple(ReduceKind[name] for name in os.environ.get("HOLD_KINDS", "VAR,STD").split(","))
+SAVED = {ReduceKind.VAR: "var", ReduceKind.STD: "std", ReduceKind.MAX: "amax",
+         ReduceKind.MIN: "amin"}
+FORCE = True if os.environ.get("HOLD_FORCE") == "1" else None
 SHAPES = ((256, 1_000_000), (64, 4_000_000), (1024, 250_000), (132, 1_048_576))
 if os.environ.get("HOLD_SHAPES"):  # e.g. "256x1000000,64x4000000"
     SHAPES = tuple(tuple(int(n) for n in shape.split("x"))
@@ -47,12 +53,12 @@ def main() -> None:
         for name in os.environ.get("HOLD_DTYPES", "float32,bfloat16").split(","):
             x = torch.randn(shape, device="cuda", dtype=getattr(torch, name))
             element = element_of(x)
-            for kind in (ReduceKind.VAR, ReduceKind.STD):
-                y = x.var(1, keepdim=True) if kind is ReduceKind.VAR else x.std(1, keepdim=True)
+            for kind in KINDS:
+                y = getattr(x, SAVED[kind])(1, keepdim=True)
                 dy = torch.randn_like(y)
                 desc = ReduceBackwardDescriptor(kind, shape, 1, element, 1)
                 plans, outs = [], []
-                for hold in (None, False):
+                for hold in (FORCE, False):
                     plan = ReduceBackwardPlan.select(desc)
                     plan.row_hold = hold
                     ws = torch.empty(plan.workspace_size, device="cuda", dtype=torch.uint8)
@@ -66,7 +72,7 @@ def main() -> None:
                     plans.append(lambda i, p=plan, a=args, w=ws: p.run(a, workspace=w))
                     outs.append(dx)
                     access, launch = next(iter(plan._launches.values()))[1]
-                    print(f"    access {access}, hold {getattr(launch, 'hold', None)}",
+                    print(f"    access {access}, hold {getattr(launch, 'hold', False)}",
                           flush=True)
                 torch.cuda.synchronize()
                 same = torch.equal(outs[0].view(torch.uint8), outs[1].view(torch.uint8))
@@ -76,7 +82,7 @@ def main() -> None:
                     hold_us, sync_us = ctx.time_gpu_many(plans, iters=20)
                     share = [moved / us / 1e3 / ctx.copy_gbps for us in (hold_us, sync_us)]
                     line.append(f"hold {hold_us:.1f} ({share[0]:.0%}) "
-                                f"sync {sync_us:.1f} ({share[1]:.0%})")
+                                f"other {sync_us:.1f} ({share[1]:.0%})")
                 print(f"{kind.name} backward {list(shape)} {name} (bits "
                       f"{'equal' if same else 'DIFFER'}): " + "; ".join(line), flush=True)
 

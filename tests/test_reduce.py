@@ -22,6 +22,7 @@ from baracuda_numba.kernels.reduce import (
 )
 from baracuda_numba.plans.reduce import (
     _HOLD_ROWS_IN_FLIGHT,
+    _HOLD_TIES_ROWS_IN_FLIGHT,
     _REG_STREAM_MIN_LANES,
     _STREAM_MIN_BATCHES,
     _STREAM_TARGET_BLOCKS,
@@ -45,6 +46,7 @@ from baracuda_numba.plans.reduce import (
     _reg_lanes,
     _rows_vec_geometry,
     _split_aim,
+    _sync_layout,
 )
 from baracuda_numba.testing import (
     TOLERANCE,
@@ -1249,8 +1251,8 @@ def test_register_resident_backward(kind, element, layout, rng):
         expected_access = "generic" if access == "cols" and not workspace else access
         if access == "reg_cols" and _ties_take_cols(kind, element, workspace) and not stash:
             expected_access = "cols"
-        if layout == "too_long" and kind in (K.VAR, K.STD) and workspace:
-            expected_access = "sync"  # 3 long rows: one launch (the next section)
+        if layout == "too_long" and workspace:
+            expected_access = "sync"  # 3 one-chunk rows: the hold kernel (next section)
         assert chosen == expected_access, what
         if chosen == "reg_cols":
             name = next(iter(plan._launches.values()))[1][1]._kernel.name
@@ -1401,17 +1403,20 @@ def test_gpu_dynamic_shared_limit():
     assert kernel._dynamic_shared == limit
 
 
-# -- the Var/Std gradient of long rows in one launch (access "sync") ----------------------
+# -- the Var/Std and Max/Min gradients of long rows in one launch (access "sync") ---------
 # Word-aligned rows too long for the registers, with a workspace: chunks publish their sums
-# through the workspace and the gradient chunks wait for their row's (a ticket order that
-# never deadlocks, whatever the number of resident blocks).
+# (Max/Min: tie counts) through the workspace and the gradient chunks wait for their row's
+# (the row-sync kernel: a ticket order that never deadlocks, whatever the number of
+# resident blocks; the hold kernel: the row's chunks all resident at once).
 
 
 def _sync_layouts(width: int) -> dict:
     """name -> (base shape, index into the base, shape of the view): rows of 2.5 chunks (a
     partial last chunk), padded rows, one row; in the simulator (a lead of parts + 2
     chunks) the statistic and gradient items alternate there, on the GPU (a lead of parts
-    + _SYNC_GRID) only in "long_rows" (3 rows of 300 chunks)."""
+    + _SYNC_GRID) only in "long_rows" (3 rows of 300 chunks). GPU only: "many_rows", more
+    rows than the GPU's blocks (the word-row kernels would take them a block each, but the
+    hold kernel reads x once)."""
     chunk = _SYNC_BATCHES * SYNC_BLOCK * VEC_LOADS * width
     every = (slice(None), slice(None))
     long = chunk * 5 // 2
@@ -1423,18 +1428,29 @@ def _sync_layouts(width: int) -> dict:
     if not SIMULATOR:
         assert 2 * 300 > _SYNC_GRID
         layouts["long_rows"] = ((3, 300 * chunk - width), every, (3, 300 * chunk - width))
+        many = _VEC_TARGET_BLOCKS + 72
+        layouts["many_rows"] = ((many, long), every, (many, long))
     return layouts
+
+
+def _hold_expected(kind, parts: int, resident: int) -> bool:
+    """Whether the plan's rule takes the hold kernel (x read once) for rows of ``parts``
+    chunks on a device holding ``resident`` of its blocks."""
+    in_flight = _HOLD_TIES_ROWS_IN_FLIGHT if kind in (K.MAX, K.MIN) else _HOLD_ROWS_IN_FLIGHT
+    return parts == 1 or in_flight * parts <= resident
 
 
 @IEEE_SPECIALS
 @pytest.mark.parametrize("kind, element, layout",
-                         kinds_elements_layouts([K.VAR, K.STD], _sync_layouts(2)))
+                         kinds_elements_layouts([K.VAR, K.STD, K.MAX, K.MIN], _sync_layouts(2)))
 def test_row_sync_backward(kind, element, layout, rng):
     """dx against float64 (correction 0 on the padded rows) with an inf in the first row
-    (its sum -> mean is inf: x - inf = -inf as torch) and a NaN in the last; a workspace
-    full of ones (zeroed by the plan before each launch); bit-identical on a rerun; the
-    padding untouched. Without a workspace the fused statistic is a sum as well, so the
-    inf row is the same there."""
+    (its sum -> mean is inf: x - inf = -inf as torch) and a NaN in the last, Max/Min with
+    three tied extremes in the middle row (or the only one); a workspace full of ones
+    (zeroed by the plan before each launch); bit-identical on a rerun; the padding
+    untouched. Without a workspace the fused statistic is a sum as well, so the inf row is
+    the same there. Var/Std take the row-sync path with a workspace (the hold or the
+    row-sync kernel), Max/Min the hold kernel where it fits, else the tie count after dx."""
     width = 2 if element is E.F32 else 4
     base_shape, index, shape = _sync_layouts(width)[layout]
     correction = 0 if layout == "padded" else 1
@@ -1443,6 +1459,9 @@ def test_row_sync_backward(kind, element, layout, rng):
     if specials:
         base[0, 5] = np.inf
         base[-1, -7] = np.nan
+    if kind in (K.MAX, K.MIN):
+        base[base_shape[0] // 2, [3, shape[-1] // 2, shape[-1] - 1]] = \
+            3.0 if kind is K.MAX else -3.0
     base = to_storage(base, element)
     x_host = np.ascontiguousarray(base[index]).reshape(shape)
     axis = len(shape) - 1
@@ -1450,6 +1469,11 @@ def test_row_sync_backward(kind, element, layout, rng):
     dy = random_values(y.shape, element, rng)
     expected = backward_reference(kind, from_storage(dy, element), from_storage(x_host, element),
                                   from_storage(y, element), axis, correction)
+    ties = kind in (K.MAX, K.MIN)
+    parts = _sync_layout(shape[0] if len(shape) > 1 else 1, shape[-1], width)[0]
+    resident = REDUCE_BACKWARD_ROWS_HOLD_KERNELS[
+        (K.MAX if ties else kind, element)].resident_blocks(SYNC_BLOCK)
+    hold = _hold_expected(kind, parts, resident)
     results, holds = [], []
     for workspace in (True, True, False):
         dx_base = poisoned(base_shape, element)
@@ -1463,9 +1487,9 @@ def test_row_sync_backward(kind, element, layout, rng):
         got = storage_of(dx, element)
         check_backward(from_storage(got, element), expected, element, what)
         access, launch = next(iter(plan._launches.values()))[1]
-        assert (access == "sync") == workspace, what
+        assert (access == "sync") == (workspace and (hold or not ties)), (what, access)
         if workspace:
-            holds.append(launch.hold)
+            holds.append(getattr(launch, "hold", False))
         results.append(got.tobytes())
         if layout == "padded":
             assert np.all(np.isnan(from_storage(storage_of(
@@ -1473,14 +1497,13 @@ def test_row_sync_backward(kind, element, layout, rng):
                             element), element), element))), what
     assert results[0] == results[1], f"{kind.name} {layout}: not deterministic"
     # chunks held in registers (x read once) where the device holds the chunks of
-    # _HOLD_ROWS_IN_FLIGHT rows at once; the other kernel (row_hold forced the other way,
-    # where it can run: twice a row's chunks) gives the same bits: the same sums in the
-    # same order
-    parts = plan._sync[0]
-    resident = REDUCE_BACKWARD_ROWS_HOLD_KERNELS[(kind, element)].resident_blocks(SYNC_BLOCK)
+    # _HOLD_ROWS_IN_FLIGHT (Max/Min: _HOLD_TIES_ROWS_IN_FLIGHT) rows at once; the other
+    # way (row_hold forced the other way, where it can run: twice a row's chunks; the
+    # row-sync kernel, or the tie count after dx) gives the same bits: the same sums in the
+    # same order (Max/Min: the same dy / count)
+    assert plan._sync[0] == parts
     fits = parts == 1 or 2 * parts <= resident
-    assert holds == [parts == 1 or _HOLD_ROWS_IN_FLIGHT * parts <= resident] * 2, (
-        holds, parts, resident)
+    assert holds == [hold] * 2, (holds, parts, resident)
     if fits:
         plan = ReduceBackwardPlan.select(desc)
         plan.row_hold = not holds[0]
@@ -1488,19 +1511,25 @@ def test_row_sync_backward(kind, element, layout, rng):
         ws = to_device(np.full(plan.workspace_size, 0xFF, np.uint8))
         plan.run(ReduceBackwardArgs(to_device(dy), dx, device_view(base, index, shape, element),
                                     to_device(y)), workspace=ws)
-        assert next(iter(plan._launches.values()))[1][1].hold is not holds[0]
-        assert storage_of(dx, element).tobytes() == results[0], f"{what}: hold != sync"
+        access, launch = next(iter(plan._launches.values()))[1]
+        assert getattr(launch, "hold", False) is not holds[0]
+        got = storage_of(dx, element)
+        if access == "sync" or ties:
+            assert got.tobytes() == results[0], f"{what}: hold != other"
+        else:  # the fused gradient of many rows: its own order of the sums
+            check_backward(from_storage(got, element), expected, element, f"{what} (fused)")
 
 
 @IEEE_SPECIALS
-@pytest.mark.parametrize("kind", [K.VAR, K.STD], ids=lambda k: k.name)
+@pytest.mark.parametrize("kind", [K.VAR, K.STD, K.MAX, K.MIN], ids=lambda k: k.name)
 @pytest.mark.parametrize("element", WORD_ELEMENTS if not SIMULATOR else [E.F32, E.BF16],
                          ids=lambda e: e.name)
 def test_row_hold_backward_one_chunk_rows(kind, element, rng, monkeypatch):
     """Rows of one partial chunk (a thread's last words past the row) forced onto the
     row-sync path (no register-resident rows) and the hold kernel (for every element: a
     chunk waits only for itself, also in the simulator, whose blocks run one after
-    another), against float64, with an inf row, a NaN row and a workspace of 0xFF bytes;
+    another), against float64, with an inf row, a NaN row, three tied extremes in the
+    middle row (Max/Min: dy split three ways) and a workspace of 0xFF bytes;
     bit-identical on a rerun."""
     import baracuda_numba.plans.reduce as plans_reduce
 
@@ -1510,6 +1539,7 @@ def test_row_hold_backward_one_chunk_rows(kind, element, rng, monkeypatch):
     x_host = rng.uniform(-2.0, 2.0, size=shape)
     x_host[0, 5] = np.inf
     x_host[-1, -7] = np.nan
+    x_host[1, [3, shape[1] // 2, -1]] = 3.0 if kind is K.MAX else -3.0
     x_host = to_storage(x_host, element)
     y = saved_output(kind, x_host, 1, element, 1)
     dy = random_values(y.shape, element, rng)
@@ -1850,32 +1880,47 @@ def test_gpu_row_sync_more_than_2_31_elements():
 
 
 @pytest.mark.gpu
-def test_gpu_row_hold_more_than_2_31_elements():
-    """The bf16 Var gradient with the chunks held in registers: 524 rows (fewer than a
-    block each would fill, so the row-sync path) of 4,100,096 elements (251 chunks, the
-    last partial: twice that within the 528 blocks an H100 / H200 holds at once),
-    2^31 + 966,656 elements in all; rows 0, 1 and 523 (which crosses 2^31) against
-    float64 at both ends and the middle."""
+@pytest.mark.parametrize("kind", [K.VAR, K.MAX], ids=lambda k: k.name)
+def test_gpu_row_hold_more_than_2_31_elements(kind):
+    """The bf16 Var and Max gradients with the chunks held in registers: 524 rows (fewer
+    than a block each would fill, so the row-sync path) of 4,100,096 elements (251
+    chunks, the last partial: twice that within the 528 blocks an H100 / H200 holds at
+    once), 2^31 + 966,656 elements in all; rows 0, 1 and 523 (which crosses 2^31) against
+    float64 at both ends and the middle, and (Max) at the row's maximum, tied three
+    times in the last row."""
     torch = torch_or_skip()
     rows, n = 524, 4_100_096
     x = torch.empty((rows, n), device="cuda", dtype=torch.bfloat16).uniform_(-1, 1)
-    x[rows - 1, n - 5] = 3.0
+    x[rows - 1, [n - 5, n // 3, 7]] = 3.0
     dy = torch.randn((rows, 1), device="cuda", dtype=torch.bfloat16)
-    y = torch.ones((rows, 1), device="cuda", dtype=torch.bfloat16)  # not read by Var
-    plan = ReduceBackwardPlan.select(ReduceBackwardDescriptor(K.VAR, (rows, n), 1, E.BF16))
+    if kind is K.MAX:
+        y = x.amax(1, keepdim=True)
+    else:
+        y = torch.ones((rows, 1), device="cuda", dtype=torch.bfloat16)  # not read by Var
+    plan = ReduceBackwardPlan.select(ReduceBackwardDescriptor(kind, (rows, n), 1, E.BF16))
     plan.row_hold = True  # fewer than _HOLD_ROWS_IN_FLIGHT rows in flight: forced
     ws = torch.empty(plan.workspace_size, device="cuda", dtype=torch.uint8)
     dx = torch.full_like(x, float("nan"))
     plan.run(ReduceBackwardArgs(dy, dx, x, y), workspace=ws)
-    resident = REDUCE_BACKWARD_ROWS_HOLD_KERNELS[(K.VAR, E.BF16)].resident_blocks(SYNC_BLOCK)
+    resident = REDUCE_BACKWARD_ROWS_HOLD_KERNELS[(kind, E.BF16)].resident_blocks(SYNC_BLOCK)
     access, launch = next(iter(plan._launches.values()))[1]
     assert access == "sync" and launch.hold, (access, plan._sync, resident)
     for r in (0, 1, rows - 1):
+        if kind is K.MAX:
+            top = int(x[r].argmax())
+            ties = int((x[r] == y[r, 0]).sum())
+            coef = float(dy[r, 0]) / ties
+            for i in (0, 1, n // 2, n - 5, n - 1, top):
+                expected = coef if float(x[r, i]) == float(y[r, 0]) else 0.0
+                assert abs(float(dx[r, i]) - expected) <= 2.0**-8 * abs(expected)
+            continue
         mean = float(x[r].double().mean())
         coef = float(dy[r, 0]) * 2.0 / (n - 1)
         for i in (0, 1, n // 2, n - 5, n - 1):
             expected = coef * (float(x[r, i]) - mean)
             assert abs(float(dx[r, i]) - expected) <= 2.0**-7 * abs(expected) + 1e-3 * abs(coef)
+    if kind is K.MAX:
+        assert int((dx[rows - 1] != 0).sum()) == 3
     assert not torch.isnan(dx[-2:]).any()
 
 

@@ -2101,19 +2101,23 @@ def _row_total(partials, row, parts, sums, tid, block):
     return _block_total(row_total, sums, tid, block)
 
 
-def _mean_row_coefficient(kind: ReduceKind, element: ElementKind) -> tuple[Any, Any]:
-    """``(row_saved, row_coefficient)`` of the Var/Std gradient ``dx = c * (x - mean)``:
-    ``row_saved(dy, y, row, dy_stride, y_stride)`` loads the row's ``(dy, y)`` (y is dy
-    where the kind does not read it); ``row_coefficient(g, yv, row_total, extent,
-    param)`` gives the row's ``(c, y, mean)`` from them and the row's f64 total (``mean =
-    total / extent``)."""
+def _row_statistic(kind: ReduceKind, element: ElementKind) -> tuple[Any, Any, Any]:
+    """``(row_saved, term, row_coefficient)`` of the gradients with a row statistic (a
+    sum over the row): Var/Std ``dx = c * (x - mean)``, ``mean = total / extent``, the
+    total a sum of x; Max/Min ``dx = (dy / count) * (x == y)``, the total a count of the
+    ties ``x == y`` (exact in f64). ``row_saved(dy, y, row, dy_stride, y_stride)`` loads
+    the row's ``(dy, y)`` (y is dy where the kind does not read it); ``term(v, yv)`` is
+    an element's share of the total, in the element's accumulator; ``row_coefficient(g,
+    yv, row_total, extent, param)`` gives the row's ``(c, y, mean)`` from them and the
+    row's f64 total (``mean`` 0 for the ties)."""
     ops = GRAD_OPS[kind]
-    assert ops.stat == "mean"
+    assert ops.stat in ("mean", "ties")
     spec = ELEMENTS[element]
     ACC = spec.acc
     load = spec.load
     coefficient = _grad_fns(kind, element)[0]
     READS_Y = ops.reads_y
+    TIES_STAT = ops.stat == "ties"
 
     @cuda.jit(device=True, inline=True)
     def row_saved(dy, y, row, dy_stride, y_stride):
@@ -2121,11 +2125,19 @@ def _mean_row_coefficient(kind: ReduceKind, element: ElementKind) -> tuple[Any, 
         return g, load(y, row * y_stride) if READS_Y else g
 
     @cuda.jit(device=True, inline=True)
+    def term(v, yv):
+        if TIES_STAT:
+            return ACC(1) if v == yv else ACC(0)
+        return v
+
+    @cuda.jit(device=True, inline=True)
     def row_coefficient(g, yv, row_total, extent, param):
+        if TIES_STAT:
+            return ACC(coefficient(g, yv, ACC(0), int64(row_total), param)), yv, ACC(0)
         mean = ACC(row_total / float64(extent))
         return ACC(coefficient(g, yv, mean, int64(0), param)), yv, mean
 
-    return row_saved, row_coefficient
+    return row_saved, term, row_coefficient
 
 
 def _mean_grad_batches(kind: ReduceKind, element: ElementKind, n: int) -> tuple[Any, ...]:
@@ -2170,7 +2182,7 @@ def _make_backward_rows_sync(kind: ReduceKind, element: ElementKind) -> Callable
     W, LOG_W = VECTOR[element].width, VECTOR[element].log_width
     WARPS = SHARED_SLOTS // 32
     load_batch, stat_batch, grad_batch = _mean_grad_batches(kind, element, VEC_LOADS)
-    row_saved, row_coefficient = _mean_row_coefficient(kind, element)
+    row_saved, _, row_coefficient = _row_statistic(kind, element)
 
     def reduce_backward_rows_sync(dy, xv, y, dx, dxv, ctl, partials, out_numel, extent,
                                   row_words, dy_stride, y_stride, parts, batches, lead, param):
@@ -2280,22 +2292,26 @@ def _make_backward_rows_hold(kind: ReduceKind, element: ElementKind) -> Callable
     W, LOG_W = vec.width, vec.log_width
     element_fn = _grad_fns(kind, element)[1]
     WARPS = SHARED_SLOTS // 32
-    row_saved, row_coefficient = _mean_row_coefficient(kind, element)
+    row_saved, term, row_coefficient = _row_statistic(kind, element)
     # Std loads the row's dy and y with the chunk, Var its dy after the wait. H100,
     # 2026-11-27, µs, early / after the wait, same run (before the 32-bit word bounds):
     # Std bf16 [512, 5e5] 395 / 422-425, [256, 1e6] 462 / 467-469, f16 [256, 1e6] 422-425
     # / 435-438, f32 [512, 5e5] 921-922 / 938-940; Var bf16 [512, 5e5] 395-397 / 359-360,
     # [256, 1e6] 458-459 / 421-425.
+    # (Max/Min count the ties x == y: y before the sum.)
     EARLY = GRAD_OPS[kind].reads_y
+    assert EARLY or GRAD_OPS[kind].stat == "mean"
 
     def reduce_backward_rows_hold(dy, xv, y, dx, dxv, ctl, partials, out_numel, extent,
                                   row_words, dy_stride, y_stride, parts, param):
-        """The Var/Std gradient ``dx = c * (x - mean)`` of ``out_numel`` long word-aligned
-        rows (as ``reduce_backward_rows_sync``: ``mean = sum(x) / extent``, rows
-        ``row_words`` words apart) with x read once: each row is cut into ``parts``
-        chunks of ``HOLD_WORDS * blockDim`` words, numbered row by row and handed out in
-        ticket order (``ctl[0]``). A chunk's block loads its words into registers, sums
-        them, publishes the f64 total in ``partials`` (as the row-sync kernel), waits
+        """The gradient of ``out_numel`` long word-aligned rows, ``row_words`` words
+        apart, whose row statistic is a sum over the row (``_row_statistic``): Var/Std
+        ``dx = c * (x - mean)`` (as ``reduce_backward_rows_sync``: ``mean = sum(x) /
+        extent``), Max/Min ``dx = (dy / count) * (x == y)`` (``count`` the row's ties
+        ``x == y``), with x read once: each row is cut into ``parts`` chunks of
+        ``HOLD_WORDS * blockDim`` words, numbered row by row and handed out in ticket
+        order (``ctl[0]``). A chunk's block loads its words into registers, sums their
+        terms, publishes the f64 total in ``partials`` (as the row-sync kernel), waits
         until its row's ``parts`` totals are all published, adds them in a fixed order
         and writes its chunk of ``dx`` from the registers.
 
@@ -2338,6 +2354,7 @@ def _make_backward_rows_hold(kind: ReduceKind, element: ElementKind) -> Callable
             for u in range(HOLD_WORDS):  # all in flight at once
                 if int32(u * SYNC_BLOCK) < left:
                     words[u] = xv[at + uint64(j + u * step)]
+            yv = ACC(0)  # read by the ties' terms only (EARLY)
             if EARLY:  # the row's dy and y in flight with the chunk
                 g, yv = row_saved(dy, y, row, dy_stride, y_stride)
             total = ACC(0)
@@ -2345,7 +2362,7 @@ def _make_backward_rows_hold(kind: ReduceKind, element: ElementKind) -> Callable
                 if int32(u * SYNC_BLOCK) < left:
                     unpack(words[u], values, 0)
                     for e in range(W):
-                        total += values[e]
+                        total += term(values[e], yv)
             _publish_partial(partials, t, _block_total(float64(total), sums, tid, block),
                              tid)
             row_total = _row_total(partials, row, parts, sums, tid, block)
@@ -2736,14 +2753,14 @@ REDUCE_BACKWARD_ROWS_SYNC_KERNELS: dict[tuple[ReduceKind, ElementKind], Kernel] 
     for element in VECTOR for kind in (ReduceKind.VAR, ReduceKind.STD)
 }
 
-#: (kind, element) -> the Var/Std gradient of long word-aligned rows with x read once, its
-#: chunks held in registers until their row's total is published.
+#: (kind, element) -> the Var/Std and Max/Min gradients of long word-aligned rows with x
+#: read once, their chunks held in registers until their row's total is published.
 REDUCE_BACKWARD_ROWS_HOLD_KERNELS: dict[tuple[ReduceKind, ElementKind], Kernel] = {
     (kind, element): Kernel(
         f"reduce_backward_rows_hold[{_kind_name(kind)},{element.name.lower()}]",
         _make_backward_rows_hold(kind, element), _sync_backward_signature(element)[:-3]
         + (float64,), max_registers=HOLD_MAX_REGISTERS)
-    for element in VECTOR for kind in (ReduceKind.VAR, ReduceKind.STD)
+    for element in VECTOR for kind in (ReduceKind.VAR, ReduceKind.STD, ReduceKind.MAX)
 }
 
 

@@ -192,8 +192,9 @@ _STORE_ONLY_SHORT = True
 #: Max/Min/Var/Std gradient of word-aligned rows / strips of columns held in registers (x
 #: read once).
 GENERIC, ROWS, COLS, REG, REG_COLS = "generic", "rows", "cols", "reg", "reg_cols"
-#: SYNC: the Var/Std gradient of long word-aligned rows in one launch, in chunks that meet
-#: through the workspace (``kernels.reduce.reduce_backward_rows_sync``).
+#: SYNC: the Var/Std and Max/Min gradients of word-aligned rows longer than the
+#: register-resident kernel's in one launch, in chunks that meet through the workspace
+#: (``kernels.reduce.reduce_backward_rows_hold``, ``reduce_backward_rows_sync``).
 SYNC = "sync"
 
 # Row-sync gradient (Var/Std of long rows): batches per work item (a chunk:
@@ -222,6 +223,10 @@ _SYNC_BATCHES = 1 if SIMULATOR else 2
 #: (Before the kernel's 32-bit word bounds, which ended its spills, the break-even was
 #: about 5 rows: f32 4.3 rows 1004 / 1012, bf16 2.2 rows 654-657 / 510.)
 _HOLD_ROWS_IN_FLIGHT = 4
+#: The same for the Max/Min gradient of long rows (its tie count summed the same way),
+#: whose other way is the tie count after dx (x read once, dx written, then the tied
+#: rows rewritten), not the row-sync kernel.
+_HOLD_TIES_ROWS_IN_FLIGHT = 8
 _SYNC_GRID = 2 if SIMULATOR else 132 * 4
 
 
@@ -1209,16 +1214,17 @@ class ReduceBackwardPlan(Plan):
                     or slots * 8 <= pref.max_workspace_bytes:
                 self._tie_slots = slots
                 workspace = max(workspace, slots * 8)
-        # the row-sync gradient of long Var/Std rows (its ticket and chunk partials; the
-        # Max/Min gradient keeps the tie count after dx, which measured faster: H200,
-        # 2026-11-26, [256, 1e6] axis 1, f32 553-558 µs against 716-730, bf16 352-354
-        # against 366-380)
+        # the row-sync gradient of long Var/Std rows and the hold kernel of long Var/Std
+        # and Max/Min rows (their ticket and chunk partials; Max/Min have no row-sync
+        # kernel: the tie count after dx measured faster, H200, 2026-11-26, [256, 1e6]
+        # axis 1, f32 553-558 µs against 716-730, bf16 352-354 against 366-380)
         self._sync: tuple[int, int, int, int] | None = None
         #: the row-sync gradient's chunks held in registers (x read once): None = where
-        #: the device holds _HOLD_ROWS_IN_FLIGHT rows' chunks at once, True = where it
-        #: holds twice a row's chunks (the least that cannot deadlock), False = never
+        #: the device holds _HOLD_ROWS_IN_FLIGHT (Max/Min: _HOLD_TIES_ROWS_IN_FLIGHT)
+        #: rows' chunks at once, True = where it holds twice a row's chunks (the least
+        #: that cannot deadlock), False = never
         self.row_hold: bool | None = None
-        if self._stat_kind is MEAN_STAT and self._numel and desc.element in VECTOR:
+        if self._stat_kind is not None and self._numel and desc.element in VECTOR:
             layout = _sync_layout(self._out_numel, extent, VECTOR[desc.element].width)
             if pref is None or pref.max_workspace_bytes is None \
                     or layout[3] <= pref.max_workspace_bytes:
@@ -1330,11 +1336,15 @@ class ReduceBackwardPlan(Plan):
             if lanes and whole_words:
                 return None, (REG, self._bind_reg(dy, dx, y, out_strides,
                                                   lanes.bit_length() - 1, _BLOCK, None))
-            if whole_words and with_workspace and self._sync is not None and (
-                    self._out_numel < _VEC_TARGET_BLOCKS or _rows_vec_geometry(
-                        self._out_numel, extent, width, self._max_splits).splits > 1):
+            if whole_words and with_workspace and self._sync is not None:
+                # the hold kernel where it fits, else (Var/Std) the row-sync kernel for
                 # rows too few to fill the GPU a block each, or split anyway
-                return None, (SYNC, self._bind_sync(dy, dx, y, out_strides))
+                sync = self._bind_sync(dy, dx, y, out_strides, self._out_numel
+                                       < _VEC_TARGET_BLOCKS or _rows_vec_geometry(
+                                           self._out_numel, extent, width,
+                                           self._max_splits).splits > 1)
+                if sync is not None:
+                    return None, (SYNC, sync)
         shift = (dx.ptr & 7) // element.byte_width  # dx's (and x's) elements past a word
         if access == ROWS:
             width = VECTOR[element].width
@@ -1451,10 +1461,12 @@ class ReduceBackwardPlan(Plan):
         return arrays, dx_s, y_s, dy_s
 
     def _bind_sync(self, dy: TensorRef, dx: TensorMut, y: TensorRef | None,
-                   out_strides: list[tuple[int, ...]]) -> _SyncLaunch:
-        """The row-sync gradient of word-aligned rows (at most one collapsed output dim,
-        x and dx in the same layout): too few rows to fill the GPU a block each, or rows
-        the word-row kernels would split."""
+                   out_strides: list[tuple[int, ...]], row_sync: bool) -> _SyncLaunch | None:
+        """The gradient of word-aligned rows longer than the register-resident kernel's
+        (at most one collapsed output dim, x and dx in the same layout) through the
+        workspace: the hold kernel where the device holds enough rows' chunks at once,
+        else (``row_sync``: rows too few to fill the GPU a block each, or rows the
+        word-row kernels would split; Var/Std only) the row-sync kernel, else None."""
         element = self.descriptor.element
         assert self._sync is not None
         parts, batches, lead, workspace = self._sync
@@ -1464,17 +1476,20 @@ class ReduceBackwardPlan(Plan):
                   self._extent, dx_s // VECTOR[element].width, dy_s, y_s, parts)
         if self.row_hold is not False and batches * VEC_LOADS == HOLD_WORDS:
             # x read once: a row's chunks wait for each other, so they must all be
-            # resident; forced, at most half the resident blocks, else at most
-            # 1 / _HOLD_ROWS_IN_FLIGHT of them (one-chunk rows never wait)
+            # resident; forced, at most half the resident blocks, else at most 1 /
+            # _HOLD_ROWS_IN_FLIGHT of them (one-chunk rows never wait)
             hold = REDUCE_BACKWARD_ROWS_HOLD_KERNELS[(grad_kind, element)].prepare()
             resident = hold.resident_blocks(SYNC_BLOCK)
-            if parts == 1 or (2 if self.row_hold else _HOLD_ROWS_IN_FLIGHT) * parts \
-                    <= resident:
+            in_flight = 2 if self.row_hold else _HOLD_TIES_ROWS_IN_FLIGHT \
+                if self._stat_kind is TIES else _HOLD_ROWS_IN_FLIGHT
+            if parts == 1 or in_flight * parts <= resident:
                 # cooperative: every block resident at once, whatever else runs on the
                 # device (a share too small for the grid fails the launch, never hangs)
                 bound = hold.bind(min(self._out_numel * parts, resident), SYNC_BLOCK,
                                   (*common, self._param), cooperative=True)
                 return _SyncLaunch(bound.fast, workspace, True)
+        if not row_sync or self._stat_kind is TIES:
+            return None
         kernel = REDUCE_BACKWARD_ROWS_SYNC_KERNELS[(grad_kind, element)].prepare()
         bound = kernel.bind(_SYNC_GRID, SYNC_BLOCK, (*common, batches, lead, self._param))
         return _SyncLaunch(bound.fast, workspace, False)
