@@ -2351,9 +2351,17 @@ def _make_backward_rows_hold(kind: ReduceKind, element: ElementKind) -> Callable
             # the thread's words left in it: 32-bit bounds against immediates (64-bit
             # tid + u·step bounds were hoisted out of the loop, 32 registers, and spilled)
             left = int32(count - tid)
-            for u in range(HOLD_WORDS):  # all in flight at once
-                if int32(u * SYNC_BLOCK) < left:
+            # every word of a full chunk: the loads unpredicated. Predicated, ptxas (sm_90,
+            # 64 registers) sank f32 loads to their sums, a few in flight at a time (H100,
+            # 2026-11-27, f32 Var µs: [256, 1e6] 983 -> 839, [512, 5e5] 886 -> 724-729,
+            # [1024, 250000] 802 -> 703; bf16 and f32 Max already had them all in flight)
+            if left > (HOLD_WORDS - 1) * SYNC_BLOCK:
+                for u in range(HOLD_WORDS):
                     words[u] = xv[at + uint64(j + u * step)]
+            else:
+                for u in range(HOLD_WORDS):  # all in flight at once
+                    if int32(u * SYNC_BLOCK) < left:
+                        words[u] = xv[at + uint64(j + u * step)]
             yv = ACC(0)  # read by the ties' terms only (EARLY)
             if EARLY:  # the row's dy and y in flight with the chunk
                 g, yv = row_saved(dy, y, row, dy_stride, y_stride)
@@ -2547,10 +2555,18 @@ def _make_backward_cols_reg(kind: ReduceKind, element: ElementKind, stash: int =
 
     @cuda.jit(device=True, inline=True)
     def load_words(xv, words, at, step, first, held):
-        """Issue the loads of rows ``first + u`` (u < HELD, below ``held``) into words."""
-        for u in range(HELD):
-            if first + uint32(u) < held:
+        """Issue the loads of rows ``first + u`` (u < HELD, below ``held``) into words:
+        unpredicated where all HELD are (ptxas then issues them all before their first
+        use; predicated, it sank f32 loads to their sums, a few in flight at a time, and
+        spilled more: H100, 2026-11-27, µs, bf16 Std / Max [256, 1e6] axis 0 477 / 405 ->
+        391 / 393, [4096, 4096] axis 0 38.6 / 39.6 -> 32.7 / 33.0-34.1; f32 within 1-3 %)."""
+        if first + uint32(HELD) <= held:
+            for u in range(HELD):
                 words[u] = xv[at + uint64(first + uint32(u)) * step]
+        else:
+            for u in range(HELD):
+                if first + uint32(u) < held:
+                    words[u] = xv[at + uint64(first + uint32(u)) * step]
 
     @cuda.jit(device=True, inline=True)
     def count_word(word, values, ys, totals):
