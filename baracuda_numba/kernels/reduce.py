@@ -2293,14 +2293,13 @@ def _make_backward_rows_hold(kind: ReduceKind, element: ElementKind) -> Callable
     element_fn = _grad_fns(kind, element)[1]
     WARPS = SHARED_SLOTS // 32
     row_saved, term, row_coefficient = _row_statistic(kind, element)
-    # Std loads the row's dy and y with the chunk, Var its dy after the wait. H100,
-    # 2026-11-27, µs, early / after the wait, same run (before the 32-bit word bounds):
-    # Std bf16 [512, 5e5] 395 / 422-425, [256, 1e6] 462 / 467-469, f16 [256, 1e6] 422-425
-    # / 435-438, f32 [512, 5e5] 921-922 / 938-940; Var bf16 [512, 5e5] 395-397 / 359-360,
-    # [256, 1e6] 458-459 / 421-425.
-    # (Max/Min count the ties x == y: y before the sum.)
-    EARLY = GRAD_OPS[kind].reads_y
-    assert EARLY or GRAD_OPS[kind].stat == "mean"
+    # Every kind loads the row's dy (and y) with the chunk, not after the wait (Max/Min
+    # need y for their sum anyway). H100, 2026-11-27, µs, with the chunk / after the
+    # wait, same run: Var bf16 [256, 1e6] 366-367 / 378-379, [512, 5e5] 362-363 / 366,
+    # f32 [256, 1e6] 824 / 827-834, [512, 5e5] 706-708 / 724-725; Max bf16 [256, 1e6]
+    # (dy alone after the wait) 391-402 / 429-440. (Before the 32-bit word bounds and
+    # the unpredicated loads Var measured the other way: bf16 [512, 5e5] 395-397 /
+    # 359-360.)
 
     def reduce_backward_rows_hold(dy, xv, y, dx, dxv, ctl, partials, out_numel, extent,
                                   row_words, dy_stride, y_stride, parts, param):
@@ -2362,9 +2361,7 @@ def _make_backward_rows_hold(kind: ReduceKind, element: ElementKind) -> Callable
                 for u in range(HOLD_WORDS):  # all in flight at once
                     if int32(u * SYNC_BLOCK) < left:
                         words[u] = xv[at + uint64(j + u * step)]
-            yv = ACC(0)  # read by the ties' terms only (EARLY)
-            if EARLY:  # the row's dy and y in flight with the chunk
-                g, yv = row_saved(dy, y, row, dy_stride, y_stride)
+            g, yv = row_saved(dy, y, row, dy_stride, y_stride)  # in flight with the chunk
             total = ACC(0)
             for u in range(HOLD_WORDS):
                 if int32(u * SYNC_BLOCK) < left:
@@ -2379,8 +2376,6 @@ def _make_backward_rows_hold(kind: ReduceKind, element: ElementKind) -> Callable
             # that no block starts while its holder waits, perhaps for that very chunk)
             if tid == 0:
                 shared_t[0] = cuda.atomic.add(ctl, 0, int64(1))
-            if not EARLY:
-                g, yv = row_saved(dy, y, row, dy_stride, y_stride)
             cf, yv, mean = row_coefficient(g, yv, row_total, extent, param)
             for u in range(HOLD_WORDS):
                 if int32(u * SYNC_BLOCK) < left:
