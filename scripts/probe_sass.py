@@ -1,0 +1,92 @@
+"""Static probe (no GPU): registers, spills and the order of memory operations in the SASS
+of a kernel table's kernels, as ptxas (sm_90) compiles them at their register caps.
+
+For each kernel of ``TABLE`` (a ``kernels.reduce`` table such as
+``REDUCE_BACKWARD_ROWS_HOLD_KERNELS``; ``KIND:ELEMENT`` pairs pick some), prints ptxas'
+register and spill report and one letter per instruction of interest in program order:
+``L`` 8-byte global load, ``y`` narrower global load, ``a`` FADD, ``S`` 8-byte global
+store, ``|`` block barrier, ``@`` global atomic. A batch whose loads are meant to be in
+flight at once reads ``LLLL...aaaa``; ``LaaLaaLaa`` is ptxas issuing each load just before
+its use (the nineteenth pass of docs/notes/reduce.md).
+
+Needs ``ptxas`` on PATH (a CUDA toolkit) and ``nvdisasm`` (the ``nvidia-cuda-nvdisasm``
+wheel of the cu13 extra; ``$NVDISASM`` overrides). The PTX's ``.version`` is lowered to
+the local ptxas's (``PTX_VERSION``, default 9.0).
+
+    python scripts/probe_sass.py REDUCE_BACKWARD_ROWS_HOLD_KERNELS [VAR:F32 MAX:BF16 ...]
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+from numba import cuda
+
+import baracuda_numba.kernels.reduce as reduce_kernels
+from baracuda_numba.types import ElementKind, ReduceKind
+
+#: SASS opcode (prefix) -> letter of the order line.
+LETTERS = (("LDG.E.64", "L"), ("LDG.E", "y"), ("FADD", "a"), ("STG.E.64", "S"),
+           ("BAR.SYNC", "|"), ("ATOMG", "@"))
+
+
+def _nvdisasm() -> str:
+    if os.environ.get("NVDISASM"):
+        return os.environ["NVDISASM"]
+    import nvidia
+
+    for root in nvidia.__path__:
+        for found in pathlib.Path(root).glob("cu*/bin/nvdisasm"):
+            return str(found)
+    return shutil.which("nvdisasm") or "nvdisasm"
+
+
+def order(sass: str) -> str:
+    """One letter per instruction of interest (LETTERS), in program order."""
+    letters = []
+    for line in sass.splitlines():
+        match = re.search(r"\b(LDG\.E\S*|FADD|STG\.E\S*|BAR\.SYNC|ATOMG)\b", line)
+        if match:
+            letters.append(next(letter for prefix, letter in LETTERS
+                                if match.group(1).startswith(prefix)))
+    return "".join(letters)
+
+
+def probe(kernel: object, workdir: pathlib.Path) -> tuple[str, str]:
+    """ptxas' register / spill report and the SASS order line of one kernel."""
+    ptx, _ = cuda.compile_ptx(kernel.py_func, kernel.signature, cc=(9, 0))
+    ptx = re.sub(r"\.version \d+\.\d+", f".version {os.environ.get('PTX_VERSION', '9.0')}",
+                 ptx, count=1)
+    source, cubin = workdir / "k.ptx", workdir / "k.cubin"
+    source.write_text(ptx)
+    args = ["ptxas", "-arch=sm_90", "-v", str(source), "-o", str(cubin)]
+    if kernel.max_registers:
+        args.insert(2, f"--maxrregcount={kernel.max_registers}")
+    built = subprocess.run(args, capture_output=True, text=True, check=True)
+    report = " | ".join(line.split("info    :")[-1].strip() for line in built.stderr.splitlines()
+                        if "registers" in line or "spill" in line)
+    sass = subprocess.run([_nvdisasm(), "-c", str(cubin)], capture_output=True, text=True,
+                          check=True).stdout
+    return report, order(sass)
+
+
+def main() -> None:
+    table = getattr(reduce_kernels, sys.argv[1])
+    wanted = {(ReduceKind[k], ElementKind[e]) for k, e in
+              (pair.split(":") for pair in sys.argv[2:])}
+    with tempfile.TemporaryDirectory() as tmp:
+        for key, kernel in table.items():
+            if wanted and key not in wanted:
+                continue
+            report, line = probe(kernel, pathlib.Path(tmp))
+            print(f"{kernel.name} (cap {kernel.max_registers}): {report}\n  {line}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
