@@ -1520,22 +1520,36 @@ def test_row_sync_backward(kind, element, layout, rng):
             check_backward(from_storage(got, element), expected, element, f"{what} (fused)")
 
 
+def _one_chunk_params() -> list:
+    """``kind, element, full`` of the one-chunk hold test: every combination on the GPU;
+    in the simulator partial chunks at f32 and bf16, full chunks at two of them."""
+    params = []
+    for kind in (K.VAR, K.STD, K.MAX, K.MIN):
+        for element in WORD_ELEMENTS if not SIMULATOR else (E.F32, E.BF16):
+            for full in (False, True):
+                if not SIMULATOR or not full or (kind, element) in ((K.VAR, E.F32),
+                                                                     (K.MAX, E.BF16)):
+                    params.append(pytest.param(kind, element, full, id=(
+                        f"{kind.name}-{element.name}-{'full' if full else 'partial'}")))
+    return params
+
+
 @IEEE_SPECIALS
-@pytest.mark.parametrize("kind", [K.VAR, K.STD, K.MAX, K.MIN], ids=lambda k: k.name)
-@pytest.mark.parametrize("element", WORD_ELEMENTS if not SIMULATOR else [E.F32, E.BF16],
-                         ids=lambda e: e.name)
-def test_row_hold_backward_one_chunk_rows(kind, element, rng, monkeypatch):
-    """Rows of one partial chunk (a thread's last words past the row) forced onto the
-    row-sync path (no register-resident rows) and the hold kernel (for every element: a
-    chunk waits only for itself, also in the simulator, whose blocks run one after
-    another), against float64, with an inf row, a NaN row, three tied extremes in the
-    middle row (Max/Min: dy split three ways) and a workspace of 0xFF bytes;
+@pytest.mark.parametrize("kind, element, full", _one_chunk_params())
+def test_row_hold_backward_one_chunk_rows(kind, element, full, rng, monkeypatch):
+    """Rows of one chunk, partial (a thread's last words past the row: the predicated
+    loads) or full (every thread's words in the row: the unpredicated loads), forced
+    onto the row-sync path (no register-resident rows) and the hold kernel (for every
+    element: a chunk waits only for itself, also in the simulator, whose blocks run one
+    after another), against float64, with an inf row, a NaN row, three tied extremes in
+    the middle row (Max/Min: dy split three ways) and a workspace of 0xFF bytes;
     bit-identical on a rerun."""
     import baracuda_numba.plans.reduce as plans_reduce
 
     monkeypatch.setattr(plans_reduce, "_reg_lanes", lambda extent, width: 0)
     width = 2 if element is E.F32 else 4
-    shape = (3, (_SYNC_BATCHES * SYNC_BLOCK * VEC_LOADS - SYNC_BLOCK * 5 // 2) * width)
+    chunk = _SYNC_BATCHES * SYNC_BLOCK * VEC_LOADS
+    shape = (3, (chunk if full else chunk - SYNC_BLOCK * 5 // 2) * width)
     x_host = rng.uniform(-2.0, 2.0, size=shape)
     x_host[0, 5] = np.inf
     x_host[-1, -7] = np.nan
