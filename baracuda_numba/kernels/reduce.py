@@ -2319,13 +2319,14 @@ def _make_backward_rows_hold(kind: ReduceKind, element: ElementKind) -> Callable
         (while it stores), so a waiting block holds one ticket; with ``parts`` no larger
         than the resident blocks, the lowest unfinished ticket's row then always has
         every chunk taken by a running block (the plan takes this kernel only where a
-        row's chunks are at most a quarter of the device's resident blocks, or half when
-        forced). The plan launches it cooperatively (``cuLaunchCooperativeKernel``), so
-        every block of its grid (at most the resident blocks) runs at once whatever else
-        shares the device; a grid the device cannot hold fails to launch rather than
-        waiting (``plan.row_hold = False`` takes the row-sync kernel, which never waits on
-        a later ticket). ``ctl`` and ``partials`` are zero before the launch; the block
-        is SYNC_BLOCK threads (a constant here: the words' offsets are immediates)."""
+        row's chunks are at most a quarter (Max/Min: an eighth) of the device's resident
+        blocks, or half when forced, or a row is one chunk). The plan launches it
+        cooperatively (``cuLaunchCooperativeKernel``), so every block of its grid (at most
+        the resident blocks) runs at once whatever else shares the device; a grid the
+        device cannot hold fails to launch rather than waiting (``plan.row_hold = False``
+        takes the row-sync kernel, which never waits on a later ticket, or Max/Min's tie
+        count after dx). ``ctl`` and ``partials`` are zero before the launch; the block is
+        SYNC_BLOCK threads (a constant here: the words' offsets are immediates)."""
         tid = cuda.threadIdx.x
         block = SYNC_BLOCK  # the launch's block: the words' offsets are immediates
         shared_t = cuda.shared.array(1, int64)
