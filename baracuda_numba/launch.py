@@ -521,8 +521,8 @@ class BoundLaunch:
                 code = launch_kernel(self._kernel._function, self._grid, self._block,
                                      self._shared, stream, self._params_address or None,
                                      self._extra or None, self._cooperative)
-        check(int(code), f"{'cuLaunchCooperativeKernel' if self._cooperative else 'cuLaunchKernel'}"
-                         f"({self._kernel.name})")
+        call = "cuLaunchCooperativeKernel" if self._cooperative else "cuLaunchKernel"
+        check(int(code), f"{call}({self._kernel.name})")
 
 
 _PREPARE_LOCK = threading.RLock()

@@ -1339,10 +1339,9 @@ class ReduceBackwardPlan(Plan):
             if whole_words and with_workspace and self._sync is not None:
                 # the hold kernel where it fits, else (Var/Std) the row-sync kernel for
                 # rows too few to fill the GPU a block each, or split anyway
-                sync = self._bind_sync(dy, dx, y, out_strides, self._out_numel
-                                       < _VEC_TARGET_BLOCKS or _rows_vec_geometry(
-                                           self._out_numel, extent, width,
-                                           self._max_splits).splits > 1)
+                few_or_split = self._out_numel < _VEC_TARGET_BLOCKS or _rows_vec_geometry(
+                    self._out_numel, extent, width, self._max_splits).splits > 1
+                sync = self._bind_sync(dy, dx, y, out_strides, few_or_split)
                 if sync is not None:
                     return None, (SYNC, sync)
         shift = (dx.ptr & 7) // element.byte_width  # dx's (and x's) elements past a word
