@@ -420,3 +420,104 @@ else:
     def shfl_idx(value, source_lane):
         """Value of lane ``source_lane``."""
         return cuda.shfl_sync(FULL_MASK, value, source_lane)
+
+
+# -- asynchronous copies to shared memory (sm_80+ ``cp.async``) ---------------------------
+# Global words copied straight into shared memory, without a register: a block can keep
+# more of its loads in flight than its registers hold. A thread's copies are complete
+# (for that thread) after ``copy_async_wait``; other threads of the block see them only
+# after a barrier as well.
+
+if SIMULATOR:
+
+    @cuda.jit(device=True)
+    def copy_async8(shared, shared_index, source, index):
+        """``shared[shared_index] = source[index]`` for 8-byte elements (at once here)."""
+        shared[shared_index] = source[index]
+
+    def copy_async8_run(count: int, stride: int) -> Any:
+        """``copy_async8`` of ``count`` words ``stride`` elements apart on both sides."""
+
+        @cuda.jit(device=True)
+        def copy_run(shared, shared_index, source, index):
+            for u in range(count):
+                shared[shared_index + u * stride] = source[index + u * stride]
+
+        return copy_run
+
+    @cuda.jit(device=True)
+    def copy_async_wait():
+        """Wait for this thread's ``copy_async8`` copies (nothing to wait for here)."""
+
+    @cuda.jit(device=True)
+    def opaque(value):
+        """``value`` (the GPU version hides it from the compiler's loop hoisting)."""
+        return value
+
+else:
+
+    def _generic_address(context, builder, array_type, array, index_type, index):
+        ary = context.make_array(array_type)(context, builder, array)
+        offset = context.cast(builder, index, index_type, types.int64)
+        return builder.ptrtoint(builder.gep(ary.data, [offset]), _ir.IntType(64))
+
+    def _copy_async8_intrinsic(count: int, stride: int) -> Any:
+        # one asm block: the offsets are immediates on two base registers (separate
+        # copies let LLVM hoist every shared address out of the kernel's loop, and spill)
+        copies = " ".join(f"cp.async.ca.shared.global [t+{u * stride * 8}], "
+                          f"[$1+{u * stride * 8}], 8;" for u in range(count))
+
+        @intrinsic
+        def copy_run(typingctx, shared, shared_index, source, index):
+            def codegen(context, builder, signature, args):
+                to = _generic_address(context, builder, signature.args[0], args[0],
+                                      signature.args[1], args[1])
+                frm = _generic_address(context, builder, signature.args[2], args[2],
+                                       signature.args[3], args[3])
+                fnty = _ir.FunctionType(_ir.VoidType(), [_ir.IntType(64), _ir.IntType(64)])
+                asm = _ir.InlineAsm(
+                    fnty, "{ .reg .u64 s; .reg .u32 t; cvta.to.shared.u64 s, $0; "
+                    f"cvt.u32.u64 t, s; {copies} }}", "l,l,~{memory}", side_effect=True)
+                builder.call(asm, [to, frm])
+                return context.get_dummy_value()
+
+            return types.void(shared, shared_index, source, index), codegen
+
+        return copy_run
+
+    #: ``cp.async.ca.shared.global`` of 8 bytes: ``shared[shared_index] =
+    #: source[index]`` (``shared`` a shared array, both 8-byte elements), issued and not
+    #: waited for. The compiler does not move memory accesses across it.
+    copy_async8 = _copy_async8_intrinsic(1, 0)
+
+    def copy_async8_run(count: int, stride: int) -> Any:
+        """``copy_async8`` of ``count`` words ``stride`` elements apart on both sides
+        (``shared[shared_index + u * stride] = source[index + u * stride]``), in one asm
+        block."""
+        return _copy_async8_intrinsic(count, stride)
+
+    @intrinsic
+    def opaque(typingctx, value):
+        """``value`` (a 32-bit integer) through a volatile ``mov``: the compiler cannot see
+        through it, so what is computed from it stays where it is written (not hoisted
+        out of a loop into registers held for the whole kernel)."""
+
+        def codegen(context, builder, signature, args):
+            fnty = _ir.FunctionType(_ir.IntType(32), [_ir.IntType(32)])
+            return builder.call(_ir.InlineAsm(fnty, "mov.b32 $0, $1;", "=r,r",
+                                              side_effect=True), args)
+
+        return value(value), codegen
+
+    @intrinsic
+    def copy_async_wait(typingctx):
+        """``cp.async.wait_all``: this thread's ``copy_async8`` copies are in shared
+        memory (a memory clobber: no shared read moves above it)."""
+
+        def codegen(context, builder, signature, args):
+            fnty = _ir.FunctionType(_ir.VoidType(), [])
+            builder.call(_ir.InlineAsm(fnty, "cp.async.wait_all;", "~{memory}",
+                                       side_effect=True), [])
+            return context.get_dummy_value()
+
+        return types.void(), codegen
