@@ -304,14 +304,15 @@ class Kernel:
             self._shared_limit = optin - function_static_shared(self._function)
         return self._shared_limit
 
-    def resident_blocks(self, block: int) -> int:
-        """Blocks of ``block`` threads of this kernel the current device holds at once (all
-        SMs; no dynamic shared memory). The simulator runs one block at a time: 1."""
+    def resident_blocks(self, block: int, dynamic_shared: int = 0) -> int:
+        """Blocks of ``block`` threads (and ``dynamic_shared`` bytes of dynamic shared
+        memory) of this kernel the current device holds at once (all SMs). The simulator
+        runs one block at a time: 1."""
         if SIMULATOR:
             return 1
         self.prepare()
         sms = int(cuda.current_context().device.MULTIPROCESSOR_COUNT)
-        return sms * max_active_blocks(self._function, block)
+        return sms * max_active_blocks(self._function, block, dynamic_shared)
 
     def allow_dynamic_shared(self, nbytes: int) -> Kernel:
         """Opt this kernel in to ``nbytes`` of dynamic shared memory per block

@@ -13,8 +13,10 @@ from conftest import EDGE_LENGTHS, FLOAT_ELEMENTS, SIMULATOR, torch_or_skip
 from baracuda_numba.errors import InvalidProblem, Unsupported, WorkspaceTooSmall
 from baracuda_numba.kernels.reduce import (
     CHUNK,
+    HOLD_STASH_BYTES,
     REDUCE_BACKWARD_COLS_STASH_KERNELS,
     REDUCE_BACKWARD_ROWS_HOLD_KERNELS,
+    REDUCE_BACKWARD_ROWS_HOLD_STASH_KERNELS,
     REG_COLS_STASH_BYTES,
     SYNC_BLOCK,
     VEC_LOADS,
@@ -22,6 +24,7 @@ from baracuda_numba.kernels.reduce import (
 )
 from baracuda_numba.plans.reduce import (
     _HOLD_ROWS_IN_FLIGHT,
+    _HOLD_STASH_ROWS,
     _HOLD_TIES_ROWS_IN_FLIGHT,
     _REG_STREAM_MIN_LANES,
     _STREAM_MIN_BATCHES,
@@ -1416,7 +1419,8 @@ def _sync_layouts(width: int) -> dict:
     chunks) the statistic and gradient items alternate there, on the GPU (a lead of parts
     + _SYNC_GRID) only in "long_rows" (3 rows of 300 chunks). GPU only: "many_rows", more
     rows than the GPU's blocks (the word-row kernels would take them a block each, but the
-    hold kernel reads x once)."""
+    hold kernel reads x once) and "stash_rows" (Var/Std: the hold kernel with its
+    shared-memory stash)."""
     chunk = _SYNC_BATCHES * SYNC_BLOCK * VEC_LOADS * width
     every = (slice(None), slice(None))
     long = chunk * 5 // 2
@@ -1430,14 +1434,27 @@ def _sync_layouts(width: int) -> dict:
         layouts["long_rows"] = ((3, 300 * chunk - width), every, (3, 300 * chunk - width))
         many = _VEC_TARGET_BLOCKS + 72
         layouts["many_rows"] = ((many, long), every, (many, long))
+        # 101 chunks a row (the last partial, and alone in the stash kernel's last chunk):
+        # too many for the register-only hold kernel's rule, the stash kernel's 51 fit
+        stash = chunk * 201 // 2
+        layouts["stash_rows"] = ((3, stash), every, (3, stash))
     return layouts
 
 
-def _hold_expected(kind, parts: int, resident: int) -> bool:
-    """Whether the plan's rule takes the hold kernel (x read once) for rows of ``parts``
-    chunks on a device holding ``resident`` of its blocks."""
-    in_flight = _HOLD_TIES_ROWS_IN_FLIGHT if kind in (K.MAX, K.MIN) else _HOLD_ROWS_IN_FLIGHT
-    return parts == 1 or in_flight * parts <= resident
+def _hold_expected(kind, element, parts: int) -> tuple[bool, bool]:
+    """``(hold, stash)``: whether the plan's rule takes the hold kernel (x read once) for
+    rows of ``parts`` row-sync chunks on this device, and its stash kernel (chunks of
+    two, where the register-only kernel holds fewer than _HOLD_STASH_ROWS rows)."""
+    ties = kind in (K.MAX, K.MIN)
+    key = (K.MAX if ties else kind, element)
+    resident = REDUCE_BACKWARD_ROWS_HOLD_KERNELS[key].resident_blocks(SYNC_BLOCK)
+    in_flight = _HOLD_TIES_ROWS_IN_FLIGHT if ties else _HOLD_ROWS_IN_FLIGHT
+    if parts > 1 and _HOLD_STASH_ROWS[ties] * parts > resident:
+        chunks = -(-parts // 2)
+        if chunks == 1 or in_flight * chunks <= REDUCE_BACKWARD_ROWS_HOLD_STASH_KERNELS[
+                key].resident_blocks(SYNC_BLOCK, HOLD_STASH_BYTES):
+            return True, True
+    return parts == 1 or in_flight * parts <= resident, False
 
 
 @IEEE_SPECIALS
@@ -1473,7 +1490,7 @@ def test_row_sync_backward(kind, element, layout, rng):
     parts = _sync_layout(shape[0] if len(shape) > 1 else 1, shape[-1], width)[0]
     resident = REDUCE_BACKWARD_ROWS_HOLD_KERNELS[
         (K.MAX if ties else kind, element)].resident_blocks(SYNC_BLOCK)
-    hold = _hold_expected(kind, parts, resident)
+    hold, stash = _hold_expected(kind, element, parts)
     results, holds = [], []
     for workspace in (True, True, False):
         dx_base = poisoned(base_shape, element)
@@ -1490,6 +1507,7 @@ def test_row_sync_backward(kind, element, layout, rng):
         assert (access == "sync") == (workspace and (hold or not ties)), (what, access)
         if workspace:
             holds.append(getattr(launch, "hold", False))
+            assert getattr(launch, "stash", False) == stash, (what, parts, resident)
         results.append(got.tobytes())
         if layout == "padded":
             assert np.all(np.isnan(from_storage(storage_of(
@@ -1500,9 +1518,10 @@ def test_row_sync_backward(kind, element, layout, rng):
     # _HOLD_ROWS_IN_FLIGHT (Max/Min: _HOLD_TIES_ROWS_IN_FLIGHT) rows at once; the other
     # way (row_hold forced the other way, where it can run: twice a row's chunks; the
     # row-sync kernel, or the tie count after dx) gives the same bits: the same sums in the
-    # same order (Max/Min: the same dy / count)
+    # same order (Max/Min: the same dy / count; the stash kernel publishes the row-sync
+    # kernel's partials, two a chunk)
     assert plan._sync[0] == parts
-    fits = parts == 1 or 2 * parts <= resident
+    fits = parts == 1 or 2 * parts <= resident or stash
     assert holds == [hold] * 2, (holds, parts, resident)
     if fits:
         plan = ReduceBackwardPlan.select(desc)
@@ -1521,34 +1540,45 @@ def test_row_sync_backward(kind, element, layout, rng):
 
 
 def _one_chunk_params() -> list:
-    """``kind, element, full`` of the one-chunk hold test: every combination on the GPU;
-    in the simulator partial chunks at f32 and bf16, full chunks at two of them."""
+    """``kind, element, full, stash`` of the one-chunk hold test: every combination on
+    the GPU; in the simulator partial chunks at f32 and bf16, full chunks at two of them,
+    the stash kernel at two."""
     params = []
     for kind in (K.VAR, K.STD, K.MAX, K.MIN):
         for element in WORD_ELEMENTS if not SIMULATOR else (E.F32, E.BF16):
             for full in (False, True):
-                if not SIMULATOR or not full or (kind, element) in ((K.VAR, E.F32),
-                                                                     (K.MAX, E.BF16)):
-                    params.append(pytest.param(kind, element, full, id=(
-                        f"{kind.name}-{element.name}-{'full' if full else 'partial'}")))
+                for stash in (False, True):
+                    if SIMULATOR and (kind, element, full, stash) not in (
+                            (K.VAR, E.F32, False, False), (K.STD, E.F32, False, False),
+                            (K.MAX, E.F32, False, False), (K.MIN, E.F32, False, False),
+                            (K.VAR, E.BF16, False, False), (K.STD, E.BF16, False, False),
+                            (K.MAX, E.BF16, False, False), (K.MIN, E.BF16, False, False),
+                            (K.VAR, E.F32, True, False), (K.MAX, E.BF16, True, False),
+                            (K.VAR, E.F32, True, True), (K.MAX, E.BF16, False, True)):
+                        continue
+                    params.append(pytest.param(kind, element, full, stash, id=(
+                        f"{kind.name}-{element.name}-{'full' if full else 'partial'}"
+                        f"{'-stash' if stash else ''}")))
     return params
 
 
 @IEEE_SPECIALS
-@pytest.mark.parametrize("kind, element, full", _one_chunk_params())
-def test_row_hold_backward_one_chunk_rows(kind, element, full, rng, monkeypatch):
+@pytest.mark.parametrize("kind, element, full, stash", _one_chunk_params())
+def test_row_hold_backward_one_chunk_rows(kind, element, full, stash, rng, monkeypatch):
     """Rows of one chunk, partial (a thread's last words past the row: the predicated
     loads) or full (every thread's words in the row: the unpredicated loads), forced
     onto the row-sync path (no register-resident rows) and the hold kernel (for every
     element: a chunk waits only for itself, also in the simulator, whose blocks run one
     after another), against float64, with an inf row, a NaN row, three tied extremes in
     the middle row (Max/Min: dy split three ways) and a workspace of 0xFF bytes;
-    bit-identical on a rerun."""
+    bit-identical on a rerun. ``stash``: rows of two row-sync chunks, one chunk of the
+    stash kernel (its second half through shared memory), whose bits must equal the
+    other way's (the row-sync kernel, or the tie count after dx)."""
     import baracuda_numba.plans.reduce as plans_reduce
 
     monkeypatch.setattr(plans_reduce, "_reg_lanes", lambda extent, width: 0)
     width = 2 if element is E.F32 else 4
-    chunk = _SYNC_BATCHES * SYNC_BLOCK * VEC_LOADS
+    chunk = _SYNC_BATCHES * SYNC_BLOCK * VEC_LOADS * (2 if stash else 1)
     shape = (3, (chunk if full else chunk - SYNC_BLOCK * 5 // 2) * width)
     x_host = rng.uniform(-2.0, 2.0, size=shape)
     x_host[0, 5] = np.inf
@@ -1560,21 +1590,25 @@ def test_row_hold_backward_one_chunk_rows(kind, element, full, rng, monkeypatch)
     expected = backward_reference(kind, from_storage(dy, element), from_storage(x_host, element),
                                   from_storage(y, element), 1, 1)
     results = []
-    for _ in range(2):
+    for hold in (True, True, False) if stash else (True, True):
         plan = ReduceBackwardPlan.select(ReduceBackwardDescriptor(kind, shape, 1, element, 1))
-        plan.row_hold = True
-        assert plan._sync[0] == 1
+        plan.row_hold = hold
+        plan.hold_stash = stash
+        assert plan._sync[0] == (2 if stash else 1)
         ws = to_device(np.full(plan.workspace_size, 0xFF, np.uint8))
         dx = to_device(poisoned(shape, element))
         plan.run(ReduceBackwardArgs(to_device(dy), dx, to_device(x_host), to_device(y)),
                  workspace=ws)
         access, launch = next(iter(plan._launches.values()))[1]
-        assert access == "sync" and launch.hold
+        if hold:
+            assert access == "sync" and launch.hold and launch.stash == stash
         got = to_host(dx)
         check_backward(from_storage(got, element), expected, element,
-                       f"{kind.name} backward {element.name} one-chunk rows (hold)")
+                       f"{kind.name} backward {element.name} one-chunk rows (hold={hold})")
         results.append(got.tobytes())
     assert results[0] == results[1], "not deterministic"
+    if stash:
+        assert results[2] == results[0], "the stash kernel's bits differ from the other way's"
 
 
 # -- the Max/Min gradient's tie count after dx (split word rows and columns) ---------------
@@ -1894,14 +1928,15 @@ def test_gpu_row_sync_more_than_2_31_elements():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kind", [K.VAR, K.MAX], ids=lambda k: k.name)
-def test_gpu_row_hold_more_than_2_31_elements(kind):
-    """The bf16 Var and Max gradients with the chunks held in registers: 524 rows (fewer
-    than a block each would fill, so the row-sync path) of 4,100,096 elements (251
-    chunks, the last partial: twice that within the 528 blocks an H100 / H200 holds at
-    once), 2^31 + 966,656 elements in all; rows 0, 1 and 523 (which crosses 2^31) against
-    float64 at both ends and the middle, and (Max) at the row's maximum, tied three
-    times in the last row."""
+@pytest.mark.parametrize("kind, stash", [(K.VAR, False), (K.VAR, True), (K.MAX, False)],
+                         ids=["VAR", "VAR-stash", "MAX"])
+def test_gpu_row_hold_more_than_2_31_elements(kind, stash):
+    """The bf16 Var and Max gradients with the chunks held in registers (Var also with
+    the shared-memory stash: 126 chunks a row): 524 rows (fewer than a block each would
+    fill, so the row-sync path) of 4,100,096 elements (251 chunks, the last partial:
+    twice that within the 528 blocks an H100 / H200 holds at once), 2^31 + 966,656
+    elements in all; rows 0, 1 and 523 (which crosses 2^31) against float64 at both ends
+    and the middle, and (Max) at the row's maximum, tied three times in the last row."""
     torch = torch_or_skip()
     rows, n = 524, 4_100_096
     x = torch.empty((rows, n), device="cuda", dtype=torch.bfloat16).uniform_(-1, 1)
@@ -1913,12 +1948,14 @@ def test_gpu_row_hold_more_than_2_31_elements(kind):
         y = torch.ones((rows, 1), device="cuda", dtype=torch.bfloat16)  # not read by Var
     plan = ReduceBackwardPlan.select(ReduceBackwardDescriptor(kind, (rows, n), 1, E.BF16))
     plan.row_hold = True  # fewer than _HOLD_ROWS_IN_FLIGHT rows in flight: forced
+    plan.hold_stash = stash
     ws = torch.empty(plan.workspace_size, device="cuda", dtype=torch.uint8)
     dx = torch.full_like(x, float("nan"))
     plan.run(ReduceBackwardArgs(dy, dx, x, y), workspace=ws)
     resident = REDUCE_BACKWARD_ROWS_HOLD_KERNELS[(kind, E.BF16)].resident_blocks(SYNC_BLOCK)
     access, launch = next(iter(plan._launches.values()))[1]
-    assert access == "sync" and launch.hold, (access, plan._sync, resident)
+    assert access == "sync" and launch.hold and launch.stash == stash, (access, plan._sync,
+                                                                        resident)
     for r in (0, 1, rows - 1):
         if kind is K.MAX:
             top = int(x[r].argmax())

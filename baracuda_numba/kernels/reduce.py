@@ -75,6 +75,9 @@ from .common import (
     MAX_RANK,
     bf16_to_f32,
     bitcast,
+    copy_async8,
+    copy_async8_run,
+    copy_async_wait,
     div_mod,
     f32_from_bits,
     f32_to_bf16,
@@ -82,6 +85,7 @@ from .common import (
     min_nan_f32,
     nan_max,
     nan_min,
+    opaque,
     pack_bf16x4,
     pack_f16x4,
     pack_f32x2,
@@ -2059,6 +2063,29 @@ def _block_total(value, sums, tid, block):
 
 
 @cuda.jit(device=True, inline=True)
+def _block_totals2(a, b, sums, tid, block):
+    """``(_block_total(a), _block_total(b))`` (the same additions in the same order, so
+    the same bits) in one pass: two barriers, not four (``sums``: two f64 per warp)."""
+    width = 16
+    while width >= 1:
+        a += shfl_xor(a, width)
+        b += shfl_xor(b, width)
+        width >>= 1
+    warps = block >> 5
+    if tid & 31 == 0:
+        sums[tid >> 5] = a
+        sums[warps + (tid >> 5)] = b
+    cuda.syncthreads()
+    total_a = float64(0)
+    total_b = float64(0)
+    for w in range(warps):
+        total_a += sums[w]
+        total_b += sums[warps + w]
+    cuda.syncthreads()  # sums is free again
+    return total_a, total_b
+
+
+@cuda.jit(device=True, inline=True)
 def _first_ticket(ctl, shared_t, tid):
     """The block's first work item: thread 0 takes ticket ``ctl[0]`` (an atomic counter,
     zero before the launch) and the block reads it from ``shared_t[0]``."""
@@ -2269,9 +2296,14 @@ def _make_backward_rows_sync(kind: ReduceKind, element: ElementKind) -> Callable
 
 #: Words per thread a ``reduce_backward_rows_hold`` chunk keeps in registers: the
 #: row-sync chunk of the plan's layout (``_SYNC_BATCHES`` batches of VEC_LOADS words,
-#: plans.reduce), so both kernels cut a row into the same parts and use the same
-#: workspace; the plan takes the hold kernel only where they match.
+#: plans.reduce, which asserts they match), so both kernels cut a row into the same
+#: parts, publish the same partials and use the same workspace.
 HOLD_WORDS = (1 if SIMULATOR else 2) * VEC_LOADS
+#: Dynamic shared memory of a ``reduce_backward_rows_hold_stash`` block: HOLD_WORDS more
+#: words a thread, copied by ``cp.async`` (no register) with the register loads in
+#: flight. (Session 23's stash went through the registers, 16 words at a time, one
+#: DRAM round trip after another: f32 Var [256, 1e6] 1035-1197 µs against 1004.)
+HOLD_STASH_BYTES = HOLD_WORDS * SYNC_BLOCK * 8
 
 
 #: Register cap of the hold kernels: four 256-thread blocks per SM. H100, 2026-11-27,
@@ -2285,14 +2317,19 @@ HOLD_WORDS = (1 if SIMULATOR else 2) * VEC_LOADS
 HOLD_MAX_REGISTERS = 64
 
 
-def _make_backward_rows_hold(kind: ReduceKind, element: ElementKind) -> Callable[..., None]:
+def _make_backward_rows_hold(kind: ReduceKind, element: ElementKind,
+                             stash: int) -> Callable[..., None]:
+    STASH = stash  # words a thread parks in dynamic shared memory (cp.async): 0 or HOLD_WORDS
+    assert STASH in (0, HOLD_WORDS)
+    HALVES = 2 if STASH else 1  # row-sync chunks (partials) a chunk of this kernel spans
+    SUMS = 2 * (SHARED_SLOTS // 32)  # _block_totals2's two f64 a warp
     vec = VECTOR[element]
     ACC = ELEMENTS[element].acc
     unpack, pack, store_word = vec.unpack, vec.pack, vec.store_word
     W, LOG_W = vec.width, vec.log_width
     element_fn = _grad_fns(kind, element)[1]
-    WARPS = SHARED_SLOTS // 32
     row_saved, term, row_coefficient = _row_statistic(kind, element)
+    copy_stash = copy_async8_run(STASH, SYNC_BLOCK)
     # Every kind loads the row's dy (and y) with the chunk, not after the wait (Max/Min
     # need y for their sum anyway). H100, 2026-11-27, µs, with the chunk / after the
     # wait, same run: Var bf16 [256, 1e6] 366-367 / 378-379, [512, 5e5] 362-363 / 366,
@@ -2307,17 +2344,20 @@ def _make_backward_rows_hold(kind: ReduceKind, element: ElementKind) -> Callable
         apart, whose row statistic is a sum over the row (``_row_statistic``): Var/Std
         ``dx = c * (x - mean)`` (as ``reduce_backward_rows_sync``: ``mean = sum(x) /
         extent``), Max/Min ``dx = (dy / count) * (x == y)`` (``count`` the row's ties
-        ``x == y``), with x read once: each row is cut into ``parts`` chunks of
-        ``HOLD_WORDS * blockDim`` words, numbered row by row and handed out in ticket
-        order (``ctl[0]``). A chunk's block loads its words into registers, sums their
-        terms, publishes the f64 total in ``partials`` (as the row-sync kernel), waits
-        until its row's ``parts`` totals are all published, adds them in a fixed order
-        and writes its chunk of ``dx`` from the registers.
+        ``x == y``), with x read once. Each row is cut into the row-sync kernel's
+        ``parts`` chunks of ``HOLD_WORDS * blockDim`` words; this kernel's chunk is
+        ``HALVES`` of them (the second parked in shared memory), numbered row by row and
+        handed out in ticket order (``ctl[0]``). A chunk's block loads its words (into
+        registers; with the stash the second half by ``cp.async`` into shared memory),
+        sums each half's terms, publishes their f64 totals in ``partials`` exactly as the
+        row-sync kernel would (same words, same order: same bits whichever kernel runs),
+        waits until its row's ``parts`` totals are all published, adds them in a fixed
+        order and writes its chunk of ``dx`` from registers and shared memory.
 
         A chunk waits for chunks with larger tickets, so the row's other chunks must be
         resident at once. A block takes its next ticket only after its row's total is in
-        (while it stores), so a waiting block holds one ticket; with ``parts`` no larger
-        than the resident blocks, the lowest unfinished ticket's row then always has
+        (while it stores), so a waiting block holds one ticket; with a row's chunks no
+        more than the resident blocks, the lowest unfinished ticket's row then always has
         every chunk taken by a running block (the plan takes this kernel only where a
         row's chunks are at most a quarter (Max/Min: an eighth) of the device's resident
         blocks, or half when forced, or a row is one chunk). The plan launches it
@@ -2330,19 +2370,22 @@ def _make_backward_rows_hold(kind: ReduceKind, element: ElementKind) -> Callable
         tid = cuda.threadIdx.x
         block = SYNC_BLOCK  # the launch's block: the words' offsets are immediates
         shared_t = cuda.shared.array(1, int64)
-        sums = cuda.shared.array(WARPS, float64)
+        sums = cuda.shared.array(SUMS, float64)
         words = cuda.local.array(HOLD_WORDS, uint64)
         values = cuda.local.array(W, ACC)
         results = cuda.local.array(W, ACC)
+        parked = cuda.shared.array(0, uint64)
         nvec = extent >> LOG_W
         step = int64(block)
-        chunk = step * HOLD_WORDS
-        n = out_numel * parts
+        chunk = step * (HOLD_WORDS + STASH)
+        chunks = (parts + (HALVES - 1)) // HALVES  # this kernel's chunks a row
+        n = out_numel * chunks
         t = _first_ticket(ctl, shared_t, tid)
         while t < n:  # uniform across the block
-            row = t // parts
+            row = t // chunks
+            part = (t - row * chunks) * HALVES  # the row-sync chunk of the first half
             at = uint64(row * row_words)
-            j = (t - row * parts) * chunk + tid
+            j = (t - row * chunks) * chunk + tid
             # The chunk's loops are written out here, against a thread's word count:
             # through _mean_grad_batches' helpers (bounds j + u·step < end) the kernel ran
             # bf16 Var / Std 527 / 583 µs against 405-426 / 455-467 ([256, 1e6], H100,
@@ -2351,14 +2394,24 @@ def _make_backward_rows_hold(kind: ReduceKind, element: ElementKind) -> Callable
             # the thread's words left in it: 32-bit bounds against immediates (64-bit
             # tid + u·step bounds were hoisted out of the loop, 32 registers, and spilled)
             left = int32(count - tid)
+            # the thread's first stash slot, hidden from the compiler: the slots' shared
+            # addresses then stay an immediate from one register (hoisted out of the
+            # ticket loop they were 16 registers for the whole kernel: f32 Var spilled
+            # 64 bytes at the 64-register cap, against none now; ptxas -v, sm_90)
+            slot = opaque(int32(tid))
             # every word of a full chunk: the loads unpredicated. Predicated, ptxas (sm_90,
             # 64 registers) sank f32 loads to their sums, a few in flight at a time (H100,
             # 2026-11-27, f32 Var µs: [256, 1e6] 983 -> 839, [512, 5e5] 886 -> 724-729,
             # [1024, 250000] 802 -> 703; bf16 and f32 Max already had them all in flight)
-            if left > (HOLD_WORDS - 1) * SYNC_BLOCK:
+            if left > (HOLD_WORDS + STASH - 1) * SYNC_BLOCK:
+                copy_stash(parked, slot, xv, at + uint64(j + HOLD_WORDS * step))
                 for u in range(HOLD_WORDS):
                     words[u] = xv[at + uint64(j + u * step)]
             else:
+                for u in range(STASH):
+                    if int32((HOLD_WORDS + u) * SYNC_BLOCK) < left:
+                        copy_async8(parked, u * SYNC_BLOCK + slot, xv,
+                                    at + uint64(j + (HOLD_WORDS + u) * step))
                 for u in range(HOLD_WORDS):  # all in flight at once
                     if int32(u * SYNC_BLOCK) < left:
                         words[u] = xv[at + uint64(j + u * step)]
@@ -2369,8 +2422,22 @@ def _make_backward_rows_hold(kind: ReduceKind, element: ElementKind) -> Callable
                     unpack(words[u], values, 0)
                     for e in range(W):
                         total += term(values[e], yv)
-            _publish_partial(partials, t, _block_total(float64(total), sums, tid, block),
-                             tid)
+            if STASH:
+                copy_async_wait()
+                second = ACC(0)
+                for u in range(STASH):  # the thread's own slots: no barrier
+                    if int32((HOLD_WORDS + u) * SYNC_BLOCK) < left:
+                        unpack(parked[u * SYNC_BLOCK + slot], values, 0)
+                        for e in range(W):
+                            second += term(values[e], yv)
+                first_total, second_total = _block_totals2(float64(total), float64(second),
+                                                           sums, tid, block)
+                _publish_partial(partials, row * parts + part, first_total, tid)
+                if part + 1 < parts:
+                    _publish_partial(partials, row * parts + part + 1, second_total, tid)
+            else:
+                _publish_partial(partials, row * parts + part,
+                                 _block_total(float64(total), sums, tid, block), tid)
             row_total = _row_total(partials, row, parts, sums, tid, block)
             # the next ticket, in flight during the stores: taken only now, once this
             # chunk waits for nothing (a ticket taken before the wait would be a chunk
@@ -2384,6 +2451,13 @@ def _make_backward_rows_hold(kind: ReduceKind, element: ElementKind) -> Callable
                     for e in range(W):
                         results[e] = element_fn(cf, values[e], yv, mean)
                     store_word(dx, dxv, at + uint64(j + u * step), pack(results), 0)
+            for u in range(STASH):
+                if int32((HOLD_WORDS + u) * SYNC_BLOCK) < left:
+                    unpack(parked[u * SYNC_BLOCK + slot], values, 0)
+                    for e in range(W):
+                        results[e] = element_fn(cf, values[e], yv, mean)
+                    store_word(dx, dxv, at + uint64(j + (HOLD_WORDS + u) * step),
+                               pack(results), 0)
             cuda.syncthreads()  # shared_t holds the next ticket
             t = shared_t[0]
 
@@ -2767,13 +2841,19 @@ REDUCE_BACKWARD_ROWS_SYNC_KERNELS: dict[tuple[ReduceKind, ElementKind], Kernel] 
 
 #: (kind, element) -> the Var/Std and Max/Min gradients of long word-aligned rows with x
 #: read once, their chunks held in registers until their row's total is published.
-REDUCE_BACKWARD_ROWS_HOLD_KERNELS: dict[tuple[ReduceKind, ElementKind], Kernel] = {
-    (kind, element): Kernel(
-        f"reduce_backward_rows_hold[{_kind_name(kind)},{element.name.lower()}]",
-        _make_backward_rows_hold(kind, element), _sync_backward_signature(element)[:-3]
-        + (float64,), max_registers=HOLD_MAX_REGISTERS)
-    for element in VECTOR for kind in (ReduceKind.VAR, ReduceKind.STD, ReduceKind.MAX)
-}
+def _hold_kernels(name: str, stash: int) -> dict[tuple[ReduceKind, ElementKind], Kernel]:
+    return {(kind, element): Kernel(
+        f"{name}[{_kind_name(kind)},{element.name.lower()}]",
+        _make_backward_rows_hold(kind, element, stash),
+        _sync_backward_signature(element)[:-3] + (float64,), max_registers=HOLD_MAX_REGISTERS)
+        for element in VECTOR for kind in (ReduceKind.VAR, ReduceKind.STD, ReduceKind.MAX)}
+
+
+REDUCE_BACKWARD_ROWS_HOLD_KERNELS = _hold_kernels("reduce_backward_rows_hold", 0)
+#: The hold kernels whose chunks are twice as long, the second half parked in shared
+#: memory (HOLD_STASH_BYTES a block): twice the rows' chunks resident at once.
+REDUCE_BACKWARD_ROWS_HOLD_STASH_KERNELS = _hold_kernels("reduce_backward_rows_hold_stash",
+                                                        HOLD_WORDS)
 
 
 def _cols_reg_kernels(name: str, max_registers: int, stash: int = 0,

@@ -63,6 +63,7 @@ from ..kernels.reduce import (
     FORWARD_KERNEL_KIND,
     FORWARD_KINDS,
     GRAD_KERNEL_KIND,
+    HOLD_STASH_BYTES,
     HOLD_WORDS,
     KIND_OPS,
     LONG_SHORT_KINDS,
@@ -72,6 +73,7 @@ from ..kernels.reduce import (
     REDUCE_BACKWARD_COLS_VEC_KERNELS,
     REDUCE_BACKWARD_KERNELS,
     REDUCE_BACKWARD_ROWS_HOLD_KERNELS,
+    REDUCE_BACKWARD_ROWS_HOLD_STASH_KERNELS,
     REDUCE_BACKWARD_ROWS_REG_KERNELS,
     REDUCE_BACKWARD_ROWS_SYNC_KERNELS,
     REDUCE_BACKWARD_ROWS_VEC_KERNELS,
@@ -93,6 +95,7 @@ from ..kernels.reduce import (
     VECTOR,
     tie_mask_iters,
 )
+from ..launch import Kernel
 from ..streams import stream_handle
 from ..types import (
     ArchSku,
@@ -210,6 +213,8 @@ SYNC = "sync"
 # + split gradient: H200 f32 Var 716-729 vs 765-769, bf16 366-370 vs 444-446; H100 f32
 # 1010 vs 1077, bf16 510 vs 591.
 _SYNC_BATCHES = 1 if SIMULATOR else 2
+# the hold kernels cut rows into the same chunks (their partials are the same sums)
+assert _SYNC_BATCHES * VEC_LOADS == HOLD_WORDS
 #: The long Var/Std rows hold their chunks in registers (x read once:
 #: ``reduce_backward_rows_hold``) where the device holds this many rows' chunks at once
 #: (resident blocks / chunks a row); a row's first chunks wait for its last, so the
@@ -227,6 +232,20 @@ _HOLD_ROWS_IN_FLIGHT = 4
 #: whose other way is the tie count after dx (x read once, dx written, then the tied
 #: rows rewritten), not the row-sync kernel.
 _HOLD_TIES_ROWS_IN_FLIGHT = 8
+#: The hold kernel with a shared-memory stash (``reduce_backward_rows_hold_stash``:
+#: chunks of two row-sync chunks, so twice the rows in flight) where the register-only
+#: one would hold fewer rows than this at once (Var/Std, Max/Min). H100, 2026-11-27,
+#: axis 1, µs, stash / registers only / the other way (row-sync kernel or tie count
+#: after dx), rows in flight without the stash in brackets:
+#: - Var f32 [128, 2e6] (2.2) 904 / 1269 / 1013; [256, 1e6] (4.3) 746-749 / 826-829 /
+#:   1012 (Std 758 / 835-837); [512, 5e5] (8.5) 713-715 / 705-707;
+#: - Var bf16 [128, 2e6] (4.3) 387-391 / 422-424 / 510; [256, 1e6] (8.5) 366-367 /
+#:   367; [512, 5e5] (17) 361 / 362;
+#: - Max (before the stash's two totals shared their barriers, which gained Var f32
+#:   [256, 1e6] 765 -> 747): f32 [256, 1e6] (4.3) 770 / 828-830 / 756-758 and [512,
+#:   5e5] (8.5) 734 / 714-717; bf16 [128, 2e6] (4.3) 409-412 / 449-450 / 403, [256, 1e6]
+#:   (8.5) 375-377 / 392-393. Max/Min keep their rule: no stash.
+_HOLD_STASH_ROWS = (8, 0)
 _SYNC_GRID = 2 if SIMULATOR else 132 * 4
 
 
@@ -1084,6 +1103,8 @@ class _SyncLaunch:
     #: the kernel that holds each chunk in registers (``reduce_backward_rows_hold``: x
     #: read once) rather than ``reduce_backward_rows_sync`` (x read twice)
     hold: bool
+    #: the hold kernel with a shared-memory stash (``reduce_backward_rows_hold_stash``)
+    stash: bool = False
 
 
 def _gradient_runner(launch: tuple[Any, Any], ws_ptr: int) -> Any:
@@ -1224,6 +1245,10 @@ class ReduceBackwardPlan(Plan):
         #: rows' chunks at once, True = where it holds twice a row's chunks (the least
         #: that cannot deadlock), False = never
         self.row_hold: bool | None = None
+        #: the hold kernel with a shared-memory stash: None = where the register-only
+        #: one would hold fewer than _HOLD_STASH_ROWS rows, True / False = wherever it fits
+        #: / never
+        self.hold_stash: bool | None = None
         if self._stat_kind is not None and self._numel and desc.element in VECTOR:
             layout = _sync_layout(self._out_numel, extent, VECTOR[desc.element].width)
             if pref is None or pref.max_workspace_bytes is None \
@@ -1459,6 +1484,34 @@ class ReduceBackwardPlan(Plan):
                   (0, flat_span(y.shape, y.strides)), dx_view, _dx_words(words))
         return arrays, dx_s, y_s, dy_s
 
+    def _hold_kernel(self, grad_kind: ReduceKind, element: ElementKind,
+                     parts: int) -> tuple[Kernel, int, int] | None:
+        """``(kernel, dynamic shared bytes, grid)`` of the hold kernel for rows of
+        ``parts`` row-sync chunks, or None where it does not fit. x is read once, so a
+        row's chunks wait for each other and must all be resident: at most 1 /
+        _HOLD_ROWS_IN_FLIGHT (Max/Min: _HOLD_TIES_ROWS_IN_FLIGHT) of the resident blocks,
+        or half when forced (``row_hold``); one-chunk rows never wait. Where the
+        register-only kernel would hold fewer than _HOLD_STASH_ROWS rows (``hold_stash``
+        None), the stash kernel's chunks of two row-sync chunks hold twice as many."""
+        if self.row_hold is False:
+            return None
+        in_flight = 2 if self.row_hold else _HOLD_TIES_ROWS_IN_FLIGHT \
+            if self._stat_kind is TIES else _HOLD_ROWS_IN_FLIGHT
+        plain = REDUCE_BACKWARD_ROWS_HOLD_KERNELS[(grad_kind, element)].prepare()
+        resident = plain.resident_blocks(SYNC_BLOCK)
+        stash = self.hold_stash if self.hold_stash is not None else \
+            parts > 1 and _HOLD_STASH_ROWS[self._stat_kind is TIES] * parts > resident
+        if stash and parts > 1:
+            kernel = REDUCE_BACKWARD_ROWS_HOLD_STASH_KERNELS[(grad_kind, element)].prepare()
+            kernel.allow_dynamic_shared(HOLD_STASH_BYTES)
+            stash_resident = kernel.resident_blocks(SYNC_BLOCK, HOLD_STASH_BYTES)
+            chunks = -(-parts // 2)
+            if stash_resident and (chunks == 1 or in_flight * chunks <= stash_resident):
+                return kernel, HOLD_STASH_BYTES, min(self._out_numel * chunks, stash_resident)
+        if parts == 1 or in_flight * parts <= resident:
+            return plain, 0, min(self._out_numel * parts, resident)
+        return None
+
     def _bind_sync(self, dy: TensorRef, dx: TensorMut, y: TensorRef | None,
                    out_strides: list[tuple[int, ...]], row_sync: bool) -> _SyncLaunch | None:
         """The gradient of word-aligned rows longer than the register-resident kernel's
@@ -1473,20 +1526,14 @@ class ReduceBackwardPlan(Plan):
         arrays, dx_s, y_s, dy_s = self._word_arrays(dy, dx, y, out_strides)
         common = (*arrays, (0, 1), (0, self._out_numel * parts), self._out_numel,
                   self._extent, dx_s // VECTOR[element].width, dy_s, y_s, parts)
-        if self.row_hold is not False and batches * VEC_LOADS == HOLD_WORDS:
-            # x read once: a row's chunks wait for each other, so they must all be
-            # resident; forced, at most half the resident blocks, else at most 1 /
-            # _HOLD_ROWS_IN_FLIGHT of them (one-chunk rows never wait)
-            hold = REDUCE_BACKWARD_ROWS_HOLD_KERNELS[(grad_kind, element)].prepare()
-            resident = hold.resident_blocks(SYNC_BLOCK)
-            in_flight = 2 if self.row_hold else _HOLD_TIES_ROWS_IN_FLIGHT \
-                if self._stat_kind is TIES else _HOLD_ROWS_IN_FLIGHT
-            if parts == 1 or in_flight * parts <= resident:
-                # cooperative: every block resident at once, whatever else runs on the
-                # device (a share too small for the grid fails the launch, never hangs)
-                bound = hold.bind(min(self._out_numel * parts, resident), SYNC_BLOCK,
-                                  (*common, self._param), cooperative=True)
-                return _SyncLaunch(bound.fast, workspace, True)
+        hold = self._hold_kernel(grad_kind, element, parts)
+        if hold is not None:
+            # cooperative: every block resident at once, whatever else runs on the device
+            # (a share too small for the grid fails the launch, never hangs)
+            kernel, shared, grid = hold
+            bound = kernel.bind(grid, SYNC_BLOCK, (*common, self._param), shared,
+                                cooperative=True)
+            return _SyncLaunch(bound.fast, workspace, True, shared > 0)
         if not row_sync or self._stat_kind is TIES:
             return None
         kernel = REDUCE_BACKWARD_ROWS_SYNC_KERNELS[(grad_kind, element)].prepare()
