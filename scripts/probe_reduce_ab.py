@@ -65,6 +65,10 @@ def main() -> None:
             outs.append(dx)
             runs.append(lambda i, p=plan, a=args, w=ws: p.run(a, workspace=w))
         same = torch.equal(outs[0].view(torch.uint8), outs[1].view(torch.uint8))
+        if not same:
+            diff = (outs[0].double() - outs[1].double()).abs().max().item()
+            print(f"  max |new - old| {diff:.3g} (max |old| "
+                  f"{outs[1].double().abs().max().item():.3g})", flush=True)
         moved = (2 * x.numel() + 2 * y.numel()) * x.element_size()
         for _ in range(rounds):
             times = ctx.time_gpu_many(runs, iters=20)

@@ -2,9 +2,11 @@
 registers (``reduce_backward_rows_hold``, x read once) against the other way
 (``plan.row_hold = False``: the row-sync kernel that reads x twice for Var/Std, the tie
 count after dx for Max/Min), timed alternately (``Context.time_gpu_many``) on [256, 1e6]
-and other long-row shapes along axis 1, f32 and bf16, with the bits of the two compared
+and other long-row shapes along axis 1, f32 and bf16, with the bits of the three compared
 and the hold kernel's registers and resident blocks printed. ``HOLD_FORCE=1`` forces the
-hold kernel (``plan.row_hold = True``) where the plan's rule would not take it.
+hold kernel (``plan.row_hold = True``) where the plan's rule would not take it. The hold
+kernel runs twice: with its shared-memory stash (``plan.hold_stash = True``: chunks of two
+row-sync chunks) and without (registers only).
 
     [HOLD_SHAPES=256x1000000,...] [HOLD_DTYPES=float32,bfloat16,float16] \
         [HOLD_KINDS=VAR,STD,MAX,MIN] [HOLD_FORCE=1] python scripts/probe_reduce_hold.py [rounds]
@@ -58,31 +60,33 @@ def main() -> None:
                 dy = torch.randn_like(y)
                 desc = ReduceBackwardDescriptor(kind, shape, 1, element, 1)
                 plans, outs = [], []
-                for hold in (FORCE, False):
+                for hold, stash in ((FORCE, True), (FORCE, False), (False, None)):
                     plan = ReduceBackwardPlan.select(desc)
                     plan.row_hold = hold
+                    plan.hold_stash = stash
                     ws = torch.empty(plan.workspace_size, device="cuda", dtype=torch.uint8)
                     dx = torch.full_like(x, float("nan"))
                     args = ReduceBackwardArgs(dy, dx, x, y)
                     began = time.perf_counter()
                     plan.run(args, workspace=ws)
                     torch.cuda.synchronize()
-                    print(f"  {kind.name} {list(shape)} {name} hold={hold}: first run "
+                    print(f"  {kind.name} {list(shape)} {name} hold={hold} stash={stash}: first "
                           f"{time.perf_counter() - began:.3f} s", flush=True)
                     plans.append(lambda i, p=plan, a=args, w=ws: p.run(a, workspace=w))
                     outs.append(dx)
                     access, launch = next(iter(plan._launches.values()))[1]
-                    print(f"    access {access}, hold {getattr(launch, 'hold', False)}",
-                          flush=True)
+                    print(f"    access {access}, hold {getattr(launch, 'hold', False)}, "
+                          f"stash {getattr(launch, 'stash', False)}", flush=True)
                 torch.cuda.synchronize()
-                same = torch.equal(outs[0].view(torch.uint8), outs[1].view(torch.uint8))
+                same = all(torch.equal(outs[0].view(torch.uint8), out.view(torch.uint8))
+                           for out in outs[1:])
                 moved = (x.numel() * 2 + y.numel() * 2) * x.element_size()
                 line = []
                 for _ in range(rounds):
-                    hold_us, sync_us = ctx.time_gpu_many(plans, iters=20)
-                    share = [moved / us / 1e3 / ctx.copy_gbps for us in (hold_us, sync_us)]
-                    line.append(f"hold {hold_us:.1f} ({share[0]:.0%}) "
-                                f"other {sync_us:.1f} ({share[1]:.0%})")
+                    times = ctx.time_gpu_many(plans, iters=20)
+                    line.append(" ".join(
+                        f"{label} {us:.1f} ({moved / us / 1e3 / ctx.copy_gbps:.0%})"
+                        for label, us in zip(("stash", "hold", "other"), times)))
                 print(f"{kind.name} backward {list(shape)} {name} (bits "
                       f"{'equal' if same else 'DIFFER'}): " + "; ".join(line), flush=True)
 
