@@ -1420,7 +1420,7 @@ def _sync_layouts(width: int) -> dict:
     + _SYNC_GRID) only in "long_rows" (3 rows of 300 chunks). GPU only: "many_rows", more
     rows than the GPU's blocks (the word-row kernels would take them a block each, but the
     hold kernel reads x once) and "stash_rows" (Var/Std: the hold kernel with its
-    shared-memory stash)."""
+    shared-memory stash, which Max/Min take wherever the hold kernel fits)."""
     chunk = _SYNC_BATCHES * SYNC_BLOCK * VEC_LOADS * width
     every = (slice(None), slice(None))
     long = chunk * 5 // 2
@@ -1444,12 +1444,14 @@ def _sync_layouts(width: int) -> dict:
 def _hold_expected(kind, element, parts: int) -> tuple[bool, bool]:
     """``(hold, stash)``: whether the plan's rule takes the hold kernel (x read once) for
     rows of ``parts`` row-sync chunks on this device, and its stash kernel (chunks of
-    two, where the register-only kernel holds fewer than _HOLD_STASH_ROWS rows)."""
+    two: Var/Std where the register-only kernel holds fewer than _HOLD_STASH_ROWS rows,
+    Max/Min where the register-only kernel fits)."""
     ties = kind in (K.MAX, K.MIN)
     key = (K.MAX if ties else kind, element)
     resident = REDUCE_BACKWARD_ROWS_HOLD_KERNELS[key].resident_blocks(SYNC_BLOCK)
     in_flight = _HOLD_TIES_ROWS_IN_FLIGHT if ties else _HOLD_ROWS_IN_FLIGHT
-    if parts > 1 and _HOLD_STASH_ROWS[ties] * parts > resident:
+    if parts > 1 and (in_flight * parts <= resident if ties
+                      else _HOLD_STASH_ROWS * parts > resident):
         chunks = -(-parts // 2)
         if chunks == 1 or in_flight * chunks <= REDUCE_BACKWARD_ROWS_HOLD_STASH_KERNELS[
                 key].resident_blocks(SYNC_BLOCK, HOLD_STASH_BYTES):

@@ -232,20 +232,22 @@ _HOLD_ROWS_IN_FLIGHT = 4
 #: whose other way is the tie count after dx (x read once, dx written, then the tied
 #: rows rewritten), not the row-sync kernel.
 _HOLD_TIES_ROWS_IN_FLIGHT = 8
-#: The hold kernel with a shared-memory stash (``reduce_backward_rows_hold_stash``:
+#: The Var/Std hold kernel with a shared-memory stash (``reduce_backward_rows_hold_stash``:
 #: chunks of two row-sync chunks, so twice the rows in flight) where the register-only
-#: one would hold fewer rows than this at once (Var/Std, Max/Min). H100, 2026-11-27,
-#: axis 1, µs, stash / registers only / the other way (row-sync kernel or tie count
-#: after dx), rows in flight without the stash in brackets:
+#: one would hold fewer rows than this at once. Max/Min take the stash kernel instead of
+#: the register-only one wherever that fits (_HOLD_TIES_ROWS_IN_FLIGHT rows), and
+#: below it the tie count after dx, which measured faster than the stash kernel there.
+#: H100, 2026-11-27, axis 1, µs, stash / registers only / the other way (row-sync kernel
+#: or tie count after dx), rows in flight without the stash in brackets:
 #: - Var f32 [128, 2e6] (2.2) 904 / 1269 / 1013; [256, 1e6] (4.3) 746-749 / 826-829 /
 #:   1012 (Std 758 / 835-837); [512, 5e5] (8.5) 713-715 / 705-707;
 #: - Var bf16 [128, 2e6] (4.3) 387-391 / 422-424 / 510; [256, 1e6] (8.5) 366-367 /
 #:   367; [512, 5e5] (17) 361 / 362;
-#: - Max (before the stash's two totals shared their barriers, which gained Var f32
-#:   [256, 1e6] 765 -> 747): f32 [256, 1e6] (4.3) 770 / 828-830 / 756-758 and [512,
-#:   5e5] (8.5) 734 / 714-717; bf16 [128, 2e6] (4.3) 409-412 / 449-450 / 403, [256, 1e6]
-#:   (8.5) 375-377 / 392-393. Max/Min keep their rule: no stash.
-_HOLD_STASH_ROWS = (8, 0)
+#: - Max f32 [256, 1e6] (4.3) 769 / 824 / 757; [512, 5e5] (8.5) 717 / 715 / 1128;
+#: - Max bf16 [256, 1e6] (8.5) 370 / 398 / 428; [512, 5e5] (17) 362 / 378 / 576;
+#:   [128, 2e6] (4.3; before the stash's two totals shared their barriers, which gained
+#:   Var f32 [256, 1e6] 765 -> 747) 409-412 / 449-450 / 403.
+_HOLD_STASH_ROWS = 8
 _SYNC_GRID = 2 if SIMULATOR else 132 * 4
 
 
@@ -1245,9 +1247,8 @@ class ReduceBackwardPlan(Plan):
         #: rows' chunks at once, True = where it holds twice a row's chunks (the least
         #: that cannot deadlock), False = never
         self.row_hold: bool | None = None
-        #: the hold kernel with a shared-memory stash: None = where the register-only
-        #: one would hold fewer than _HOLD_STASH_ROWS rows, True / False = wherever it fits
-        #: / never
+        #: the hold kernel with a shared-memory stash: None = the rule of _HOLD_STASH_ROWS,
+        #: True / False = wherever it fits / never
         self.hold_stash: bool | None = None
         if self._stat_kind is not None and self._numel and desc.element in VECTOR:
             layout = _sync_layout(self._out_numel, extent, VECTOR[desc.element].width)
@@ -1490,17 +1491,22 @@ class ReduceBackwardPlan(Plan):
         ``parts`` row-sync chunks, or None where it does not fit. x is read once, so a
         row's chunks wait for each other and must all be resident: at most 1 /
         _HOLD_ROWS_IN_FLIGHT (Max/Min: _HOLD_TIES_ROWS_IN_FLIGHT) of the resident blocks,
-        or half when forced (``row_hold``); one-chunk rows never wait. Where the
-        register-only kernel would hold fewer than _HOLD_STASH_ROWS rows (``hold_stash``
-        None), the stash kernel's chunks of two row-sync chunks hold twice as many."""
+        or half when forced (``row_hold``); one-chunk rows never wait. The stash
+        kernel's chunks of two row-sync chunks hold twice as many rows: Var/Std take it
+        where the register-only kernel would hold fewer than _HOLD_STASH_ROWS rows,
+        Max/Min wherever the register-only one fits (``hold_stash`` None)."""
         if self.row_hold is False:
             return None
         in_flight = 2 if self.row_hold else _HOLD_TIES_ROWS_IN_FLIGHT \
             if self._stat_kind is TIES else _HOLD_ROWS_IN_FLIGHT
         plain = REDUCE_BACKWARD_ROWS_HOLD_KERNELS[(grad_kind, element)].prepare()
         resident = plain.resident_blocks(SYNC_BLOCK)
-        stash = self.hold_stash if self.hold_stash is not None else \
-            parts > 1 and _HOLD_STASH_ROWS[self._stat_kind is TIES] * parts > resident
+        if self.hold_stash is not None:
+            stash = self.hold_stash
+        elif self._stat_kind is TIES:  # in place of the register-only kernel
+            stash = parts > 1 and in_flight * parts <= resident
+        else:  # where the register-only kernel holds too few rows
+            stash = parts > 1 and _HOLD_STASH_ROWS * parts > resident
         if stash and parts > 1:
             kernel = REDUCE_BACKWARD_ROWS_HOLD_STASH_KERNELS[(grad_kind, element)].prepare()
             kernel.allow_dynamic_shared(HOLD_STASH_BYTES)
