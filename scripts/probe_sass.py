@@ -4,8 +4,10 @@ of a kernel table's kernels, as ptxas (sm_90) compiles them at their register ca
 For each kernel of ``TABLE`` (a ``kernels.reduce`` table such as
 ``REDUCE_BACKWARD_ROWS_HOLD_KERNELS``; ``KIND:ELEMENT`` pairs pick some), prints ptxas'
 register and spill report and one letter per instruction of interest in program order:
-``L`` 8-byte global load, ``y`` narrower global load, ``a`` FADD, ``S`` 8-byte global
-store, ``|`` block barrier, ``@`` global atomic. A batch whose loads are meant to be in
+``L`` 8-byte global load, ``y`` narrower global load, ``c`` asynchronous copy to shared
+memory (``cp.async``: LDGSTS), ``D`` its wait (DEPBAR), ``r`` shared load, ``l`` / ``s``
+spill reload / store (local memory), ``a`` FADD, ``S`` 8-byte global store, ``|`` block
+barrier, ``@`` global atomic. A batch whose loads are meant to be in
 flight at once reads ``LLLL...aaaa``; ``LaaLaaLaa`` is ptxas issuing each load just before
 its use (the nineteenth pass of docs/notes/reduce.md).
 
@@ -32,7 +34,8 @@ import baracuda_numba.kernels.reduce as reduce_kernels
 from baracuda_numba.types import ElementKind, ReduceKind
 
 #: SASS opcode (prefix) -> letter of the order line.
-LETTERS = (("LDG.E.64", "L"), ("LDG.E", "y"), ("FADD", "a"), ("STG.E.64", "S"),
+LETTERS = (("LDGSTS", "c"), ("DEPBAR", "D"), ("LDG.E.64", "L"), ("LDG.E", "y"),
+           ("LDS", "r"), ("LDL", "l"), ("STL", "s"), ("FADD", "a"), ("STG.E.64", "S"),
            ("BAR.SYNC", "|"), ("ATOMG", "@"))
 
 
@@ -51,7 +54,8 @@ def order(sass: str) -> str:
     """One letter per instruction of interest (LETTERS), in program order."""
     letters = []
     for line in sass.splitlines():
-        match = re.search(r"\b(LDG\.E\S*|FADD|STG\.E\S*|BAR\.SYNC|ATOMG)\b", line)
+        match = re.search(r"\b(LDGSTS\S*|DEPBAR\S*|LDG\.E\S*|LDS\S*|LDL\S*|STL\S*|FADD|"
+                          r"STG\.E\S*|BAR\.SYNC|ATOMG)\b", line)
         if match:
             letters.append(next(letter for prefix, letter in LETTERS
                                 if match.group(1).startswith(prefix)))
