@@ -456,7 +456,8 @@ if SIMULATOR:
 
 else:
 
-    def _generic_address(context, builder, array_type, array, index_type, index):
+    def element_address(context, builder, array_type, array, index_type, index):
+        """Codegen helper of intrinsics: the generic address (i64) of ``array[index]``."""
         ary = context.make_array(array_type)(context, builder, array)
         offset = context.cast(builder, index, index_type, types.int64)
         return builder.ptrtoint(builder.gep(ary.data, [offset]), _ir.IntType(64))
@@ -470,9 +471,9 @@ else:
         @intrinsic
         def copy_run(typingctx, shared, shared_index, source, index):
             def codegen(context, builder, signature, args):
-                to = _generic_address(context, builder, signature.args[0], args[0],
+                to = element_address(context, builder, signature.args[0], args[0],
                                       signature.args[1], args[1])
-                frm = _generic_address(context, builder, signature.args[2], args[2],
+                frm = element_address(context, builder, signature.args[2], args[2],
                                        signature.args[3], args[3])
                 fnty = _ir.FunctionType(_ir.VoidType(), [_ir.IntType(64), _ir.IntType(64)])
                 asm = _ir.InlineAsm(
@@ -501,6 +502,8 @@ else:
         """``value`` (a 32-bit integer) through a volatile ``mov``: the compiler cannot see
         through it, so what is computed from it stays where it is written (not hoisted
         out of a loop into registers held for the whole kernel)."""
+        if not isinstance(value, types.Integer) or value.bitwidth != 32:
+            return None
 
         def codegen(context, builder, signature, args):
             fnty = _ir.FunctionType(_ir.IntType(32), [_ir.IntType(32)])

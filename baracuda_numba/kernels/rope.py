@@ -144,11 +144,7 @@ if SIMULATOR:
         array[index + 3] = words[3]
 
 else:
-
-    def _address(context, builder, array_type, array, index_type, index):
-        ary = context.make_array(array_type)(context, builder, array)
-        offset = context.cast(builder, index, index_type, types.int64)
-        return builder.ptrtoint(builder.gep(ary.data, [offset]), ir.IntType(64))
+    from .common import element_address
 
     def _load16_asm(text: str):  # noqa: ANN202 - returns a Numba intrinsic
         """A 16-byte load intrinsic ``(uint32 array, index) -> 4 words`` whose PTX is
@@ -159,7 +155,7 @@ else:
         @intrinsic
         def load(typingctx, array, index):
             def codegen(context, builder, signature, args):
-                address = _address(context, builder, signature.args[0], args[0],
+                address = element_address(context, builder, signature.args[0], args[0],
                                    signature.args[1], args[1])
                 word = ir.IntType(32)
                 fnty = ir.FunctionType(ir.LiteralStructType([word] * 4), [ir.IntType(64)])
@@ -189,7 +185,7 @@ else:
         """``st.global.v4.u32``: the four words of ``words`` at ``index .. index+3``."""
 
         def codegen(context, builder, signature, args):
-            address = _address(context, builder, signature.args[0], args[0],
+            address = element_address(context, builder, signature.args[0], args[0],
                                signature.args[1], args[1])
             word_types = signature.args[2]  # any tuple of 4 integers: cast to u32 words
             values = [context.cast(builder, builder.extract_value(args[2], i), word_types[i],
