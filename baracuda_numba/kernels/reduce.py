@@ -2839,9 +2839,9 @@ REDUCE_BACKWARD_ROWS_SYNC_KERNELS: dict[tuple[ReduceKind, ElementKind], Kernel] 
     for element in VECTOR for kind in (ReduceKind.VAR, ReduceKind.STD)
 }
 
-#: (kind, element) -> the Var/Std and Max/Min gradients of long word-aligned rows with x
-#: read once, their chunks held in registers until their row's total is published.
 def _hold_kernels(name: str, stash: int) -> dict[tuple[ReduceKind, ElementKind], Kernel]:
+    """(kind, element) -> ``_make_backward_rows_hold``'s kernel with ``stash`` words a
+    thread in shared memory (Min is Max's kernel)."""
     return {(kind, element): Kernel(
         f"{name}[{_kind_name(kind)},{element.name.lower()}]",
         _make_backward_rows_hold(kind, element, stash),
@@ -2849,6 +2849,8 @@ def _hold_kernels(name: str, stash: int) -> dict[tuple[ReduceKind, ElementKind],
         for element in VECTOR for kind in (ReduceKind.VAR, ReduceKind.STD, ReduceKind.MAX)}
 
 
+#: (kind, element) -> the Var/Std and Max/Min gradients of long word-aligned rows with x
+#: read once, their chunks held in registers until their row's total is published.
 REDUCE_BACKWARD_ROWS_HOLD_KERNELS = _hold_kernels("reduce_backward_rows_hold", 0)
 #: The hold kernels whose chunks are twice as long, the second half parked in shared
 #: memory (HOLD_STASH_BYTES a block): twice the rows' chunks resident at once.
