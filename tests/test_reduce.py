@@ -1315,8 +1315,8 @@ def test_register_resident_stream_backward(kind, element, layout, rng):
 @pytest.mark.parametrize("kind", [K.MAX, K.MIN], ids=lambda k: k.name)
 def test_register_resident_tie_specials(kind, element):
     """Max/Min gradients through the register-resident rows with -0 and +0 tied,
-    infinities, a NaN line, subnormal ties and NaN / inf dy, against float64,
-    bit-identical on a rerun."""
+    infinities, a NaN line, subnormal ties (and a subnormal line of both signs) and NaN /
+    inf dy, against float64, bit-identical on a rerun."""
     tiny = {E.F16: 2.0 ** -20, E.BF16: 2.0 ** -130, E.F32: 2.0 ** -140}[element]
     rows = np.arange(12 * 64).reshape(12, 64) % 5 - 2.0
     rows[0, :] = -0.0
@@ -1326,6 +1326,7 @@ def test_register_resident_tie_specials(kind, element):
     rows[3, 9] = np.nan
     rows[4, :] = -1.0
     rows[4, 3], rows[4, 33], rows[5, :] = tiny, tiny, -tiny
+    rows[6, :], rows[6, 10] = -tiny, tiny  # subnormals of both signs: no flush to zero
     x = to_storage(rows, element)
     x64 = from_storage(x, element)
     y = saved_output(kind, x, 1, element)

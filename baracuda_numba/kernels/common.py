@@ -221,6 +221,90 @@ pack_f16x4, unpack_f16x4 = _x4(pack_f16x2, unpack_f16x2)
 pack_bf16x4, unpack_bf16x4 = _x4(pack_bf16x2, unpack_bf16x2)
 
 
+# -- equality masks of packed halves ------------------------------------------------------
+# ``eq_mask_*x2(a, b)``: the uint32 whose 16-bit half i is 0xFFFF where half i of ``a``
+# equals half i of ``b`` as floats (IEEE: -0 == +0, NaN equals nothing, subnormals kept),
+# else 0: one ``set.eq.u32.{f16x2,bf16x2}`` for two comparisons, where unpacking to f32
+# and comparing takes 2-3 instructions per element. The bf16x2 form needs sm_90: call it
+# only where ``compiled_for_sm90()`` holds.
+
+if SIMULATOR:
+
+    @cuda.jit(device=True, inline=True)
+    def compiled_for_sm90():
+        """Whether the kernel is compiled for sm_90 or later (the simulator: True)."""
+        return True
+
+    def _eq_mask_x2(unpack_x2: Any) -> Any:
+        @cuda.jit(device=True, inline=True)
+        def eq_mask_x2(a, b):
+            a0, a1 = unpack_x2(uint32(a))
+            b0, b1 = unpack_x2(uint32(b))
+            return (uint32(0xFFFF) if a0 == b0 else uint32(0)) | \
+                (uint32(0xFFFF0000) if a1 == b1 else uint32(0))
+
+        return eq_mask_x2
+
+    eq_mask_f16x2 = _eq_mask_x2(unpack_f16x2)
+    eq_mask_bf16x2 = _eq_mask_x2(unpack_bf16x2)
+
+else:
+    from numba.core import cgutils
+
+    @intrinsic
+    def compiled_for_sm90(typingctx):
+        """Whether the kernel is compiled for sm_90 or later: NVVM's
+        ``__nvvm_reflect("__CUDA_ARCH")``, a constant once the target is known, so the
+        branch not taken (and any sm_90-only instruction in it) is not in the PTX."""
+
+        def codegen(context, builder, signature, args):
+            module = builder.module
+            fnty = _ir.FunctionType(_ir.IntType(32), [_ir.IntType(8).as_pointer()])
+            reflect = cgutils.get_or_insert_function(module, fnty, "__nvvm_reflect")
+            name = module.globals.get("baracuda_reflect_cuda_arch")
+            if name is None:
+                name = cgutils.global_constant(module, "baracuda_reflect_cuda_arch",
+                                               cgutils.make_bytearray(b"__CUDA_ARCH\0"))
+            arch = builder.call(reflect, [builder.bitcast(name, _ir.IntType(8).as_pointer())])
+            return builder.icmp_signed(">=", arch, _ir.Constant(_ir.IntType(32), 900))
+
+        return types.boolean(), codegen
+
+    def _set_eq_x2(stype: str):  # noqa: ANN202 - returns a Numba intrinsic
+        @intrinsic
+        def eq_mask_x2(typingctx, a, b):
+            def codegen(context, builder, signature, args):
+                a32, b32 = (context.cast(builder, v, t, types.uint32)
+                            for v, t in zip(args, signature.args))
+                fnty = _ir.FunctionType(_ir.IntType(32), [_ir.IntType(32), _ir.IntType(32)])
+                asm = _ir.InlineAsm(fnty, f"set.eq.u32.{stype} $0, $1, $2;", "=r,r,r")
+                return builder.call(asm, [a32, b32])
+
+            return types.uint32(a, b), codegen
+
+        return eq_mask_x2
+
+    eq_mask_f16x2 = _set_eq_x2("f16x2")
+    eq_mask_bf16x2 = _set_eq_x2("bf16x2")
+
+
+def _eq_mask_x4(eq_mask_x2: Any) -> Any:
+    """``eq_mask_x4(a, b)``: the equality mask (0xFFFF per equal half) of two uint64 words
+    of four f16 / bf16 values, from the pair helper (lower 32 bits first)."""
+
+    @cuda.jit(device=True, inline=True)
+    def eq_mask_x4(a, b):
+        low = eq_mask_x2(uint32(a & uint64(0xFFFFFFFF)), uint32(b & uint64(0xFFFFFFFF)))
+        high = eq_mask_x2(uint32(a >> uint64(32)), uint32(b >> uint64(32)))
+        return uint64(low) | (uint64(high) << uint64(32))
+
+    return eq_mask_x4
+
+
+eq_mask_f16x4 = _eq_mask_x4(eq_mask_f16x2)
+eq_mask_bf16x4 = _eq_mask_x4(eq_mask_bf16x2)
+
+
 # -- NaN-propagating comparisons ---------------------------------------------------------
 
 

@@ -75,10 +75,13 @@ from .common import (
     MAX_RANK,
     bf16_to_f32,
     bitcast,
+    compiled_for_sm90,
     copy_async8,
     copy_async8_run,
     copy_async_wait,
     div_mod,
+    eq_mask_bf16x4,
+    eq_mask_f16x4,
     f32_from_bits,
     f32_to_bf16,
     max_nan_f32,
@@ -1138,6 +1141,7 @@ class VectorSpec:
     unpack: Any
     pack: Any
     store_word: Any
+    eq_mask: Any = None  # f16/bf16: equality mask of two words (kernels.common.eq_mask_*)
 
     @property
     def log_width(self) -> int:
@@ -1147,8 +1151,10 @@ class VectorSpec:
 #: Element kinds with word access (f64/i64 words hold one element: nothing to gain; i32
 #: reductions are not a target).
 VECTOR: dict[ElementKind, VectorSpec] = {
-    ElementKind.F16: VectorSpec(4, _unpack_f16, _pack_f16, _word_storer(4, types.float16)),
-    ElementKind.BF16: VectorSpec(4, _unpack_bf16, _pack_bf16, _word_storer(4, uint16)),
+    ElementKind.F16: VectorSpec(4, _unpack_f16, _pack_f16, _word_storer(4, types.float16),
+                                eq_mask_f16x4),
+    ElementKind.BF16: VectorSpec(4, _unpack_bf16, _pack_bf16, _word_storer(4, uint16),
+                                 eq_mask_bf16x4),
     ElementKind.F32: VectorSpec(2, _unpack_f32, _pack_f32, _word_storer(2, float32)),
 }
 
@@ -1525,6 +1531,55 @@ def _make_reduce_cols_vec(kind: Any, element: ElementKind) -> Callable[..., None
 #: 0 got slower, 209 -> 219 (docs/notes/reduce.md, eleventh pass: the variants tried).
 REWRITE_MASKS_ROWS = 8
 REWRITE_MASKS_COLS = 2
+
+
+@dataclass(frozen=True)
+class TieWords:
+    """Device functions finding the Max/Min gradient's ties in a packed word of f16/bf16
+    values without unpacking it (``VectorSpec.eq_mask``: one ``set.eq`` per two values,
+    where unpacking, comparing and packing take 2-3 instructions per value), for a word
+    ``yw`` of the extremes (``pack`` of the W y values: exact, as each is an element):
+
+    * ``mask(w, yw)``: the bits of each element of ``w`` equal to its y set (IEEE ==, as
+      ``_elem_ties``);
+    * ``count(m)``: the number of elements in mask ``m``;
+    * ``select(m, cw, zw)``: the elements of ``m`` from ``cw``, the others from ``zw``
+      (the gradient word: ``cw`` of the coefficients where x ties, ``zw`` of ``c - c``);
+    * ``usable()``: whether ``mask`` compiles for the target (bf16's ``set.eq`` needs
+      sm_90; a constant once the target is known, so the path not taken is not in the
+      PTX: sm_80 keeps the unpacked comparisons)."""
+
+    mask: Any
+    count: Any
+    select: Any
+    usable: Any  # () -> whether mask works on the target (bf16: sm_90+)
+
+
+def _tie_words(element: ElementKind) -> TieWords:
+    """The ``TieWords`` of an element kind with ``VectorSpec.eq_mask`` (f16, bf16)."""
+    vec = VECTOR[element]
+    eq_mask = vec.eq_mask
+    W = vec.width
+    SM90_ONLY = element is ElementKind.BF16
+    LOG_BITS = uint32((64 // W).bit_length() - 1)  # bits per element, log 2
+
+    @cuda.jit(device=True, inline=True)
+    def mask(w, yw):
+        return eq_mask(w, yw)
+
+    @cuda.jit(device=True, inline=True)
+    def count(m):
+        return int32(uint32(cuda.popc(m)) >> LOG_BITS)
+
+    @cuda.jit(device=True, inline=True)
+    def select(m, cw, zw):
+        return (cw & m) | (zw & ~m)
+
+    @cuda.jit(device=True, inline=True)
+    def usable():
+        return compiled_for_sm90() if SM90_ONLY else True
+
+    return TieWords(mask, count, select, usable)
 
 
 def _tied_word_rewriter(element: ElementKind, batch: int) -> Any:
@@ -1946,6 +2001,11 @@ def _make_backward_rows_reg(kind: ReduceKind, element: ElementKind) -> Callable[
     STAT_TIES = ops.stat == "ties"
     WARPS = SHARED_SLOTS // 32  # most warps of one block
     PARTIALS = 2 * WARPS  # two buffers: one barrier per group
+    # f16/bf16 ties from equality masks of the packed words (TieWords)
+    TIE_MASKS = STAT_TIES and vec.eq_mask is not None
+    ties = _tie_words(element) if TIE_MASKS else None
+    tie_mask, tie_count, tie_select, tie_usable = \
+        (ties.mask, ties.count, ties.select, ties.usable) if TIE_MASKS else (None,) * 4
 
     def reduce_backward_rows_reg(dy, xv, y, dx, dxv, out_numel, extent, row_words, dy_stride,
                                  y_stride, log2_lanes, param):
@@ -1992,9 +2052,22 @@ def _make_backward_rows_reg(kind: ReduceKind, element: ElementKind) -> Callable[
                 if u < held:
                     words[u] = xv[at + uint64(uint32(u) << log_lanes)]
             total = ACC(0)
+            masks = False  # the ties from equality masks (f16/bf16; bf16 on sm_90)
+            yw = uint64(0)
+            if TIE_MASKS:
+                masks = tie_usable()
+                if masks:
+                    for e in range(W):
+                        results[e] = yv
+                    yw = pack(results)
+                    n = int32(0)
+                    for u in range(VEC_LOADS):
+                        if u < held:
+                            n += tie_count(tie_mask(words[u], yw))
+                    total = ACC(n)
             if STAT:
                 for u in range(VEC_LOADS):
-                    if u < held:
+                    if u < held and not masks:
                         unpack(words[u], values, 0)
                         for e in range(W):
                             if STAT_TIES:
@@ -2021,8 +2094,19 @@ def _make_backward_rows_reg(kind: ReduceKind, element: ElementKind) -> Callable[
             elif STAT:
                 mean = total / ACC(extent)
             cf = ACC(coefficient(g, yv, mean, count, param))
+            if TIE_MASKS and masks:  # each element cf where it ties, else cf - cf
+                for e in range(W):
+                    results[e] = cf
+                cw = pack(results)
+                for e in range(W):
+                    results[e] = cf - cf
+                zw = pack(results)
+                for u in range(VEC_LOADS):
+                    if u < held:
+                        store_word(dx, dxv, at + uint64(uint32(u) << log_lanes),
+                                   tie_select(tie_mask(words[u], yw), cw, zw), 0)
             for u in range(VEC_LOADS):
-                if u < held:
+                if u < held and not masks:
                     unpack(words[u], values, 0)
                     for e in range(W):
                         results[e] = element_fn(cf, values[e], yv, mean)
