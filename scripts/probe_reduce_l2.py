@@ -36,6 +36,8 @@ OPS = {
     "MEAN": lambda t, a: t.mean(a, keepdim=True),
     "MAX": lambda t, a: t.amax(a, keepdim=True),
     "MIN": lambda t, a: t.amin(a, keepdim=True),
+    "PROD": lambda t, a: t.prod(a, keepdim=True),
+    "NORM2": lambda t, a: t.norm(dim=a, keepdim=True),
     "VAR": lambda t, a: t.var(a, keepdim=True),
     "STD": lambda t, a: t.std(a, keepdim=True),
 }
