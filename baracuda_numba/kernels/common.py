@@ -340,6 +340,11 @@ if SIMULATOR:
         """f32 :func:`nan_min` (the simulator's stand-in for ``min.NaN.f32``)."""
         return nan_min(np.float32(a), np.float32(b))
 
+    @cuda.jit(device=True)
+    def rcp_approx_ftz_f32(x):
+        """1 / x in f32 (the simulator's stand-in for ``rcp.approx.ftz.f32``)."""
+        return np.float32(1.0) / np.float32(x)
+
 else:
 
     def _nan_extremum_f32(op: str):  # noqa: ANN202 - returns a Numba intrinsic
@@ -363,6 +368,21 @@ else:
     max_nan_f32 = _nan_extremum_f32("max")
     #: ``min.NaN.f32``: as :data:`max_nan_f32` for :func:`nan_min`.
     min_nan_f32 = _nan_extremum_f32("min")
+
+    @intrinsic
+    def rcp_approx_ftz_f32(typingctx, x):
+        """``rcp.approx.ftz.f32``: 1 / x within 1 ulp of f32 where x and 1 / x are normal
+        (2^-126 <= |x| < 2^126), one MUFU.RCP; subnormal inputs and results flush to zero.
+        (``div.approx.f32`` of 1 by x adds a scaling for the other ranges: 4 more
+        instructions a value.)"""
+
+        def codegen(context, builder, signature, args):
+            x32 = context.cast(builder, args[0], signature.args[0], types.float32)
+            fnty = _ir.FunctionType(_ir.FloatType(), [_ir.FloatType()])
+            asm = _ir.InlineAsm(fnty, "rcp.approx.ftz.f32 $0, $1;", "=f,f")
+            return builder.call(asm, [x32])
+
+        return types.float32(x), codegen
 
 
 # -- strided indexing ------------------------------------------------------------------

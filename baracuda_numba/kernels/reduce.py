@@ -92,6 +92,7 @@ from .common import (
     pack_bf16x4,
     pack_f16x4,
     pack_f32x2,
+    rcp_approx_ftz_f32,
     shfl_idx,
     shfl_xor,
     unpack_f16x4,
@@ -818,20 +819,11 @@ if SIMULATOR:  # the simulator's libdevice has no frcp_rn
     def _recip_f32(x):
         return np.float32(1.0) / np.float32(x)
 
-    @cuda.jit(device=True, inline=True)
-    def _recip_approx_f32(x):
-        return np.float32(1.0) / np.float32(x)
-
 else:
 
     @cuda.jit(device=True, inline=True)
     def _recip_f32(x):
         return libdevice.frcp_rn(x)
-
-    @cuda.jit(device=True, inline=True)
-    def _recip_approx_f32(x):
-        # div.approx.f32: at most 2 ulp of f32 for 2^-126 <= |x| < 2^126
-        return libdevice.fast_fdividef(float32(1.0), x)
 
 
 @cuda.jit(device=True, inline=True)
@@ -878,13 +870,31 @@ def _elem_div(c, x, yv, mean):
 
 
 @cuda.jit(device=True, inline=True)
-def _elem_div_half(c, x, yv, mean):
-    # _elem_div for f16/bf16 elements: 1 / x approximate (<= 2 ulp of f32, far below the
-    # final rounding to 8 or 11 bits) instead of the correctly rounded rcp.rn sequence
+def _recip_normal(x):
+    # whether 1 / x is a normal float32 (2^-126 <= |x| < 2^126); no branch
     ax = abs(x)
-    if ax >= _RECIP_LOW and ax < _RECIP_HIGH:
-        return c * _recip_approx_f32(x)
+    return (ax >= _RECIP_LOW) & (ax < _RECIP_HIGH)
+
+
+@cuda.jit(device=True, inline=True)
+def _elem_recip_half(c, x, yv, mean):
+    # c / x as c times the approximate 1 / x (rcp.approx.ftz: <= 1 ulp of f32, far below
+    # the final rounding to 8 or 11 bits): _elem_div_half where _recip_normal(x) holds
+    return c * rcp_approx_ftz_f32(x)
+
+
+@cuda.jit(device=True, inline=True)
+def _elem_quotient(c, x, yv, mean):
     return c / x
+
+
+@cuda.jit(device=True, inline=True)
+def _elem_div_half(c, x, yv, mean):
+    # _elem_div for f16/bf16 elements: 1 / x approximate instead of the correctly rounded
+    # rcp.rn sequence (_elem_recip_half), the IEEE division outside its range
+    if _recip_normal(x):
+        return _elem_recip_half(c, x, yv, mean)
+    return _elem_quotient(c, x, yv, mean)
 
 
 @cuda.jit(device=True, inline=True)
@@ -916,6 +926,10 @@ class GradOps:
     stat: str | None = None
     coefficient_f32: Any = None  # the coefficient for an f32 accumulator, if another
     element_half: Any = None  # the element function for f16/bf16 elements, if another
+    #: f16/bf16: ``(fast, holds, exact)`` with ``element_half(c, x, ...) = fast(c, x, ...)
+    #: if holds(x) else exact(c, x, ...)``, for kernels that test a word's elements with
+    #: ``holds`` (no branch) and take ``exact`` only for a word where one fails
+    checked_half: tuple[Any, Any, Any] | None = None
 
 
 def _grad_fns(kind: ReduceKind, element: ElementKind) -> tuple[Any, Any]:
@@ -929,12 +943,18 @@ def _grad_fns(kind: ReduceKind, element: ElementKind) -> tuple[Any, Any]:
     return ops.coefficient, elem
 
 
+def _grad_checked(kind: ReduceKind, element: ElementKind) -> tuple[Any, Any, Any] | None:
+    """``GradOps.checked_half`` of ``kind`` for 2-byte elements, else None."""
+    return GRAD_OPS[kind].checked_half if element.byte_width == 2 else None
+
+
 #: The gradient table (float element kinds only). Sum is Mean with param = 1 (dy / 1 is
 #: exact); Min is Max (both route to the positions equal to y).
 GRAD_OPS: dict[ReduceKind, GradOps] = {
     ReduceKind.MEAN: GradOps(_coef_mean, _elem_coef, False, False),
     ReduceKind.MAX: GradOps(_coef_ties, _elem_ties, True, True, "ties"),
-    ReduceKind.PROD: GradOps(_coef_prod, _elem_div, True, True, element_half=_elem_div_half),
+    ReduceKind.PROD: GradOps(_coef_prod, _elem_div, True, True, element_half=_elem_div_half,
+                             checked_half=(_elem_recip_half, _recip_normal, _elem_quotient)),
     ReduceKind.NORM2: GradOps(_coef_norm2, _elem_mul, True, True),
     ReduceKind.LOG_SUM_EXP: GradOps(_coef_identity, _elem_lse, True, True),
     ReduceKind.VAR: GradOps(_coef_var, _elem_centered, True, False, "mean"),
@@ -1839,6 +1859,10 @@ def _make_backward_cols_vec(kind: ReduceKind, element: ElementKind) -> Callable[
     unpack, pack, store_word = vec.unpack, vec.pack, vec.store_word
     W, LOG_W = vec.width, vec.log_width
     coefficient, element_fn = _grad_fns(kind, element)
+    # a word's elements by the fast formula, checked without a branch; the exact one for
+    # the elements of a word where the check fails (Prod: 1 / x outside the normal range)
+    CHECKED = _grad_checked(kind, element) is not None
+    fast_fn, fast_holds, exact_fn = _grad_checked(kind, element) or (None,) * 3
     READS_X, READS_Y = ops.reads_x, ops.reads_y
     STAT_MEAN, STAT_TIES = ops.stat == "mean", ops.stat == "ties"
     combine_ties = _lane_combiner(TIES, element)
@@ -1944,10 +1968,23 @@ def _make_backward_cols_vec(kind: ReduceKind, element: ElementKind) -> Callable[
                         for u in range(VEC_LOADS):
                             if i + u * span < end:
                                 unpack(words[u], values, 0)
+                                holds = True
                                 for e in range(W):
-                                    results[e] = element_fn(cfs[e], values[e], ys[e], means[e])
+                                    if CHECKED:
+                                        results[e] = fast_fn(cfs[e], values[e], ys[e],
+                                                             means[e])
+                                        holds = holds & fast_holds(values[e])
+                                    else:
+                                        results[e] = element_fn(cfs[e], values[e], ys[e],
+                                                                means[e])
                                     if STAT_TIES and values[e] == ys[e]:
                                         tied |= uint32(1 << (u * W + e))
+                                if CHECKED:
+                                    if not holds:
+                                        for e in range(W):
+                                            if not fast_holds(values[e]):
+                                                results[e] = exact_fn(cfs[e], values[e],
+                                                                      ys[e], means[e])
                                 w = pack(results)
                                 store_word(dx, dxv, at + u * word_span, w, 0)
                         i += step
