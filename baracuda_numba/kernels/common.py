@@ -77,6 +77,26 @@ else:
     from llvmlite import ir as _ir
     from numba.cuda.extending import intrinsic
 
+    #: Numba scalar type -> (LLVM type, inline-asm register constraint).
+    _ASM_TYPES = {types.float32: (_ir.FloatType(), "f"), types.uint32: (_ir.IntType(32), "r")}
+
+    def _asm_binary(text: str, result: types.Type, operand: types.Type):  # noqa: ANN202
+        """A Numba intrinsic ``result(operand, operand)`` that is the one PTX instruction
+        ``text`` (``$0`` the result, ``$1`` and ``$2`` the operands)."""
+        out, out_constraint = _ASM_TYPES[result]
+        arg, arg_constraint = _ASM_TYPES[operand]
+        fnty = _ir.FunctionType(out, [arg, arg])
+        constraints = f"={out_constraint},{arg_constraint},{arg_constraint}"
+
+        @intrinsic
+        def asm_binary(typingctx, a, b):
+            def codegen(context, builder, signature, args):
+                return builder.call(_ir.InlineAsm(fnty, text, constraints), args)
+
+            return result(operand, operand), codegen
+
+        return asm_binary
+
     @intrinsic
     def bitcast(typingctx, value, target):
         """``value``'s bits read as numeric type ``target`` (same width): one LLVM
@@ -136,16 +156,8 @@ if SIMULATOR:
 else:
 
     def _cvt_x2(target: str):  # noqa: ANN202 - returns a Numba intrinsic
-        @intrinsic
-        def cvt_x2(typingctx, high, low):
-            def codegen(context, builder, signature, args):
-                fnty = _ir.FunctionType(_ir.IntType(32), [_ir.FloatType(), _ir.FloatType()])
-                asm = _ir.InlineAsm(fnty, f"cvt.rn.{target}.f32 $0, $1, $2;", "=r,f,f")
-                return builder.call(asm, args)
-
-            return uint32(float32, float32), codegen
-
-        return cvt_x2
+        # (high, low) -> uint32
+        return _asm_binary(f"cvt.rn.{target}.f32 $0, $1, $2;", types.uint32, types.float32)
 
     #: ``cvt.rn.bf16x2.f32``: two values rounded to nearest even in one instruction
     #: (sm_80+), ``high`` in the upper half. The software narrowing of
@@ -270,22 +282,8 @@ else:
 
         return types.boolean(), codegen
 
-    def _set_eq_x2(stype: str):  # noqa: ANN202 - returns a Numba intrinsic
-        @intrinsic
-        def eq_mask_x2(typingctx, a, b):
-            def codegen(context, builder, signature, args):
-                a32, b32 = (context.cast(builder, v, t, types.uint32)
-                            for v, t in zip(args, signature.args))
-                fnty = _ir.FunctionType(_ir.IntType(32), [_ir.IntType(32), _ir.IntType(32)])
-                asm = _ir.InlineAsm(fnty, f"set.eq.u32.{stype} $0, $1, $2;", "=r,r,r")
-                return builder.call(asm, [a32, b32])
-
-            return types.uint32(a, b), codegen
-
-        return eq_mask_x2
-
-    eq_mask_f16x2 = _set_eq_x2("f16x2")
-    eq_mask_bf16x2 = _set_eq_x2("bf16x2")
+    eq_mask_f16x2 = _asm_binary("set.eq.u32.f16x2 $0, $1, $2;", types.uint32, types.uint32)
+    eq_mask_bf16x2 = _asm_binary("set.eq.u32.bf16x2 $0, $1, $2;", types.uint32, types.uint32)
 
 
 def _eq_mask_x4(eq_mask_x2: Any) -> Any:
@@ -348,18 +346,7 @@ if SIMULATOR:
 else:
 
     def _nan_extremum_f32(op: str):  # noqa: ANN202 - returns a Numba intrinsic
-        @intrinsic
-        def extremum(typingctx, a, b):
-            def codegen(context, builder, signature, args):
-                a32, b32 = (context.cast(builder, v, t, types.float32)
-                            for v, t in zip(args, signature.args))
-                fnty = _ir.FunctionType(_ir.FloatType(), [_ir.FloatType(), _ir.FloatType()])
-                asm = _ir.InlineAsm(fnty, f"{op}.NaN.f32 $0, $1, $2;", "=f,f,f")
-                return builder.call(asm, [a32, b32])
-
-            return types.float32(a, b), codegen
-
-        return extremum
+        return _asm_binary(f"{op}.NaN.f32 $0, $1, $2;", types.float32, types.float32)
 
     #: ``max.NaN.f32`` (sm_80+): one instruction for :func:`nan_max` of two f32 values (the
     #: result is the canonical NaN if either is NaN; -0 < +0). nan_max's compare-and-select
