@@ -1560,8 +1560,10 @@ class TieWords:
     where unpacking, comparing and packing take 2-3 instructions per value), for a word
     ``yw`` of the extremes (``pack`` of the W y values: exact, as each is an element):
 
+    * ``splat(v, values)``: the word of W copies of ``v`` rounded to the element kind
+      (``values``: W scratch slots);
     * ``mask(w, yw)``: the bits of each element of ``w`` equal to its y set (IEEE ==, as
-      ``_elem_ties``);
+      ``_elem_ties``: ``VectorSpec.eq_mask``);
     * ``count(m)``: the number of elements in mask ``m``;
     * ``select(m, cw, zw)``: the elements of ``m`` from ``cw``, the others from ``zw``
       (the gradient word: ``cw`` of the coefficients where x ties, ``zw`` of ``c - c``);
@@ -1569,6 +1571,7 @@ class TieWords:
       sm_90; a constant once the target is known, so the path not taken is not in the
       PTX: sm_80 keeps the unpacked comparisons)."""
 
+    splat: Any
     mask: Any
     count: Any
     select: Any
@@ -1578,14 +1581,15 @@ class TieWords:
 def _tie_words(element: ElementKind) -> TieWords:
     """The ``TieWords`` of an element kind with ``VectorSpec.eq_mask`` (f16, bf16)."""
     vec = VECTOR[element]
-    eq_mask = vec.eq_mask
-    W = vec.width
+    pack, W = vec.pack, vec.width
     SM90_ONLY = element is ElementKind.BF16
     LOG_BITS = uint32((64 // W).bit_length() - 1)  # bits per element, log 2
 
     @cuda.jit(device=True, inline=True)
-    def mask(w, yw):
-        return eq_mask(w, yw)
+    def splat(v, values):
+        for e in range(W):
+            values[e] = v
+        return pack(values)
 
     @cuda.jit(device=True, inline=True)
     def count(m):
@@ -1599,7 +1603,7 @@ def _tie_words(element: ElementKind) -> TieWords:
     def usable():
         return compiled_for_sm90() if SM90_ONLY else True
 
-    return TieWords(mask, count, select, usable)
+    return TieWords(splat, vec.eq_mask, count, select, usable)
 
 
 def _tied_word_rewriter(element: ElementKind, batch: int) -> Any:
@@ -1861,8 +1865,9 @@ def _make_backward_cols_vec(kind: ReduceKind, element: ElementKind) -> Callable[
     coefficient, element_fn = _grad_fns(kind, element)
     # a word's elements by the fast formula, checked without a branch; the exact one for
     # the elements of a word where the check fails (Prod: 1 / x outside the normal range)
-    CHECKED = _grad_checked(kind, element) is not None
-    fast_fn, fast_holds, exact_fn = _grad_checked(kind, element) or (None,) * 3
+    checked = _grad_checked(kind, element)
+    CHECKED = checked is not None
+    fast_fn, fast_holds, exact_fn = checked or (None,) * 3
     READS_X, READS_Y = ops.reads_x, ops.reads_y
     STAT_MEAN, STAT_TIES = ops.stat == "mean", ops.stat == "ties"
     combine_ties = _lane_combiner(TIES, element)
@@ -2041,8 +2046,9 @@ def _make_backward_rows_reg(kind: ReduceKind, element: ElementKind) -> Callable[
     # f16/bf16 ties from equality masks of the packed words (TieWords)
     TIE_MASKS = STAT_TIES and vec.eq_mask is not None
     ties = _tie_words(element) if TIE_MASKS else None
-    tie_mask, tie_count, tie_select, tie_usable = \
-        (ties.mask, ties.count, ties.select, ties.usable) if TIE_MASKS else (None,) * 4
+    splat, tie_mask, tie_count, tie_select, tie_usable = \
+        (ties.splat, ties.mask, ties.count, ties.select, ties.usable) if TIE_MASKS \
+        else (None,) * 5
 
     def reduce_backward_rows_reg(dy, xv, y, dx, dxv, out_numel, extent, row_words, dy_stride,
                                  y_stride, log2_lanes, param):
@@ -2094,9 +2100,7 @@ def _make_backward_rows_reg(kind: ReduceKind, element: ElementKind) -> Callable[
             if TIE_MASKS:
                 masks = tie_usable()
                 if masks:
-                    for e in range(W):
-                        results[e] = yv
-                    yw = pack(results)
+                    yw = splat(yv, results)
                     n = int32(0)
                     for u in range(VEC_LOADS):
                         if u < held:
@@ -2132,12 +2136,8 @@ def _make_backward_rows_reg(kind: ReduceKind, element: ElementKind) -> Callable[
                 mean = total / ACC(extent)
             cf = ACC(coefficient(g, yv, mean, count, param))
             if TIE_MASKS and masks:  # each element cf where it ties, else cf - cf
-                for e in range(W):
-                    results[e] = cf
-                cw = pack(results)
-                for e in range(W):
-                    results[e] = cf - cf
-                zw = pack(results)
+                cw = splat(cf, results)
+                zw = splat(cf - cf, results)
                 for u in range(VEC_LOADS):
                     if u < held:
                         store_word(dx, dxv, at + uint64(uint32(u) << log_lanes),
