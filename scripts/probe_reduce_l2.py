@@ -23,6 +23,7 @@ import sys
 
 import torch
 from bench import Context, measure_copy_gbps
+from bench_reduce import FORWARD
 
 from baracuda_numba.plans.reduce import (
     ReduceBackwardArgs,
@@ -31,16 +32,6 @@ from baracuda_numba.plans.reduce import (
 )
 from baracuda_numba.types import ElementKind, ReduceKind
 
-OPS = {
-    "SUM": lambda t, a: t.sum(a, keepdim=True),
-    "MEAN": lambda t, a: t.mean(a, keepdim=True),
-    "MAX": lambda t, a: t.amax(a, keepdim=True),
-    "MIN": lambda t, a: t.amin(a, keepdim=True),
-    "PROD": lambda t, a: t.prod(a, keepdim=True),
-    "NORM2": lambda t, a: t.norm(dim=a, keepdim=True),
-    "VAR": lambda t, a: t.var(a, keepdim=True),
-    "STD": lambda t, a: t.std(a, keepdim=True),
-}
 DEFAULT = ("MAX:4096x4096:1:bfloat16,VAR:4096x4096:1:bfloat16,MEAN:4096x4096:1:bfloat16,"
            "SUM:4096x4096:1:bfloat16,MAX:1000000x64:1:bfloat16,VAR:1000000x64:1:bfloat16")
 
@@ -52,7 +43,7 @@ def _case(text: str) -> tuple:
     dtype = getattr(torch, name)
     x = (torch.rand(shape, device="cuda") * 4 - 2).to(dtype)
     xg = x.detach().requires_grad_(True)
-    out = OPS[kind](xg, axis)
+    out = FORWARD[ReduceKind[kind]](xg, axis)  # the benchmark's torch op
     dy = torch.rand_like(out) * 2 - 1
     y = out.detach()
     element = {"float32": ElementKind.F32, "bfloat16": ElementKind.BF16}[name]
