@@ -1651,7 +1651,8 @@ def test_tie_count_after_dx(kind, element, layout, rng):
     results = []
     for workspace in (True, True, False):
         plan = ReduceBackwardPlan.select(ReduceBackwardDescriptor(kind, shape, axis, element))
-        ws = to_device(np.zeros(plan.workspace_size, np.uint8)) if workspace else None
+        # poisoned: the plan zeroes what it counts into
+        ws = to_device(np.full(plan.workspace_size, 0xA5, np.uint8)) if workspace else None
         dx = to_device(poisoned(shape, element))
         plan.run(ReduceBackwardArgs(to_device(dy), dx, to_device(x_host), to_device(y)),
                  workspace=ws)
@@ -1700,10 +1701,13 @@ def test_tie_count_needs_its_workspace(layout, rng):
 @pytest.mark.parametrize("element", [E.F32, E.BF16], ids=lambda e: e.name)
 def test_gpu_tie_masks_long(element, layout, rng):
     """Lines long enough for several tie masks per lane and split (the bench's geometries):
-    [200, 70000 words] rows in 2 splits, [320000, 32 words] columns in 528 splits; random
-    ties in every line. Against float64, bit-identical to a rerun."""
+    [200, 70000 words] rows in 2 splits; columns of 32 words in about 2000 splits
+    (``_tie_cols_geometry``: 800000 f32 rows give a lane 6 batches, 4 a mask; 320000 bf16
+    rows 3, 2 a mask); random ties in every line. Against float64, bit-identical to a
+    rerun."""
     width = 2 if element is E.F32 else 4
-    shape, axis = ((200, 35000 * width + 1), 1) if layout == "rows" else ((320000, 32 * width), 0)
+    rows = 800000 if element is E.F32 else 320000
+    shape, axis = ((200, 35000 * width + 1), 1) if layout == "rows" else ((rows, 32 * width), 0)
     x_host = to_storage(rng.integers(-60, 60, size=shape) * 0.25, element)
     y = saved_output(K.MAX, x_host, axis, element)
     dy = random_values(y.shape, element, rng)

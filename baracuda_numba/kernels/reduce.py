@@ -1870,10 +1870,8 @@ def _make_backward_cols_vec(kind: ReduceKind, element: ElementKind) -> Callable[
     fast_fn, fast_holds, exact_fn = checked or (None,) * 3
     READS_X, READS_Y = ops.reads_x, ops.reads_y
     STAT_MEAN, STAT_TIES = ops.stat == "mean", ops.stat == "ties"
-    combine_ties = _lane_combiner(TIES, element)
     rewrite_tied = _tied_word_rewriter(element, REWRITE_MASKS_COLS)
     MASK_ITERS = tie_mask_iters(W)
-    TIE_SLOTS = SHARED_SLOTS if STAT_TIES else 1
     ELEMENT_BITS = uint64(sum(1 << b for b in range(0, 64, W)))  # element 0 of each word
     # The mean's gradient walks each chunk from its end: the statistic pass (the same
     # chunks, walked forwards by blocks that all run at once) read those rows last, so the
@@ -1890,9 +1888,12 @@ def _make_backward_cols_vec(kind: ReduceKind, element: ElementKind) -> Callable[
         (same layout, word aligned); each slot owns the W outputs of one word (W
         coefficients), its lanes walk the axis (the Var/Std gradients from the chunk's
         end down); the statistic comes from ``stat_acc``/``stat_k``. ``mode`` 2 and 3:
-        the tie count's two passes (as ``fused`` of ``reduce_backward_rows_vec``: 2
-        counts each split's ties into ``stat_k[split * out_numel + o]`` with every count
-        taken as 1, 3 rewrites the words with a count other than 1); 0 otherwise."""
+        the tie count's two passes. 2 writes dx with every count taken as 1, records the
+        ties in the masks (as ``fused`` 2 of ``reduce_backward_rows_vec``) and adds each
+        lane's ties to ``stat_k[o]`` (zeroed before; integer atomics, so the total does
+        not depend on their order); 3 rewrites the words of the lines whose count is not
+        1, in a grid of fewer splits than the first pass's (its blocks loop over the
+        splits: most lines need nothing); 0 otherwise."""
         tid = cuda.threadIdx.x
         block = cuda.blockDim.x
         slots = block // lanes
@@ -1901,6 +1902,9 @@ def _make_backward_cols_vec(kind: ReduceKind, element: ElementKind) -> Callable[
         split = int64(cuda.blockIdx.y)
         begin = split * chunk_len
         end = min(extent, begin + chunk_len)
+        # the axis splits (the grid's y in modes 0-2; mode 3 may take fewer blocks, which
+        # loop over the splits)
+        n_splits = (extent + chunk_len - 1) // chunk_len
         out_words = out_numel >> LOG_W
         span = int64(lanes)
         word_span = span * axis_words
@@ -1911,8 +1915,6 @@ def _make_backward_cols_vec(kind: ReduceKind, element: ElementKind) -> Callable[
         words = cuda.local.array(VEC_LOADS, uint64)
         values = cuda.local.array(W, ACC)
         results = cuda.local.array(W, ACC)
-        sa = cuda.shared.array(TIE_SLOTS, ACC)
-        sk = cuda.shared.array(TIE_SLOTS, int64)
         group = int64(cuda.blockIdx.x)
         while group * slots < out_words:
             ow = group * slots + slot
@@ -1939,7 +1941,12 @@ def _make_backward_cols_vec(kind: ReduceKind, element: ElementKind) -> Callable[
                     means[e] = mean
                 if STAT_TIES and mode == 3 and not rewrite:
                     valid = False  # written by the first pass
-            if valid:
+            if STAT_TIES:
+                split = int64(cuda.blockIdx.y)
+            while valid:
+                if STAT_TIES:  # mode 3 loops over the splits
+                    begin = split * chunk_len
+                    end = min(extent, begin + chunk_len)
                 i = begin + lane
                 at = i * axis_words + ow
                 # tie masks as in reduce_backward_rows_vec; mask g of (split, lane, ow) at
@@ -1947,7 +1954,7 @@ def _make_backward_cols_vec(kind: ReduceKind, element: ElementKind) -> Callable[
                 # (consecutive slots: consecutive masks)
                 batches = (chunk_len + VEC_LOADS * span - 1) // (VEC_LOADS * span)
                 mask_span = span * out_words
-                mask_at = int64(cuda.gridDim.y) * out_numel + (
+                mask_at = n_splits * out_numel + (
                     split * ((batches + MASK_ITERS - 1) // MASK_ITERS) * span + lane) \
                     * out_words + ow
                 if sparse:
@@ -2011,12 +2018,14 @@ def _make_backward_cols_vec(kind: ReduceKind, element: ElementKind) -> Callable[
                         store_word(dx, dxv, at, w, 0)
                         i += span
                         at += word_span
-            if STAT_TIES and mode == 2:  # this split's tie counts (uniform across the block)
+                if not STAT_TIES or mode != 3:
+                    break
+                split += int64(cuda.gridDim.y)
+                valid = split < n_splits
+            if STAT_TIES and mode == 2:  # this lane's ties, added to the line's count
                 for e in range(W):
-                    t = combine_ties(ACC(0), ACC(0), ACC(0), ties[e] if valid else int64(0),
-                                     tid, lane, lanes, slots, 0, sa, sa, sk)[3]
-                    if valid and lane == 0:
-                        stat_k[uint64(split * out_numel + (ow << LOG_W) + e)] = t
+                    if ow < out_words and ties[e] != 0:
+                        cuda.atomic.add(stat_k, (ow << LOG_W) + e, ties[e])
             group += cuda.gridDim.x
 
     return reduce_backward_cols_vec

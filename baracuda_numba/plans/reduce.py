@@ -433,6 +433,11 @@ _REG_STREAM_MIN_LANES = 32
 #: 18.2-18.5 / 18.4-19.0.)
 _STREAM_TARGET_BLOCKS = 8 * _VEC_TARGET_BLOCKS
 _STREAM_MIN_BATCHES = 1
+#: The blocks and batches of the column tie count's first pass (``_tie_cols_geometry``).
+#: (H100, 2026-11-27, f32 / bf16 Max [1e6, 64] along axis 0, µs: the merge's bound on the
+#: splits 199 / 124; 4 x _VEC_TARGET_BLOCKS and 1 batch 192 / 117; 8 x 216 / 138.)
+_TIE_COLS_TARGET = 4 * _VEC_TARGET_BLOCKS
+_TIE_COLS_MIN_BATCHES = 1
 
 
 def _cols_reg_layout(extent: int, width: int,
@@ -587,9 +592,16 @@ def _tie_slots(out_numel: int, extent: int, width: int, max_splits: int) -> int:
         return geometry.splits * (out_numel + lines * -(-batches // tie_mask_iters(width))
                                   * geometry.lanes)
     rows = _rows_vec_geometry(out_numel, extent, width, max_splits)
-    cols = _cols_vec_geometry(out_numel, extent, width, max_splits)
+    cols = _tie_cols_geometry(out_numel, extent, width)
     return max(masks(rows, rows.chunk_len, out_numel),
                masks(cols, cols.chunk_len, max(out_numel // width, 1)))
+
+
+def _tie_cols_geometry(out_numel: int, extent: int, width: int) -> _Geometry:
+    """The column tie count's first pass: its counts meet through atomics, so its splits
+    are not bounded by a merge, only by the masks' workspace (``_tie_slots``)."""
+    return _cols_vec_geometry(out_numel, extent, width, 1 << 16, target=_TIE_COLS_TARGET,
+                              min_batches=_TIE_COLS_MIN_BATCHES)
 
 
 def _state_bytes(kind: Any, element: ElementKind, out_numel: int, splits: int) -> tuple[int, int]:
@@ -1083,15 +1095,23 @@ class ArgReducePlan(_ForwardPlan):
 # The gradient
 
 
+#: Blocks of the column tie count's rewrite pass (one in the simulator: its blocks loop
+#: over every split there).
+_TIE_REWRITE_BLOCKS = 1 if SIMULATOR else _VEC_TARGET_BLOCKS
+
+
 @dataclass(frozen=True)
 class _TieCount:
     """The Max/Min gradient's tie count taken after dx (ROWS and COLS word layouts with a
     workspace): the gradient's first pass (mode 2) writes dx with every count taken as 1
-    and each split's count; ``merge`` (fast launcher) sums the counts into workspace slot
-    0; ``rewrite`` (the gradient in mode 3) rewrites the lines whose count is not 1."""
+    and counts the ties; ``rewrite`` (the gradient in mode 3) rewrites the lines whose
+    count is not 1. ROWS: the first pass writes each split's count and ``merge`` (fast
+    launcher) sums them into workspace slots ``[0, out_numel)``. COLS (``merge`` None):
+    the first pass adds its counts into those slots, ``zero_bytes`` zeroed before it."""
 
     merge: Any
     rewrite: Any
+    zero_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -1115,18 +1135,21 @@ def _gradient_runner(launch: tuple[Any, Any], ws_ptr: int) -> Any:
     stat, (access, gradient) = launch
     bound = gradient.fast
     if isinstance(stat, _TieCount):
-        merge, rewrite = stat.merge, stat.rewrite
-        rows_access = access == ROWS
-
-        def ties(handle: int, dy_ptr: int, dx_ptr: int, x_ptr: int, y_ptr: int) -> None:
-            if rows_access:
+        merge, rewrite, zero_bytes = stat.merge, stat.rewrite, stat.zero_bytes
+        if access == ROWS:
+            def ties(handle: int, dy_ptr: int, dx_ptr: int, x_ptr: int, y_ptr: int) -> None:
                 pointers = (dy_ptr, x_ptr, x_ptr & ~7, y_ptr, dx_ptr, dx_ptr & ~7, 0, ws_ptr)
-            else:
-                pointers = (dy_ptr, x_ptr, y_ptr, dx_ptr, dx_ptr, 0, ws_ptr)
+                bound(handle, *pointers)
+                merge(handle, 0, 0, 0, ws_ptr, 0)
+                rewrite(handle, *pointers)
+            return ties
+
+        def col_ties(handle: int, dy_ptr: int, dx_ptr: int, x_ptr: int, y_ptr: int) -> None:
+            pointers = (dy_ptr, x_ptr, y_ptr, dx_ptr, dx_ptr, 0, ws_ptr)
+            memset_d8_async(ws_ptr, 0, zero_bytes, handle)
             bound(handle, *pointers)
-            merge(handle, 0, 0, 0, ws_ptr, 0)
             rewrite(handle, *pointers)
-        return ties
+        return col_ties
     if access == SYNC:
         ctl_bytes = gradient.ctl_bytes
 
@@ -1403,8 +1426,10 @@ class ReduceBackwardPlan(Plan):
                             else _geometry(self._out_numel, extent, row_layout, 1, min_lanes))
             elif self._stat_kind is TIES and access in (ROWS, COLS) and self._tie_slots:
                 mode = 2
-                geometry = (_rows_vec_geometry if access == ROWS else _cols_vec_geometry)(
-                    self._out_numel, extent, VECTOR[element].width, self._max_splits)
+                width = VECTOR[element].width
+                geometry = _rows_vec_geometry(self._out_numel, extent, width,
+                                              self._max_splits) if access == ROWS \
+                    else _tie_cols_geometry(self._out_numel, extent, width)
             else:
                 stat_problem = _problem(self._shape, axis, [x.strides, y.strides, y.strides],
                                         x.strides[axis] == 1, self._max_splits, element,
@@ -1443,7 +1468,7 @@ class ReduceBackwardPlan(Plan):
                     geometry.chunk_len, self._param, mode)
             kernel = REDUCE_BACKWARD_COLS_VEC_KERNELS[(grad_kind, element)]
             if mode == 2:
-                stat = self._tie_count(kernel, grid, args, -1, geometry.splits)
+                stat = self._tie_count(kernel, grid, args, -1, geometry.splits, cols=True)
             return stat, (COLS, kernel.bind(grid, _BLOCK, args))
         gradient = self._kernel.bind(
             grid, _BLOCK,
@@ -1456,9 +1481,20 @@ class ReduceBackwardPlan(Plan):
         return stat, (GENERIC, gradient)
 
     def _tie_count(self, kernel: Any, grid: tuple[int, int], args: tuple[Any, ...],
-                   mode_at: int, splits: int) -> _TieCount:
-        """The merge of the ``splits`` tie counts per output and the rewrite pass (``args``
-        of the first pass with ``args[mode_at]`` = 3) of the tie count after dx."""
+                   mode_at: int, splits: int, cols: bool = False) -> _TieCount:
+        """The rewrite pass (``args`` of the first pass with ``args[mode_at]`` = 3) of the
+        tie count after dx, and for rows the merge of the ``splits`` tie counts per output.
+        Columns: the first pass adds its counts up itself (no merge launch), and the
+        rewrite takes about _TIE_REWRITE_BLOCKS blocks whatever the first pass's splits
+        (its blocks loop over them). (Before, H100, 2026-11-27, ncu, f32 Max [4096, 4096]
+        along axis 0 through this path: the merge took 10.3 µs and a rewrite block per
+        (group, split), each finding its counts at 1, 10.2 µs.)"""
+        rewrite = list(args)
+        rewrite[mode_at] = 3
+        if cols:
+            rows = max(1, min(splits, _TIE_REWRITE_BLOCKS // grid[0]))
+            return _TieCount(None, kernel.bind((grid[0], rows), _BLOCK, tuple(rewrite)).fast,
+                             self._out_numel * 8)
         out_numel = self._out_numel
         empty = (0, 0)
         zeros = pad8((), 0)
@@ -1466,8 +1502,6 @@ class ReduceBackwardPlan(Plan):
                   self._extent, 0, pad8((out_numel,), 1), zeros, zeros, zeros, 1, 0, splits,
                   0)
         merge = _bind_merge(self._stat_kernel, common, out_numel, splits, False, 0.0)
-        rewrite = list(args)
-        rewrite[mode_at] = 3
         return _TieCount(merge.fast, kernel.bind(grid, _BLOCK, tuple(rewrite)).fast)
 
     def _word_arrays(self, dy: TensorRef, dx: TensorMut, y: TensorRef | None,
