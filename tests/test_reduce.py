@@ -1612,8 +1612,9 @@ def test_row_hold_backward_one_chunk_rows(kind, element, full, stash, rng, monke
 
 # -- the Max/Min gradient's tie count after dx (split word rows and columns) ---------------
 # With a workspace, split rows and the column word kernel write dx as if every line had one
-# tie and count the ties per split; the merged counts pick the lines to rewrite: lines with
-# one tie (skipped), ties in different splits (rewritten), a NaN extreme (no tie: NaN).
+# tie and count the ties (rows: per split, then a merge; columns: atomics into zeroed
+# slots); the counts pick the lines to rewrite: lines with one tie (skipped), ties in
+# different splits (rewritten), a NaN extreme (no tie: NaN).
 
 
 def _tie_layouts():
