@@ -586,7 +586,8 @@ def _tie_slots(out_numel: int, extent: int, width: int, max_splits: int) -> int:
     out_numel`` split counts, then one 64-bit tie mask (a bit per element) per lane and
     ``tie_mask_iters(width)`` word-loop iterations of each split
     (``kernels.reduce.reduce_backward_rows_vec``); the larger of the row and the column
-    word geometries."""
+    word geometries. (The column kernel adds its counts into the first ``out_numel``
+    slots only; its masks start after ``splits * out_numel`` all the same.)"""
     def masks(geometry: _Geometry, chunk: int, lines: int) -> int:
         batches = -(-chunk // (VEC_LOADS * geometry.lanes))
         return geometry.splits * (out_numel + lines * -(-batches // tie_mask_iters(width))
@@ -1492,8 +1493,8 @@ class ReduceBackwardPlan(Plan):
         rewrite = list(args)
         rewrite[mode_at] = 3
         if cols:
-            rows = max(1, min(splits, _TIE_REWRITE_BLOCKS // grid[0]))
-            return _TieCount(None, kernel.bind((grid[0], rows), _BLOCK, tuple(rewrite)).fast,
+            grid_y = max(1, min(splits, _TIE_REWRITE_BLOCKS // grid[0]))
+            return _TieCount(None, kernel.bind((grid[0], grid_y), _BLOCK, tuple(rewrite)).fast,
                              self._out_numel * 8)
         out_numel = self._out_numel
         empty = (0, 0)
