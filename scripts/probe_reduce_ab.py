@@ -8,6 +8,9 @@ bits.
         python scripts/probe_reduce_ab.py [rounds]
 
 A case is ``KIND:SHAPE:AXIS:DTYPE[:hold|:sync]`` (``plan.row_hold`` True / False in both).
+``AB_UNIFORM=1`` draws x as the benchmark does (uniform in [-2, 2), rounded to the dtype:
+many ties in bf16) instead of a normal distribution. ``AB_SET=MODULE.NAME=VALUE,...`` sets
+constants of the new package first (e.g. ``plans.reduce._TIE_REWRITE_BLOCKS=264``).
 """
 
 from __future__ import annotations
@@ -36,13 +39,22 @@ def main() -> None:
     ctx = Context("reduce", torch)
     ctx.copy_gbps = measure_copy_gbps(torch)
     print(f"copy {ctx.copy_gbps:.0f} GB/s, {torch.cuda.get_device_name()}", flush=True)
+    for setting in filter(None, os.environ.get("AB_SET", "").split(",")):
+        target, value = setting.split("=")
+        module, name = target.rsplit(".", 1)
+        module = importlib.import_module(f"baracuda_numba.{module}")
+        setattr(module, name, type(getattr(module, name))(value))
+        print(f"  new: {target} = {value}", flush=True)
     for case in os.environ.get("AB_CASES", "VAR:256x1000000:1:bfloat16").split(","):
         fields = case.split(":")
         kind, shape, axis, name = fields[0], tuple(int(n) for n in fields[1].split("x")), \
             int(fields[2]), fields[3]
         hold = {"hold": True, "sync": False}.get(fields[4]) if len(fields) > 4 else None
         dtype = getattr(torch, name)
-        x = torch.randn(shape, device="cuda", dtype=dtype)
+        if os.environ.get("AB_UNIFORM"):
+            x = (torch.rand(shape, device="cuda") * 4 - 2).to(dtype)
+        else:
+            x = torch.randn(shape, device="cuda", dtype=dtype)
         y = _saved(kind, x, axis)
         dy = torch.randn_like(y)
         runs, outs = [], []

@@ -1538,11 +1538,11 @@ def _make_reduce_cols_vec(kind: Any, element: ElementKind) -> Callable[..., None
     return reduce_cols_vec
 
 
-#: Tie masks the rewrite pass of the Max/Min gradient loads at once, per kernel (one
-#: dependent load per mask before: a lane walks ~30 masks of a 1e6-long row split in two).
-#: The column kernel keeps 2: more push it past 80 registers (2 instead of 3 resident
-#: blocks per SM). With the first pass's tie bits gathered per word loop (one 64-bit shift
-#: and one population count per mask instead of a 64-bit shift and increment per element),
+#: Tie masks the rewrite pass of the Max/Min gradient of rows loads at once (one dependent
+#: load per mask before: a lane walks ~30 masks of a 1e6-long row split in two). (The
+#: column kernel then kept 2 and the rewrite was its mode 3.) With the first pass's tie
+#: bits gathered per word loop (one 64-bit shift and one population count per mask instead
+#: of a 64-bit shift and increment per element),
 #: H200, 2026-11-26, ncu at normal clocks, µs before -> after: bf16 Max [256, 1e6] axis 1
 #: first pass 339 -> 310, rewrite 52 -> 36; f32 first pass 545 -> 537, rewrite 21 -> 11;
 #: bf16 [1e6, 64] axis 0 (columns) first pass 78-83 -> 85-88, rewrite 17 -> 13. Benchmark
@@ -1550,7 +1550,9 @@ def _make_reduce_cols_vec(kind: Any, element: ElementKind) -> Callable[..., None
 #: [256, 1e6] axis 0 582 -> 561; bf16 [1e6, 64] axis 0 115 -> 105. H100: f32 [1e6, 64] axis
 #: 0 got slower, 209 -> 219 (docs/notes/reduce.md, eleventh pass: the variants tried).
 REWRITE_MASKS_ROWS = 8
-REWRITE_MASKS_COLS = 2
+#: Tie masks each thread of the column rewrite (``reduce_backward_cols_ties``) loads at once
+#: (2 in the simulator, whose few masks per lane then span several batches).
+COLS_TIES_BATCH = 2 if SIMULATOR else 8
 
 
 @dataclass(frozen=True)
@@ -1616,12 +1618,32 @@ def _tied_word_rewriter(element: ElementKind, batch: int) -> Any:
     wrote there and at every word left alone (0, or NaN for a non-finite dy), as
     ``_elem_ties``. ``batch`` masks are loaded at once; the tied words of a mask are
     visited lowest bit first (the lowest set bit's index is the population count below
-    it), so a mask without ties costs one test."""
+    it), so a mask without ties costs one test. ``batch`` 0: the device function of one
+    mask already loaded, ``rewrite_mask(dx, dxv, m, cfs, first_word, word_span, results,
+    shift)``."""
     vec = VECTOR[element]
     W, LOG_W, pack, store_word = vec.width, vec.log_width, vec.pack, vec.store_word
     MASK_ITERS = tie_mask_iters(W)
     WORD_BITS = uint64((1 << W) - 1)
     MASK_WORDS = MASK_ITERS * VEC_LOADS
+
+    @cuda.jit(device=True, inline=True)
+    def rewrite_mask(dx, dxv, m, cfs, first_word, word_span, results, shift):
+        """The tied words of one mask ``m`` (word q of it at ``first_word + q *
+        word_span``), lowest bit first."""
+        while m != 0:
+            low = m & (~m + uint64(1))
+            q = uint32(cuda.popc(low - uint64(1))) >> uint32(LOG_W)  # word in mask
+            at = uint64(q << uint32(LOG_W))
+            bits = (m >> at) & WORD_BITS
+            m &= ~(WORD_BITS << at)
+            for e in range(W):
+                c = cfs[e]
+                results[e] = c if (bits >> uint64(e)) & uint64(1) != 0 else c - c
+            store_word(dx, dxv, first_word + int64(q) * word_span, pack(results), shift)
+
+    if batch == 0:
+        return rewrite_mask
 
     @cuda.jit(device=True, inline=True)
     def rewrite_tied(dx, dxv, stat_k, mask_at, mask_span, cfs, first_word, word_span,
@@ -1634,18 +1656,10 @@ def _tied_word_rewriter(element: ElementKind, batch: int) -> Any:
                 if g + b < groups:
                     masks[b] = uint64(stat_k[uint64(mask_at + (g + b) * mask_span)])
             for b in range(batch):
-                m = masks[b] if g + b < groups else uint64(0)
-                while m != 0:
-                    low = m & (~m + uint64(1))
-                    q = uint32(cuda.popc(low - uint64(1))) >> uint32(LOG_W)  # word in mask
-                    at = uint64(q << uint32(LOG_W))
-                    bits = (m >> at) & WORD_BITS
-                    m &= ~(WORD_BITS << at)
-                    for e in range(W):
-                        c = cfs[e]
-                        results[e] = c if (bits >> uint64(e)) & uint64(1) != 0 else c - c
-                    word = first_word + ((g + b) * MASK_WORDS + int64(q)) * word_span
-                    store_word(dx, dxv, word, pack(results), shift)
+                if g + b < groups:
+                    rewrite_mask(dx, dxv, masks[b], cfs,
+                                 first_word + (g + b) * MASK_WORDS * word_span, word_span,
+                                 results, shift)
             g += batch
 
     return rewrite_tied
@@ -1870,9 +1884,15 @@ def _make_backward_cols_vec(kind: ReduceKind, element: ElementKind) -> Callable[
     fast_fn, fast_holds, exact_fn = checked or (None,) * 3
     READS_X, READS_Y = ops.reads_x, ops.reads_y
     STAT_MEAN, STAT_TIES = ops.stat == "mean", ops.stat == "ties"
-    rewrite_tied = _tied_word_rewriter(element, REWRITE_MASKS_COLS)
     MASK_ITERS = tie_mask_iters(W)
     ELEMENT_BITS = uint64(sum(1 << b for b in range(0, 64, W)))  # element 0 of each word
+    # f16/bf16 ties from equality masks of the packed words (TieWords; bf16 on sm_90): dx
+    # by one select a word, the tie bits only for the (rare) words with a tie
+    TIE_MASKS = STAT_TIES and vec.eq_mask is not None
+    ties_w = _tie_words(element) if TIE_MASKS else None
+    tie_mask, tie_select, tie_usable = \
+        (ties_w.mask, ties_w.select, ties_w.usable) if TIE_MASKS else (None,) * 3
+    FIELD = 64 // W  # bits per element of an equality mask
     # The mean's gradient walks each chunk from its end: the statistic pass (the same
     # chunks, walked forwards by blocks that all run at once) read those rows last, so the
     # first re-reads of x can still hit L2. (H100, 2026-11-26, Var gradient of [1e6, 64]
@@ -1887,13 +1907,12 @@ def _make_backward_cols_vec(kind: ReduceKind, element: ElementKind) -> Callable[
         are ``extent`` rows of ``out_numel`` contiguous outputs, ``axis_words`` words apart
         (same layout, word aligned); each slot owns the W outputs of one word (W
         coefficients), its lanes walk the axis (the Var/Std gradients from the chunk's
-        end down); the statistic comes from ``stat_acc``/``stat_k``. ``mode`` 2 and 3:
-        the tie count's two passes. 2 writes dx with every count taken as 1, records the
-        ties in the masks (as ``fused`` 2 of ``reduce_backward_rows_vec``) and adds each
-        lane's ties to ``stat_k[o]`` (zeroed before; integer atomics, so the total does
-        not depend on their order); 3 rewrites the words of the lines whose count is not
-        1, in a grid of fewer splits than the first pass's (its blocks loop over the
-        splits: most lines need nothing); 0 otherwise."""
+        end down); the statistic comes from ``stat_acc``/``stat_k``. ``mode`` 2: the
+        first pass of the tie count after dx; it writes dx with every count taken as 1,
+        records the ties in the masks (as ``fused`` 2 of ``reduce_backward_rows_vec``) and
+        adds each lane's ties to ``stat_k[o]`` (zeroed before; integer atomics, so the
+        total does not depend on their order); ``reduce_backward_cols_ties`` then
+        rewrites the lines whose count is not 1. 0 otherwise."""
         tid = cuda.threadIdx.x
         block = cuda.blockDim.x
         slots = block // lanes
@@ -1902,8 +1921,6 @@ def _make_backward_cols_vec(kind: ReduceKind, element: ElementKind) -> Callable[
         split = int64(cuda.blockIdx.y)
         begin = split * chunk_len
         end = min(extent, begin + chunk_len)
-        # the axis splits (the grid's y in modes 0-2; mode 3 may take fewer blocks, which
-        # loop over the splits)
         n_splits = (extent + chunk_len - 1) // chunk_len
         out_words = out_numel >> LOG_W
         span = int64(lanes)
@@ -1915,14 +1932,13 @@ def _make_backward_cols_vec(kind: ReduceKind, element: ElementKind) -> Callable[
         words = cuda.local.array(VEC_LOADS, uint64)
         values = cuda.local.array(W, ACC)
         results = cuda.local.array(W, ACC)
+        masks = tie_usable() if TIE_MASKS else False
         group = int64(cuda.blockIdx.x)
         while group * slots < out_words:
             ow = group * slots + slot
             valid = ow < out_words
-            sparse = False
+            yw = cw = zw = uint64(0)  # the words of the W extremes, cfs, cfs - cfs
             if valid:
-                rewrite = False
-                sparse = STAT_TIES and mode == 3
                 for e in range(W):
                     o = (ow << LOG_W) + e
                     g = load(dy, o * dy_stride)
@@ -1933,20 +1949,17 @@ def _make_backward_cols_vec(kind: ReduceKind, element: ElementKind) -> Callable[
                         mean = stat_acc[uint64(o)] / ACC(extent)  # the statistic pass's sum
                     if STAT_TIES:
                         count = int64(1) if mode == 2 else stat_k[uint64(o)]
-                        rewrite = rewrite or count != 1
-                        sparse = sparse and count != 0  # a NaN extreme: every word
                         ties[e] = 0
                     cfs[e] = ACC(coefficient(g, yv, mean, count, param))
                     ys[e] = yv
                     means[e] = mean
-                if STAT_TIES and mode == 3 and not rewrite:
-                    valid = False  # written by the first pass
-            if STAT_TIES:
-                split = int64(cuda.blockIdx.y)
-            while valid:
-                if STAT_TIES:  # mode 3 loops over the splits
-                    begin = split * chunk_len
-                    end = min(extent, begin + chunk_len)
+                if TIE_MASKS and masks:
+                    yw = pack(ys)
+                    cw = pack(cfs)
+                    for e in range(W):
+                        results[e] = cfs[e] - cfs[e]
+                    zw = pack(results)
+            if valid:
                 i = begin + lane
                 at = i * axis_words + ow
                 # tie masks as in reduce_backward_rows_vec; mask g of (split, lane, ow) at
@@ -1957,11 +1970,7 @@ def _make_backward_cols_vec(kind: ReduceKind, element: ElementKind) -> Callable[
                 mask_at = n_splits * out_numel + (
                     split * ((batches + MASK_ITERS - 1) // MASK_ITERS) * span + lane) \
                     * out_words + ow
-                if sparse:
-                    rewrite_tied(dx, dxv, stat_k, mask_at, mask_span, cfs, at, word_span,
-                                 (end - i + VEC_LOADS * span - 1) // (VEC_LOADS * span),
-                                 results, 0)
-                elif READS_X:
+                if READS_X:
                     it = int64(0)
                     mask = uint64(0)
                     step = VEC_LOADS * span
@@ -1978,7 +1987,15 @@ def _make_backward_cols_vec(kind: ReduceKind, element: ElementKind) -> Callable[
                                 words[u] = xv[uint64(at + u * word_span)]
                         tied = uint32(0)  # bit u * W + e: element e of word u ties
                         for u in range(VEC_LOADS):
-                            if i + u * span < end:
+                            if TIE_MASKS and masks and i + u * span < end:
+                                m = tie_mask(words[u], yw)
+                                store_word(dx, dxv, at + u * word_span,
+                                           tie_select(m, cw, zw), 0)
+                                if m != 0:  # rare: the word's tie bits
+                                    for e in range(W):
+                                        if (m >> uint64(e * FIELD)) & uint64(1) != 0:
+                                            tied |= uint32(1 << (u * W + e))
+                            elif i + u * span < end:
                                 unpack(words[u], values, 0)
                                 holds = True
                                 for e in range(W):
@@ -2018,10 +2035,6 @@ def _make_backward_cols_vec(kind: ReduceKind, element: ElementKind) -> Callable[
                         store_word(dx, dxv, at, w, 0)
                         i += span
                         at += word_span
-                if not STAT_TIES or mode != 3:
-                    break
-                split += int64(cuda.gridDim.y)
-                valid = split < n_splits
             if STAT_TIES and mode == 2:  # this lane's ties, added to the line's count
                 for e in range(W):
                     if ow < out_words and ties[e] != 0:
@@ -2029,6 +2042,93 @@ def _make_backward_cols_vec(kind: ReduceKind, element: ElementKind) -> Callable[
             group += cuda.gridDim.x
 
     return reduce_backward_cols_vec
+
+
+def _make_backward_cols_ties(element: ElementKind) -> Callable[..., None]:
+    spec = ELEMENTS[element]
+    vec = VECTOR[element]
+    ACC, load = spec.acc, spec.load
+    pack, store_word = vec.pack, vec.store_word
+    W, LOG_W = vec.width, vec.log_width
+    coefficient = _grad_fns(ReduceKind.MAX, element)[0]
+    rewrite_mask = _tied_word_rewriter(element, 0)
+    MASK_ITERS = tie_mask_iters(W)
+    MASK_WORDS = MASK_ITERS * VEC_LOADS
+    B = COLS_TIES_BATCH
+
+    def reduce_backward_cols_ties(dy, dx, dxv, stat_k, out_numel, extent, axis_words,
+                                  dy_stride, lanes, chunk_len):
+        """The rewrite pass of the Max/Min gradient's tie count after dx in the column
+        layout (the first pass: ``reduce_backward_cols_vec`` in mode 2, same ``lanes``
+        and ``chunk_len``). Thread (x, y) of the grid owns output word ``ow`` and lane
+        ``lane``; grid z walks the (split, mask g) pairs ``sg = split * masks + g``,
+        COLS_TIES_BATCH mask loads in flight (mask ``(sg * lanes + lane) * out_words +
+        ow``). Where a column of the word has a count ``n = stat_k[o]`` other than 1,
+        element e of each word the mask covers is ``dy / n`` where its bit is set, else
+        ``dy / n - dy / n`` (``_elem_ties``; what the first pass wrote at the other
+        words): the words with a set bit, or every word of the mask's rows when a count
+        is 0 (a NaN extreme: no ties). The other words (most) are left alone."""
+        out_words = out_numel >> LOG_W
+        span = int64(lanes)
+        ow = int64(cuda.blockIdx.x) * cuda.blockDim.x + cuda.threadIdx.x
+        lane = int64(cuda.blockIdx.y) * cuda.blockDim.y + cuda.threadIdx.y
+        if ow >= out_words or lane >= span:
+            return
+        rewrite = False
+        nan = False
+        for e in range(W):
+            count = stat_k[uint64((ow << LOG_W) + e)]
+            rewrite = rewrite or count != 1
+            nan = nan or count == 0
+        if not rewrite:  # the first pass's dx stands
+            return
+        cfs = cuda.local.array(W, ACC)
+        results = cuda.local.array(W, ACC)
+        got = cuda.local.array(B, uint64)
+        for e in range(W):
+            o = (ow << LOG_W) + e
+            dyv = load(dy, o * dy_stride)
+            cfs[e] = ACC(coefficient(dyv, dyv, dyv, stat_k[uint64(o)], 0.0))
+        masks = ((chunk_len + VEC_LOADS * span - 1) // (VEC_LOADS * span) + MASK_ITERS
+                 - 1) // MASK_ITERS  # per lane and split
+        n_splits = (extent + chunk_len - 1) // chunk_len
+        n_sg = n_splits * masks
+        base = n_splits * out_numel  # the masks follow the counts' slots
+        word_span = span * axis_words
+        step = int64(cuda.gridDim.z)
+        sg = int64(cuda.blockIdx.z)
+        while sg < n_sg:
+            for b in range(B):  # every mask load of the batch in flight
+                at = sg + b * step
+                if at < n_sg:
+                    split = at // masks
+                    # the mask's first row; none written past the split's end
+                    if split * chunk_len + lane + (at - split * masks) * MASK_WORDS * span \
+                            < min(extent, (split + 1) * chunk_len):
+                        got[b] = uint64(stat_k[uint64(base + (at * span + lane) * out_words
+                                                      + ow)])
+            for b in range(B):
+                at = sg + b * step
+                if at < n_sg:
+                    split = at // masks
+                    end = min(extent, (split + 1) * chunk_len)
+                    i = split * chunk_len + lane + (at - split * masks) * MASK_WORDS * span
+                    first = i * axis_words + ow
+                    if i < end and nan:
+                        m = got[b]
+                        for q in range(MASK_WORDS):
+                            if i + q * span < end:
+                                bits = m >> uint64(q * W)
+                                for e in range(W):
+                                    c = cfs[e]
+                                    results[e] = c if (bits >> uint64(e)) & uint64(1) != 0 \
+                                        else c - c
+                                store_word(dx, dxv, first + q * word_span, pack(results), 0)
+                    elif i < end:
+                        rewrite_mask(dx, dxv, got[b], cfs, first, word_span, results, 0)
+            sg += B * step
+
+    return reduce_backward_cols_ties
 
 
 # -- the register-resident gradient (Max/Min, Var/Std of rows that fit on chip) ----------
@@ -2915,6 +3015,15 @@ REDUCE_BACKWARD_COLS_VEC_KERNELS: dict[tuple[ReduceKind, ElementKind], Kernel] =
         f"reduce_backward_cols_vec[{_kind_name(kind)},{element.name.lower()}]",
         _make_backward_cols_vec(kind, element), _vec_backward_cols_signature(element))
     for element in VECTOR for kind in GRAD_OPS
+}
+
+#: element -> the rewrite pass of the column tie count (Max/Min gradient after dx).
+REDUCE_BACKWARD_COLS_TIES_KERNELS: dict[ElementKind, Kernel] = {
+    element: Kernel(
+        f"reduce_backward_cols_ties[{element.name.lower()}]", _make_backward_cols_ties(element),
+        (flat(ELEMENTS[element].storage), flat(ELEMENTS[element].storage), flat(uint64),
+         flat(int64), int64, int64, int64, int64, int64, int64))
+    for element in VECTOR
 }
 
 

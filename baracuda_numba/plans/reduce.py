@@ -58,6 +58,7 @@ from ..errors import InvalidProblem, Unsupported
 from ..kernels.common import pad8
 from ..kernels.reduce import (
     CHUNK,
+    COLS_TIES_BATCH,
     ELEMENTS,
     FLOAT_ELEMENTS,
     FORWARD_KERNEL_KIND,
@@ -70,6 +71,7 @@ from ..kernels.reduce import (
     REDUCE_BACKWARD_COLS_REG_KERNELS,
     REDUCE_BACKWARD_COLS_REG_SMALL_KERNELS,
     REDUCE_BACKWARD_COLS_STASH_KERNELS,
+    REDUCE_BACKWARD_COLS_TIES_KERNELS,
     REDUCE_BACKWARD_COLS_VEC_KERNELS,
     REDUCE_BACKWARD_KERNELS,
     REDUCE_BACKWARD_ROWS_HOLD_KERNELS,
@@ -1096,9 +1098,10 @@ class ArgReducePlan(_ForwardPlan):
 # The gradient
 
 
-#: Blocks of the column tie count's rewrite pass (one in the simulator: its blocks loop
-#: over every split there).
-_TIE_REWRITE_BLOCKS = 1 if SIMULATOR else _VEC_TARGET_BLOCKS
+#: Most blocks of the column tie count's rewrite pass (``reduce_backward_cols_ties``: at
+#: least one along z; one in the simulator, whose threads then loop over every mask of
+#: their lane).
+_TIE_REWRITE_BLOCKS = 1 if SIMULATOR else 3 * 132
 
 
 @dataclass(frozen=True)
@@ -1108,7 +1111,8 @@ class _TieCount:
     and counts the ties; ``rewrite`` (the gradient in mode 3) rewrites the lines whose
     count is not 1. ROWS: the first pass writes each split's count and ``merge`` (fast
     launcher) sums them into workspace slots ``[0, out_numel)``. COLS (``merge`` None):
-    the first pass adds its counts into those slots, ``zero_bytes`` zeroed before it."""
+    the first pass adds its counts into those slots, ``zero_bytes`` zeroed before it, and
+    ``rewrite`` is ``reduce_backward_cols_ties``."""
 
     merge: Any
     rewrite: Any
@@ -1146,10 +1150,9 @@ def _gradient_runner(launch: tuple[Any, Any], ws_ptr: int) -> Any:
             return ties
 
         def col_ties(handle: int, dy_ptr: int, dx_ptr: int, x_ptr: int, y_ptr: int) -> None:
-            pointers = (dy_ptr, x_ptr, y_ptr, dx_ptr, dx_ptr, 0, ws_ptr)
             memset_d8_async(ws_ptr, 0, zero_bytes, handle)
-            bound(handle, *pointers)
-            rewrite(handle, *pointers)
+            bound(handle, dy_ptr, x_ptr, y_ptr, dx_ptr, dx_ptr, 0, ws_ptr)
+            rewrite(handle, dy_ptr, dx_ptr, dx_ptr, ws_ptr)
         return col_ties
     if access == SYNC:
         ctl_bytes = gradient.ctl_bytes
@@ -1469,7 +1472,7 @@ class ReduceBackwardPlan(Plan):
                     geometry.chunk_len, self._param, mode)
             kernel = REDUCE_BACKWARD_COLS_VEC_KERNELS[(grad_kind, element)]
             if mode == 2:
-                stat = self._tie_count(kernel, grid, args, -1, geometry.splits, cols=True)
+                stat = self._col_tie_count(args, width)
             return stat, (COLS, kernel.bind(grid, _BLOCK, args))
         gradient = self._kernel.bind(
             grid, _BLOCK,
@@ -1481,21 +1484,32 @@ class ReduceBackwardPlan(Plan):
              mode))
         return stat, (GENERIC, gradient)
 
+    def _col_tie_count(self, args: tuple[Any, ...], width: int) -> _TieCount:
+        """The column tie count after dx (first pass: ``reduce_backward_cols_vec`` with
+        ``args``, mode 2): its counts zeroed, then added up by the first pass itself (no
+        merge launch), then the rewrite, one thread per tie mask
+        (``reduce_backward_cols_ties``)."""
+        (dy_view, _, _, dx_view, dxv_view, _, ties_view, out_numel, extent, axis_words,
+         dy_stride, _, lanes, chunk_len, _, _) = args
+        batches = -(-chunk_len // (VEC_LOADS * lanes))
+        split_masks = -(-extent // chunk_len) * -(-batches // tie_mask_iters(width))
+        out_words = out_numel // width
+        bx = min(_BLOCK, 1 << (out_words - 1).bit_length())  # threads along the words
+        by = max(1, min(lanes, _BLOCK // bx))
+        grid = (-(-out_words // bx), -(-lanes // by),
+                max(1, min(-(-split_masks // COLS_TIES_BATCH), 65535,
+                           _TIE_REWRITE_BLOCKS // (-(-out_words // bx) * -(-lanes // by)))))
+        rewrite = REDUCE_BACKWARD_COLS_TIES_KERNELS[self.descriptor.element].bind(
+            grid, (bx, by), (dy_view, dx_view, dxv_view, ties_view, out_numel, extent,
+                             axis_words, dy_stride, lanes, chunk_len))
+        return _TieCount(None, rewrite.fast, out_numel * 8)
+
     def _tie_count(self, kernel: Any, grid: tuple[int, int], args: tuple[Any, ...],
-                   mode_at: int, splits: int, cols: bool = False) -> _TieCount:
+                   mode_at: int, splits: int) -> _TieCount:
         """The rewrite pass (``args`` of the first pass with ``args[mode_at]`` = 3) of the
-        tie count after dx, and for rows the merge of the ``splits`` tie counts per output.
-        Columns: the first pass adds its counts up itself (no merge launch), and the
-        rewrite takes about _TIE_REWRITE_BLOCKS blocks whatever the first pass's splits
-        (its blocks loop over them). (Before, H100, 2026-11-27, ncu, f32 Max [4096, 4096]
-        along axis 0 through this path: the merge took 10.3 µs and a rewrite block per
-        (group, split), each finding its counts at 1, 10.2 µs.)"""
+        row tie count after dx, and the merge of the ``splits`` tie counts per output."""
         rewrite = list(args)
         rewrite[mode_at] = 3
-        if cols:
-            grid_y = max(1, min(splits, _TIE_REWRITE_BLOCKS // grid[0]))
-            return _TieCount(None, kernel.bind((grid[0], grid_y), _BLOCK, tuple(rewrite)).fast,
-                             self._out_numel * 8)
         out_numel = self._out_numel
         empty = (0, 0)
         zeros = pad8((), 0)
