@@ -1079,6 +1079,28 @@ def tie_mask_iters(width: int) -> int:
     return 1 if SIMULATOR else 64 // (VEC_LOADS * width)
 
 
+def col_tie_layout(width: int) -> Callable[..., tuple[int, int, int, int]]:
+    """``layout(out_numel, extent, lanes, chunk_len) -> (masks, n_splits, n_masks,
+    mask_base)`` of the column tie count's workspace (int64 slots; a plain function, also
+    compiled as a device function by the kernels): the ``out_numel`` counts (zeroed before
+    the first pass), then a bitmap of the masks with a tie (bit ``t % 64`` of slot
+    ``out_numel + t // 64``, zeroed with the counts), then from ``mask_base`` the
+    ``n_masks`` masks: ``masks`` per lane and split, mask ``t = ow * n_splits * masks *
+    lanes + (split * masks + g) * lanes + lane`` (output word major: a bitmap slot's
+    masks mostly share their lines), written only where it has a tie."""
+    mask_iters = tie_mask_iters(width)
+    log_w = width.bit_length() - 1
+
+    def layout(out_numel, extent, lanes, chunk_len):
+        masks = ((chunk_len + VEC_LOADS * lanes - 1) // (VEC_LOADS * lanes) + mask_iters
+                 - 1) // mask_iters
+        n_splits = (extent + chunk_len - 1) // chunk_len
+        n_masks = n_splits * masks * lanes * (out_numel >> log_w)
+        return masks, n_splits, n_masks, out_numel + (n_masks + 63) // 64
+
+    return layout
+
+
 #: Register cap of the forward word kernels: 4 resident 256-thread blocks per SM, which the
 #: plans' one-wave split rule assumes (uncapped: 80 registers for Sum, 127 for bf16 Var;
 #: capped, ptxas spills 36-200 bytes, outside the load loop for Sum).
@@ -1550,9 +1572,11 @@ def _make_reduce_cols_vec(kind: Any, element: ElementKind) -> Callable[..., None
 #: [256, 1e6] axis 0 582 -> 561; bf16 [1e6, 64] axis 0 115 -> 105. H100: f32 [1e6, 64] axis
 #: 0 got slower, 209 -> 219 (docs/notes/reduce.md, eleventh pass: the variants tried).
 REWRITE_MASKS_ROWS = 8
-#: Tie masks each thread of the column rewrite (``reduce_backward_cols_ties``) loads at once
-#: (2 in the simulator, whose few masks per lane then span several batches).
-COLS_TIES_BATCH = 2 if SIMULATOR else 8
+#: Bits of the column tie count's bitmap per thread of its rewrite
+#: (``reduce_backward_cols_ties``), and the masks with a tie such a thread loads at once (2
+#: in the simulator: a thread's masks then span several batches).
+COLS_TIES_BITS = 8
+COLS_TIES_BATCH = 2 if SIMULATOR else COLS_TIES_BITS
 
 
 @dataclass(frozen=True)
@@ -1886,6 +1910,7 @@ def _make_backward_cols_vec(kind: ReduceKind, element: ElementKind) -> Callable[
     STAT_MEAN, STAT_TIES = ops.stat == "mean", ops.stat == "ties"
     MASK_ITERS = tie_mask_iters(W)
     ELEMENT_BITS = uint64(sum(1 << b for b in range(0, 64, W)))  # element 0 of each word
+    tie_layout = cuda.jit(device=True, inline=True)(col_tie_layout(W))
     # f16/bf16 ties from equality masks of the packed words (TieWords; bf16 on sm_90): dx
     # by one select a word, the tie bits only for the (rare) words with a tie
     TIE_MASKS = STAT_TIES and vec.eq_mask is not None
@@ -1909,9 +1934,10 @@ def _make_backward_cols_vec(kind: ReduceKind, element: ElementKind) -> Callable[
         coefficients), its lanes walk the axis (the Var/Std gradients from the chunk's
         end down); the statistic comes from ``stat_acc``/``stat_k``. ``mode`` 2: the
         first pass of the tie count after dx; it writes dx with every count taken as 1,
-        records the ties in the masks (as ``fused`` 2 of ``reduce_backward_rows_vec``) and
-        adds each lane's ties to ``stat_k[o]`` (zeroed before; integer atomics, so the
-        total does not depend on their order); ``reduce_backward_cols_ties`` then
+        records the ties in the masks (as ``fused`` 2 of ``reduce_backward_rows_vec``;
+        only the masks with a tie, each flagged in the bitmap: ``col_tie_layout``) and
+        adds each lane's ties to ``stat_k[o]`` (counts and bitmap zeroed before; integer
+        atomics, so neither depends on their order); ``reduce_backward_cols_ties`` then
         rewrites the lines whose count is not 1. 0 otherwise."""
         tid = cuda.threadIdx.x
         block = cuda.blockDim.x
@@ -1921,9 +1947,9 @@ def _make_backward_cols_vec(kind: ReduceKind, element: ElementKind) -> Callable[
         split = int64(cuda.blockIdx.y)
         begin = split * chunk_len
         end = min(extent, begin + chunk_len)
-        n_splits = (extent + chunk_len - 1) // chunk_len
         out_words = out_numel >> LOG_W
         span = int64(lanes)
+        masks_per, n_splits, _, mask_base = tie_layout(out_numel, extent, span, chunk_len)
         word_span = span * axis_words
         cfs = cuda.local.array(W, ACC)
         ys = cuda.local.array(W, ACC)
@@ -1962,14 +1988,9 @@ def _make_backward_cols_vec(kind: ReduceKind, element: ElementKind) -> Callable[
             if valid:
                 i = begin + lane
                 at = i * axis_words + ow
-                # tie masks as in reduce_backward_rows_vec; mask g of (split, lane, ow) at
-                # splits * out_numel + ((split * masks + g) * lanes + lane) * out_words + ow
-                # (consecutive slots: consecutive masks)
-                batches = (chunk_len + VEC_LOADS * span - 1) // (VEC_LOADS * span)
-                mask_span = span * out_words
-                mask_at = n_splits * out_numel + (
-                    split * ((batches + MASK_ITERS - 1) // MASK_ITERS) * span + lane) \
-                    * out_words + ow
+                # tie masks as in reduce_backward_rows_vec; mask g of (split, lane, ow) is
+                # mask_at + g * span (col_tie_layout)
+                mask_at = (ow * n_splits + split) * masks_per * span + lane
                 if READS_X:
                     it = int64(0)
                     mask = uint64(0)
@@ -2021,9 +2042,12 @@ def _make_backward_cols_vec(kind: ReduceKind, element: ElementKind) -> Callable[
                         if STAT_TIES:
                             mask |= uint64(tied) << uint64(it % MASK_ITERS * (VEC_LOADS * W))
                         it += 1
-                        if STAT_TIES and mode == 2 and (it % MASK_ITERS == 0 or i >= end):
-                            stat_k[uint64(mask_at + (it - 1) // MASK_ITERS * mask_span)] = \
-                                int64(mask)
+                        if STAT_TIES and mode == 2 and (it % MASK_ITERS == 0 or i >= end) \
+                                and mask != 0:  # the mask and its bit in the bitmap
+                            t = mask_at + (it - 1) // MASK_ITERS * span
+                            stat_k[uint64(mask_base + t)] = int64(mask)
+                            cuda.atomic.or_(stat_k, out_numel + (t >> 6),
+                                            int64(1) << (t & 63))
                             for e in range(W):  # bits e, e + W, ...: column e of the word
                                 ties[e] += int64(cuda.popc(mask & (ELEMENT_BITS << uint64(e))))
                             mask = uint64(0)
@@ -2052,81 +2076,109 @@ def _make_backward_cols_ties(element: ElementKind) -> Callable[..., None]:
     W, LOG_W = vec.width, vec.log_width
     coefficient = _grad_fns(ReduceKind.MAX, element)[0]
     rewrite_mask = _tied_word_rewriter(element, 0)
-    MASK_ITERS = tie_mask_iters(W)
-    MASK_WORDS = MASK_ITERS * VEC_LOADS
+    tie_layout = cuda.jit(device=True, inline=True)(col_tie_layout(W))
+    MASK_WORDS = tie_mask_iters(W) * VEC_LOADS
     B = COLS_TIES_BATCH
 
-    def reduce_backward_cols_ties(dy, dx, dxv, stat_k, out_numel, extent, axis_words,
-                                  dy_stride, lanes, chunk_len):
-        """The rewrite pass of the Max/Min gradient's tie count after dx in the column
-        layout (the first pass: ``reduce_backward_cols_vec`` in mode 2, same ``lanes``
-        and ``chunk_len``). Thread (x, y) of the grid owns output word ``ow`` and lane
-        ``lane``; grid z walks the (split, mask g) pairs ``sg = split * masks + g``,
-        COLS_TIES_BATCH mask loads in flight (mask ``(sg * lanes + lane) * out_words +
-        ow``). Where a column of the word has a count ``n = stat_k[o]`` other than 1,
-        element e of each word the mask covers is ``dy / n`` where its bit is set, else
-        ``dy / n - dy / n`` (``_elem_ties``; what the first pass wrote at the other
-        words): the words with a set bit, or every word of the mask's rows when a count
-        is 0 (a NaN extreme: no ties). The other words (most) are left alone."""
-        out_words = out_numel >> LOG_W
-        span = int64(lanes)
-        ow = int64(cuda.blockIdx.x) * cuda.blockDim.x + cuda.threadIdx.x
-        lane = int64(cuda.blockIdx.y) * cuda.blockDim.y + cuda.threadIdx.y
-        if ow >= out_words or lane >= span:
-            return
+    @cuda.jit(device=True, inline=True)
+    def coefficients(dy, stat_k, ow, dy_stride, cfs):
+        """(whether a count of word ``ow``'s lines is not 1, whether one is 0); in the
+        first case ``cfs`` = dy / count of each line."""
         rewrite = False
         nan = False
         for e in range(W):
             count = stat_k[uint64((ow << LOG_W) + e)]
             rewrite = rewrite or count != 1
             nan = nan or count == 0
-        if not rewrite:  # the first pass's dx stands
-            return
+        if rewrite:
+            for e in range(W):
+                o = (ow << LOG_W) + e
+                g = load(dy, o * dy_stride)
+                cfs[e] = ACC(coefficient(g, g, g, stat_k[uint64(o)], 0.0))
+        return rewrite, nan
+
+    def reduce_backward_cols_ties(dy, dx, dxv, stat_k, out_numel, extent, axis_words,
+                                  dy_stride, lanes, chunk_len, map_blocks, sweeps):
+        """The rewrite pass of the Max/Min gradient's tie count after dx in the column
+        layout (the first pass: ``reduce_backward_cols_vec`` in mode 2, same ``lanes``
+        and ``chunk_len``; workspace: ``col_tie_layout``). Where a line has a count ``n``
+        other than 1, element e of a word a mask covers is ``dy / n`` where its bit is
+        set, else ``dy / n - dy / n`` (``_elem_ties``; what the first pass wrote at the
+        other words). Blocks below ``map_blocks``: a thread per COLS_TIES_BITS bits of the
+        bitmap, which rewrites the tied words of the masks its set bits name
+        (COLS_TIES_BATCH mask loads in flight), unless a count of the word is 0. The other
+        blocks: ``sweeps`` threads per (output word, lane), which rewrite every word of
+        their masks where a count of the word is 0 (a NaN extreme: no ties, all of dx
+        NaN), and leave at once otherwise."""
+        out_words = out_numel >> LOG_W
+        span = int64(lanes)
+        masks, n_splits, n_masks, mask_base = tie_layout(out_numel, extent, span,
+                                                         chunk_len)
+        per_word = n_splits * masks * span  # masks of an output word
+        word_span = span * axis_words
         cfs = cuda.local.array(W, ACC)
         results = cuda.local.array(W, ACC)
         got = cuda.local.array(B, uint64)
-        for e in range(W):
-            o = (ow << LOG_W) + e
-            dyv = load(dy, o * dy_stride)
-            cfs[e] = ACC(coefficient(dyv, dyv, dyv, stat_k[uint64(o)], 0.0))
-        masks = ((chunk_len + VEC_LOADS * span - 1) // (VEC_LOADS * span) + MASK_ITERS
-                 - 1) // MASK_ITERS  # per lane and split
-        n_splits = (extent + chunk_len - 1) // chunk_len
-        n_sg = n_splits * masks
-        base = n_splits * out_numel  # the masks follow the counts' slots
-        word_span = span * axis_words
-        step = int64(cuda.gridDim.z)
-        sg = int64(cuda.blockIdx.z)
-        while sg < n_sg:
-            for b in range(B):  # every mask load of the batch in flight
-                at = sg + b * step
-                if at < n_sg:
-                    split = at // masks
-                    # the mask's first row; none written past the split's end
-                    if split * chunk_len + lane + (at - split * masks) * MASK_WORDS * span \
-                            < min(extent, (split + 1) * chunk_len):
-                        got[b] = uint64(stat_k[uint64(base + (at * span + lane) * out_words
-                                                      + ow)])
-            for b in range(B):
-                at = sg + b * step
-                if at < n_sg:
-                    split = at // masks
-                    end = min(extent, (split + 1) * chunk_len)
-                    i = split * chunk_len + lane + (at - split * masks) * MASK_WORDS * span
-                    first = i * axis_words + ow
-                    if i < end and nan:
-                        m = got[b]
-                        for q in range(MASK_WORDS):
-                            if i + q * span < end:
-                                bits = m >> uint64(q * W)
-                                for e in range(W):
-                                    c = cfs[e]
-                                    results[e] = c if (bits >> uint64(e)) & uint64(1) != 0 \
-                                        else c - c
-                                store_word(dx, dxv, first + q * word_span, pack(results), 0)
-                    elif i < end:
-                        rewrite_mask(dx, dxv, got[b], cfs, first, word_span, results, 0)
-            sg += B * step
+        ts = cuda.local.array(B, int64)
+        block = int64(cuda.blockIdx.x)
+        if block < map_blocks:
+            first = (block * cuda.blockDim.x + cuda.threadIdx.x) * COLS_TIES_BITS
+            if first >= n_masks:
+                return
+            bits = (uint64(stat_k[uint64(out_numel + (first >> 6))]) >> uint64(first & 63)) \
+                & uint64((1 << COLS_TIES_BITS) - 1)
+            cached = int64(-1)  # the output word whose coefficients cfs holds
+            rewrite = nan = False
+            while bits != 0:
+                for b in range(B):  # the next B masks with a tie: their loads in flight
+                    ts[b] = -1
+                    if bits != 0:
+                        t = first + int64(cuda.popc((bits & (~bits + uint64(1)))
+                                                    - uint64(1)))
+                        bits &= bits - uint64(1)
+                        ts[b] = t
+                        got[b] = uint64(stat_k[uint64(mask_base + t)])
+                for b in range(B):
+                    t = ts[b]
+                    if t >= 0:
+                        ow = t // per_word
+                        if ow != cached:
+                            rewrite, nan = coefficients(dy, stat_k, ow, dy_stride, cfs)
+                            cached = ow
+                        if rewrite and not nan:
+                            r = t - ow * per_word
+                            sg = r // span  # split * masks + g
+                            split = sg // masks
+                            i = split * chunk_len + r - sg * span + (sg - split * masks) \
+                                * MASK_WORDS * span  # the mask's first row
+                            rewrite_mask(dx, dxv, got[b], cfs, i * axis_words + ow,
+                                         word_span, results, 0)
+            return
+        u = (block - map_blocks) * cuda.blockDim.x + cuda.threadIdx.x
+        ow = u % out_words
+        q = u // out_words
+        lane = q % span
+        sg = q // span
+        if sg >= sweeps:
+            return
+        nan = coefficients(dy, stat_k, ow, dy_stride, cfs)[1]
+        while nan and sg < n_splits * masks:
+            split = sg // masks
+            i = split * chunk_len + lane + (sg - split * masks) * MASK_WORDS * span
+            end = min(extent, (split + 1) * chunk_len)
+            t = ow * per_word + sg * span + lane
+            m = uint64(0)
+            if (stat_k[uint64(out_numel + (t >> 6))] >> (t & 63)) & 1 != 0:
+                m = uint64(stat_k[uint64(mask_base + t)])
+            for r in range(MASK_WORDS):
+                if i + r * span < end:
+                    word_bits = m >> uint64(r * W)
+                    for e in range(W):
+                        c = cfs[e]
+                        results[e] = c if (word_bits >> uint64(e)) & uint64(1) != 0 \
+                            else c - c
+                    store_word(dx, dxv, (i + r * span) * axis_words + ow, pack(results), 0)
+            sg += sweeps
 
     return reduce_backward_cols_ties
 
@@ -3022,7 +3074,7 @@ REDUCE_BACKWARD_COLS_TIES_KERNELS: dict[ElementKind, Kernel] = {
     element: Kernel(
         f"reduce_backward_cols_ties[{element.name.lower()}]", _make_backward_cols_ties(element),
         (flat(ELEMENTS[element].storage), flat(ELEMENTS[element].storage), flat(uint64),
-         flat(int64), int64, int64, int64, int64, int64, int64))
+         flat(int64), int64, int64, int64, int64, int64, int64, int64, int64))
     for element in VECTOR
 }
 

@@ -58,7 +58,7 @@ from ..errors import InvalidProblem, Unsupported
 from ..kernels.common import pad8
 from ..kernels.reduce import (
     CHUNK,
-    COLS_TIES_BATCH,
+    COLS_TIES_BITS,
     ELEMENTS,
     FLOAT_ELEMENTS,
     FORWARD_KERNEL_KIND,
@@ -95,6 +95,7 @@ from ..kernels.reduce import (
     TIES,
     VEC_LOADS,
     VECTOR,
+    col_tie_layout,
     tie_mask_iters,
 )
 from ..launch import Kernel
@@ -584,20 +585,18 @@ def _geometry(out_numel: int, extent: int, row_layout: bool, max_splits: int,
 
 
 def _tie_slots(out_numel: int, extent: int, width: int, max_splits: int) -> int:
-    """int64 workspace slots of the Max/Min gradient's tie count after dx: ``splits *
-    out_numel`` split counts, then one 64-bit tie mask (a bit per element) per lane and
-    ``tie_mask_iters(width)`` word-loop iterations of each split
-    (``kernels.reduce.reduce_backward_rows_vec``); the larger of the row and the column
-    word geometries. (The column kernel adds its counts into the first ``out_numel``
-    slots only; its masks start after ``splits * out_numel`` all the same.)"""
-    def masks(geometry: _Geometry, chunk: int, lines: int) -> int:
-        batches = -(-chunk // (VEC_LOADS * geometry.lanes))
-        return geometry.splits * (out_numel + lines * -(-batches // tie_mask_iters(width))
-                                  * geometry.lanes)
+    """int64 workspace slots of the Max/Min gradient's tie count after dx, the larger of
+    the row and the column word geometries. Rows: ``splits * out_numel`` split counts,
+    then one 64-bit tie mask (a bit per element) per lane and ``tie_mask_iters(width)``
+    word-loop iterations of each split (``kernels.reduce.reduce_backward_rows_vec``).
+    Columns: ``kernels.reduce.col_tie_layout``."""
     rows = _rows_vec_geometry(out_numel, extent, width, max_splits)
+    batches = -(-rows.chunk_len // (VEC_LOADS * rows.lanes))
     cols = _tie_cols_geometry(out_numel, extent, width)
-    return max(masks(rows, rows.chunk_len, out_numel),
-               masks(cols, cols.chunk_len, max(out_numel // width, 1)))
+    _, _, n_masks, mask_base = col_tie_layout(width)(out_numel, extent, cols.lanes,
+                                                     cols.chunk_len)
+    return max(rows.splits * (out_numel + out_numel * -(-batches // tie_mask_iters(width))
+                              * rows.lanes), mask_base + n_masks)
 
 
 def _tie_cols_geometry(out_numel: int, extent: int, width: int) -> _Geometry:
@@ -1098,10 +1097,9 @@ class ArgReducePlan(_ForwardPlan):
 # The gradient
 
 
-#: Most blocks of the column tie count's rewrite pass (``reduce_backward_cols_ties``: at
-#: least one along z; one in the simulator, whose threads then loop over every mask of
-#: their lane).
-_TIE_REWRITE_BLOCKS = 1 if SIMULATOR else 3 * 132
+#: Threads per (output word, lane) of the column tie count's sweep of the lines whose count
+#: is 0 (``reduce_backward_cols_ties``; 2 in the simulator: each walks several masks).
+_TIE_SWEEPS = 2 if SIMULATOR else 64
 
 
 @dataclass(frozen=True)
@@ -1486,23 +1484,21 @@ class ReduceBackwardPlan(Plan):
 
     def _col_tie_count(self, args: tuple[Any, ...], width: int) -> _TieCount:
         """The column tie count after dx (first pass: ``reduce_backward_cols_vec`` with
-        ``args``, mode 2): its counts zeroed, then added up by the first pass itself (no
-        merge launch), then the rewrite, one thread per tie mask
-        (``reduce_backward_cols_ties``)."""
+        ``args``, mode 2): its counts and bitmap zeroed, then the first pass, which adds
+        its counts up itself (no merge launch), then the rewrite
+        (``reduce_backward_cols_ties``): a thread per COLS_TIES_BITS bits of the bitmap,
+        then _TIE_SWEEPS threads per (output word, lane) for the lines whose count is 0."""
         (dy_view, _, _, dx_view, dxv_view, _, ties_view, out_numel, extent, axis_words,
          dy_stride, _, lanes, chunk_len, _, _) = args
-        batches = -(-chunk_len // (VEC_LOADS * lanes))
-        split_masks = -(-extent // chunk_len) * -(-batches // tie_mask_iters(width))
-        out_words = out_numel // width
-        bx = min(_BLOCK, 1 << (out_words - 1).bit_length())  # threads along the words
-        by = max(1, min(lanes, _BLOCK // bx))
-        grid = (-(-out_words // bx), -(-lanes // by),
-                max(1, min(-(-split_masks // COLS_TIES_BATCH), 65535,
-                           _TIE_REWRITE_BLOCKS // (-(-out_words // bx) * -(-lanes // by)))))
+        masks, n_splits, n_masks, mask_base = col_tie_layout(width)(out_numel, extent, lanes,
+                                                                     chunk_len)
+        map_blocks = -(-n_masks // (COLS_TIES_BITS * _BLOCK))
+        sweeps = min(n_splits * masks, _TIE_SWEEPS)
+        grid = map_blocks + -(-(out_numel // width) * lanes * sweeps // _BLOCK)
         rewrite = REDUCE_BACKWARD_COLS_TIES_KERNELS[self.descriptor.element].bind(
-            grid, (bx, by), (dy_view, dx_view, dxv_view, ties_view, out_numel, extent,
-                             axis_words, dy_stride, lanes, chunk_len))
-        return _TieCount(None, rewrite.fast, out_numel * 8)
+            grid, _BLOCK, (dy_view, dx_view, dxv_view, ties_view, out_numel, extent,
+                           axis_words, dy_stride, lanes, chunk_len, map_blocks, sweeps))
+        return _TieCount(None, rewrite.fast, mask_base * 8)
 
     def _tie_count(self, kernel: Any, grid: tuple[int, int], args: tuple[Any, ...],
                    mode_at: int, splits: int) -> _TieCount:
