@@ -1909,6 +1909,35 @@ def test_gpu_more_than_2_31_elements():
 
 
 @pytest.mark.gpu
+def test_gpu_col_ties_more_than_2_31_elements():
+    """The f32 Max gradient of [2^25 + 1000, 64] along axis 0 (2^31 + 64,000 elements)
+    through the column tie count after dx (masks and bitmap indices past 2^25, words past
+    2^31): column 3's maximum tied in row 5 and in the last row, column 60's in the
+    second-to-last row only, the others as drawn; the whole of dx against torch's (x ==
+    y) * dy / count."""
+    torch = torch_or_skip()
+    rows = (1 << 25) + 1000
+    x = torch.rand((rows, 64), device="cuda", dtype=torch.float32)
+    x[[5, rows - 1], 3] = 2.0
+    x[rows - 2, 60] = 3.0
+    y = x.amax(0, keepdim=True)
+    dy = torch.rand_like(y) + 0.5
+    plan = ReduceBackwardPlan.select(ReduceBackwardDescriptor(K.MAX, (rows, 64), 0, E.F32))
+    ws = torch.empty(plan.workspace_size, device="cuda", dtype=torch.uint8).fill_(0xA5)
+    dx = torch.full_like(x, float("nan"))
+    plan.run(ReduceBackwardArgs(dy, dx, x, y), workspace=ws)
+    stat, (access, _) = next(iter(plan._launches.values()))
+    assert access == "cols" and type(stat).__name__ == "_TieCount"
+    tied = x == y
+    del x
+    count = tied.sum(0, keepdim=True)
+    assert int(count[0, 3]) == 2 and int(count[0, 60]) == 1
+    expected = torch.where(tied, dy / count, 0.0)
+    del tied
+    assert torch.equal(dx, expected)
+
+
+@pytest.mark.gpu
 def test_gpu_row_sync_more_than_2_31_elements():
     """The one-launch Var gradient (access "sync") of 2 bf16 rows, 2^31 + 4096 elements in
     all: spot elements at both ends of each row (row 1 lies past 2^31) against float64."""
