@@ -10,7 +10,9 @@ bits.
 A case is ``KIND:SHAPE:AXIS:DTYPE[:hold|:sync]`` (``plan.row_hold`` True / False in both).
 ``AB_UNIFORM=1`` draws x as the benchmark does (uniform in [-2, 2), rounded to the dtype:
 many ties in bf16) instead of a normal distribution. ``AB_SET=MODULE.NAME=VALUE,...`` sets
-constants of the new package first (e.g. ``plans.reduce._TIE_REWRITE_BLOCKS=264``).
+constants of the new package first (e.g. ``plans.reduce._TIE_SWEEPS=32``).
+``AB_NO_COLS_REG=1`` keeps the new package's gradients off the column register-resident
+kernels (the column word kernel takes those columns, the tie count after dx for Max/Min).
 """
 
 from __future__ import annotations
@@ -45,6 +47,10 @@ def main() -> None:
         module = importlib.import_module(f"baracuda_numba.{module}")
         setattr(module, name, type(getattr(module, name))(value))
         print(f"  new: {target} = {value}", flush=True)
+    if os.environ.get("AB_NO_COLS_REG"):
+        plans = importlib.import_module("baracuda_numba.plans.reduce")
+        plans._cols_reg_layout = lambda *args, **kwargs: None
+        print("  new: no column register-resident gradient", flush=True)
     for case in os.environ.get("AB_CASES", "VAR:256x1000000:1:bfloat16").split(","):
         fields = case.split(":")
         kind, shape, axis, name = fields[0], tuple(int(n) for n in fields[1].split("x")), \

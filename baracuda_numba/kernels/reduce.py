@@ -1079,28 +1079,6 @@ def tie_mask_iters(width: int) -> int:
     return 1 if SIMULATOR else 64 // (VEC_LOADS * width)
 
 
-def col_tie_layout(width: int) -> Callable[..., tuple[int, int, int, int]]:
-    """``layout(out_numel, extent, lanes, chunk_len) -> (masks, n_splits, n_masks,
-    mask_base)`` of the column tie count's workspace (int64 slots; a plain function, also
-    compiled as a device function by the kernels): the ``out_numel`` counts (zeroed before
-    the first pass), then a bitmap of the masks with a tie (bit ``t % 64`` of slot
-    ``out_numel + t // 64``, zeroed with the counts), then from ``mask_base`` the
-    ``n_masks`` masks: ``masks`` per lane and split, mask ``t = ow * n_splits * masks *
-    lanes + (split * masks + g) * lanes + lane`` (output word major: a bitmap slot's
-    masks mostly share their lines), written only where it has a tie."""
-    mask_iters = tie_mask_iters(width)
-    log_w = width.bit_length() - 1
-
-    def layout(out_numel, extent, lanes, chunk_len):
-        masks = ((chunk_len + VEC_LOADS * lanes - 1) // (VEC_LOADS * lanes) + mask_iters
-                 - 1) // mask_iters
-        n_splits = (extent + chunk_len - 1) // chunk_len
-        n_masks = n_splits * masks * lanes * (out_numel >> log_w)
-        return masks, n_splits, n_masks, out_numel + (n_masks + 63) // 64
-
-    return layout
-
-
 #: Register cap of the forward word kernels: 4 resident 256-thread blocks per SM, which the
 #: plans' one-wave split rule assumes (uncapped: 80 registers for Sum, 127 for bf16 Var;
 #: capped, ptxas spills 36-200 bytes, outside the load loop for Sum).
@@ -1560,11 +1538,11 @@ def _make_reduce_cols_vec(kind: Any, element: ElementKind) -> Callable[..., None
     return reduce_cols_vec
 
 
-#: Tie masks the rewrite pass of the Max/Min gradient of rows loads at once (one dependent
-#: load per mask before: a lane walks ~30 masks of a 1e6-long row split in two). (The
-#: column kernel then kept 2 and the rewrite was its mode 3.) With the first pass's tie
-#: bits gathered per word loop (one 64-bit shift and one population count per mask instead
-#: of a 64-bit shift and increment per element),
+#: Tie masks the rewrite pass of the Max/Min gradient loads at once, per kernel (one
+#: dependent load per mask before: a lane walks ~30 masks of a 1e6-long row split in two).
+#: The column kernel keeps 2: more push it past 80 registers (2 instead of 3 resident
+#: blocks per SM). With the first pass's tie bits gathered per word loop (one 64-bit shift
+#: and one population count per mask instead of a 64-bit shift and increment per element),
 #: H200, 2026-11-26, ncu at normal clocks, µs before -> after: bf16 Max [256, 1e6] axis 1
 #: first pass 339 -> 310, rewrite 52 -> 36; f32 first pass 545 -> 537, rewrite 21 -> 11;
 #: bf16 [1e6, 64] axis 0 (columns) first pass 78-83 -> 85-88, rewrite 17 -> 13. Benchmark
@@ -1572,11 +1550,7 @@ def _make_reduce_cols_vec(kind: Any, element: ElementKind) -> Callable[..., None
 #: [256, 1e6] axis 0 582 -> 561; bf16 [1e6, 64] axis 0 115 -> 105. H100: f32 [1e6, 64] axis
 #: 0 got slower, 209 -> 219 (docs/notes/reduce.md, eleventh pass: the variants tried).
 REWRITE_MASKS_ROWS = 8
-#: Bits of the column tie count's bitmap per thread of its rewrite
-#: (``reduce_backward_cols_ties``), and the masks with a tie such a thread loads at once (2
-#: in the simulator: a thread's masks then span several batches).
-COLS_TIES_BITS = 8
-COLS_TIES_BATCH = 2 if SIMULATOR else COLS_TIES_BITS
+REWRITE_MASKS_COLS = 2
 
 
 @dataclass(frozen=True)
@@ -1642,32 +1616,12 @@ def _tied_word_rewriter(element: ElementKind, batch: int) -> Any:
     wrote there and at every word left alone (0, or NaN for a non-finite dy), as
     ``_elem_ties``. ``batch`` masks are loaded at once; the tied words of a mask are
     visited lowest bit first (the lowest set bit's index is the population count below
-    it), so a mask without ties costs one test. ``batch`` 0: the device function of one
-    mask already loaded, ``rewrite_mask(dx, dxv, m, cfs, first_word, word_span, results,
-    shift)``."""
+    it), so a mask without ties costs one test."""
     vec = VECTOR[element]
     W, LOG_W, pack, store_word = vec.width, vec.log_width, vec.pack, vec.store_word
     MASK_ITERS = tie_mask_iters(W)
     WORD_BITS = uint64((1 << W) - 1)
     MASK_WORDS = MASK_ITERS * VEC_LOADS
-
-    @cuda.jit(device=True, inline=True)
-    def rewrite_mask(dx, dxv, m, cfs, first_word, word_span, results, shift):
-        """The tied words of one mask ``m`` (word q of it at ``first_word + q *
-        word_span``), lowest bit first."""
-        while m != 0:
-            low = m & (~m + uint64(1))
-            q = uint32(cuda.popc(low - uint64(1))) >> uint32(LOG_W)  # word in mask
-            at = uint64(q << uint32(LOG_W))
-            bits = (m >> at) & WORD_BITS
-            m &= ~(WORD_BITS << at)
-            for e in range(W):
-                c = cfs[e]
-                results[e] = c if (bits >> uint64(e)) & uint64(1) != 0 else c - c
-            store_word(dx, dxv, first_word + int64(q) * word_span, pack(results), shift)
-
-    if batch == 0:
-        return rewrite_mask
 
     @cuda.jit(device=True, inline=True)
     def rewrite_tied(dx, dxv, stat_k, mask_at, mask_span, cfs, first_word, word_span,
@@ -1680,10 +1634,18 @@ def _tied_word_rewriter(element: ElementKind, batch: int) -> Any:
                 if g + b < groups:
                     masks[b] = uint64(stat_k[uint64(mask_at + (g + b) * mask_span)])
             for b in range(batch):
-                if g + b < groups:
-                    rewrite_mask(dx, dxv, masks[b], cfs,
-                                 first_word + (g + b) * MASK_WORDS * word_span, word_span,
-                                 results, shift)
+                m = masks[b] if g + b < groups else uint64(0)
+                while m != 0:
+                    low = m & (~m + uint64(1))
+                    q = uint32(cuda.popc(low - uint64(1))) >> uint32(LOG_W)  # word in mask
+                    at = uint64(q << uint32(LOG_W))
+                    bits = (m >> at) & WORD_BITS
+                    m &= ~(WORD_BITS << at)
+                    for e in range(W):
+                        c = cfs[e]
+                        results[e] = c if (bits >> uint64(e)) & uint64(1) != 0 else c - c
+                    word = first_word + ((g + b) * MASK_WORDS + int64(q)) * word_span
+                    store_word(dx, dxv, word, pack(results), shift)
             g += batch
 
     return rewrite_tied
@@ -1908,16 +1870,9 @@ def _make_backward_cols_vec(kind: ReduceKind, element: ElementKind) -> Callable[
     fast_fn, fast_holds, exact_fn = checked or (None,) * 3
     READS_X, READS_Y = ops.reads_x, ops.reads_y
     STAT_MEAN, STAT_TIES = ops.stat == "mean", ops.stat == "ties"
+    rewrite_tied = _tied_word_rewriter(element, REWRITE_MASKS_COLS)
     MASK_ITERS = tie_mask_iters(W)
     ELEMENT_BITS = uint64(sum(1 << b for b in range(0, 64, W)))  # element 0 of each word
-    tie_layout = cuda.jit(device=True, inline=True)(col_tie_layout(W))
-    # f16/bf16 ties from equality masks of the packed words (TieWords; bf16 on sm_90): dx
-    # by one select a word, the tie bits only for the (rare) words with a tie
-    TIE_MASKS = STAT_TIES and vec.eq_mask is not None
-    ties_w = _tie_words(element) if TIE_MASKS else None
-    tie_mask, tie_select, tie_usable = \
-        (ties_w.mask, ties_w.select, ties_w.usable) if TIE_MASKS else (None,) * 3
-    FIELD = 64 // W  # bits per element of an equality mask
     # The mean's gradient walks each chunk from its end: the statistic pass (the same
     # chunks, walked forwards by blocks that all run at once) read those rows last, so the
     # first re-reads of x can still hit L2. (H100, 2026-11-26, Var gradient of [1e6, 64]
@@ -1932,13 +1887,13 @@ def _make_backward_cols_vec(kind: ReduceKind, element: ElementKind) -> Callable[
         are ``extent`` rows of ``out_numel`` contiguous outputs, ``axis_words`` words apart
         (same layout, word aligned); each slot owns the W outputs of one word (W
         coefficients), its lanes walk the axis (the Var/Std gradients from the chunk's
-        end down); the statistic comes from ``stat_acc``/``stat_k``. ``mode`` 2: the
-        first pass of the tie count after dx; it writes dx with every count taken as 1,
-        records the ties in the masks (as ``fused`` 2 of ``reduce_backward_rows_vec``;
-        only the masks with a tie, each flagged in the bitmap: ``col_tie_layout``) and
-        adds each lane's ties to ``stat_k[o]`` (counts and bitmap zeroed before; integer
-        atomics, so neither depends on their order); ``reduce_backward_cols_ties`` then
-        rewrites the lines whose count is not 1. 0 otherwise."""
+        end down); the statistic comes from ``stat_acc``/``stat_k``. ``mode`` 2 and 3:
+        the tie count's two passes. 2 writes dx with every count taken as 1, records the
+        ties in the masks (as ``fused`` 2 of ``reduce_backward_rows_vec``) and adds each
+        lane's ties to ``stat_k[o]`` (zeroed before; integer atomics, so the total does
+        not depend on their order); 3 rewrites the words of the lines whose count is not
+        1, in a grid of fewer splits than the first pass's (its blocks loop over the
+        splits: most lines need nothing); 0 otherwise."""
         tid = cuda.threadIdx.x
         block = cuda.blockDim.x
         slots = block // lanes
@@ -1947,9 +1902,11 @@ def _make_backward_cols_vec(kind: ReduceKind, element: ElementKind) -> Callable[
         split = int64(cuda.blockIdx.y)
         begin = split * chunk_len
         end = min(extent, begin + chunk_len)
+        # the axis splits (the grid's y in modes 0-2; mode 3 may take fewer blocks, which
+        # loop over the splits)
+        n_splits = (extent + chunk_len - 1) // chunk_len
         out_words = out_numel >> LOG_W
         span = int64(lanes)
-        masks_per, n_splits, _, mask_base = tie_layout(out_numel, extent, span, chunk_len)
         word_span = span * axis_words
         cfs = cuda.local.array(W, ACC)
         ys = cuda.local.array(W, ACC)
@@ -1958,13 +1915,14 @@ def _make_backward_cols_vec(kind: ReduceKind, element: ElementKind) -> Callable[
         words = cuda.local.array(VEC_LOADS, uint64)
         values = cuda.local.array(W, ACC)
         results = cuda.local.array(W, ACC)
-        masks = tie_usable() if TIE_MASKS else False
         group = int64(cuda.blockIdx.x)
         while group * slots < out_words:
             ow = group * slots + slot
             valid = ow < out_words
-            yw = cw = zw = uint64(0)  # the words of the W extremes, cfs, cfs - cfs
+            sparse = False
             if valid:
+                rewrite = False
+                sparse = STAT_TIES and mode == 3
                 for e in range(W):
                     o = (ow << LOG_W) + e
                     g = load(dy, o * dy_stride)
@@ -1975,23 +1933,35 @@ def _make_backward_cols_vec(kind: ReduceKind, element: ElementKind) -> Callable[
                         mean = stat_acc[uint64(o)] / ACC(extent)  # the statistic pass's sum
                     if STAT_TIES:
                         count = int64(1) if mode == 2 else stat_k[uint64(o)]
+                        rewrite = rewrite or count != 1
+                        sparse = sparse and count != 0  # a NaN extreme: every word
                         ties[e] = 0
                     cfs[e] = ACC(coefficient(g, yv, mean, count, param))
                     ys[e] = yv
                     means[e] = mean
-                if TIE_MASKS and masks:
-                    yw = pack(ys)
-                    cw = pack(cfs)
-                    for e in range(W):
-                        results[e] = cfs[e] - cfs[e]
-                    zw = pack(results)
-            if valid:
+                if STAT_TIES and mode == 3 and not rewrite:
+                    valid = False  # written by the first pass
+            if STAT_TIES:
+                split = int64(cuda.blockIdx.y)
+            while valid:
+                if STAT_TIES:  # mode 3 loops over the splits
+                    begin = split * chunk_len
+                    end = min(extent, begin + chunk_len)
                 i = begin + lane
                 at = i * axis_words + ow
-                # tie masks as in reduce_backward_rows_vec; mask g of (split, lane, ow) is
-                # mask_at + g * span (col_tie_layout)
-                mask_at = (ow * n_splits + split) * masks_per * span + lane
-                if READS_X:
+                # tie masks as in reduce_backward_rows_vec; mask g of (split, lane, ow) at
+                # splits * out_numel + ((split * masks + g) * lanes + lane) * out_words + ow
+                # (consecutive slots: consecutive masks)
+                batches = (chunk_len + VEC_LOADS * span - 1) // (VEC_LOADS * span)
+                mask_span = span * out_words
+                mask_at = n_splits * out_numel + (
+                    split * ((batches + MASK_ITERS - 1) // MASK_ITERS) * span + lane) \
+                    * out_words + ow
+                if sparse:
+                    rewrite_tied(dx, dxv, stat_k, mask_at, mask_span, cfs, at, word_span,
+                                 (end - i + VEC_LOADS * span - 1) // (VEC_LOADS * span),
+                                 results, 0)
+                elif READS_X:
                     it = int64(0)
                     mask = uint64(0)
                     step = VEC_LOADS * span
@@ -2008,15 +1978,7 @@ def _make_backward_cols_vec(kind: ReduceKind, element: ElementKind) -> Callable[
                                 words[u] = xv[uint64(at + u * word_span)]
                         tied = uint32(0)  # bit u * W + e: element e of word u ties
                         for u in range(VEC_LOADS):
-                            if TIE_MASKS and masks and i + u * span < end:
-                                m = tie_mask(words[u], yw)
-                                store_word(dx, dxv, at + u * word_span,
-                                           tie_select(m, cw, zw), 0)
-                                if m != 0:  # rare: the word's tie bits
-                                    for e in range(W):
-                                        if (m >> uint64(e * FIELD)) & uint64(1) != 0:
-                                            tied |= uint32(1 << (u * W + e))
-                            elif i + u * span < end:
+                            if i + u * span < end:
                                 unpack(words[u], values, 0)
                                 holds = True
                                 for e in range(W):
@@ -2042,12 +2004,9 @@ def _make_backward_cols_vec(kind: ReduceKind, element: ElementKind) -> Callable[
                         if STAT_TIES:
                             mask |= uint64(tied) << uint64(it % MASK_ITERS * (VEC_LOADS * W))
                         it += 1
-                        if STAT_TIES and mode == 2 and (it % MASK_ITERS == 0 or i >= end) \
-                                and mask != 0:  # the mask and its bit in the bitmap
-                            t = mask_at + (it - 1) // MASK_ITERS * span
-                            stat_k[uint64(mask_base + t)] = int64(mask)
-                            cuda.atomic.or_(stat_k, out_numel + (t >> 6),
-                                            int64(1) << (t & 63))
+                        if STAT_TIES and mode == 2 and (it % MASK_ITERS == 0 or i >= end):
+                            stat_k[uint64(mask_at + (it - 1) // MASK_ITERS * mask_span)] = \
+                                int64(mask)
                             for e in range(W):  # bits e, e + W, ...: column e of the word
                                 ties[e] += int64(cuda.popc(mask & (ELEMENT_BITS << uint64(e))))
                             mask = uint64(0)
@@ -2059,6 +2018,10 @@ def _make_backward_cols_vec(kind: ReduceKind, element: ElementKind) -> Callable[
                         store_word(dx, dxv, at, w, 0)
                         i += span
                         at += word_span
+                if not STAT_TIES or mode != 3:
+                    break
+                split += int64(cuda.gridDim.y)
+                valid = split < n_splits
             if STAT_TIES and mode == 2:  # this lane's ties, added to the line's count
                 for e in range(W):
                     if ow < out_words and ties[e] != 0:
@@ -2066,121 +2029,6 @@ def _make_backward_cols_vec(kind: ReduceKind, element: ElementKind) -> Callable[
             group += cuda.gridDim.x
 
     return reduce_backward_cols_vec
-
-
-def _make_backward_cols_ties(element: ElementKind) -> Callable[..., None]:
-    spec = ELEMENTS[element]
-    vec = VECTOR[element]
-    ACC, load = spec.acc, spec.load
-    pack, store_word = vec.pack, vec.store_word
-    W, LOG_W = vec.width, vec.log_width
-    coefficient = _grad_fns(ReduceKind.MAX, element)[0]
-    rewrite_mask = _tied_word_rewriter(element, 0)
-    tie_layout = cuda.jit(device=True, inline=True)(col_tie_layout(W))
-    MASK_WORDS = tie_mask_iters(W) * VEC_LOADS
-    B = COLS_TIES_BATCH
-
-    @cuda.jit(device=True, inline=True)
-    def coefficients(dy, stat_k, ow, dy_stride, cfs):
-        """(whether a count of word ``ow``'s lines is not 1, whether one is 0); in the
-        first case ``cfs`` = dy / count of each line."""
-        rewrite = False
-        nan = False
-        for e in range(W):
-            count = stat_k[uint64((ow << LOG_W) + e)]
-            rewrite = rewrite or count != 1
-            nan = nan or count == 0
-        if rewrite:
-            for e in range(W):
-                o = (ow << LOG_W) + e
-                g = load(dy, o * dy_stride)
-                cfs[e] = ACC(coefficient(g, g, g, stat_k[uint64(o)], 0.0))
-        return rewrite, nan
-
-    def reduce_backward_cols_ties(dy, dx, dxv, stat_k, out_numel, extent, axis_words,
-                                  dy_stride, lanes, chunk_len, map_blocks, sweeps):
-        """The rewrite pass of the Max/Min gradient's tie count after dx in the column
-        layout (the first pass: ``reduce_backward_cols_vec`` in mode 2, same ``lanes``
-        and ``chunk_len``; workspace: ``col_tie_layout``). Where a line has a count ``n``
-        other than 1, element e of a word a mask covers is ``dy / n`` where its bit is
-        set, else ``dy / n - dy / n`` (``_elem_ties``; what the first pass wrote at the
-        other words). Blocks below ``map_blocks``: a thread per COLS_TIES_BITS bits of the
-        bitmap, which rewrites the tied words of the masks its set bits name
-        (COLS_TIES_BATCH mask loads in flight), unless a count of the word is 0. The other
-        blocks: ``sweeps`` threads per (output word, lane), which rewrite every word of
-        their masks where a count of the word is 0 (a NaN extreme: no ties, all of dx
-        NaN), and leave at once otherwise."""
-        out_words = out_numel >> LOG_W
-        span = int64(lanes)
-        masks, n_splits, n_masks, mask_base = tie_layout(out_numel, extent, span,
-                                                         chunk_len)
-        per_word = n_splits * masks * span  # masks of an output word
-        word_span = span * axis_words
-        cfs = cuda.local.array(W, ACC)
-        results = cuda.local.array(W, ACC)
-        got = cuda.local.array(B, uint64)
-        ts = cuda.local.array(B, int64)
-        block = int64(cuda.blockIdx.x)
-        if block < map_blocks:
-            first = (block * cuda.blockDim.x + cuda.threadIdx.x) * COLS_TIES_BITS
-            if first >= n_masks:
-                return
-            bits = (uint64(stat_k[uint64(out_numel + (first >> 6))]) >> uint64(first & 63)) \
-                & uint64((1 << COLS_TIES_BITS) - 1)
-            cached = int64(-1)  # the output word whose coefficients cfs holds
-            rewrite = nan = False
-            while bits != 0:
-                for b in range(B):  # the next B masks with a tie: their loads in flight
-                    ts[b] = -1
-                    if bits != 0:
-                        t = first + int64(cuda.popc((bits & (~bits + uint64(1)))
-                                                    - uint64(1)))
-                        bits &= bits - uint64(1)
-                        ts[b] = t
-                        got[b] = uint64(stat_k[uint64(mask_base + t)])
-                for b in range(B):
-                    t = ts[b]
-                    if t >= 0:
-                        ow = t // per_word
-                        if ow != cached:
-                            rewrite, nan = coefficients(dy, stat_k, ow, dy_stride, cfs)
-                            cached = ow
-                        if rewrite and not nan:
-                            r = t - ow * per_word
-                            sg = r // span  # split * masks + g
-                            split = sg // masks
-                            i = split * chunk_len + r - sg * span + (sg - split * masks) \
-                                * MASK_WORDS * span  # the mask's first row
-                            rewrite_mask(dx, dxv, got[b], cfs, i * axis_words + ow,
-                                         word_span, results, 0)
-            return
-        u = (block - map_blocks) * cuda.blockDim.x + cuda.threadIdx.x
-        ow = u % out_words
-        q = u // out_words
-        lane = q % span
-        sg = q // span
-        if sg >= sweeps:
-            return
-        nan = coefficients(dy, stat_k, ow, dy_stride, cfs)[1]
-        while nan and sg < n_splits * masks:
-            split = sg // masks
-            i = split * chunk_len + lane + (sg - split * masks) * MASK_WORDS * span
-            end = min(extent, (split + 1) * chunk_len)
-            t = ow * per_word + sg * span + lane
-            m = uint64(0)
-            if (stat_k[uint64(out_numel + (t >> 6))] >> (t & 63)) & 1 != 0:
-                m = uint64(stat_k[uint64(mask_base + t)])
-            for r in range(MASK_WORDS):
-                if i + r * span < end:
-                    word_bits = m >> uint64(r * W)
-                    for e in range(W):
-                        c = cfs[e]
-                        results[e] = c if (word_bits >> uint64(e)) & uint64(1) != 0 \
-                            else c - c
-                    store_word(dx, dxv, (i + r * span) * axis_words + ow, pack(results), 0)
-            sg += sweeps
-
-    return reduce_backward_cols_ties
 
 
 # -- the register-resident gradient (Max/Min, Var/Std of rows that fit on chip) ----------
@@ -3067,15 +2915,6 @@ REDUCE_BACKWARD_COLS_VEC_KERNELS: dict[tuple[ReduceKind, ElementKind], Kernel] =
         f"reduce_backward_cols_vec[{_kind_name(kind)},{element.name.lower()}]",
         _make_backward_cols_vec(kind, element), _vec_backward_cols_signature(element))
     for element in VECTOR for kind in GRAD_OPS
-}
-
-#: element -> the rewrite pass of the column tie count (Max/Min gradient after dx).
-REDUCE_BACKWARD_COLS_TIES_KERNELS: dict[ElementKind, Kernel] = {
-    element: Kernel(
-        f"reduce_backward_cols_ties[{element.name.lower()}]", _make_backward_cols_ties(element),
-        (flat(ELEMENTS[element].storage), flat(ELEMENTS[element].storage), flat(uint64),
-         flat(int64), int64, int64, int64, int64, int64, int64, int64, int64))
-    for element in VECTOR
 }
 
 
