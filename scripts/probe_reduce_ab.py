@@ -10,7 +10,7 @@ bits.
 A case is ``KIND:SHAPE:AXIS:DTYPE[:hold|:sync]`` (``plan.row_hold`` True / False in both).
 ``AB_UNIFORM=1`` draws x as the benchmark does (uniform in [-2, 2), rounded to the dtype:
 many ties in bf16) instead of a normal distribution. ``AB_SET=MODULE.NAME=VALUE,...`` sets
-constants of the new package first (e.g. ``plans.reduce._TIE_SWEEPS=32``).
+constants of the new package first (e.g. ``plans.reduce._TIE_REWRITE_BLOCKS=264``).
 ``AB_NO_COLS_REG=1`` keeps the new package's gradients off the column register-resident
 kernels (the column word kernel takes those columns, the tie count after dx for Max/Min).
 """
