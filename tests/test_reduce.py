@@ -1911,8 +1911,8 @@ def test_gpu_more_than_2_31_elements():
 @pytest.mark.gpu
 def test_gpu_col_ties_more_than_2_31_elements():
     """The f32 Max gradient of [2^25 + 1000, 64] along axis 0 (2^31 + 64,000 elements)
-    through the column tie count after dx (masks and bitmap indices past 2^25, words past
-    2^31): column 3's maximum tied in row 5 and in the last row, column 60's in the
+    through the column tie count after dx (mask indices past 2^25, words past 2^31):
+    column 3's maximum tied in row 5 and in the last row, column 60's in the
     second-to-last row only, the others as drawn; the whole of dx against torch's (x ==
     y) * dy / count."""
     torch = torch_or_skip()
