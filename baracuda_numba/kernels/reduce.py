@@ -1873,6 +1873,13 @@ def _make_backward_cols_vec(kind: ReduceKind, element: ElementKind) -> Callable[
     rewrite_tied = _tied_word_rewriter(element, REWRITE_MASKS_COLS)
     MASK_ITERS = tie_mask_iters(W)
     ELEMENT_BITS = uint64(sum(1 << b for b in range(0, 64, W)))  # element 0 of each word
+    # f16/bf16 ties from equality masks of the packed words (TieWords; bf16 on sm_90): dx
+    # by one select a word, the tie bits only for the (rare) words with a tie
+    TIE_MASKS = STAT_TIES and vec.eq_mask is not None
+    ties_w = _tie_words(element) if TIE_MASKS else None
+    tie_mask, tie_select, tie_usable = \
+        (ties_w.mask, ties_w.select, ties_w.usable) if TIE_MASKS else (None,) * 3
+    FIELD = 64 // W  # bits per element of an equality mask
     # The mean's gradient walks each chunk from its end: the statistic pass (the same
     # chunks, walked forwards by blocks that all run at once) read those rows last, so the
     # first re-reads of x can still hit L2. (H100, 2026-11-26, Var gradient of [1e6, 64]
@@ -1893,7 +1900,9 @@ def _make_backward_cols_vec(kind: ReduceKind, element: ElementKind) -> Callable[
         lane's ties to ``stat_k[o]`` (zeroed before; integer atomics, so the total does
         not depend on their order); 3 rewrites the words of the lines whose count is not
         1, in a grid of fewer splits than the first pass's (its blocks loop over the
-        splits: most lines need nothing); 0 otherwise."""
+        splits: most lines need nothing); 0 otherwise. f16/bf16 Max/Min words (bf16 on
+        sm_90) take their ties from equality masks (``TieWords``): dx by one select a
+        word, the tie bits only for a word with a tie."""
         tid = cuda.threadIdx.x
         block = cuda.blockDim.x
         slots = block // lanes
@@ -1915,11 +1924,13 @@ def _make_backward_cols_vec(kind: ReduceKind, element: ElementKind) -> Callable[
         words = cuda.local.array(VEC_LOADS, uint64)
         values = cuda.local.array(W, ACC)
         results = cuda.local.array(W, ACC)
+        masks = tie_usable() if TIE_MASKS else False
         group = int64(cuda.blockIdx.x)
         while group * slots < out_words:
             ow = group * slots + slot
             valid = ow < out_words
             sparse = False
+            yw = cw = zw = uint64(0)  # the words of the W extremes, cfs, cfs - cfs
             if valid:
                 rewrite = False
                 sparse = STAT_TIES and mode == 3
@@ -1939,6 +1950,12 @@ def _make_backward_cols_vec(kind: ReduceKind, element: ElementKind) -> Callable[
                     cfs[e] = ACC(coefficient(g, yv, mean, count, param))
                     ys[e] = yv
                     means[e] = mean
+                if TIE_MASKS and masks:
+                    yw = pack(ys)
+                    cw = pack(cfs)
+                    for e in range(W):
+                        results[e] = cfs[e] - cfs[e]
+                    zw = pack(results)
                 if STAT_TIES and mode == 3 and not rewrite:
                     valid = False  # written by the first pass
             if STAT_TIES:
@@ -1978,7 +1995,15 @@ def _make_backward_cols_vec(kind: ReduceKind, element: ElementKind) -> Callable[
                                 words[u] = xv[uint64(at + u * word_span)]
                         tied = uint32(0)  # bit u * W + e: element e of word u ties
                         for u in range(VEC_LOADS):
-                            if i + u * span < end:
+                            if TIE_MASKS and masks and i + u * span < end:
+                                m = tie_mask(words[u], yw)
+                                store_word(dx, dxv, at + u * word_span,
+                                           tie_select(m, cw, zw), 0)
+                                if m != 0:  # rare: the word's tie bits
+                                    for e in range(W):
+                                        if (m >> uint64(e * FIELD)) & uint64(1) != 0:
+                                            tied |= uint32(1 << (u * W + e))
+                            elif i + u * span < end:
                                 unpack(words[u], values, 0)
                                 holds = True
                                 for e in range(W):
