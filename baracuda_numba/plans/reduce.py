@@ -1476,7 +1476,7 @@ class ReduceBackwardPlan(Plan):
                     geometry.chunk_len, self._param, mode)
             kernel = REDUCE_BACKWARD_COLS_VEC_KERNELS[(grad_kind, element)]
             if mode == 2:
-                stat = self._tie_count(kernel, grid, args, -1, geometry.splits, cols=True)
+                stat = self._col_tie_count(kernel, grid, args, geometry.splits)
             return stat, (COLS, kernel.bind(grid, _BLOCK, args))
         gradient = self._kernel.bind(
             grid, _BLOCK,
@@ -1489,20 +1489,12 @@ class ReduceBackwardPlan(Plan):
         return stat, (GENERIC, gradient)
 
     def _tie_count(self, kernel: Any, grid: tuple[int, int], args: tuple[Any, ...],
-                   mode_at: int, splits: int, cols: bool = False) -> _TieCount:
-        """The rewrite pass (``args`` of the first pass with ``args[mode_at]`` = 3) of the
-        tie count after dx, and for rows the merge of the ``splits`` tie counts per output.
-        Columns: the first pass adds its counts up itself (no merge launch), and the
-        rewrite takes about _TIE_REWRITE_BLOCKS blocks whatever the first pass's splits
-        (its blocks loop over them). (Before, H100, 2026-11-27, ncu, f32 Max [4096, 4096]
-        along axis 0 through this path: the merge took 10.3 µs and a rewrite block per
-        (group, split), each finding its counts at 1, 10.2 µs.)"""
+                   mode_at: int, splits: int) -> _TieCount:
+        """The tie count after dx of word rows: the merge of the ``splits`` tie counts per
+        output and the rewrite pass (``args`` of the first pass with ``args[mode_at]`` =
+        3)."""
         rewrite = list(args)
         rewrite[mode_at] = 3
-        if cols:
-            grid_y = max(1, min(splits, _TIE_REWRITE_BLOCKS // grid[0]))
-            return _TieCount(None, kernel.bind((grid[0], grid_y), _BLOCK, tuple(rewrite)).fast,
-                             self._out_numel * 8)
         out_numel = self._out_numel
         empty = (0, 0)
         zeros = pad8((), 0)
@@ -1511,6 +1503,19 @@ class ReduceBackwardPlan(Plan):
                   0)
         merge = _bind_merge(self._stat_kernel, common, out_numel, splits, False, 0.0)
         return _TieCount(merge.fast, kernel.bind(grid, _BLOCK, tuple(rewrite)).fast)
+
+    def _col_tie_count(self, kernel: Any, grid: tuple[int, int], args: tuple[Any, ...],
+                       splits: int) -> _TieCount:
+        """The tie count after dx of the column word kernel: the first pass adds its counts
+        up itself (no merge launch; its ``out_numel`` count slots zeroed before it), and the
+        rewrite pass (``args`` with the mode, the last, = 3) takes about
+        _TIE_REWRITE_BLOCKS blocks whatever the first pass's ``splits`` (its blocks loop
+        over them). (Before, H100, 2026-11-27, ncu, f32 Max [4096, 4096] along axis 0
+        through this path: the merge took 10.3 µs and a rewrite block per (group, split),
+        each finding its counts at 1, 10.2 µs.)"""
+        grid_y = max(1, min(splits, _TIE_REWRITE_BLOCKS // grid[0]))
+        rewrite = kernel.bind((grid[0], grid_y), _BLOCK, (*args[:-1], 3))
+        return _TieCount(None, rewrite.fast, self._out_numel * 8)
 
     def _word_arrays(self, dy: TensorRef, dx: TensorMut, y: TensorRef | None,
                      out_strides: list[tuple[int, ...]]) -> tuple[tuple[Any, ...], int, int,
