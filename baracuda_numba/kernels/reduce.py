@@ -1966,12 +1966,13 @@ def _make_backward_cols_vec(kind: ReduceKind, element: ElementKind) -> Callable[
                     end = min(extent, begin + chunk_len)
                 i = begin + lane
                 at = i * axis_words + ow
-                # tie masks as in reduce_backward_rows_vec; mask g of (split, lane, ow) at
-                # splits * out_numel + ((split * masks + g) * lanes + lane) * out_words + ow
+                # tie masks as in reduce_backward_rows_vec, after the out_numel counts;
+                # mask g of (split, lane, ow) at
+                # out_numel + ((split * masks + g) * lanes + lane) * out_words + ow
                 # (consecutive slots: consecutive masks)
                 batches = (chunk_len + VEC_LOADS * span - 1) // (VEC_LOADS * span)
                 mask_span = span * out_words
-                mask_at = n_splits * out_numel + (
+                mask_at = out_numel + (
                     split * ((batches + MASK_ITERS - 1) // MASK_ITERS) * span + lane) \
                     * out_words + ow
                 if sparse:

@@ -586,16 +586,15 @@ def _tie_slots(out_numel: int, extent: int, width: int, max_splits: int) -> int:
     out_numel`` split counts, then one 64-bit tie mask (a bit per element) per lane and
     ``tie_mask_iters(width)`` word-loop iterations of each split
     (``kernels.reduce.reduce_backward_rows_vec``); the larger of the row and the column
-    word geometries. (The column kernel adds its counts into the first ``out_numel``
-    slots only; its masks start after ``splits * out_numel`` all the same.)"""
-    def masks(geometry: _Geometry, chunk: int, lines: int) -> int:
-        batches = -(-chunk // (VEC_LOADS * geometry.lanes))
-        return geometry.splits * (out_numel + lines * -(-batches // tie_mask_iters(width))
-                                  * geometry.lanes)
+    word geometries. The column kernel adds its counts into the first ``out_numel``
+    slots only (integer atomics), and its masks follow them."""
+    def masks(geometry: _Geometry, lines: int) -> int:
+        batches = -(-geometry.chunk_len // (VEC_LOADS * geometry.lanes))
+        return geometry.splits * lines * -(-batches // tie_mask_iters(width)) * geometry.lanes
     rows = _rows_vec_geometry(out_numel, extent, width, max_splits)
     cols = _tie_cols_geometry(out_numel, extent, width)
-    return max(masks(rows, rows.chunk_len, out_numel),
-               masks(cols, cols.chunk_len, max(out_numel // width, 1)))
+    return max(rows.splits * out_numel + masks(rows, out_numel),
+               out_numel + masks(cols, max(out_numel // width, 1)))
 
 
 def _tie_cols_geometry(out_numel: int, extent: int, width: int) -> _Geometry:
