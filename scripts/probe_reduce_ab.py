@@ -10,7 +10,8 @@ bits.
 A case is ``KIND:SHAPE:AXIS:DTYPE[:hold|:sync]`` (``plan.row_hold`` True / False in both).
 ``AB_UNIFORM=1`` draws x as the benchmark does (uniform in [-2, 2), rounded to the dtype:
 many ties in bf16) instead of a normal distribution. ``AB_SET=MODULE.NAME=VALUE,...`` sets
-constants of the new package first (e.g. ``plans.reduce._TIE_REWRITE_BLOCKS=264``).
+constants of the new package first (e.g. ``plans.reduce._TIE_REWRITE_BLOCKS=264``;
+booleans as 1 / 0). ``AB_REVERSE=1`` sets up and times the old package first.
 ``AB_NO_COLS_REG=1`` keeps the new package's gradients off the column register-resident
 kernels (the column word kernel takes those columns, the tie count after dx for Max/Min).
 """
@@ -28,6 +29,17 @@ import baracuda_numba
 from baracuda_numba._frameworks import element_of
 
 PACKAGES = {"new": baracuda_numba, "old": importlib.import_module("baracuda_old")}
+if os.environ.get("AB_REVERSE"):  # time (and allocate for) the old package first
+    PACKAGES = dict(reversed(PACKAGES.items()))
+
+
+def _setting(current: object, text: str) -> object:
+    """``text`` as the type of ``current``: booleans from 1/0, true/false, yes/no."""
+    if isinstance(current, bool):
+        if text.lower() not in ("1", "0", "true", "false", "yes", "no"):
+            raise ValueError(f"AB_SET: {text!r} is not a boolean")
+        return text.lower() in ("1", "true", "yes")
+    return type(current)(text)
 
 
 def _saved(kind: str, x: torch.Tensor, axis: int) -> torch.Tensor:
@@ -45,7 +57,7 @@ def main() -> None:
         target, value = setting.split("=")
         module, name = target.rsplit(".", 1)
         module = importlib.import_module(f"baracuda_numba.{module}")
-        setattr(module, name, type(getattr(module, name))(value))
+        setattr(module, name, _setting(getattr(module, name), value))
         print(f"  new: {target} = {value}", flush=True)
     if os.environ.get("AB_NO_COLS_REG"):
         plans = importlib.import_module("baracuda_numba.plans.reduce")
