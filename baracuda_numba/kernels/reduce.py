@@ -1540,8 +1540,12 @@ def _make_reduce_cols_vec(kind: Any, element: ElementKind) -> Callable[..., None
 
 #: Tie masks the rewrite pass of the Max/Min gradient loads at once, per kernel (one
 #: dependent load per mask before: a lane walks ~30 masks of a 1e6-long row split in two).
-#: The column kernel keeps 2: more push it past 80 registers (2 instead of 3 resident
-#: blocks per SM). With the first pass's tie bits gathered per word loop (one 64-bit shift
+#: The column kernel loaded 2 (one split's masks) until its first pass had grown past 80
+#: registers anyway; it now takes the masks of every split a block walks as one list, 8 in
+#: flight (``_col_tied_rewriter``; f16/bf16 Max held at 128 registers, 2 blocks per SM as
+#: before). H100, 2026-11-28, ncu, rewrite µs 2 -> 8 masks: bf16 Max [1e6, 64] axis 0
+#: 13-16 -> 12 (the bench's data, ~1000 ties a column) and 13 -> 9-9.5 (normal data),
+#: f32 11.8 -> 8.1. With the first pass's tie bits gathered per word loop (one 64-bit shift
 #: and one population count per mask instead of a 64-bit shift and increment per element),
 #: H200, 2026-11-26, ncu at normal clocks, µs before -> after: bf16 Max [256, 1e6] axis 1
 #: first pass 339 -> 310, rewrite 52 -> 36; f32 first pass 545 -> 537, rewrite 21 -> 11;
@@ -1550,7 +1554,7 @@ def _make_reduce_cols_vec(kind: Any, element: ElementKind) -> Callable[..., None
 #: [256, 1e6] axis 0 582 -> 561; bf16 [1e6, 64] axis 0 115 -> 105. H100: f32 [1e6, 64] axis
 #: 0 got slower, 209 -> 219 (docs/notes/reduce.md, eleventh pass: the variants tried).
 REWRITE_MASKS_ROWS = 8
-REWRITE_MASKS_COLS = 2
+REWRITE_MASKS_COLS = 8
 
 
 @dataclass(frozen=True)
@@ -1606,21 +1610,44 @@ def _tie_words(element: ElementKind) -> TieWords:
     return TieWords(splat, vec.eq_mask, count, select, usable)
 
 
+def _mask_rewriter(element: ElementKind) -> Any:
+    """Device function: the tied words of one tie mask ``m`` of the Max/Min gradient's tie
+    count after dx (bit ``q * W + e``: element e of the mask's word q, at ``first_word + q
+    * word_span``), rewritten without reading x. Element e of such a word is ``cfs[e]``
+    (dy / count) where it ties, else ``cfs[e] - cfs[e]``: what the first pass wrote there
+    and at every word left alone (0, or NaN for a non-finite dy), as ``_elem_ties``. The
+    tied words are visited lowest bit first (the lowest set bit's index is the population
+    count below it), so a mask without ties costs one test."""
+    vec = VECTOR[element]
+    W, LOG_W, pack, store_word = vec.width, vec.log_width, vec.pack, vec.store_word
+    WORD_BITS = uint64((1 << W) - 1)
+
+    @cuda.jit(device=True, inline=True)
+    def rewrite_mask(dx, dxv, m, cfs, first_word, word_span, results, shift):
+        while m != 0:
+            low = m & (~m + uint64(1))
+            q = uint32(cuda.popc(low - uint64(1))) >> uint32(LOG_W)  # word in mask
+            at = uint64(q << uint32(LOG_W))
+            bits = (m >> at) & WORD_BITS
+            m &= ~(WORD_BITS << at)
+            for e in range(W):
+                c = cfs[e]
+                results[e] = c if (bits >> uint64(e)) & uint64(1) != 0 else c - c
+            store_word(dx, dxv, first_word + int64(q) * word_span, pack(results), shift)
+
+    return rewrite_mask
+
+
 def _tied_word_rewriter(element: ElementKind, batch: int) -> Any:
     """Device function: the rewrite pass of the Max/Min gradient's tie count after dx for
     one lane's word loop (``batches`` iterations of VEC_LOADS words; word ``first_word +
     (it * VEC_LOADS + u) * word_span``): the words holding a tie, from the lane's tie masks
     (mask g at ``mask_at + g * mask_span``, bit ``(r * VEC_LOADS + u) * W + e`` for
-    iteration ``g * MASK_ITERS + r``), without reading x. Element e of such a word is
-    ``cfs[e]`` (dy / count) where it ties, else ``cfs[e] - cfs[e]``: what the first pass
-    wrote there and at every word left alone (0, or NaN for a non-finite dy), as
-    ``_elem_ties``. ``batch`` masks are loaded at once; the tied words of a mask are
-    visited lowest bit first (the lowest set bit's index is the population count below
-    it), so a mask without ties costs one test."""
-    vec = VECTOR[element]
-    W, LOG_W, pack, store_word = vec.width, vec.log_width, vec.pack, vec.store_word
+    iteration ``g * MASK_ITERS + r``), by ``_mask_rewriter``. ``batch`` masks are loaded
+    at once."""
+    W = VECTOR[element].width
+    rewrite_mask = _mask_rewriter(element)
     MASK_ITERS = tie_mask_iters(W)
-    WORD_BITS = uint64((1 << W) - 1)
     MASK_WORDS = MASK_ITERS * VEC_LOADS
 
     @cuda.jit(device=True, inline=True)
@@ -1634,21 +1661,74 @@ def _tied_word_rewriter(element: ElementKind, batch: int) -> Any:
                 if g + b < groups:
                     masks[b] = uint64(stat_k[uint64(mask_at + (g + b) * mask_span)])
             for b in range(batch):
-                m = masks[b] if g + b < groups else uint64(0)
-                while m != 0:
-                    low = m & (~m + uint64(1))
-                    q = uint32(cuda.popc(low - uint64(1))) >> uint32(LOG_W)  # word in mask
-                    at = uint64(q << uint32(LOG_W))
-                    bits = (m >> at) & WORD_BITS
-                    m &= ~(WORD_BITS << at)
-                    for e in range(W):
-                        c = cfs[e]
-                        results[e] = c if (bits >> uint64(e)) & uint64(1) != 0 else c - c
-                    word = first_word + ((g + b) * MASK_WORDS + int64(q)) * word_span
-                    store_word(dx, dxv, word, pack(results), shift)
+                if g + b < groups:
+                    rewrite_mask(dx, dxv, masks[b], cfs,
+                                 first_word + (g + b) * MASK_WORDS * word_span, word_span,
+                                 results, shift)
             g += batch
 
     return rewrite_tied
+
+
+def _col_tied_rewriter(element: ElementKind, batch: int) -> Any:
+    """Device function: the rewrite pass of the column word gradient's tie count after dx
+    for one (lane, output word) over every split its block walks (``split0``,
+    ``split0 + split_step``, ... below ``n_splits``): the masks of all those splits are
+    taken as one list, ``batch`` loads in flight at once (one split's masks, 2-4, left
+    the loads waiting on each other: 8 MB of bf16 [1e6, 64] masks read in 13-16 µs, H100,
+    2026-11-28). Mask g of (split, lane, ow) lies at ``masks_at + ((split * groups + g) *
+    lanes + lane) * out_words + ow`` (``groups`` masks a full split); a split's lane
+    ``lane`` starts at row ``split * chunk_len + lane`` and holds only the masks of its
+    own batches (the last split may be short)."""
+    W = VECTOR[element].width
+    rewrite_mask = _mask_rewriter(element)
+    MASK_ITERS = tie_mask_iters(W)
+    MASK_WORDS = MASK_ITERS * VEC_LOADS
+
+    @cuda.jit(device=True, inline=True)
+    def lane_masks(split, lane, step, chunk_len, extent):
+        i = split * chunk_len + lane
+        end = min(extent, split * chunk_len + chunk_len)
+        batches = (end - i + step - 1) // step
+        return (batches + MASK_ITERS - 1) // MASK_ITERS if i < end else int64(0)
+
+    @cuda.jit(device=True, inline=True)
+    def rewrite_tied_cols(dx, dxv, stat_k, masks_at, lanes, lane, ow, out_words, chunk_len,
+                          extent, axis_words, split0, split_step, n_splits, cfs, results):
+        # (split, g) walked by counters: no division in the loop (an int64 division is a
+        # call of ~60 instructions, and the pass is instruction bound)
+        step = int64(VEC_LOADS) * lanes
+        groups = lane_masks(int64(0), int64(0), step, chunk_len, chunk_len)
+        last = n_splits - 1
+        last_groups = lane_masks(last, lane, step, chunk_len, extent)
+        word_span = lanes * axis_words
+        mask_words = MASK_WORDS * word_span
+        masks = cuda.local.array(batch, uint64)
+        split = split0
+        g = int64(0)
+        while split < n_splits:
+            s = split
+            h = g
+            for b in range(batch):  # every mask load of the batch in flight
+                m = uint64(0)
+                if s < n_splits and h < (groups if s != last else last_groups):
+                    m = uint64(stat_k[uint64(
+                        masks_at + ((s * groups + h) * lanes + lane) * out_words + ow)])
+                masks[b] = m
+                h += 1
+                if h == groups:
+                    h = int64(0)
+                    s += split_step
+            for b in range(batch):
+                if masks[b] != 0:
+                    first = (split * chunk_len + lane) * axis_words + ow + g * mask_words
+                    rewrite_mask(dx, dxv, masks[b], cfs, first, word_span, results, 0)
+                g += 1
+                if g == groups:
+                    g = int64(0)
+                    split += split_step
+
+    return rewrite_tied_cols
 
 
 def _make_backward_rows_vec(kind: ReduceKind, element: ElementKind) -> Callable[..., None]:
@@ -1870,7 +1950,7 @@ def _make_backward_cols_vec(kind: ReduceKind, element: ElementKind) -> Callable[
     fast_fn, fast_holds, exact_fn = checked or (None,) * 3
     READS_X, READS_Y = ops.reads_x, ops.reads_y
     STAT_MEAN, STAT_TIES = ops.stat == "mean", ops.stat == "ties"
-    rewrite_tied = _tied_word_rewriter(element, REWRITE_MASKS_COLS)
+    rewrite_tied = _col_tied_rewriter(element, REWRITE_MASKS_COLS)
     MASK_ITERS = tie_mask_iters(W)
     ELEMENT_BITS = uint64(sum(1 << b for b in range(0, 64, W)))  # element 0 of each word
     # f16/bf16 ties from equality masks of the packed words (TieWords; bf16 on sm_90): dx
@@ -1960,6 +2040,11 @@ def _make_backward_cols_vec(kind: ReduceKind, element: ElementKind) -> Callable[
                     valid = False  # written by the first pass
             if STAT_TIES:
                 split = int64(cuda.blockIdx.y)
+                if valid and sparse:  # every split this block walks, at once
+                    rewrite_tied(dx, dxv, stat_k, out_numel, span, lane, ow, out_words,
+                                 chunk_len, extent, axis_words, split,
+                                 int64(cuda.gridDim.y), n_splits, cfs, results)
+                    valid = False
             while valid:
                 if STAT_TIES:  # mode 3 loops over the splits
                     begin = split * chunk_len
@@ -1975,11 +2060,7 @@ def _make_backward_cols_vec(kind: ReduceKind, element: ElementKind) -> Callable[
                 mask_at = out_numel + (
                     split * ((batches + MASK_ITERS - 1) // MASK_ITERS) * span + lane) \
                     * out_words + ow
-                if sparse:
-                    rewrite_tied(dx, dxv, stat_k, mask_at, mask_span, cfs, at, word_span,
-                                 (end - i + VEC_LOADS * span - 1) // (VEC_LOADS * span),
-                                 results, 0)
-                elif READS_X:
+                if READS_X:
                     it = int64(0)
                     mask = uint64(0)
                     step = VEC_LOADS * span
@@ -2935,11 +3016,16 @@ REDUCE_BACKWARD_ROWS_VEC_KERNELS: dict[tuple[ReduceKind, ElementKind], Kernel] =
     for element in VECTOR for kind in GRAD_OPS
 }
 
+#: Register caps of the column word gradient kernels (the others uncapped).
+GRAD_COLS_MAX_REGISTERS = {(ReduceKind.MAX, ElementKind.F16): 128,
+                           (ReduceKind.MAX, ElementKind.BF16): 128}
+
 #: (kind, element) -> column-layout gradient kernel with word loads and stores.
 REDUCE_BACKWARD_COLS_VEC_KERNELS: dict[tuple[ReduceKind, ElementKind], Kernel] = {
     (kind, element): Kernel(
         f"reduce_backward_cols_vec[{_kind_name(kind)},{element.name.lower()}]",
-        _make_backward_cols_vec(kind, element), _vec_backward_cols_signature(element))
+        _make_backward_cols_vec(kind, element), _vec_backward_cols_signature(element),
+        max_registers=GRAD_COLS_MAX_REGISTERS.get((kind, element)))
     for element in VECTOR for kind in GRAD_OPS
 }
 
@@ -2965,7 +3051,7 @@ STREAM_GRAD_KINDS = tuple(kind for kind, ops in GRAD_OPS.items()
 #: 28.4 / 27.4-27.5 either way; f32 slower ([1e6, 64] Max 183.9-184.0 -> 188.1-188.4), so
 #: f32 stays uncapped.
 REG_ROWS_MAX_REGISTERS = {(ReduceKind.MAX, ElementKind.F16): 48,
-                          (ReduceKind.MAX, ElementKind.BF16): 48}
+                          (ReduceKind.MAX, ElementKind.BF16): 128}
 
 #: (kind, element) -> register-resident gradient of word-aligned rows that fit in the
 #: registers of one block (x read once).
