@@ -6,7 +6,8 @@ For each kernel of ``TABLE`` (a ``kernels.reduce`` table such as
 register and spill report and one letter per instruction of interest in program order:
 ``L`` 8-byte global load, ``y`` narrower global load, ``c`` asynchronous copy to shared
 memory (``cp.async``: LDGSTS), ``D`` its wait (DEPBAR), ``r`` shared load, ``l`` / ``s``
-spill reload / store (local memory), ``a`` FADD, ``S`` 8-byte global store, ``|`` block
+spill reload / store (local memory), ``a`` FADD, ``S`` 8-byte global store, ``t``
+narrower global store, ``|`` block
 barrier, ``@`` global atomic. A batch whose loads are meant to be in
 flight at once reads ``LLLL...aaaa``; ``LaaLaaLaa`` is ptxas issuing each load just before
 its use (the nineteenth pass of docs/notes/reduce.md).
@@ -36,6 +37,7 @@ from baracuda_numba.types import ElementKind, ReduceKind
 #: SASS opcode (prefix) -> letter of the order line.
 LETTERS = (("LDGSTS", "c"), ("DEPBAR", "D"), ("LDG.E.64", "L"), ("LDG.E", "y"),
            ("LDS", "r"), ("LDL", "l"), ("STL", "s"), ("FADD", "a"), ("STG.E.64", "S"),
+           ("STG.E", "t"),
            ("BAR.SYNC", "|"), ("ATOMG", "@"))
 
 
