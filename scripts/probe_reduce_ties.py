@@ -1,0 +1,80 @@
+"""GPU probe: what the Max/Min gradient's ties cost along long columns.
+
+For each case (kind, shape, dtype) and each data draw ("bench": uniform in [-2, 2) rounded
+to the dtype, as the benchmark draws it; "normal": standard normal), prints the number of
+elements equal to their column's extreme, then the plan's device time against Prod's (the
+same bytes through the same kernel, no ties), alternately (``bench.Context``).
+
+    PYTHONPATH=.:scripts python scripts/probe_reduce_ties.py           # times
+    ncu --clock-control none --csv --page raw --metrics $M \\
+        python scripts/probe_reduce_ties.py --once | python scripts/ncu_table.py $M
+
+``--once`` runs each plan twice without timing (for ncu: one launch set per call).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+from bench import Context, measure_copy_gbps
+
+from baracuda_numba.plans.reduce import (
+    ReduceBackwardArgs,
+    ReduceBackwardDescriptor,
+    ReduceBackwardPlan,
+)
+from baracuda_numba.types import ElementKind, ReduceKind
+
+CASES = ((ReduceKind.MAX, (1000000, 64), torch.bfloat16, ElementKind.BF16),
+         (ReduceKind.MAX, (1000000, 64), torch.float32, ElementKind.F32))
+DRAWS = ("bench", "normal")
+
+
+def _draw(draw: str, shape: tuple[int, int], dtype: torch.dtype) -> torch.Tensor:
+    if draw == "bench":
+        return (torch.rand(shape, device="cuda") * 4 - 2).to(dtype)
+    return torch.randn(shape, device="cuda").to(dtype)
+
+
+def _case(kind: ReduceKind, shape: tuple[int, int], element: ElementKind, xs, dys):
+    ys = [x.prod(0, keepdim=True) if kind is ReduceKind.PROD else x.amax(0, keepdim=True)
+          for x in xs]
+    plan = ReduceBackwardPlan.select(ReduceBackwardDescriptor(kind, shape, 0, element, 1))
+    ws = torch.empty(max(plan.workspace_size, 1), device="cuda", dtype=torch.uint8)
+    dxs = [torch.empty_like(x) for x in xs]
+    args = [ReduceBackwardArgs(dy, dx, x, y) for dy, dx, x, y in zip(dys, dxs, xs, ys)]
+    return ys, lambda i: plan.run(args[i], workspace=ws)
+
+
+def main() -> None:
+    once = "--once" in sys.argv
+    ctx = Context("reduce", torch)
+    if not once:
+        ctx.copy_gbps = measure_copy_gbps(torch)
+        print(f"copy {ctx.copy_gbps:.0f} GB/s, {torch.cuda.get_device_name()}", flush=True)
+    for kind, shape, dtype, element in CASES:
+        for draw in DRAWS:
+            xs = [_draw(draw, shape, dtype) for _ in range(2)]
+            dys = [torch.rand((1, shape[1]), device="cuda").to(dtype) * 2 - 1 for _ in xs]
+            ys, run = _case(kind, shape, element, xs, dys)
+            _, run_prod = _case(ReduceKind.PROD, shape, element, xs, dys)
+            tied = int((xs[0] == ys[0]).sum())
+            if once:
+                for i in range(2):
+                    run(i)
+                    run_prod(i)
+                torch.cuda.synchronize()
+                print(f"{kind.name} {shape} {dtype} {draw}: {tied} tied", flush=True)
+                continue
+            ours, prod = ctx.time_gpu_many([run, run_prod], sets=2, iters=30)
+            nbytes = 2 * xs[0].numel() * xs[0].element_size()
+            print(f"{kind.name} {shape} {dtype} {draw}: {tied} tied ({tied / shape[1]:.0f} a "
+                  f"column); {ours:.1f} µs ({nbytes / ours / 1e3 / ctx.copy_gbps:.0%}), "
+                  f"Prod {prod:.1f} ({nbytes / prod / 1e3 / ctx.copy_gbps:.0%})", flush=True)
+            del xs, ys
+            torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
