@@ -1538,21 +1538,20 @@ def _make_reduce_cols_vec(kind: Any, element: ElementKind) -> Callable[..., None
     return reduce_cols_vec
 
 
-#: Tie masks the rewrite pass of the Max/Min gradient loads at once, per kernel (one
-#: dependent load per mask before: a lane walks ~30 masks of a 1e6-long row split in two).
-#: The column kernel loaded 2 (one split's masks) until its first pass had grown past 80
-#: registers anyway; it now takes the masks of every split a block walks as one list, 8 in
-#: flight (``_col_tied_rewriter``; f16/bf16 Max held at 128 registers, 2 blocks per SM as
-#: before). H100, 2026-11-28, ncu, rewrite µs 2 -> 8 masks: bf16 Max [1e6, 64] axis 0
-#: 13-16 -> 12 (the bench's data, ~1000 ties a column) and 13 -> 9-9.5 (normal data),
-#: f32 11.8 -> 8.1. With the first pass's tie bits gathered per word loop (one 64-bit shift
-#: and one population count per mask instead of a 64-bit shift and increment per element),
-#: H200, 2026-11-26, ncu at normal clocks, µs before -> after: bf16 Max [256, 1e6] axis 1
-#: first pass 339 -> 310, rewrite 52 -> 36; f32 first pass 545 -> 537, rewrite 21 -> 11;
-#: bf16 [1e6, 64] axis 0 (columns) first pass 78-83 -> 85-88, rewrite 17 -> 13. Benchmark
-#: (two alternating runs each): bf16 [256, 1e6] axis 1 394 -> 350, f32 572 -> 554; f32
-#: [256, 1e6] axis 0 582 -> 561; bf16 [1e6, 64] axis 0 115 -> 105. H100: f32 [1e6, 64] axis
-#: 0 got slower, 209 -> 219 (docs/notes/reduce.md, eleventh pass: the variants tried).
+#: Tie masks the rewrite pass of the Max/Min gradient loads at once, per kernel (one dependent load
+#: per mask before: a lane walks ~30 masks of a 1e6-long row split in two). The column kernel loaded
+#: 2 (one split's masks) until its first pass had grown past 80 registers anyway; it now takes the
+#: masks of every split a block walks as one list, 8 in flight (``_col_tied_rewriter``, in a kernel
+#: of its own since: the REDUCE_BACKWARD_COLS_REWRITE_KERNELS). H100, 2026-11-28, ncu, rewrite µs 2
+#: -> 8 masks: bf16 Max [1e6, 64] axis 0 13-16 -> 12 (the bench's data, ~1000 ties a column) and 13
+#: -> 9-9.5 (normal data), f32 11.8 -> 8.1. With the first pass's tie bits gathered per word loop
+#: (one 64-bit shift and one population count per mask instead of a 64-bit shift and increment per
+#: element), H200, 2026-11-26, ncu at normal clocks, µs before -> after: bf16 Max [256, 1e6] axis 1
+#: first pass 339 -> 310, rewrite 52 -> 36; f32 first pass 545 -> 537, rewrite 21 -> 11; bf16 [1e6,
+#: 64] axis 0 (columns) first pass 78-83 -> 85-88, rewrite 17 -> 13. Benchmark (two alternating runs
+#: each): bf16 [256, 1e6] axis 1 394 -> 350, f32 572 -> 554; f32 [256, 1e6] axis 0 582 -> 561; bf16
+#: [1e6, 64] axis 0 115 -> 105. H100: f32 [1e6, 64] axis 0 got slower, 209 -> 219
+#: (docs/notes/reduce.md, eleventh pass: the variants tried).
 REWRITE_MASKS_ROWS = 8
 REWRITE_MASKS_COLS = 8
 
@@ -1934,7 +1933,12 @@ def _make_backward_rows_vec(kind: ReduceKind, element: ElementKind) -> Callable[
     return reduce_backward_rows_vec
 
 
-def _make_backward_cols_vec(kind: ReduceKind, element: ElementKind) -> Callable[..., None]:
+def _make_backward_cols_vec(kind: ReduceKind, element: ElementKind,
+                            rewrite_pass: bool = False) -> Callable[..., None]:
+    """The column word gradient kernel; for Max/Min (the tie count after dx) either its
+    modes 0 and 2 or, with ``rewrite_pass``, its mode 3 alone (whatever ``mode`` says), so
+    that the first pass does not hold the rewrite's registers (64 against 128: 4 resident
+    blocks per SM instead of 2)."""
     ops = GRAD_OPS[kind]
     spec = ELEMENTS[element]
     vec = VECTOR[element]
@@ -1966,6 +1970,7 @@ def _make_backward_cols_vec(kind: ReduceKind, element: ElementKind) -> Callable[
     # along axis 0, alternating runs: bf16 147.9-148.3 -> 144.2-144.3 µs, f32 279.3-279.7
     # -> 275.5-275.6; dx stored with st.global.cs as well: 144.3-144.4 / 276.0-276.4.)
     BACKWARDS = STAT_MEAN
+    REWRITE_PASS = rewrite_pass
 
     def reduce_backward_cols_vec(dy, xv, y, dx, dxv, stat_acc, stat_k, out_numel, extent,
                                  axis_words, dy_stride, y_stride, lanes, chunk_len, param,
@@ -1983,6 +1988,8 @@ def _make_backward_cols_vec(kind: ReduceKind, element: ElementKind) -> Callable[
         splits: most lines need nothing); 0 otherwise. f16/bf16 Max/Min words (bf16 on
         sm_90) take their ties from equality masks (``TieWords``): dx by one select a
         word, the tie bits only for a word with a tie."""
+        if STAT_TIES:  # mode 3 in the rewrite kernel only (a constant there)
+            mode = 3 if REWRITE_PASS else (2 if mode == 3 else mode)
         tid = cuda.threadIdx.x
         block = cuda.blockDim.x
         slots = block // lanes
@@ -3016,17 +3023,24 @@ REDUCE_BACKWARD_ROWS_VEC_KERNELS: dict[tuple[ReduceKind, ElementKind], Kernel] =
     for element in VECTOR for kind in GRAD_OPS
 }
 
-#: Register caps of the column word gradient kernels (the others uncapped).
-GRAD_COLS_MAX_REGISTERS = {(ReduceKind.MAX, ElementKind.F16): 128,
-                           (ReduceKind.MAX, ElementKind.BF16): 128}
-
-#: (kind, element) -> column-layout gradient kernel with word loads and stores.
+#: (kind, element) -> column-layout gradient kernel with word loads and stores (Max/Min:
+#: modes 0 and 2).
 REDUCE_BACKWARD_COLS_VEC_KERNELS: dict[tuple[ReduceKind, ElementKind], Kernel] = {
     (kind, element): Kernel(
         f"reduce_backward_cols_vec[{_kind_name(kind)},{element.name.lower()}]",
-        _make_backward_cols_vec(kind, element), _vec_backward_cols_signature(element),
-        max_registers=GRAD_COLS_MAX_REGISTERS.get((kind, element)))
+        _make_backward_cols_vec(kind, element), _vec_backward_cols_signature(element))
     for element in VECTOR for kind in GRAD_OPS
+}
+
+#: (kind, element) -> the rewrite pass (mode 3) of the column tie count after dx, Max/Min.
+#: Held at 128 registers (f16/bf16 take 154 uncapped, with its 8 masks in flight): 2
+#: resident blocks per SM for its _TIE_REWRITE_BLOCKS blocks.
+REDUCE_BACKWARD_COLS_REWRITE_KERNELS: dict[tuple[ReduceKind, ElementKind], Kernel] = {
+    (kind, element): Kernel(
+        f"reduce_backward_cols_rewrite[{_kind_name(kind)},{element.name.lower()}]",
+        _make_backward_cols_vec(kind, element, rewrite_pass=True),
+        _vec_backward_cols_signature(element), max_registers=128)
+    for element in VECTOR for kind in GRAD_OPS if GRAD_OPS[kind].stat == "ties"
 }
 
 

@@ -69,6 +69,7 @@ from ..kernels.reduce import (
     LONG_SHORT_KINDS,
     REDUCE_BACKWARD_COLS_REG_KERNELS,
     REDUCE_BACKWARD_COLS_REG_SMALL_KERNELS,
+    REDUCE_BACKWARD_COLS_REWRITE_KERNELS,
     REDUCE_BACKWARD_COLS_STASH_KERNELS,
     REDUCE_BACKWARD_COLS_VEC_KERNELS,
     REDUCE_BACKWARD_KERNELS,
@@ -1475,7 +1476,9 @@ class ReduceBackwardPlan(Plan):
                     geometry.chunk_len, self._param, mode)
             kernel = REDUCE_BACKWARD_COLS_VEC_KERNELS[(grad_kind, element)]
             if mode == 2:
-                stat = self._col_tie_count(kernel, grid, args, geometry.splits)
+                stat = self._col_tie_count(
+                    REDUCE_BACKWARD_COLS_REWRITE_KERNELS[(grad_kind, element)], grid, args,
+                    geometry.splits)
             return stat, (COLS, kernel.bind(grid, _BLOCK, args))
         gradient = self._kernel.bind(
             grid, _BLOCK,
@@ -1507,7 +1510,8 @@ class ReduceBackwardPlan(Plan):
                        splits: int) -> _TieCount:
         """The tie count after dx of the column word kernel: the first pass adds its counts
         up itself (no merge launch; its ``out_numel`` count slots zeroed before it), and the
-        rewrite pass (``args`` with the mode, the last, = 3) takes about
+        rewrite pass (``kernel``, the rewrite kernel, with the first pass's ``args`` and
+        the mode, the last, = 3) takes about
         _TIE_REWRITE_BLOCKS blocks whatever the first pass's ``splits`` (its blocks loop
         over them). (Before, H100, 2026-11-27, ncu, f32 Max [4096, 4096] along axis 0
         through this path: the merge took 10.3 µs and a rewrite block per (group, split),
