@@ -3065,7 +3065,7 @@ STREAM_GRAD_KINDS = tuple(kind for kind, ops in GRAD_OPS.items()
 #: 28.4 / 27.4-27.5 either way; f32 slower ([1e6, 64] Max 183.9-184.0 -> 188.1-188.4), so
 #: f32 stays uncapped.
 REG_ROWS_MAX_REGISTERS = {(ReduceKind.MAX, ElementKind.F16): 48,
-                          (ReduceKind.MAX, ElementKind.BF16): 128}
+                          (ReduceKind.MAX, ElementKind.BF16): 48}
 
 #: (kind, element) -> register-resident gradient of word-aligned rows that fit in the
 #: registers of one block (x read once).
