@@ -1097,14 +1097,15 @@ class ArgReducePlan(_ForwardPlan):
 
 
 #: Blocks of the column tie count's rewrite pass (two in the simulator: each block walks
-#: every other split there, so the tests take the GPU's split step, not only its loop). Half a wave: H100, 2026-11-28, the benchmark's data, each
-#: setting against 528 in the same process (scripts/probe_reduce_ab.py), µs, Max along axis
-#: 0 of bf16 [1e6, 64] / f32 [1e6, 64] / f32 [2e6, 32]: 2112 blocks 124.2 / 255-330 / 204.1
-#: against 115.7 / 197.6-349.5 / 196.8; 1056 118.4 / 192.8 / 192.3 against 116.0 / 189.7 /
-#: 190.4; 264 113.8-114.0 / 195.2-195.8 / 194.8-195.3 against 115.5-115.8 / 196.3-196.9 /
-#: 196.8-197.4; 132 120.3 / 200.9 / 200.5 against 115.7 / 196.7 / 197.0; 66 135.4 / 212.0 /
-#: 212.5 against 115.5 / 196.3 / 197.0. Normal data, 264 against 528: bf16 110.1-110.4
-#: against 111.4-111.5, f32 188.4 against 190.0.
+#: every other split there, so the tests take the GPU's split step, not only its loop). Half
+#: a wave: H100, 2026-11-28, the benchmark's data, each setting against 528 in the same
+#: process (scripts/probe_reduce_ab.py), µs, Max along axis 0 of bf16 [1e6, 64] / f32 [1e6,
+#: 64] / f32 [2e6, 32]: 2112 blocks 124.2 / 255-330 / 204.1 against 115.7 / 197.6-349.5 /
+#: 196.8; 1056 118.4 / 192.8 / 192.3 against 116.0 / 189.7 / 190.4; 264 113.8-114.0 /
+#: 195.2-195.8 / 194.8-195.3 against 115.5-115.8 / 196.3-196.9 / 196.8-197.4; 132 120.3 /
+#: 200.9 / 200.5 against 115.7 / 196.7 / 197.0; 66 135.4 / 212.0 / 212.5 against 115.5 /
+#: 196.3 / 197.0. Normal data, 264 against 528: bf16 110.1-110.4 against 111.4-111.5, f32
+#: 188.4 against 190.0.
 _TIE_REWRITE_BLOCKS = 2 if SIMULATOR else _VEC_TARGET_BLOCKS // 2
 
 
