@@ -18,6 +18,7 @@ import sys
 
 import torch
 from bench import Context, measure_copy_gbps
+from probe_reduce_placement import _saved
 
 from baracuda_numba.plans.reduce import (
     ReduceBackwardArgs,
@@ -38,8 +39,7 @@ def _draw(draw: str, shape: tuple[int, int], dtype: torch.dtype) -> torch.Tensor
 
 
 def _case(kind: ReduceKind, shape: tuple[int, int], element: ElementKind, xs, dys):
-    ys = [x.prod(0, keepdim=True) if kind is ReduceKind.PROD else x.amax(0, keepdim=True)
-          for x in xs]
+    ys = [_saved(kind, x) for x in xs]
     plan = ReduceBackwardPlan.select(ReduceBackwardDescriptor(kind, shape, 0, element, 1))
     ws = torch.empty(max(plan.workspace_size, 1), device="cuda", dtype=torch.uint8)
     dxs = [torch.empty_like(x) for x in xs]
