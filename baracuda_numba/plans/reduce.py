@@ -1512,11 +1512,10 @@ class ReduceBackwardPlan(Plan):
         """The tie count after dx of the column word kernel: the first pass adds its counts
         up itself (no merge launch; its ``out_numel`` count slots zeroed before it), and the
         rewrite pass (``kernel``, the rewrite kernel, with the first pass's ``args`` and
-        the mode, the last, = 3) takes about
-        _TIE_REWRITE_BLOCKS blocks whatever the first pass's ``splits`` (its blocks loop
-        over them). (Before, H100, 2026-11-27, ncu, f32 Max [4096, 4096] along axis 0
-        through this path: the merge took 10.3 µs and a rewrite block per (group, split),
-        each finding its counts at 1, 10.2 µs.)"""
+        the mode, the last, = 3) takes about _TIE_REWRITE_BLOCKS blocks whatever the first
+        pass's ``splits`` (its blocks loop over them). (Before, H100, 2026-11-27, ncu, f32
+        Max [4096, 4096] along axis 0 through this path: the merge took 10.3 µs and a
+        rewrite block per (group, split), each finding its counts at 1, 10.2 µs.)"""
         grid_y = max(1, min(splits, _TIE_REWRITE_BLOCKS // grid[0]))
         rewrite = kernel.bind((grid[0], grid_y), _BLOCK, (*args[:-1], 3))
         return _TieCount(None, rewrite.fast, self._out_numel * 8)
