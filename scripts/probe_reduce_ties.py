@@ -10,16 +10,22 @@ same bytes through the same kernel, no ties), alternately (``bench.Context``).
         python scripts/probe_reduce_ties.py --once | python scripts/ncu_table.py $M
 
 ``--once`` runs each plan twice without timing (for ncu: one launch set per call).
+``TIES_CASES=KIND:SHAPE:DTYPE,...`` (e.g. ``MAX:4096x4096:bfloat16``) replaces the
+default cases; ``TIES_NO_COLS_REG=1`` keeps the column register-resident kernels out (the
+word kernel's tie count after dx takes those columns too, as ``probe_reduce_ab.py``'s
+``AB_NO_COLS_REG``).
 """
 
 from __future__ import annotations
 
+import os
 import sys
 
 import torch
 from bench import Context, measure_copy_gbps
 from probe_reduce_placement import _saved
 
+from baracuda_numba.plans import reduce as plans_reduce
 from baracuda_numba.plans.reduce import (
     ReduceBackwardArgs,
     ReduceBackwardDescriptor,
@@ -29,6 +35,21 @@ from baracuda_numba.types import ElementKind, ReduceKind
 
 CASES = ((ReduceKind.MAX, (1000000, 64), torch.bfloat16, ElementKind.BF16),
          (ReduceKind.MAX, (1000000, 64), torch.float32, ElementKind.F32))
+ELEMENTS = {"bfloat16": ElementKind.BF16, "float16": ElementKind.F16,
+            "float32": ElementKind.F32, "float64": ElementKind.F64}
+
+
+def _cases() -> tuple:
+    """``TIES_CASES`` parsed, else ``CASES``."""
+    text = os.environ.get("TIES_CASES")
+    if not text:
+        return CASES
+    cases = []
+    for case in text.split(","):
+        kind, shape, name = case.split(":")
+        cases.append((ReduceKind[kind], tuple(int(n) for n in shape.split("x")),
+                      getattr(torch, name), ELEMENTS[name]))
+    return tuple(cases)
 DRAWS = ("bench", "normal")
 
 
@@ -50,10 +71,13 @@ def _case(kind: ReduceKind, shape: tuple[int, int], element: ElementKind, xs, dy
 def main() -> None:
     once = "--once" in sys.argv
     ctx = Context("reduce", torch)
+    if os.environ.get("TIES_NO_COLS_REG"):
+        plans_reduce._cols_reg_layout = lambda *args, **kwargs: None
+        print("no column register-resident gradient", flush=True)
     if not once:
         ctx.copy_gbps = measure_copy_gbps(torch)
         print(f"copy {ctx.copy_gbps:.0f} GB/s, {torch.cuda.get_device_name()}", flush=True)
-    for kind, shape, dtype, element in CASES:
+    for kind, shape, dtype, element in _cases():
         for draw in DRAWS:
             xs = [_draw(draw, shape, dtype) for _ in range(2)]
             dys = [torch.rand((1, shape[1]), device="cuda").to(dtype) * 2 - 1 for _ in xs]
