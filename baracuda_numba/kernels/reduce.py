@@ -1937,8 +1937,10 @@ def _make_backward_cols_vec(kind: ReduceKind, element: ElementKind,
                             rewrite_pass: bool = False) -> Callable[..., None]:
     """The column word gradient kernel; for Max/Min (the tie count after dx) either its
     modes 0 and 2 or, with ``rewrite_pass``, its mode 3 alone (whatever ``mode`` says), so
-    that the first pass does not hold the rewrite's registers (64 against 128: 4 resident
-    blocks per SM instead of 2)."""
+    that the first pass does not hold the rewrite's registers. (``ptxas`` alone gives the
+    first pass 70 / 64 registers, bf16 / f32; the H100's driver JIT gives it 96 / 124, 2
+    resident blocks per SM, which capped at 64-80 were slower or even: docs/notes/reduce.md,
+    twenty-seventh pass.)"""
     ops = GRAD_OPS[kind]
     spec = ELEMENTS[element]
     vec = VECTOR[element]
@@ -3033,8 +3035,9 @@ REDUCE_BACKWARD_COLS_VEC_KERNELS: dict[tuple[ReduceKind, ElementKind], Kernel] =
 }
 
 #: (kind, element) -> the rewrite pass (mode 3) of the column tie count after dx, Max/Min.
-#: Held at 128 registers (f16/bf16 take 154 uncapped, with its 8 masks in flight): 2
-#: resident blocks per SM for its _TIE_REWRITE_BLOCKS blocks.
+#: Held at 128 registers (f16/bf16 take 154 uncapped in ``ptxas``, with its 8 masks in
+#: flight; under the cap the H100's driver JIT gives bf16 114, f32 128): 2 resident blocks
+#: per SM for its _TIE_REWRITE_BLOCKS blocks.
 REDUCE_BACKWARD_COLS_REWRITE_KERNELS: dict[tuple[ReduceKind, ElementKind], Kernel] = {
     (kind, element): Kernel(
         f"reduce_backward_cols_rewrite[{_kind_name(kind)},{element.name.lower()}]",
