@@ -1669,6 +1669,30 @@ def _tied_word_rewriter(element: ElementKind, batch: int) -> Any:
     return rewrite_tied
 
 
+def _col_mask_layout(element: ElementKind) -> tuple[Any, Any]:
+    """Device functions ``(mask_groups, mask_at)``: where the column word gradient's tie
+    masks lie, for the first pass that writes them and the rewrite that reads them.
+    ``mask_groups(chunk_len, lanes)``: the masks one lane holds of a full split (one per
+    ``tie_mask_iters`` word-loop iterations of VEC_LOADS words). ``mask_at(masks_at,
+    split, groups, g, lanes, lane, out_words, ow)``: the slot of mask ``g`` of (split,
+    lane, output word ``ow``), ``masks_at + ((split * groups + g) * lanes + lane) *
+    out_words + ow``: consecutive output words (a block's slots) are consecutive, and mask
+    g + 1 lies ``lanes * out_words`` after mask g. (``plans.reduce._tie_slots`` sizes the
+    same layout.)"""
+    MASK_ITERS = tie_mask_iters(VECTOR[element].width)
+
+    @cuda.jit(device=True, inline=True)
+    def mask_groups(chunk_len, lanes):
+        step = int64(VEC_LOADS) * lanes
+        return ((chunk_len + step - 1) // step + MASK_ITERS - 1) // MASK_ITERS
+
+    @cuda.jit(device=True, inline=True)
+    def mask_at(masks_at, split, groups, g, lanes, lane, out_words, ow):
+        return masks_at + ((split * groups + g) * lanes + lane) * out_words + ow
+
+    return mask_groups, mask_at
+
+
 def _col_tied_rewriter(element: ElementKind, batch: int) -> Any:
     """Device function: the rewrite pass of the column word gradient's tie count after dx
     for one (lane, output word) over every split its block walks (``split0``,
@@ -1676,11 +1700,12 @@ def _col_tied_rewriter(element: ElementKind, batch: int) -> Any:
     taken as one list, ``batch`` loads in flight at once (one split's masks, 2-4, left
     the loads waiting on each other: 8 MB of bf16 [1e6, 64] masks read in 13-16 µs, H100,
     2026-11-28). Mask g of (split, lane, ow) lies at ``masks_at + ((split * groups + g) *
-    lanes + lane) * out_words + ow`` (``groups`` masks a full split); a split's lane
-    ``lane`` starts at row ``split * chunk_len + lane`` and holds only the masks of its
-    own batches (the last split may be short)."""
+    lanes + lane) * out_words + ow`` (``groups`` masks a full split: ``_col_mask_layout``);
+    a split's lane ``lane`` starts at row ``split * chunk_len + lane`` and holds only the
+    masks of its own batches (the last split may be short)."""
     W = VECTOR[element].width
     rewrite_mask = _mask_rewriter(element)
+    mask_groups, mask_at = _col_mask_layout(element)
     MASK_ITERS = tie_mask_iters(W)
     MASK_WORDS = MASK_ITERS * VEC_LOADS
 
@@ -1697,7 +1722,7 @@ def _col_tied_rewriter(element: ElementKind, batch: int) -> Any:
         # (split, g) walked by counters: no division in the loop (an int64 division is a
         # call of ~60 instructions, and the pass is instruction bound)
         step = int64(VEC_LOADS) * lanes
-        groups = lane_masks(int64(0), int64(0), step, chunk_len, chunk_len)
+        groups = mask_groups(chunk_len, lanes)
         last = n_splits - 1
         last_groups = lane_masks(last, lane, step, chunk_len, extent)
         word_span = lanes * axis_words
@@ -1712,7 +1737,7 @@ def _col_tied_rewriter(element: ElementKind, batch: int) -> Any:
                 m = uint64(0)
                 if s < n_splits and h < (groups if s != last else last_groups):
                     m = uint64(stat_k[uint64(
-                        masks_at + ((s * groups + h) * lanes + lane) * out_words + ow)])
+                        mask_at(masks_at, s, groups, h, lanes, lane, out_words, ow))])
                 masks[b] = m
                 h += 1
                 if h == groups:
@@ -1957,6 +1982,7 @@ def _make_backward_cols_vec(kind: ReduceKind, element: ElementKind,
     READS_X, READS_Y = ops.reads_x, ops.reads_y
     STAT_MEAN, STAT_TIES = ops.stat == "mean", ops.stat == "ties"
     rewrite_tied = _col_tied_rewriter(element, REWRITE_MASKS_COLS)
+    mask_groups, mask_at_of = _col_mask_layout(element)
     MASK_ITERS = tie_mask_iters(W)
     ELEMENT_BITS = uint64(sum(1 << b for b in range(0, 64, W)))  # element 0 of each word
     # f16/bf16 ties from equality masks of the packed words (TieWords; bf16 on sm_90): dx
@@ -2060,15 +2086,11 @@ def _make_backward_cols_vec(kind: ReduceKind, element: ElementKind,
                     end = min(extent, begin + chunk_len)
                 i = begin + lane
                 at = i * axis_words + ow
-                # tie masks as in reduce_backward_rows_vec, after the out_numel counts;
-                # mask g of (split, lane, ow) at
-                # out_numel + ((split * masks + g) * lanes + lane) * out_words + ow
-                # (consecutive slots: consecutive masks)
-                batches = (chunk_len + VEC_LOADS * span - 1) // (VEC_LOADS * span)
+                # tie masks as in reduce_backward_rows_vec, after the out_numel counts
+                # (_col_mask_layout: mask g at mask_at + g * mask_span)
                 mask_span = span * out_words
-                mask_at = out_numel + (
-                    split * ((batches + MASK_ITERS - 1) // MASK_ITERS) * span + lane) \
-                    * out_words + ow
+                mask_at = mask_at_of(out_numel, split, mask_groups(chunk_len, span),
+                                     int64(0), span, lane, out_words, ow)
                 if READS_X:
                     it = int64(0)
                     mask = uint64(0)
