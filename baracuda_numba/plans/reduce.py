@@ -1465,7 +1465,7 @@ class ReduceBackwardPlan(Plan):
                     geometry.lanes, geometry.chunk_len, self._param, mode, shift)
             kernel = REDUCE_BACKWARD_ROWS_VEC_KERNELS[(grad_kind, element)]
             if mode == 2:
-                stat = self._tie_count(kernel, grid, args, -2, geometry.splits)
+                stat = self._tie_count(kernel, grid, args, geometry.splits)
             return stat, (ROWS, kernel.bind(grid, _BLOCK, args))
         if access == COLS:
             width = VECTOR[element].width
@@ -1492,12 +1492,12 @@ class ReduceBackwardPlan(Plan):
         return stat, (GENERIC, gradient)
 
     def _tie_count(self, kernel: Any, grid: tuple[int, int], args: tuple[Any, ...],
-                   mode_at: int, splits: int) -> _TieCount:
+                   splits: int) -> _TieCount:
         """The tie count after dx of word rows: the merge of the ``splits`` tie counts per
-        output and the rewrite pass (``args`` of the first pass with ``args[mode_at]`` =
-        3)."""
+        output and the rewrite pass (``args`` of the first pass with its mode, ``fused``,
+        the second to last, = 3)."""
         rewrite = list(args)
-        rewrite[mode_at] = 3
+        rewrite[-2] = 3
         out_numel = self._out_numel
         empty = (0, 0)
         zeros = pad8((), 0)
