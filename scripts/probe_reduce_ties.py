@@ -37,6 +37,7 @@ CASES = ((ReduceKind.MAX, (1000000, 64), torch.bfloat16, ElementKind.BF16),
          (ReduceKind.MAX, (1000000, 64), torch.float32, ElementKind.F32))
 ELEMENTS = {"bfloat16": ElementKind.BF16, "float16": ElementKind.F16,
             "float32": ElementKind.F32, "float64": ElementKind.F64}
+DRAWS = ("bench", "normal")
 
 
 def _cases() -> tuple:
@@ -50,7 +51,6 @@ def _cases() -> tuple:
         cases.append((ReduceKind[kind], tuple(int(n) for n in shape.split("x")),
                       getattr(torch, name), ELEMENTS[name]))
     return tuple(cases)
-DRAWS = ("bench", "normal")
 
 
 def _draw(draw: str, shape: tuple[int, int], dtype: torch.dtype) -> torch.Tensor:
