@@ -3058,7 +3058,7 @@ REDUCE_BACKWARD_COLS_VEC_KERNELS: dict[tuple[ReduceKind, ElementKind], Kernel] =
 
 #: (kind, element) -> the rewrite pass (mode 3) of the column tie count after dx, Max/Min.
 #: Held at 128 registers (f16/bf16 take 154 uncapped in ``ptxas``, with its 8 masks in
-#: flight; under the cap the H100's driver JIT gives bf16 114, f32 128): 2 resident blocks
+#: flight; under the cap the H100's driver JIT gives bf16 116, f32 128): 2 resident blocks
 #: per SM for its _TIE_REWRITE_BLOCKS blocks.
 REDUCE_BACKWARD_COLS_REWRITE_KERNELS: dict[tuple[ReduceKind, ElementKind], Kernel] = {
     (kind, element): Kernel(
