@@ -1,10 +1,12 @@
 """GPU probe: the registers and local memory (spills, stack) of kernels as the GPU runs
 them, against what ``ptxas`` run alone on the same PTX reports.
 
-The driver's JIT links Numba's PTX into the loaded kernel, and its register count can
-differ from a ``ptxas`` of the same PTX (``scripts/probe_sass.py``, which needs no GPU):
-the column Max gradient took 96 / 124 registers (bf16 / f32) on the H100 against 70 / 64
-from ``ptxas -arch=sm_90`` (2026-11-28). Resident blocks per SM follow the former.
+Numba's build of a kernel (compile, then link: what ``Kernel.prepare`` loads) can give
+other register counts than a ``ptxas`` of the same PTX (``scripts/probe_sass.py``, which
+needs no GPU), which the driver's JIT of the PTX alone matches: the column Max gradient
+took 96 / 124 registers (bf16 / f32) on the H100 against 70 / 64 from ``ptxas
+-arch=sm_90`` (2026-11-28; docs/notes/reduce.md, twenty-seventh pass). Resident blocks
+per SM follow the former.
 
     PYTHONPATH=. python scripts/probe_regs.py [TABLE ...] [KIND:ELEMENT ...]
 

@@ -12,7 +12,7 @@ barrier, ``@`` global atomic. A batch whose loads are meant to be in
 flight at once reads ``LLLL...aaaa``; ``LaaLaaLaa`` is ptxas issuing each load just before
 its use (the nineteenth pass of docs/notes/reduce.md).
 
-The registers are ``ptxas``'s, run alone on the PTX. The driver's JIT, which builds the
+The registers are ``ptxas``'s, run alone on the PTX. Numba's build, which makes the
 kernels the GPU runs, can give other counts (the column Max gradient: 70 / 64 here, 96 /
 124 on the H100, 2026-11-28): ``scripts/probe_regs.py`` reads them on the GPU.
 

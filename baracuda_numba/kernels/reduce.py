@@ -1963,7 +1963,7 @@ def _make_backward_cols_vec(kind: ReduceKind, element: ElementKind,
     """The column word gradient kernel; for Max/Min (the tie count after dx) either its
     modes 0 and 2 or, with ``rewrite_pass``, its mode 3 alone (whatever ``mode`` says), so
     that the first pass does not hold the rewrite's registers. (``ptxas`` alone gives the
-    first pass 70 / 64 registers, bf16 / f32; the H100's driver JIT gives it 96 / 124, 2
+    first pass 70 / 64 registers, bf16 / f32; Numba's build on the H100 gives it 96 / 124, 2
     resident blocks per SM, which capped at 64-80 were slower or even: docs/notes/reduce.md,
     twenty-seventh pass.)"""
     ops = GRAD_OPS[kind]
@@ -3058,7 +3058,7 @@ REDUCE_BACKWARD_COLS_VEC_KERNELS: dict[tuple[ReduceKind, ElementKind], Kernel] =
 
 #: (kind, element) -> the rewrite pass (mode 3) of the column tie count after dx, Max/Min.
 #: Held at 128 registers (f16/bf16 take 154 uncapped in ``ptxas``, with its 8 masks in
-#: flight; under the cap the H100's driver JIT gives bf16 116, f32 128): 2 resident blocks
+#: flight; under the cap Numba's build on the H100 gives bf16 116, f32 128): 2 resident blocks
 #: per SM for its _TIE_REWRITE_BLOCKS blocks.
 REDUCE_BACKWARD_COLS_REWRITE_KERNELS: dict[tuple[ReduceKind, ElementKind], Kernel] = {
     (kind, element): Kernel(
