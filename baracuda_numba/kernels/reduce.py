@@ -1538,20 +1538,22 @@ def _make_reduce_cols_vec(kind: Any, element: ElementKind) -> Callable[..., None
     return reduce_cols_vec
 
 
-#: Tie masks the rewrite pass of the Max/Min gradient loads at once, per kernel (one dependent load
-#: per mask before: a lane walks ~30 masks of a 1e6-long row split in two). The column kernel loaded
-#: 2 (one split's masks) until its first pass had grown past 80 registers anyway; it now takes the
-#: masks of every split a block walks as one list, 8 in flight (``_col_tied_rewriter``, in a kernel
-#: of its own since: the REDUCE_BACKWARD_COLS_REWRITE_KERNELS). H100, 2026-11-28, ncu, rewrite µs 2
-#: -> 8 masks: bf16 Max [1e6, 64] axis 0 13-16 -> 12 (the bench's data, ~1000 ties a column) and 13
-#: -> 9-9.5 (normal data), f32 11.8 -> 8.1. With the first pass's tie bits gathered per word loop
-#: (one 64-bit shift and one population count per mask instead of a 64-bit shift and increment per
-#: element), H200, 2026-11-26, ncu at normal clocks, µs before -> after: bf16 Max [256, 1e6] axis 1
-#: first pass 339 -> 310, rewrite 52 -> 36; f32 first pass 545 -> 537, rewrite 21 -> 11; bf16 [1e6,
-#: 64] axis 0 (columns) first pass 78-83 -> 85-88, rewrite 17 -> 13. Benchmark (two alternating runs
-#: each): bf16 [256, 1e6] axis 1 394 -> 350, f32 572 -> 554; f32 [256, 1e6] axis 0 582 -> 561; bf16
-#: [1e6, 64] axis 0 115 -> 105. H100: f32 [1e6, 64] axis 0 got slower, 209 -> 219
-#: (docs/notes/reduce.md, eleventh pass: the variants tried).
+#: Tie masks the rewrite pass of the Max/Min gradient loads at once, per kernel (one
+#: dependent load per mask before: a lane walks ~30 masks of a 1e6-long row split in two).
+#: The column kernel loaded 2 (one split's masks) until its first pass had grown past 80
+#: registers anyway; it now takes the masks of every split a block walks as one list, 8 in
+#: flight (``_col_tied_rewriter``, in a kernel of its own since: the
+#: REDUCE_BACKWARD_COLS_REWRITE_KERNELS). H100, 2026-11-28, ncu, rewrite µs 2 -> 8 masks:
+#: bf16 Max [1e6, 64] axis 0 13-16 -> 12 (the bench's data, ~1000 ties a column) and 13 ->
+#: 9-9.5 (normal data), f32 11.8 -> 8.1. With the first pass's tie bits gathered per word
+#: loop (one 64-bit shift and one population count per mask instead of a 64-bit shift and
+#: increment per element), H200, 2026-11-26, ncu at normal clocks, µs before -> after: bf16
+#: Max [256, 1e6] axis 1 first pass 339 -> 310, rewrite 52 -> 36; f32 first pass 545 -> 537,
+#: rewrite 21 -> 11; bf16 [1e6, 64] axis 0 (columns) first pass 78-83 -> 85-88, rewrite 17
+#: -> 13. Benchmark (two alternating runs each): bf16 [256, 1e6] axis 1 394 -> 350, f32 572
+#: -> 554; f32 [256, 1e6] axis 0 582 -> 561; bf16 [1e6, 64] axis 0 115 -> 105. H100: f32
+#: [1e6, 64] axis 0 got slower, 209 -> 219 (docs/notes/reduce.md, eleventh pass: the
+#: variants tried).
 REWRITE_MASKS_ROWS = 8
 REWRITE_MASKS_COLS = 8
 
