@@ -12,35 +12,31 @@ from __future__ import annotations
 
 import torch
 from bench import Context, measure_copy_gbps
+from bench_reduce import FORWARD
 
+from baracuda_numba._frameworks import element_of
 from baracuda_numba.plans.reduce import (
     ReduceBackwardArgs,
     ReduceBackwardDescriptor,
     ReduceBackwardPlan,
 )
-from baracuda_numba.types import ElementKind, ReduceKind
+from baracuda_numba.types import ReduceKind
 
-CASES = ((ReduceKind.MIN, (2000000, 32), torch.float32, ElementKind.F32),
-         (ReduceKind.PROD, (4096, 4096), torch.bfloat16, ElementKind.BF16),
-         (ReduceKind.MAX, (4096, 4096), torch.float32, ElementKind.F32))
+CASES = ((ReduceKind.MIN, (2000000, 32), torch.float32),
+         (ReduceKind.PROD, (4096, 4096), torch.bfloat16),
+         (ReduceKind.MAX, (4096, 4096), torch.float32))
 OFFSETS_KB = (0, 4, 64, 256, 512, 1024, 2048, 3072, 4096, 8192, 16384, 40960, 65536)
 
 
-def _saved(kind: ReduceKind, x: torch.Tensor) -> torch.Tensor:
-    if kind is ReduceKind.PROD:
-        return x.prod(0, keepdim=True)
-    return (x.amin if kind is ReduceKind.MIN else x.amax)(0, keepdim=True)
-
-
-def probe(ctx: Context, kind: ReduceKind, shape: tuple[int, int], dtype: torch.dtype,
-          element: ElementKind) -> None:
+def probe(ctx: Context, kind: ReduceKind, shape: tuple[int, int], dtype: torch.dtype) -> None:
     xs = [(torch.rand(shape, device="cuda") * 4 - 2).to(dtype) for _ in range(2)]
-    ys = [_saved(kind, x) for x in xs]
+    ys = [FORWARD[kind](x, 0) for x in xs]
     dys = [torch.randn_like(y) for y in ys]
     nbytes = xs[0].numel() * xs[0].element_size()
     gap = 8 << 20  # between the two input sets' dx
     big = torch.empty(2 * (nbytes + gap) + (64 << 20), device="cuda", dtype=torch.uint8)
-    plan = ReduceBackwardPlan.select(ReduceBackwardDescriptor(kind, shape, 0, element, 1))
+    plan = ReduceBackwardPlan.select(
+        ReduceBackwardDescriptor(kind, shape, 0, element_of(xs[0]), 1))
     ws = torch.empty(max(plan.workspace_size, 1), device="cuda", dtype=torch.uint8)
     first = None
     for off_kb in OFFSETS_KB:

@@ -23,20 +23,19 @@ import sys
 
 import torch
 from bench import Context, measure_copy_gbps
-from probe_reduce_placement import _saved
+from bench_reduce import FORWARD
 
+from baracuda_numba._frameworks import element_of
 from baracuda_numba.plans import reduce as plans_reduce
 from baracuda_numba.plans.reduce import (
     ReduceBackwardArgs,
     ReduceBackwardDescriptor,
     ReduceBackwardPlan,
 )
-from baracuda_numba.types import ElementKind, ReduceKind
+from baracuda_numba.types import ReduceKind
 
-CASES = ((ReduceKind.MAX, (1000000, 64), torch.bfloat16, ElementKind.BF16),
-         (ReduceKind.MAX, (1000000, 64), torch.float32, ElementKind.F32))
-ELEMENTS = {"bfloat16": ElementKind.BF16, "float16": ElementKind.F16,
-            "float32": ElementKind.F32, "float64": ElementKind.F64}
+CASES = ((ReduceKind.MAX, (1000000, 64), torch.bfloat16),
+         (ReduceKind.MAX, (1000000, 64), torch.float32))
 DRAWS = ("bench", "normal")
 
 
@@ -49,7 +48,7 @@ def _cases() -> tuple:
     for case in text.split(","):
         kind, shape, name = case.split(":")
         cases.append((ReduceKind[kind], tuple(int(n) for n in shape.split("x")),
-                      getattr(torch, name), ELEMENTS[name]))
+                      getattr(torch, name)))
     return tuple(cases)
 
 
@@ -59,9 +58,10 @@ def _draw(draw: str, shape: tuple[int, int], dtype: torch.dtype) -> torch.Tensor
     return torch.randn(shape, device="cuda").to(dtype)
 
 
-def _case(kind: ReduceKind, shape: tuple[int, int], element: ElementKind, xs, dys):
-    ys = [_saved(kind, x) for x in xs]
-    plan = ReduceBackwardPlan.select(ReduceBackwardDescriptor(kind, shape, 0, element, 1))
+def _case(kind: ReduceKind, shape: tuple[int, int], xs, dys):
+    ys = [FORWARD[kind](x, 0) for x in xs]
+    plan = ReduceBackwardPlan.select(
+        ReduceBackwardDescriptor(kind, shape, 0, element_of(xs[0]), 1))
     ws = torch.empty(max(plan.workspace_size, 1), device="cuda", dtype=torch.uint8)
     dxs = [torch.empty_like(x) for x in xs]
     args = [ReduceBackwardArgs(dy, dx, x, y) for dy, dx, x, y in zip(dys, dxs, xs, ys)]
@@ -77,12 +77,12 @@ def main() -> None:
     if not once:
         ctx.copy_gbps = measure_copy_gbps(torch)
         print(f"copy {ctx.copy_gbps:.0f} GB/s, {torch.cuda.get_device_name()}", flush=True)
-    for kind, shape, dtype, element in _cases():
+    for kind, shape, dtype in _cases():
         for draw in DRAWS:
             xs = [_draw(draw, shape, dtype) for _ in range(2)]
             dys = [torch.rand((1, shape[1]), device="cuda").to(dtype) * 2 - 1 for _ in xs]
-            ys, run = _case(kind, shape, element, xs, dys)
-            _, run_prod = _case(ReduceKind.PROD, shape, element, xs, dys)
+            ys, run = _case(kind, shape, xs, dys)
+            _, run_prod = _case(ReduceKind.PROD, shape, xs, dys)
             tied = int((xs[0] == ys[0]).sum())
             if once:
                 for i in range(2):

@@ -7,10 +7,9 @@ register and spill report and one letter per instruction of interest in program 
 ``L`` 8-byte global load, ``y`` narrower global load, ``c`` asynchronous copy to shared
 memory (``cp.async``: LDGSTS), ``D`` its wait (DEPBAR), ``r`` shared load, ``l`` / ``s``
 spill reload / store (local memory), ``a`` FADD, ``S`` 8-byte global store, ``t``
-narrower global store, ``|`` block
-barrier, ``@`` global atomic. A batch whose loads are meant to be in
-flight at once reads ``LLLL...aaaa``; ``LaaLaaLaa`` is ptxas issuing each load just before
-its use (the nineteenth pass of docs/notes/reduce.md).
+narrower global store, ``|`` block barrier, ``@`` global atomic. A batch whose loads are
+meant to be in flight at once reads ``LLLL...aaaa``; ``LaaLaaLaa`` is ptxas issuing each
+load just before its use (the nineteenth pass of docs/notes/reduce.md).
 
 The registers are ``ptxas``'s, run alone on the PTX. Numba's build, which makes the
 kernels the GPU runs, can give other counts (the column Max gradient: 70 / 64 here, 96 /
