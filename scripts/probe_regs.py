@@ -19,45 +19,37 @@ blocks per SM at no dynamic shared memory, and ptxas's registers and spill bytes
 
 from __future__ import annotations
 
-import re
+import pathlib
 import shutil
-import subprocess
 import sys
 import tempfile
 
 from cuda.bindings import driver as cudrv
 from numba import cuda
+from probe_sass import ptxas_build
 
 import baracuda_numba.kernels.reduce as reduce_kernels
-from baracuda_numba.driver import max_active_blocks
+from baracuda_numba.driver import function_registers, max_active_blocks
 from baracuda_numba.launch import Kernel
 from baracuda_numba.types import ElementKind, ReduceKind
 
 
-def _attribute(function: int, name: str) -> int:
-    err, value = cudrv.cuFuncGetAttribute(getattr(cudrv.CUfunction_attribute, name), function)
+def _local_bytes(function: int) -> int:
+    """Local memory per thread of a loaded function (spills and stack)."""
+    err, value = cudrv.cuFuncGetAttribute(
+        cudrv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, function)
     if int(err):
-        raise RuntimeError(f"cuFuncGetAttribute({name}): {err}")
+        raise RuntimeError(f"cuFuncGetAttribute(LOCAL_SIZE_BYTES): {err}")
     return int(value)
 
 
 def _ptxas(kernel: Kernel, cc: tuple[int, int]) -> str:
-    """ptxas's register and spill report for the kernel's PTX at its cap (whole program)."""
+    """ptxas's register and spill report for the kernel's PTX at its cap (whole program;
+    ``probe_sass.ptxas_build``), or ``-`` without a ptxas."""
     if shutil.which("ptxas") is None:
         return "-"
-    ptx, _ = cuda.compile_ptx(kernel.py_func, kernel.signature, cc=cc)
     with tempfile.TemporaryDirectory() as tmp:
-        source = f"{tmp}/k.ptx"
-        with open(source, "w") as f:
-            f.write(ptx)
-        command = ["ptxas", f"-arch=sm_{cc[0]}{cc[1]}", "-v", source, "-o", f"{tmp}/k.cubin"]
-        if kernel.max_registers:
-            command.insert(1, f"--maxrregcount={kernel.max_registers}")
-        log = subprocess.run(command, capture_output=True, text=True).stderr
-    regs = re.search(r"Used (\d+) registers", log)
-    spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
-    return (f"{regs.group(1) if regs else '?'} regs, spills "
-            f"{'/'.join(spills.groups()) if spills else '?'}")
+        return ptxas_build(kernel, pathlib.Path(tmp), (cc[0], cc[1]))[0]
 
 
 def main() -> None:
@@ -74,8 +66,8 @@ def main() -> None:
                 continue
             kernel.prepare()
             function = kernel._function
-            regs = _attribute(function, "CU_FUNC_ATTRIBUTE_NUM_REGS")
-            local = _attribute(function, "CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES")
+            regs = function_registers(function)
+            local = _local_bytes(function)
             blocks = max_active_blocks(function, 256, 0)
             print(f"{kernel.name} (cap {kernel.max_registers}): {regs} regs, local {local} B, "
                   f"{blocks} blocks/SM at 256 threads | ptxas: {_ptxas(kernel, cc)}",

@@ -67,19 +67,27 @@ def order(sass: str) -> str:
     return "".join(letters)
 
 
-def probe(kernel: object, workdir: pathlib.Path) -> tuple[str, str]:
-    """ptxas' register / spill report and the SASS order line of one kernel."""
-    ptx, _ = cuda.compile_ptx(kernel.py_func, kernel.signature, cc=(9, 0))
+def ptxas_build(kernel: object, workdir: pathlib.Path,
+                cc: tuple[int, int] = (9, 0)) -> tuple[str, pathlib.Path]:
+    """ptxas' register / spill report of one kernel's PTX at its cap (whole program), and
+    the cubin it wrote in ``workdir``."""
+    ptx, _ = cuda.compile_ptx(kernel.py_func, kernel.signature, cc=cc)
     ptx = re.sub(r"\.version \d+\.\d+", f".version {os.environ.get('PTX_VERSION', '9.0')}",
                  ptx, count=1)
     source, cubin = workdir / "k.ptx", workdir / "k.cubin"
     source.write_text(ptx)
-    args = ["ptxas", "-arch=sm_90", "-v", str(source), "-o", str(cubin)]
+    args = ["ptxas", f"-arch=sm_{cc[0]}{cc[1]}", "-v", str(source), "-o", str(cubin)]
     if kernel.max_registers:
         args.insert(2, f"--maxrregcount={kernel.max_registers}")
     built = subprocess.run(args, capture_output=True, text=True, check=True)
     report = " | ".join(line.split("info    :")[-1].strip() for line in built.stderr.splitlines()
                         if "registers" in line or "spill" in line)
+    return report, cubin
+
+
+def probe(kernel: object, workdir: pathlib.Path) -> tuple[str, str]:
+    """ptxas' register / spill report and the SASS order line of one kernel."""
+    report, cubin = ptxas_build(kernel, workdir)
     sass = subprocess.run([_nvdisasm(), "-c", str(cubin)], capture_output=True, text=True,
                           check=True).stdout
     return report, order(sass)
