@@ -1,0 +1,128 @@
+"""Probe (GPU): what the strip width alone costs the column register-resident gradient.
+
+The stash kernel (``reduce_backward_cols_stash``) holds a strip of 64 bytes of every row
+of [4096, 4096] (256 KB: 16 words a thread in registers, 16 in shared memory, 1024
+threads, one block per SM), then writes it back: f32 Max / Var along axis 0 reach 74 % of
+copy, where the word column kernel, reading 2 KB of a row per block, reaches 91 % for Prod.
+This copy kernel does only the stash kernel's memory work, the same 256 KB a block, for
+strips of 64 / 128 / 256 / 512 bytes over 4096 / 2048 / 1024 / 512 rows (wider strips
+split the rows between blocks, as a cluster of blocks sharing a strip would), against
+torch's ``copy_`` of the same bytes, in the same rounds:
+
+    PYTHONPATH=.:scripts python scripts/probe_strip_width.py [rounds]
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+
+import torch
+from bench import Context, measure_copy_gbps
+from numba import cuda, types, uint64
+
+from baracuda_numba.launch import Kernel
+
+HELD = 16  # words a thread holds in registers, and again in shared memory
+BLOCK = 1024
+STASH_BYTES = HELD * BLOCK * 8
+
+
+def _hold_copy(py_name: str, hold: bool = True) -> Kernel:
+    HOLD = hold
+
+    def hold_copy(x, y, row_words, strip_words, strips):
+        """Block b copies words [s * strip_words, (s + 1) * strip_words) of rows
+        [r0, r0 + 2 * HELD * lanes) (s = b % strips, r0 from b // strips): every load
+        first (HELD words a thread to registers, HELD to shared memory), a block barrier,
+        then every store. Without ``hold``: HELD loads and their stores, twice (no
+        shared memory, no barrier)."""
+        if not HOLD:
+            regs = cuda.local.array(HELD, uint64)
+            tid = cuda.threadIdx.x
+            slot = uint64(tid) % uint64(strip_words)
+            lane = uint64(tid) // uint64(strip_words)
+            lanes = uint64(cuda.blockDim.x) // uint64(strip_words)
+            b = uint64(cuda.blockIdx.x)
+            col = (b % uint64(strips)) * uint64(strip_words) + slot
+            r0 = (b // uint64(strips)) * uint64(2 * HELD) * lanes + lane
+            for half in range(2):
+                for k in range(HELD):
+                    regs[k] = x[(r0 + uint64(half * HELD + k) * lanes) * uint64(row_words)
+                                + col]
+                for k in range(HELD):
+                    y[(r0 + uint64(half * HELD + k) * lanes) * uint64(row_words) + col] = \
+                        regs[k]
+            return
+        stash = cuda.shared.array(0, uint64)
+        regs = cuda.local.array(HELD, uint64)
+        tid = cuda.threadIdx.x
+        slot = uint64(tid) % uint64(strip_words)
+        lane = uint64(tid) // uint64(strip_words)
+        lanes = uint64(cuda.blockDim.x) // uint64(strip_words)
+        b = uint64(cuda.blockIdx.x)
+        col = (b % uint64(strips)) * uint64(strip_words) + slot
+        r0 = (b // uint64(strips)) * uint64(2 * HELD) * lanes + lane
+        for k in range(HELD):
+            regs[k] = x[(r0 + uint64(k) * lanes) * uint64(row_words) + col]
+        for k in range(HELD):
+            stash[k * BLOCK + tid] = x[(r0 + uint64(HELD + k) * lanes) * uint64(row_words)
+                                       + col]
+        cuda.syncthreads()
+        for k in range(HELD):
+            y[(r0 + uint64(k) * lanes) * uint64(row_words) + col] = regs[k]
+        for k in range(HELD):
+            y[(r0 + uint64(HELD + k) * lanes) * uint64(row_words) + col] = \
+                stash[k * BLOCK + tid]
+
+    words = types.Array(types.uint64, 1, "C")
+    kernel = Kernel(py_name, hold_copy, (words, words, types.int64, types.int64,
+                                         types.int64), register=False, max_registers=64)
+    return kernel.allow_dynamic_shared(STASH_BYTES) if hold else kernel
+
+
+def _run(ctx: Context, kernels: dict[str, Kernel], dtype: torch.dtype, name: str,
+         rounds: int) -> None:
+    """Times torch's ``copy_`` and each copy kernel at each strip width, interleaved."""
+    x = torch.randn(4096, 4096, device="cuda").to(dtype)
+    y = torch.empty_like(x)
+    ref = torch.empty_like(x)
+    row_words = x.shape[1] * x.element_size() // 8
+    stream = torch.cuda.current_stream().cuda_stream
+    fns = [lambda i: ref.copy_(x)]
+    labels = ["torch copy_"]
+    for (kind, kernel), strip_bytes in itertools.product(kernels.items(), (64, 128, 256, 512)):
+        strip_words = strip_bytes // 8
+        rows = 2 * HELD * (BLOCK // strip_words)
+        strips = row_words // strip_words
+        blocks = strips * (x.shape[0] // rows)
+        shared = STASH_BYTES if kind == "hold" else 0
+        bound = kernel.bind(blocks, BLOCK, ((0, x.numel() * x.element_size() // 8),
+                                            (0, y.numel() * y.element_size() // 8),
+                                            row_words, strip_words, strips), shared)
+        fns.append(lambda i, f=bound.fast: f(stream, x.data_ptr(), y.data_ptr()))
+        labels.append(f"{kind} {strip_bytes} B x {rows} rows, {blocks} blocks")
+        y.zero_()
+        fns[-1](0)
+        torch.cuda.synchronize()
+        assert torch.equal(y, x), labels[-1]
+    nbytes = 2 * x.numel() * x.element_size()
+    for _ in range(rounds):
+        times = ctx.time_gpu_many(fns, warmup=3, iters=30)
+        print(f"{name} [4096, 4096]: " + "; ".join(
+            f"{label} {us:.2f} µs ({nbytes / us / 1e3 / ctx.copy_gbps * 100:.0f} %)"
+            for label, us in zip(labels, times)), flush=True)
+
+
+def main() -> None:
+    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 2
+    ctx = Context("strips", torch)
+    ctx.copy_gbps = measure_copy_gbps(torch)
+    print(f"copy {ctx.copy_gbps:.0f} GB/s, {torch.cuda.get_device_name()}", flush=True)
+    kernels = {"hold": _hold_copy("hold_copy"), "stream": _hold_copy("stream_copy", False)}
+    for dtype, name in ((torch.float32, "f32"), (torch.bfloat16, "bf16")):
+        _run(ctx, kernels, dtype, name, rounds)
+
+
+if __name__ == "__main__":
+    main()
