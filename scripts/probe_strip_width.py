@@ -37,15 +37,15 @@ def _hold_copy(py_name: str, hold: bool = True) -> Kernel:
         first (HELD words a thread to registers, HELD to shared memory), a block barrier,
         then every store. Without ``hold``: HELD loads and their stores, twice (no
         shared memory, no barrier)."""
+        stash = cuda.shared.array(0, uint64)
+        regs = cuda.local.array(HELD, uint64)
+        tid = cuda.threadIdx.x
+        lanes = uint64(cuda.blockDim.x) // uint64(strip_words)
+        b = uint64(cuda.blockIdx.x)
+        col = (b % uint64(strips)) * uint64(strip_words) + uint64(tid) % uint64(strip_words)
+        r0 = (b // uint64(strips)) * uint64(2 * HELD) * lanes \
+            + uint64(tid) // uint64(strip_words)
         if not HOLD:
-            regs = cuda.local.array(HELD, uint64)
-            tid = cuda.threadIdx.x
-            slot = uint64(tid) % uint64(strip_words)
-            lane = uint64(tid) // uint64(strip_words)
-            lanes = uint64(cuda.blockDim.x) // uint64(strip_words)
-            b = uint64(cuda.blockIdx.x)
-            col = (b % uint64(strips)) * uint64(strip_words) + slot
-            r0 = (b // uint64(strips)) * uint64(2 * HELD) * lanes + lane
             for half in range(2):
                 for k in range(HELD):
                     regs[k] = x[(r0 + uint64(half * HELD + k) * lanes) * uint64(row_words)
@@ -54,15 +54,6 @@ def _hold_copy(py_name: str, hold: bool = True) -> Kernel:
                     y[(r0 + uint64(half * HELD + k) * lanes) * uint64(row_words) + col] = \
                         regs[k]
             return
-        stash = cuda.shared.array(0, uint64)
-        regs = cuda.local.array(HELD, uint64)
-        tid = cuda.threadIdx.x
-        slot = uint64(tid) % uint64(strip_words)
-        lane = uint64(tid) // uint64(strip_words)
-        lanes = uint64(cuda.blockDim.x) // uint64(strip_words)
-        b = uint64(cuda.blockIdx.x)
-        col = (b % uint64(strips)) * uint64(strip_words) + slot
-        r0 = (b // uint64(strips)) * uint64(2 * HELD) * lanes + lane
         for k in range(HELD):
             regs[k] = x[(r0 + uint64(k) * lanes) * uint64(row_words) + col]
         for k in range(HELD):
