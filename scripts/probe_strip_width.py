@@ -21,11 +21,19 @@ import torch
 from bench import Context, measure_copy_gbps
 from numba import cuda, types, uint64
 
+from baracuda_numba.kernels.reduce import (
+    REG_COL_STASH,
+    REG_COL_WORDS,
+    REG_COLS_BLOCK,
+    REG_COLS_STASH_BYTES,
+)
 from baracuda_numba.launch import Kernel
 
-HELD = 16  # words a thread holds in registers, and again in shared memory
-BLOCK = 1024
-STASH_BYTES = HELD * BLOCK * 8
+# the stash kernel's shape: words a thread holds in registers, and again in shared memory
+HELD = REG_COL_WORDS
+assert REG_COL_STASH == HELD, "the copy parks as many words as it holds in registers"
+BLOCK = REG_COLS_BLOCK
+STASH_BYTES = REG_COLS_STASH_BYTES
 
 
 def _hold_copy(py_name: str, hold: bool = True) -> Kernel:
