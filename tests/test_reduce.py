@@ -853,6 +853,46 @@ def test_longer_short_rows(element):
         _check_arg_rows(x, x64, element)
 
 
+@pytest.mark.parametrize("element", WORD_ELEMENTS, ids=lambda e: e.name)
+def test_short_rows_parked(element, rng):
+    """The short-row path of LONG_SHORT_KINDS with rows of at least PARK_MIN_LANES lanes
+    parks each thread's words of its next row (``cp.async``) while the block combines the
+    current one, over a grid capped at _SHORT_GRID_X blocks: here every block walks
+    several groups and the last group is partial (rows of 8 lanes x SHORT_LOADS and x
+    VEC_LOADS words, and 4-lane rows, which load their row where they reach it), against
+    NumPy into poisoned outputs, bit-identical on a rerun."""
+    from baracuda_numba.kernels.reduce import (
+        LONG_SHORT_KINDS,
+        PARK_MIN_LANES,
+        SHORT_LOADS,
+        VEC_LOADS,
+        VECTOR,
+    )
+    from baracuda_numba.plans.reduce import _BLOCK, _SHORT_GRID_X, _problem
+
+    width = VECTOR[element].width
+    for lanes, per_lane in ((PARK_MIN_LANES, SHORT_LOADS), (PARK_MIN_LANES, VEC_LOADS),
+                            (4, SHORT_LOADS)):
+        n = lanes * per_lane * width
+        slots = _BLOCK // lanes
+        rows = 2 * _SHORT_GRID_X * slots + 5  # more groups than blocks, the last partial
+        x = to_storage(rng.uniform(0.9, 1.1, (rows, n)) * rng.choice([-1.0, 1.0], (rows, n)),
+                       element)
+        x64 = from_storage(x, element)
+        for kind in LONG_SHORT_KINDS + (K.MEAN,):
+            kernel_kind = K.SUM if kind is K.MEAN else kind
+            geometry = _problem(x.shape, 1, [(n, 1), (1, 1)], True, 1 << 16, element,
+                                kernel_kind).geometry
+            assert (geometry.chunk_len, geometry.lanes) == (0, lanes), (kind, geometry)
+            assert geometry.groups > _SHORT_GRID_X
+            got, plan = run_forward(kind, x, 1, element)
+            again, _ = run_forward(kind, x, 1, element)
+            what = f"{kind.name} {rows} rows of {lanes} x {per_lane} words"
+            check_forward(got, reference(kind, x64, 1), kind, element, x64, 1, what)
+            np.testing.assert_array_equal(got.view(np.uint8), again.view(np.uint8), what)
+            assert _forward_access(plan) == "rows"
+
+
 @IEEE_SPECIALS
 @pytest.mark.parametrize("element", WORD_ELEMENTS, ids=lambda e: e.name)
 def test_short_rows_specials(element):

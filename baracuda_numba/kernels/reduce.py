@@ -1330,6 +1330,20 @@ LONG_SHORT_KINDS = (ReduceKind.SUM, ReduceKind.MAX, ReduceKind.MIN, ReduceKind.P
                     ReduceKind.NORM2)
 
 
+#: Lanes per row from which the short-row path of the LONG_SHORT_KINDS parks each thread's
+#: words of its next row in shared memory (``cp.async``) while the block combines the
+#: current one, over a one-wave grid of blocks that walk their rows (``plans.reduce.
+#: _SHORT_GRID_X``). H200, 2026-11-28, scripts/probe_reduce_ab.py (one buffer, L2-warm
+#: for [4096, 4096]), µs, HEAD 6277654 -> parked: f32 [4096, 4096] axis 1 Sum 23.7-24.6 ->
+#: 20.0-20.5, Max 23.6-24.4 -> 18.4-19.2, bf16 Sum 13.6-14.1 -> 12.1-12.8, f32 [1e6, 64]
+#: (8 lanes) Sum 77.2-77.9 -> 73.5-75.4. bf16 [1e6, 64] (4 lanes of 4 words) lost with the
+#: words parked (Sum 45.8 -> 49.6-49.9, Max 43.6-44.2 -> 52.4-53.0, also with the old
+#: grid), so rows of fewer lanes load their words where they reach them; in this kernel
+#: that path is still slower than HEAD's (Sum 49.2-49.6, Max 47.1-47.5 against 45.8-46.3
+#: and 44.3-44.8), which no longer holds the short path alone (more spills, ptxas).
+PARK_MIN_LANES = 8
+
+
 def _make_reduce_rows_vec(kind: Any, element: ElementKind) -> Callable[..., None]:
     ops = KIND_OPS[kind]
     spec = ELEMENTS[element]
@@ -1346,9 +1360,36 @@ def _make_reduce_rows_vec(kind: Any, element: ElementKind) -> Callable[..., None
     LONG = kind in LONG_SHORT_KINDS
     SHORT_WORDS = VEC_LOADS if LONG else SHORT_LOADS
     SHORT_COUNT = SHORT_WORDS * W
+    # LONG_SHORT_KINDS park each thread's words of its next row while the block combines
+    # this one, where a row spans at least PARK_MIN_LANES lanes; the others load their row
+    # when they reach it (``park`` below)
+    PARK = LONG
+    SHORT_PARKED = SHORT_WORDS * SHARED_SLOTS if PARK else 1  # blocks of <= SHARED_SLOTS
     INIT_A, INIT_K = ops.init_a(spec), ops.init_k
     USES_AUX = ops.uses_aux
     LAST = MAX_RANK - 1
+
+    @cuda.jit(device=True, inline=True)
+    def short_row_words(xv, words, o, row_words, lane, lanes, whole):
+        """Load lane ``lane``'s words of short row ``o`` (as ``park_short_row``) into
+        ``words``, all in flight at once."""
+        at = uint64(o) * row_words + uint64(lane)
+        for u in range(SHORT_WORDS):
+            if u < SHORT_LOADS or whole:
+                words[u] = xv[at + uint64(u * lanes)]
+
+    @cuda.jit(device=True, inline=True)
+    def park_short_row(parked, tid, block, xv, o, row_words, lane, lanes, whole):
+        """Issue ``cp.async`` copies of lane ``lane``'s words of short row ``o`` (words
+        ``lane + u * lanes``: SHORT_LOADS of them, or SHORT_WORDS where ``whole``) into
+        the thread's own slots ``tid + u * block`` of ``parked``, not waited for."""
+        at = uint64(o) * row_words + uint64(lane)
+        # the first slot hidden from the compiler: the slots' addresses stay an immediate
+        # from one register instead of being hoisted out of the row loop
+        here = opaque(int32(tid))
+        for u in range(SHORT_WORDS):
+            if u < SHORT_LOADS or whole:
+                copy_async8(parked, here + u * block, xv, at + uint64(u * lanes))
 
     def reduce_rows_vec(x, xv, y, ws_acc, ws_k, aux, out_numel, extent, out_shape, x_strides,
                         y_strides, aux_strides, lanes, splits, chunk_vecs, mode, param, shift):
@@ -1369,7 +1410,10 @@ def _make_reduce_rows_vec(kind: Any, element: ElementKind) -> Callable[..., None
         LONG_SHORT_KINDS, ``lanes * VEC_LOADS`` words starting on a word): lane ``l`` of
         row ``o`` loads words ``l + u * lanes`` (u < the words per lane) at once and folds
         them with the kind's chunk; no head, tail or remainder path and one multiply per
-        offset."""
+        offset. LONG_SHORT_KINDS with rows of at least PARK_MIN_LANES lanes issue the
+        ``cp.async`` copies of each thread's words of its next row (one grid of groups
+        later) into its own shared slots once it has its current words in registers, so
+        they are in flight while the block combines and writes the current row."""
         tid = cuda.threadIdx.x
         block = cuda.blockDim.x
         sa = cuda.shared.array(SHARED_SLOTS, ACC)
@@ -1388,19 +1432,29 @@ def _make_reduce_rows_vec(kind: Any, element: ElementKind) -> Callable[..., None
             whole = LONG and (extent >> LOG_W) == lanes * VEC_LOADS
             words = cuda.local.array(SHORT_WORDS, uint64)
             values = cuda.local.array(SHORT_COUNT, ACC)
+            # each thread's words of its next row, copied while the block combines this one
+            parked = cuda.shared.array(SHORT_PARKED, uint64)
             vspan = int64(lanes * W)
+            ahead = int64(cuda.gridDim.x) * slots  # the same slot's row one group later
+            park = PARK and lanes >= PARK_MIN_LANES
+            o = group * slots + slot
+            if park and o < out_numel:
+                park_short_row(parked, tid, block, xv, o, row_words, lane, lanes, whole)
             while group * slots < out_numel:  # uniform across the block
                 o = group * slots + slot
                 valid = o < out_numel
+                if park:
+                    copy_async_wait()
+                    for u in range(SHORT_WORDS):  # the thread's own slots: no barrier
+                        if u < SHORT_LOADS or whole:
+                            words[u] = parked[tid + u * block]
+                elif valid:
+                    short_row_words(xv, words, o, row_words, lane, lanes, whole)
                 a = ACC(INIT_A)
                 b = ACC(0)
                 c = ACC(0)
                 k = int64(INIT_K)
                 if valid:
-                    at = uint64(o) * row_words + uint64(lane)
-                    for u in range(SHORT_WORDS):  # every load of the row in flight at once
-                        if u < SHORT_LOADS or whole:
-                            words[u] = xv[at + uint64(u * lanes)]
                     aux_value = load(aux, uint64(o) * aux_stride) if USES_AUX else ACC(0)
                     if whole:
                         for u in range(SHORT_WORDS):
@@ -1412,6 +1466,9 @@ def _make_reduce_rows_vec(kind: Any, element: ElementKind) -> Callable[..., None
                             unpack(words[u], values, u * W)
                         a, b, c, k = short_chunk(a, b, c, k, values, int64(lane * W), vspan,
                                                  aux_value)
+                if park and o + ahead < out_numel:  # its words were read into registers above
+                    park_short_row(parked, tid, block, xv, o + ahead, row_words, lane, lanes,
+                                   whole)
                 a, b, c, k = combine(a, b, c, k, tid, lane, lanes, slots, 1, sa, sb, sk)
                 if lane == 0 and valid:
                     write_state(y, int64(uint64(o) * y_stride), ws_acc, ws_k, mode != 0, a, b,

@@ -67,6 +67,7 @@ from ..kernels.reduce import (
     HOLD_WORDS,
     KIND_OPS,
     LONG_SHORT_KINDS,
+    PARK_MIN_LANES,
     REDUCE_BACKWARD_COLS_REG_KERNELS,
     REDUCE_BACKWARD_COLS_REG_SMALL_KERNELS,
     REDUCE_BACKWARD_COLS_REWRITE_KERNELS,
@@ -163,6 +164,12 @@ _MIN_ROW_LANES = 4
 # Grid cap: each block then loops over several output groups (4 waves of 8 resident
 # blocks on 132 SMs), so short rows do not pay one block launch per 256 threads of work.
 _MAX_GRID_X = 2 if SIMULATOR else 132 * 8 * 4
+#: Grid cap of the forward's short-row path where it parks the next group's rows
+#: (``kernels.reduce.PARK_MIN_LANES``): one wave of resident blocks (4 per SM at the word
+#: kernels' 64 registers) that walk their groups. (H200, 2026-11-28, probe_reduce_ab.py,
+#: µs, parked with a grid of 528 / 1056 / 4224 blocks: Sum f32 [4096, 4096] axis 1 20.0 /
+#: 20.1 / 26.3, bf16 12.1 / 13.6 / 15.7; f32 [1e6, 64] 73.5 / 73.5 / 77.6.)
+_SHORT_GRID_X = 2 if SIMULATOR else 132 * 4
 # Merge of split states: each lane merges about this many states before the lanes combine.
 _STATES_PER_LANE = 4
 
@@ -982,7 +989,9 @@ def _bind_reduce(kernel: Any, kernel_kind: Any, element: ElementKind, x: TensorR
               x.strides[problem.axis], out_shape, x_strides, y_strides, aux_strides,
               geometry.lanes, int(geometry.row_layout), splits, geometry.chunk_len)
     mode = 0 if splits == 1 and final else 1
-    grid = (min(geometry.groups, _MAX_GRID_X), splits)
+    parked = problem.access == ROWS and geometry.chunk_len == 0 \
+        and kernel_kind in LONG_SHORT_KINDS and geometry.lanes >= PARK_MIN_LANES
+    grid = (min(geometry.groups, _SHORT_GRID_X if parked else _MAX_GRID_X), splits)
     if problem.access == ROWS:
         x_words = (0, (flat_span(x.shape, x.strides) + problem.shift) * element.byte_width // 8)
         first = REDUCE_ROWS_VEC_KERNELS[(kernel_kind, element)].bind(grid, _BLOCK, (
