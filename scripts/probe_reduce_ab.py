@@ -7,7 +7,8 @@ bits.
     PYTHONPATH=ab:$PYTHONPATH AB_CASES=VAR:256x1000000:1:bfloat16,... \\
         python scripts/probe_reduce_ab.py [rounds]
 
-A case is ``KIND:SHAPE:AXIS:DTYPE[:hold|:sync]`` (``plan.row_hold`` True / False in both).
+A case is ``KIND:SHAPE:AXIS:DTYPE[:hold|:sync|:fwd]`` (``plan.row_hold`` True / False in
+both; ``fwd``: the forward ``ReducePlan`` instead, timed beside torch's reduction).
 ``AB_UNIFORM=1`` draws x as the benchmark does (uniform in [-2, 2), rounded to the dtype:
 many ties in bf16) instead of a normal distribution. ``AB_SET=MODULE.NAME=VALUE,...`` sets
 constants of the new package first (e.g. ``plans.reduce._TIE_REWRITE_BLOCKS=264``;
@@ -28,6 +29,7 @@ from bench import Context, measure_copy_gbps
 import baracuda_numba
 from baracuda_numba._frameworks import element_of
 
+FORWARD_KINDS = ("SUM", "MEAN", "MAX", "MIN", "PROD", "NORM2", "LOG_SUM_EXP", "VAR", "STD")
 PACKAGES = {"new": baracuda_numba, "old": importlib.import_module("baracuda_old")}
 if os.environ.get("AB_REVERSE"):  # time (and allocate for) the old package first
     PACKAGES = dict(reversed(PACKAGES.items()))
@@ -68,12 +70,19 @@ def main() -> None:
         kind, shape, axis, name = fields[0], tuple(int(n) for n in fields[1].split("x")), \
             int(fields[2]), fields[3]
         hold = {"hold": True, "sync": False}.get(fields[4]) if len(fields) > 4 else None
+        forward = fields[4:] == ["fwd"]
         dtype = getattr(torch, name)
         if os.environ.get("AB_UNIFORM"):
             x = (torch.rand(shape, device="cuda") * 4 - 2).to(dtype)
         else:
             x = torch.randn(shape, device="cuda", dtype=dtype)
         y = _saved(kind, x, axis)
+        if forward and kind not in FORWARD_KINDS:
+            print(f"{case}: not a ReducePlan kind", flush=True)
+            continue
+        if forward:
+            _forward_case(ctx, case, kind, x, y, axis, rounds)
+            continue
         dy = torch.randn_like(y)
         runs, outs = [], []
         for label, package in PACKAGES.items():
@@ -107,6 +116,37 @@ def main() -> None:
             print(f"{case} (bits {'equal' if same else 'DIFFER'}): {text}", flush=True)
         del x, y, dy, outs, runs
         torch.cuda.empty_cache()
+
+
+def _forward_case(ctx: Context, case: str, kind: str, x: torch.Tensor, y: torch.Tensor,
+                  axis: int, rounds: int) -> None:
+    """Time the forward plans of both packages and torch's reduction (``y`` computed by
+    torch), alternately; the two plans must write the same bits."""
+    runs, outs = [], []
+    for package in PACKAGES.values():
+        plans = importlib.import_module(f"{package.__name__}.plans.reduce")
+        types = importlib.import_module(f"{package.__name__}.types")
+        desc = plans.ReduceDescriptor(types.ReduceKind[kind], tuple(x.shape), axis,
+                                      types.ElementKind[element_of(x).name])
+        plan = plans.ReducePlan.select(desc)
+        ws = torch.empty(max(plan.workspace_size, 1), device="cuda", dtype=torch.uint8)
+        out = torch.full_like(y, float("nan"))
+        args = plans.ReduceArgs(x, out)
+        plan.run(args, workspace=ws)
+        outs.append(out)
+        runs.append(lambda i, p=plan, a=args, w=ws: p.run(a, workspace=w))
+    reference = _saved(kind, x, axis)
+    runs.append(lambda i: _saved(kind, x, axis))
+    torch.cuda.synchronize()
+    same = torch.equal(outs[0].view(torch.uint8), outs[1].view(torch.uint8))
+    error = (outs[0].double() - reference.double()).abs().max().item()
+    moved = (x.numel() + y.numel()) * x.element_size()
+    for _ in range(rounds):
+        times = ctx.time_gpu_many(runs, iters=20)
+        text = ", ".join(f"{label} {us:.1f} ({moved / us / 1e3 / ctx.copy_gbps:.0%})"
+                         for label, us in zip([*PACKAGES, "torch"], times))
+        print(f"{case} (bits {'equal' if same else 'DIFFER'}, max |new - torch| {error:.2g}):"
+              f" {text}", flush=True)
 
 
 if __name__ == "__main__":
