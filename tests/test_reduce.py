@@ -854,13 +854,14 @@ def test_longer_short_rows(element):
 
 
 @pytest.mark.parametrize("element", WORD_ELEMENTS, ids=lambda e: e.name)
-def test_short_rows_parked(element, rng):
+def test_short_rows_parked(element, rng, monkeypatch):
     """The short-row path of LONG_SHORT_KINDS with rows of at least PARK_MIN_LANES lanes
-    parks each thread's words of its next row (``cp.async``) while the block combines the
-    current one, over a grid capped at _SHORT_GRID_X blocks: here every block walks
-    several groups and the last group is partial (rows of 8 lanes x SHORT_LOADS and x
-    VEC_LOADS words, and 4-lane rows, which load their row where they reach it), against
-    NumPy into poisoned outputs, bit-identical on a rerun."""
+    runs the ``reduce_rows_park`` kernels, which park each thread's words of its next row
+    (``cp.async``) while the block combines the current one, over a grid capped at
+    _SHORT_GRID_X blocks: here every block walks several groups and the last group is
+    partial (rows of 8 lanes x SHORT_LOADS and x VEC_LOADS words; 4-lane rows keep
+    ``reduce_rows_vec``, which loads a row where it reaches it), against NumPy into
+    poisoned outputs, bit-identical on a rerun."""
     from baracuda_numba.kernels.reduce import (
         LONG_SHORT_KINDS,
         PARK_MIN_LANES,
@@ -868,8 +869,13 @@ def test_short_rows_parked(element, rng):
         VEC_LOADS,
         VECTOR,
     )
-    from baracuda_numba.plans.reduce import _BLOCK, _SHORT_GRID_X, _problem
+    from baracuda_numba.launch import Kernel
+    from baracuda_numba.plans.reduce import _BLOCK, _MAX_GRID_X, _SHORT_GRID_X, _problem
 
+    bound = []  # (kernel family, grid) of every launch bound
+    bind = Kernel.bind
+    monkeypatch.setattr(Kernel, "bind", lambda self, grid, *rest, **kw: (
+        bound.append((self.name.split("[")[0], grid)) or bind(self, grid, *rest, **kw)))
     width = VECTOR[element].width
     for lanes, per_lane in ((PARK_MIN_LANES, SHORT_LOADS), (PARK_MIN_LANES, VEC_LOADS),
                             (4, SHORT_LOADS)):
@@ -885,7 +891,12 @@ def test_short_rows_parked(element, rng):
                                 kernel_kind).geometry
             assert (geometry.chunk_len, geometry.lanes) == (0, lanes), (kind, geometry)
             assert geometry.groups > _SHORT_GRID_X
+            bound.clear()
             got, plan = run_forward(kind, x, 1, element)
+            name = "reduce_rows_park" if lanes >= PARK_MIN_LANES else "reduce_rows_vec"
+            assert bound == [(name, (min(geometry.groups,
+                                         _SHORT_GRID_X if lanes >= PARK_MIN_LANES
+                                         else _MAX_GRID_X), 1))], (kind, lanes, bound)
             again, _ = run_forward(kind, x, 1, element)
             what = f"{kind.name} {rows} rows of {lanes} x {per_lane} words"
             check_forward(got, reference(kind, x64, 1), kind, element, x64, 1, what)

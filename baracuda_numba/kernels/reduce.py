@@ -1332,19 +1332,18 @@ LONG_SHORT_KINDS = (ReduceKind.SUM, ReduceKind.MAX, ReduceKind.MIN, ReduceKind.P
 
 #: Lanes per row from which the short-row path of the LONG_SHORT_KINDS parks each thread's
 #: words of its next row in shared memory (``cp.async``) while the block combines the
-#: current one, over a one-wave grid of blocks that walk their rows (``plans.reduce.
-#: _SHORT_GRID_X``). H200, 2026-11-28, scripts/probe_reduce_ab.py (one buffer, L2-warm
-#: for [4096, 4096]), µs, HEAD 6277654 -> parked: f32 [4096, 4096] axis 1 Sum 23.7-24.6 ->
-#: 20.0-20.5, Max 23.6-24.4 -> 18.4-19.2, bf16 Sum 13.6-14.1 -> 12.1-12.8, f32 [1e6, 64]
-#: (8 lanes) Sum 77.2-77.9 -> 73.5-75.4. bf16 [1e6, 64] (4 lanes of 4 words) lost with the
-#: words parked (Sum 45.8 -> 49.6-49.9, Max 43.6-44.2 -> 52.4-53.0, also with the old
-#: grid), so rows of fewer lanes load their words where they reach them; in this kernel
-#: that path is still slower than HEAD's (Sum 49.2-49.6, Max 47.1-47.5 against 45.8-46.3
-#: and 44.3-44.8), which no longer holds the short path alone (more spills, ptxas).
+#: current one (the ``REDUCE_ROWS_PARK_KERNELS``), over a one-wave grid of blocks that walk
+#: their rows (``plans.reduce._SHORT_GRID_X``). H200, 2026-11-28, scripts/probe_reduce_ab.py
+#: (one buffer, L2-warm for [4096, 4096]), µs, 6277654 -> parked: f32 [4096, 4096] axis 1
+#: Sum 23.7-24.6 -> 20.0-20.5, Max 23.6-24.4 -> 18.4-19.2, bf16 Sum 13.6-14.1 ->
+#: 12.1-12.8, f32 [1e6, 64] (8 lanes) Sum 77.2-77.9 -> 73.5-75.4. bf16 [1e6, 64] (4 lanes
+#: of 4 words) lost parked (Sum 45.8 -> 49.6-49.9, Max 43.6-44.2 -> 52.4-53.0, with the
+#: old grid too): rows of fewer lanes keep ``REDUCE_ROWS_VEC_KERNELS``.
 PARK_MIN_LANES = 8
 
 
-def _make_reduce_rows_vec(kind: Any, element: ElementKind) -> Callable[..., None]:
+def _make_reduce_rows_vec(kind: Any, element: ElementKind,
+                          park: bool = False) -> Callable[..., None]:
     ops = KIND_OPS[kind]
     spec = ELEMENTS[element]
     vec = VECTOR[element]
@@ -1360,10 +1359,10 @@ def _make_reduce_rows_vec(kind: Any, element: ElementKind) -> Callable[..., None
     LONG = kind in LONG_SHORT_KINDS
     SHORT_WORDS = VEC_LOADS if LONG else SHORT_LOADS
     SHORT_COUNT = SHORT_WORDS * W
-    # LONG_SHORT_KINDS park each thread's words of its next row while the block combines
-    # this one, where a row spans at least PARK_MIN_LANES lanes; the others load their row
-    # when they reach it (``park`` below)
-    PARK = LONG
+    # ``park`` (REDUCE_ROWS_PARK_KERNELS, LONG_SHORT_KINDS): each thread's words of its
+    # next row are parked while the block combines this one, where a row spans at least
+    # PARK_MIN_LANES lanes; elsewhere a thread loads its row when it reaches it
+    PARK = park and LONG
     SHORT_PARKED = SHORT_WORDS * SHARED_SLOTS if PARK else 1  # blocks of <= SHARED_SLOTS
     INIT_A, INIT_K = ops.init_a(spec), ops.init_k
     USES_AUX = ops.uses_aux
@@ -3073,6 +3072,18 @@ REDUCE_ROWS_VEC_KERNELS: dict[tuple[Any, ElementKind], Kernel] = {
                             _vec_reduce_signature(kind, element),
                             max_registers=VEC_MAX_REGISTERS)
     for element in VECTOR for kind in FORWARD_KINDS[element]
+}
+
+#: (kind, element) -> the same kernel whose short-row path parks each thread's next row
+#: (``park``; LONG_SHORT_KINDS, which the plans give it for rows of at least
+#: PARK_MIN_LANES lanes). A kernel of its own: with both short-row paths in one kernel,
+#: ptxas spilled more and 4-lane rows lost 6-7 % (docs/notes/reduce.md, twenty-ninth pass).
+REDUCE_ROWS_PARK_KERNELS: dict[tuple[Any, ElementKind], Kernel] = {
+    (kind, element): Kernel(f"reduce_rows_park[{_kind_name(kind)},{element.name.lower()}]",
+                            _make_reduce_rows_vec(kind, element, park=True),
+                            _vec_reduce_signature(kind, element),
+                            max_registers=VEC_MAX_REGISTERS)
+    for element in VECTOR for kind in LONG_SHORT_KINDS
 }
 
 #: (kind, element) -> column-layout forward kernel with word loads.

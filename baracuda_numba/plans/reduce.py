@@ -81,6 +81,7 @@ from ..kernels.reduce import (
     REDUCE_BACKWARD_ROWS_VEC_KERNELS,
     REDUCE_COLS_VEC_KERNELS,
     REDUCE_KERNELS,
+    REDUCE_ROWS_PARK_KERNELS,
     REDUCE_ROWS_VEC_KERNELS,
     REG_COL_STASH,
     REG_COL_WIDE_PAIRS,
@@ -994,7 +995,8 @@ def _bind_reduce(kernel: Any, kernel_kind: Any, element: ElementKind, x: TensorR
     grid = (min(geometry.groups, _SHORT_GRID_X if parked else _MAX_GRID_X), splits)
     if problem.access == ROWS:
         x_words = (0, (flat_span(x.shape, x.strides) + problem.shift) * element.byte_width // 8)
-        first = REDUCE_ROWS_VEC_KERNELS[(kernel_kind, element)].bind(grid, _BLOCK, (
+        table = REDUCE_ROWS_PARK_KERNELS if parked else REDUCE_ROWS_VEC_KERNELS
+        first = table[(kernel_kind, element)].bind(grid, _BLOCK, (
             x_view, x_words, y_view, acc_view, k_view, aux_view, out_numel, extent, out_shape,
             x_strides, y_strides, aux_strides, geometry.lanes, splits, geometry.chunk_len,
             mode, param, problem.shift))
