@@ -1435,6 +1435,8 @@ def _make_reduce_rows_vec(kind: Any, element: ElementKind,
             parked = cuda.shared.array(SHORT_PARKED, uint64)
             vspan = int64(lanes * W)
             ahead = int64(cuda.gridDim.x) * slots  # the same slot's row one group later
+            # (always true where the plans bind a park kernel; the check keeps its code the
+            # code that was measured, b290639's)
             park = PARK and lanes >= PARK_MIN_LANES
             o = group * slots + slot
             if park and o < out_numel:
@@ -1465,7 +1467,9 @@ def _make_reduce_rows_vec(kind: Any, element: ElementKind,
                             unpack(words[u], values, u * W)
                         a, b, c, k = short_chunk(a, b, c, k, values, int64(lane * W), vspan,
                                                  aux_value)
-                if park and o + ahead < out_numel:  # its words were read into registers above
+                # the next copies into the slots read above: a thread's own read comes first
+                # in program order, so it cannot see them
+                if park and o + ahead < out_numel:
                     park_short_row(parked, tid, block, xv, o + ahead, row_words, lane, lanes,
                                    whole)
                 a, b, c, k = combine(a, b, c, k, tid, lane, lanes, slots, 1, sa, sb, sk)
