@@ -893,10 +893,10 @@ def test_short_rows_parked(element, rng, monkeypatch):
             assert geometry.groups > _SHORT_GRID_X
             bound.clear()
             got, plan = run_forward(kind, x, 1, element)
-            name = "reduce_rows_park" if lanes >= PARK_MIN_LANES else "reduce_rows_vec"
-            assert bound == [(name, (min(geometry.groups,
-                                         _SHORT_GRID_X if lanes >= PARK_MIN_LANES
-                                         else _MAX_GRID_X), 1))], (kind, lanes, bound)
+            parked = lanes >= PARK_MIN_LANES
+            name = "reduce_rows_park" if parked else "reduce_rows_vec"
+            cap = _SHORT_GRID_X if parked else _MAX_GRID_X
+            assert bound == [(name, (min(geometry.groups, cap), 1))], (kind, lanes, bound)
             again, _ = run_forward(kind, x, 1, element)
             what = f"{kind.name} {rows} rows of {lanes} x {per_lane} words"
             check_forward(got, reference(kind, x64, 1), kind, element, x64, 1, what)
