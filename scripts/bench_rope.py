@@ -174,7 +174,7 @@ def _large(ctx: Any, torch: Any, compiled: dict) -> None:
 
 def _tuning(ctx: Any, torch: Any) -> None:
     """Registers per kernel; large shape, forward: ``rope_flat`` (interleaved) and
-    ``rope_table`` by (b, h) planes per thread against the rows kernels (no table)."""
+    ``rope_table``, each by (b, h) planes per thread, against the rows kernels (no table)."""
     from baracuda_numba.driver import function_registers
     from baracuda_numba.kernels.rope import (
         ROPE_FLAT_KERNELS,
@@ -204,13 +204,15 @@ def _tuning(ctx: Any, torch: Any) -> None:
             variants = [(False, None, False), (True, 1, False), (True, 2, False),
                         (True, 4, False)]
             if pairing is RopePairing.INTERLEAVED:
-                variants.insert(1, (True, None, True))
+                variants[1:1] = [(True, planes, True) for planes in (1, 2, 4)]
             for table, per_thread, flat in variants:
-                plan.angle_table, plan.table_planes_per_thread = table, per_thread
-                plan.table_flat = flat
+                plan.angle_table, plan.table_flat = table, flat
+                plan.table_planes_per_thread = None if flat else per_thread
+                plan.flat_planes_per_thread = per_thread if flat else None
                 plan.retune()
                 us = ctx.time_gpu(lambda i, p=plan, a=args: p.run(a[i]), sets=sets)
-                label = "rope_flat" if flat else f"table/planes={per_thread}" if table \
+                label = f"rope_flat/planes={per_thread}" if flat \
+                    else f"table/planes={per_thread}" if table \
                     else plan._layout(*plan.can_implement(args[0])[:2])[0]
                 results.append(f"{label}: {us:.1f}")
             _note(ctx, f"tuning {name} {pairing.name.lower()} fwd µs "

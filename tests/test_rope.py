@@ -111,6 +111,8 @@ def expected_storage_values(y64, element):
 #: Plan attributes that force one kernel family (``rows``: the ``ROPE_KERNELS`` layouts).
 PATHS = {"table": {"angle_table": True},
          "table_planes": {"angle_table": True, "table_flat": False},
+         "flat1": {"angle_table": True, "flat_planes_per_thread": 1},
+         "flat4": {"angle_table": True, "flat_planes_per_thread": 4},
          "tile": {"angle_table": False, "tile": True},
          "rows": {"angle_table": False, "tile": False}}
 
@@ -118,8 +120,9 @@ PATHS = {"table": {"angle_table": True},
 def run_plan(desc, x_host, positions, inverse=False, force_pairs=False, out=None,
              heads_per_thread=None, units16=None, path=None):
     """``path``: a key of ``PATHS`` (forced: "table" takes rope_flat where it fits,
-    "table_planes" never), or None (the plan's choice; "rows" when ``heads_per_thread`` or
-    ``units16`` tune the rows kernels)."""
+    "flat1" / "flat4" its variants with 1 / 4 planes a thread, "table_planes" never), or
+    None (the plan's choice; "rows" when ``heads_per_thread`` or ``units16`` tune the rows
+    kernels)."""
     plan = (RopeBackwardPlan if inverse else RopePlan).select(
         RopeBackwardDescriptor.of(desc) if inverse else desc)
     plan.force_pairs = force_pairs
@@ -258,35 +261,40 @@ def test_table_and_tile_match_the_other_paths(rng, element, pairing, rotary_dim,
 
 
 @pytest.mark.parametrize("element", [F16, BF16, F32], ids=lambda e: e.name)
-@pytest.mark.parametrize("dim, rotary_dim", [(48, None), (48, 16), (32, None)],
-                         ids=["D48", "D48_R16", "D32"])
+@pytest.mark.parametrize("dim, rotary_dim, seq", [(48, None, 5), (48, 16, 5), (32, None, 4)],
+                         ids=["D48", "D48_R16", "D32_S4"])
 @pytest.mark.parametrize("inverse", [False, True], ids=["forward", "backward"])
-def test_flat_table_kernel(rng, element, dim, rotary_dim, inverse):
-    """rope_flat (the angle table over compact interleaved x and y, one unit per thread,
-    rows of a power of two of units or not) gives the bits of rope_table and of the element
-    path, out of place and in place (a partial rotary dim's tail left as it is), and
-    matches the reference."""
-    shape = (2, 3, 5, dim) if SIMULATOR else (3, 7, 37, dim)
+def test_flat_table_kernel(rng, element, dim, rotary_dim, seq, inverse):
+    """rope_flat (the angle table over compact interleaved x and y, a unit of each of 2
+    (b, h) planes per thread, rows and planes of a power of two of units or not) and its
+    variants with 1 and 4 planes a thread (6 planes: whole groups, and a partial last
+    group for 4) give the bits of rope_table and of the element path, out of place and in
+    place (a partial rotary dim's tail left as it is), and match the reference."""
+    shape = (2, 3, seq, dim) if SIMULATOR else (3, 2, 8 * seq + 1 if seq == 5 else 8 * seq, dim)
     desc = RopeDescriptor(*shape, element=element, rotary_dim=rotary_dim)
     x = random_values(shape, element, rng)
     expected = run_plan(desc, x, None, inverse, force_pairs=True)
-    for path in ("table", "table_planes"):
+    for path in ("table", "table_planes", "flat1", "flat4"):
         got = run_plan(desc, x, None, inverse, path=path)
         np.testing.assert_array_equal(got.view(np.uint8), expected.view(np.uint8), path)
     plan = (RopeBackwardPlan.select(RopeBackwardDescriptor.of(desc)) if inverse
             else RopePlan.select(desc))
-    x_dev = to_device(x)
-    view = as_mut(x_dev, "test", "x")
-    assert plan._kernel_path(view, view, None) == "table" and plan._flat_fits(view, view)
-    plan.run(RopeBackwardArgs(x_dev, x_dev) if inverse else RopeArgs(x_dev, x_dev))
-    np.testing.assert_array_equal(to_host(x_dev).view(np.uint8), expected.view(np.uint8),
-                                  "in place")
+    for planes in (None, 1, 4):
+        plan.flat_planes_per_thread = planes
+        plan.retune()
+        x_dev = to_device(x)
+        view = as_mut(x_dev, "test", "x")
+        assert plan._kernel_path(view, view, None) == "table" and plan._flat_fits(view, view)
+        plan.run(RopeBackwardArgs(x_dev, x_dev) if inverse else RopeArgs(x_dev, x_dev))
+        np.testing.assert_array_equal(to_host(x_dev).view(np.uint8),
+                                      expected.view(np.uint8), f"in place, planes {planes}")
     check(desc, x, None, inverse, path="table")
 
 
 def test_flat_table_kernel_choice(monkeypatch):
     """rope_flat only for interleaved x and y that are both compact, fewer than 2^32 units
-    and a grid that covers them; ``table_flat = False`` keeps rope_table."""
+    and a grid that covers them (with 1, 2 or 4 planes a thread); ``table_flat = False``
+    keeps rope_table."""
     from baracuda_numba.plans import rope as rope_plans
 
     shape = (2, 3, 4, 64)
@@ -307,11 +315,16 @@ def test_flat_table_kernel_choice(monkeypatch):
     assert not fits(table_flat=False)
     assert fits(dims=(3, 1, 1 << 17, 1 << 15))  # 3 * 2^30 units
     assert not fits(dims=(4, 1, 1 << 17, 1 << 15))  # 2^32 units
-    units = 2 * 3 * 4 * 64 // 4
-    monkeypatch.setattr(rope_plans, "_GRID_X_LIMIT", -(-units // rope_plans._FLAT_BLOCK))
-    assert fits()
-    monkeypatch.setattr(rope_plans, "_GRID_X_LIMIT", rope_plans._GRID_X_LIMIT - 1)
-    assert not fits()
+    # 4 planes a thread: 2^30 threads over 3 * 2^30 units; 5 * 2^30 units do not fit
+    assert fits(dims=(3, 1, 1 << 17, 1 << 15), flat_planes_per_thread=4)
+    assert not fits(dims=(5, 1, 1 << 17, 1 << 15), flat_planes_per_thread=4)
+    block = rope_plans._FLAT_BLOCK[4]
+    for planes in (1, 2, 4):  # 6 planes of 64 units, ceil(6 / planes) groups of them
+        threads = -(-6 // planes) * 64
+        monkeypatch.setattr(rope_plans, "_GRID_X_LIMIT", -(-threads // block))
+        assert fits(flat_planes_per_thread=planes), planes
+        monkeypatch.setattr(rope_plans, "_GRID_X_LIMIT", -(-threads // block) - 1)
+        assert not fits(flat_planes_per_thread=planes), planes
 
 
 @pytest.mark.parametrize("pairing", [INTERLEAVED, HALF_SPLIT], ids=lambda p: p.name)

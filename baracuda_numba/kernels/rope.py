@@ -978,53 +978,129 @@ ROPE_TABLE_KERNELS = {(element, layout): build_rope_table_kernel(element, layout
 # (179.9), bf16 94.6 -> 92.5 (125), f16 94.2 -> 92.0 (125). Without the hint rope_flat
 # gained only 0.5-1 %; on rope_table (half-split, planes = 1) the hint cost 0.3-0.6 %
 # for f16/bf16, so that kernel keeps plain loads.
-ROPE_FLAT_PARAMS = ("units", "items_per_row", "items_log", "rot_items", "seq_len",
-                    "half_rotary", "in_place", "inverse")
+ROPE_FLAT_PARAMS = ("threads", "items_per_row", "items_log", "rot_items", "seq_len",
+                    "half_rotary", "in_place", "inverse", "plane_log", "planes")
+
+#: (b, h) planes per ``rope_flat`` thread, per element kind (the registered kernels'; a
+#: plan's ``flat_planes_per_thread`` picks another variant): two units' loads in flight
+#: per thread and one table read for both. (H200, 2026-11-28, [8, 32, 2048, 128] forward,
+#: benchmark tuning rows, µs for 1 / 2 / 4 planes: f32 135.5 / 130.0 / 130.7, bf16 71.3 /
+#: 67.6 / 68.3, f16 71.2 / 67.4 / 68.2; see also ``plans.rope._FLAT_BLOCK``.)
+FLAT_PLANES_PER_THREAD = {ElementKind.F16: 2, ElementKind.BF16: 2, ElementKind.F32: 2}
 
 
-def _make_rope_flat_kernel(elements: int, unpack, pack):
-    """``rope_flat`` body for 16-byte units of ``elements`` interleaved elements."""
+def _make_rope_flat_kernel(elements: int, unpack, pack, planes_per_thread: int):
+    """``rope_flat`` body for 16-byte units of ``elements`` interleaved elements,
+    ``planes_per_thread`` (b, h) planes per thread."""
     pairs, _, store_item = _make_unit_rotation(False, elements, unpack, pack)
     table_angles = _table_angles(pairs, evict_last=True)
+    per_thread = planes_per_thread
 
-    def rope_flat(x, y, table, params):
-        """Unit ``u`` of compact x and y: row ``u // items_per_row`` (a shift where
-        ``items_log`` >= 0), item ``u % items_per_row``, ``s = row % seq_len``. A rotated
-        item (``item < rot_items``) reads its pairs' (cos, sin) at table word
-        ``2 (s · half_rotary + item · pairs)``; a copied one is copied unless in place."""
-        (units, items_per_row, items_log, rot_items, seq_len, half_rotary, in_place,
-         inverse) = params
+    if per_thread == 1:
+        def rope_flat(x, y, table, params):
+            """Unit ``u`` of compact x and y (``u < threads``): row ``u // items_per_row``
+            (a shift where ``items_log`` >= 0), item ``u % items_per_row``,
+            ``s = row % seq_len``. A rotated item (``item < rot_items``) reads its pairs'
+            (cos, sin) at table word ``2 (s · half_rotary + item · pairs)``; a copied one
+            is copied unless in place."""
+            (units, items_per_row, items_log, rot_items, seq_len, half_rotary, in_place,
+             inverse, _plane_log, _planes) = params
+            sins = cuda.local.array(pairs, float32)
+            coss = cuda.local.array(pairs, float32)
+            u = uint32(uint32(cuda.blockIdx.x) * uint32(cuda.blockDim.x)
+                       + uint32(cuda.threadIdx.x))
+            if u < uint32(units):
+                if items_log >= 0:
+                    row = uint32(u >> uint32(items_log))
+                    item = uint32(u & uint32(items_per_row - 1))
+                else:
+                    row = uint32(u // uint32(items_per_row))
+                    item = uint32(u - row * uint32(items_per_row))
+                rotated = item < uint32(rot_items)
+                if rotated or not in_place:
+                    unit = load16(x, uint64(u) * uint64(4))
+                    if rotated:
+                        s = row % uint32(seq_len)
+                        table_angles(table, uint32(2) * (s * uint32(half_rotary)
+                                                         + item * uint32(pairs)),
+                                     sins, coss, inverse)
+                        store_item(y, uint64(u), 0, unit, unit, sins, coss)
+                    else:
+                        store16(y, uint64(u) * uint64(4), unit)
+
+        return rope_flat
+
+    def rope_flat_planes(x, y, table, params):
+        """Thread ``g < threads`` = (plane group ``g // plane_units``, unit ``w`` of a
+        plane), ``plane_units = seq_len · items_per_row`` (shifts where ``plane_log`` and
+        ``items_log`` >= 0): ``s = w // items_per_row``, ``item = w % items_per_row``; the
+        thread takes unit ``w`` of ``planes_per_thread`` consecutive (b, h) planes (a
+        last, partial group repeats its last plane: every load precedes every store, so
+        in place stays safe), all loads in flight at once, one table read for all."""
+        (threads, items_per_row, items_log, rot_items, seq_len, half_rotary, in_place,
+         inverse, plane_log, planes) = params
         sins = cuda.local.array(pairs, float32)
         coss = cuda.local.array(pairs, float32)
-        u = uint32(uint32(cuda.blockIdx.x) * uint32(cuda.blockDim.x) + uint32(cuda.threadIdx.x))
-        if u < uint32(units):
-            if items_log >= 0:
-                row = uint32(u >> uint32(items_log))
-                item = uint32(u & uint32(items_per_row - 1))
+        units = cuda.local.array((per_thread, 4), uint32)
+        g = uint32(uint32(cuda.blockIdx.x) * uint32(cuda.blockDim.x) + uint32(cuda.threadIdx.x))
+        if g < uint32(threads):
+            plane_units = uint32(seq_len) * uint32(items_per_row)
+            if plane_log >= 0:
+                group = uint32(g >> uint32(plane_log))
+                w = uint32(g & (plane_units - uint32(1)))
             else:
-                row = uint32(u // uint32(items_per_row))
-                item = uint32(u - row * uint32(items_per_row))
-            rotated = item < uint32(rot_items)
-            if rotated or not in_place:
-                unit = load16(x, uint64(u) * uint64(4))
-                if rotated:
-                    s = row % uint32(seq_len)
-                    table_angles(table, uint32(2) * (s * uint32(half_rotary)
-                                                     + item * uint32(pairs)),
-                                 sins, coss, inverse)
+                group = uint32(g // plane_units)
+                w = uint32(g - group * plane_units)
+            if items_log >= 0:
+                s = uint32(w >> uint32(items_log))
+                item = uint32(w & uint32(items_per_row - 1))
+            else:
+                s = uint32(w // uint32(items_per_row))
+                item = uint32(w - s * uint32(items_per_row))
+            plane0 = group * uint32(per_thread)
+            last = uint32(planes - 1)
+            # Two straight paths, each issuing all its loads before it uses any (as
+            # rope_table's).
+            if item < uint32(rot_items):
+                for k in range(per_thread):
+                    u = min(plane0 + uint32(k), last) * plane_units + w
+                    unit = load16(x, uint64(u) * uint64(4))
+                    for j in range(4):
+                        units[k, j] = unit[j]
+                table_angles(table, uint32(2) * (s * uint32(half_rotary)
+                                                 + item * uint32(pairs)),
+                             sins, coss, inverse)
+                for k in range(per_thread):
+                    u = min(plane0 + uint32(k), last) * plane_units + w
+                    unit = (units[k, 0], units[k, 1], units[k, 2], units[k, 3])
                     store_item(y, uint64(u), 0, unit, unit, sins, coss)
-                else:
-                    store16(y, uint64(u) * uint64(4), unit)
+            elif not in_place:
+                for k in range(per_thread):
+                    u = min(plane0 + uint32(k), last) * plane_units + w
+                    unit = load16(x, uint64(u) * uint64(4))
+                    for j in range(4):
+                        units[k, j] = unit[j]
+                for k in range(per_thread):
+                    u = min(plane0 + uint32(k), last) * plane_units + w
+                    store16(y, uint64(u) * uint64(4),
+                            (units[k, 0], units[k, 1], units[k, 2], units[k, 3]))
 
-    return rope_flat
+    return rope_flat_planes
 
 
-def build_rope_flat_kernel(element: ElementKind) -> Kernel:
-    """The ``rope_flat`` kernel of ``ROPE_UNIT_TABLE[element]``."""
+def build_rope_flat_kernel(element: ElementKind, planes_per_thread: int = 0,
+                           register: bool = True) -> Kernel:
+    """The ``rope_flat`` kernel of ``ROPE_UNIT_TABLE[element]`` (``planes_per_thread``: 0
+    for ``FLAT_PLANES_PER_THREAD``'s; benchmarks build other variants)."""
+    default = FLAT_PLANES_PER_THREAD[element]
+    per_thread = planes_per_thread or default
     unpack, pack, elements = ROPE_UNIT_TABLE[element]
     words = _flat_c(uint32)
-    return Kernel(f"rope_flat[{element.name}]", _make_rope_flat_kernel(elements, unpack, pack),
-                  (words, words, words, types.UniTuple(int64, len(ROPE_FLAT_PARAMS))))
+    suffix = "" if per_thread == default else f",planes{per_thread}"
+    return Kernel(f"rope_flat[{element.name}{suffix}]",
+                  _make_rope_flat_kernel(elements, unpack, pack, per_thread),
+                  (words, words, words, types.UniTuple(int64, len(ROPE_FLAT_PARAMS))),
+                  register=register)
 
 
 #: element kind -> ``rope_flat`` kernel (interleaved pairing).

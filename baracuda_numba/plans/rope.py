@@ -34,8 +34,9 @@ Kernels (:meth:`_RopeBase._kernel_path`), where 16-byte units fit (f16/bf16/f32)
   R = 128. Taken while the table is at most 4 MB and within ``pref.max_workspace_bytes``;
   a run captured into a CUDA graph before the table exists takes another kernel (nothing
   can be allocated or waited for while capturing). Interleaved x and y that are both
-  compact take ``rope_flat`` instead, one unit per thread in memory order with the table
-  read under an L2 ``evict_last`` policy (:meth:`_RopeBase._flat_fits`);
+  compact take ``rope_flat`` instead, in memory order (a thread takes the same unit of 2
+  consecutive (b, h) planes, one table read for both) with the table read under an L2
+  ``evict_last`` policy (:meth:`_RopeBase._flat_fits`);
 * small problems (decode): ``rope_tile``, one row of several heads per block, the row's
   angles computed once into shared memory; one tile per block and 32-bit offsets, so only
   where that grid fits CUDA's limits and x and y span fewer than 2^31 16-byte units;
@@ -58,6 +59,7 @@ from ..arrays import TensorMut, TensorRef, as_mut, as_ref, contiguous_strides, f
 from ..driver import stream_capturing, stream_synchronize
 from ..errors import InvalidProblem
 from ..kernels.rope import (
+    FLAT_PLANES_PER_THREAD,
     ROPE_ANGLES_KERNEL,
     ROPE_ELEMENTS,
     ROPE_FLAT_KERNELS,
@@ -66,6 +68,7 @@ from ..kernels.rope import (
     ROPE_TILE_KERNELS,
     TABLE_PLANES_PER_THREAD,
     TILE_MAX_PAIRS,
+    build_rope_flat_kernel,
     build_rope_table_kernel,
 )
 from ..streams import stream_handle
@@ -136,10 +139,15 @@ _UNITS16_MAX_HALF_ELEMENTS = 1 << 22
 _TABLE_MAX_BYTES = 4 << 20
 _TABLE_ELEMENTS = (ElementKind.F16, ElementKind.BF16, ElementKind.F32)
 _TABLE_BLOCK = 256
-# ``rope_flat``: the table over compact interleaved x and y, one unit per thread in memory
-# order (``ROPE_FLAT_KERNELS``), fewer than 2^32 units; blocks of _FLAT_BLOCK threads, the
-# grid covering the units.
-_FLAT_BLOCK = 64 if SIMULATOR else 256
+# ``rope_flat``: the table over compact interleaved x and y, one unit of each of
+# ``FLAT_PLANES_PER_THREAD`` (b, h) planes per thread (``ROPE_FLAT_KERNELS``), fewer than
+# 2^32 units; blocks of _FLAT_BLOCK[element bytes] threads, the grid covering the units.
+# (H200, 2026-11-28, [8, 32, 2048, 128] forward, µs, one process, alternating with
+# torch.compile: f32 planes 1 / 2 / 4 with blocks of 256: 136.1-136.5 / 128.3-128.6 /
+# 130.0-130.2, planes 2 with blocks of 128 / 512 / 1024: 129.2-129.6 / 131.9-132.1 /
+# 131.5-132.0, torch.compile 128.4; bf16 planes 1 / 2 / 4 (256): 71.9-72.0 / 65.9-66.2 /
+# 67.3-67.7, planes 2 with blocks of 128: 64.7-65.2, torch.compile 125.0-125.4.)
+_FLAT_BLOCK = {2: 64, 4: 64} if SIMULATOR else {2: 128, 4: 256}
 
 # ``rope_tile`` (positions given, or no table): one row of several heads per block, the
 # row's angles computed once into shared memory. Taken automatically while one 16-byte unit
@@ -306,6 +314,8 @@ class _RopeBase(Plan):
         #: ``rope_flat`` for the table path where it fits (compact interleaved x and y):
         #: None or True = yes, False = never (``rope_table`` instead)
         self.table_flat: bool | None = None
+        #: (b, h) planes per ``rope_flat`` thread (None: ``FLAT_PLANES_PER_THREAD``)
+        self.flat_planes_per_thread: int | None = None
         #: heads per ``rope_tile`` block (None: about _TILE_THREADS threads a block)
         self.tile_heads_per_block: int | None = None
         self._table: Any = None  # the (cos, sin) table, built at first use
@@ -630,30 +640,47 @@ class _RopeBase(Plan):
 
     def _flat_fits(self, x: TensorRef, y: TensorMut) -> bool:
         """Whether ``rope_flat`` takes this table call: interleaved, x and y both compact
-        (their units in the order of the whole tensor's), fewer than 2^32 units and a grid
-        that covers them."""
+        (their units in the order of the whole tensor's), fewer than 2^32 units (32-bit
+        unit indices; its threads are at most its units) and a grid that covers them."""
         if self._flat_kernel is None or self.table_flat is False:
             return False
         compact = contiguous_strides(self._shape)
         units = math.prod(self._shape) * self._itemsize // 16
+        threads = self._flat_threads(self._flat_planes())
         return (x.strides == compact and y.strides == compact and units < 1 << 32
-                and -(-units // _FLAT_BLOCK) <= _GRID_X_LIMIT)
+                and -(-threads // _FLAT_BLOCK[self._itemsize]) <= _GRID_X_LIMIT)
+
+    def _flat_planes(self) -> int:
+        """(b, h) planes per ``rope_flat`` thread."""
+        return self.flat_planes_per_thread or FLAT_PLANES_PER_THREAD[self.descriptor.element]
+
+    def _flat_threads(self, per_thread: int) -> int:
+        """Threads of a ``rope_flat`` launch: one per 16-byte unit of ``per_thread`` planes
+        (a last, partial group of planes counts whole)."""
+        batch, heads, seq, dim = self._shape
+        plane_units = seq * dim * self._itemsize // 16
+        return -(-(batch * heads) // per_thread) * plane_units
 
     def _configure_table(self, x: TensorRef, y: TensorMut, table: int) -> Any:
         """Launch of ``rope_table``: one 16-byte item per thread along each (b, h) plane's
         (s, item), planes along grid.y; the table's pointer is fixed in the launch, which
         takes ``(stream, x, y, positions)`` like the others. Compact interleaved x and y
-        take ``rope_flat`` instead (:meth:`_flat_fits`): one unit per thread."""
+        take ``rope_flat`` instead (:meth:`_flat_fits`): a unit of each of
+        ``_flat_planes()`` planes per thread."""
         batch, heads, seq, dim = self._shape
         width, layout, rot_items, items, partner = self._unit_items(x, y)
         x_words, y_words, xs, ys = _unit_views(x, y, width)
         if self._flat_fits(x, y):
-            units = batch * heads * seq * dim // width
+            per_thread = self._flat_planes()
+            threads = self._flat_threads(per_thread)
             row_items = dim // width
-            items_log = row_items.bit_length() - 1 if row_items & (row_items - 1) == 0 else -1
-            params = (units, row_items, items_log, rot_items, seq, self._rotary // 2,
-                      int(x.ptr == y.ptr), self._inverse)
-            kernel, grid, block = self._flat_kernel, -(-units // _FLAT_BLOCK), _FLAT_BLOCK
+            params = (threads, row_items, _log2_or_minus1(row_items), rot_items, seq,
+                      self._rotary // 2, int(x.ptr == y.ptr), self._inverse,
+                      _log2_or_minus1(seq * row_items), batch * heads)
+            block = _FLAT_BLOCK[self._itemsize]
+            kernel, grid = self._flat_kernel, -(-threads // block)
+            if per_thread != FLAT_PLANES_PER_THREAD[self.descriptor.element]:
+                kernel = _flat_variant(self.descriptor.element, per_thread)
         else:
             plane_units = seq * items
             per_thread = TABLE_PLANES_PER_THREAD[layout] \
@@ -696,6 +723,17 @@ def _unit_views(x: TensorRef, y: TensorMut, width: int) -> tuple[int, int, tuple
             4 * -(-flat_span(y.shape, y.strides) // width),
             tuple(stride // width for stride in x.strides[:3]),
             tuple(stride // width for stride in y.strides[:3]))
+
+
+def _log2_or_minus1(n: int) -> int:
+    """log2 of ``n`` where it is a power of two, else -1 (the kernels' shift-or-divide)."""
+    return n.bit_length() - 1 if n & (n - 1) == 0 else -1
+
+
+@functools.cache
+def _flat_variant(element: ElementKind, per_thread: int) -> Any:
+    """An unregistered ``rope_flat`` kernel with another number of planes per thread."""
+    return build_rope_flat_kernel(element, per_thread, register=False).prepare()
 
 
 @functools.cache
