@@ -985,7 +985,8 @@ ROPE_FLAT_PARAMS = ("threads", "items_per_row", "items_log", "rot_items", "seq_l
 #: plan's ``flat_planes_per_thread`` picks another variant): two units' loads in flight
 #: per thread and one table read for both. (H200, 2026-11-28, [8, 32, 2048, 128] forward,
 #: benchmark tuning rows, µs for 1 / 2 / 4 planes: f32 135.5 / 130.0 / 130.7, bf16 71.3 /
-#: 67.6 / 68.3, f16 71.2 / 67.4 / 68.2; see also ``plans.rope._FLAT_BLOCK``.)
+#: 67.6 / 68.3, f16 71.2 / 67.4 / 68.2, 1 plane by the one-unit body that the planes body
+#: replaced (6a3f651); see also ``plans.rope._FLAT_BLOCK``.)
 FLAT_PLANES_PER_THREAD = {ElementKind.F16: 2, ElementKind.BF16: 2, ElementKind.F32: 2}
 
 
@@ -996,47 +997,15 @@ def _make_rope_flat_kernel(elements: int, unpack, pack, planes_per_thread: int):
     table_angles = _table_angles(pairs, evict_last=True)
     per_thread = planes_per_thread
 
-    if per_thread == 1:
-        def rope_flat(x, y, table, params):
-            """Unit ``u`` of compact x and y (``u < threads``): row ``u // items_per_row``
-            (a shift where ``items_log`` >= 0), item ``u % items_per_row``,
-            ``s = row % seq_len``. A rotated item (``item < rot_items``) reads its pairs'
-            (cos, sin) at table word ``2 (s · half_rotary + item · pairs)``; a copied one
-            is copied unless in place."""
-            (units, items_per_row, items_log, rot_items, seq_len, half_rotary, in_place,
-             inverse, _plane_log, _planes) = params
-            sins = cuda.local.array(pairs, float32)
-            coss = cuda.local.array(pairs, float32)
-            u = uint32(uint32(cuda.blockIdx.x) * uint32(cuda.blockDim.x)
-                       + uint32(cuda.threadIdx.x))
-            if u < uint32(units):
-                if items_log >= 0:
-                    row = uint32(u >> uint32(items_log))
-                    item = uint32(u & uint32(items_per_row - 1))
-                else:
-                    row = uint32(u // uint32(items_per_row))
-                    item = uint32(u - row * uint32(items_per_row))
-                rotated = item < uint32(rot_items)
-                if rotated or not in_place:
-                    unit = load16(x, uint64(u) * uint64(4))
-                    if rotated:
-                        s = row % uint32(seq_len)
-                        table_angles(table, uint32(2) * (s * uint32(half_rotary)
-                                                         + item * uint32(pairs)),
-                                     sins, coss, inverse)
-                        store_item(y, uint64(u), 0, unit, unit, sins, coss)
-                    else:
-                        store16(y, uint64(u) * uint64(4), unit)
-
-        return rope_flat
-
-    def rope_flat_planes(x, y, table, params):
+    def rope_flat(x, y, table, params):
         """Thread ``g < threads`` = (plane group ``g // plane_units``, unit ``w`` of a
         plane), ``plane_units = seq_len · items_per_row`` (shifts where ``plane_log`` and
         ``items_log`` >= 0): ``s = w // items_per_row``, ``item = w % items_per_row``; the
         thread takes unit ``w`` of ``planes_per_thread`` consecutive (b, h) planes (a
         last, partial group repeats its last plane: every load precedes every store, so
-        in place stays safe), all loads in flight at once, one table read for all."""
+        in place stays safe), all loads in flight at once, one table read for all. A
+        rotated item (``item < rot_items``) reads its pairs' (cos, sin) at table word
+        ``2 (s · half_rotary + item · pairs)``; a copied one is copied unless in place."""
         (threads, items_per_row, items_log, rot_items, seq_len, half_rotary, in_place,
          inverse, plane_log, planes) = params
         sins = cuda.local.array(pairs, float32)
@@ -1085,7 +1054,7 @@ def _make_rope_flat_kernel(elements: int, unpack, pack, planes_per_thread: int):
                     store16(y, uint64(u) * uint64(4),
                             (units[k, 0], units[k, 1], units[k, 2], units[k, 3]))
 
-    return rope_flat_planes
+    return rope_flat
 
 
 def build_rope_flat_kernel(element: ElementKind, planes_per_thread: int = 0,
