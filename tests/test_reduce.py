@@ -1014,6 +1014,7 @@ def test_short_rows_backward(kind, element, layout, rng):
     dx_base = poisoned(base_shape, element)
     dx = device_view(dx_base, index, shape, element)
     plan = ReduceBackwardPlan.select(ReduceBackwardDescriptor(kind, shape, axis, element))
+    plan.broadcast = False  # the word kernel's short rows (test_broadcast_backward: the other)
     saved = kind not in (K.SUM, K.MEAN)
     plan.run(ReduceBackwardArgs(to_device(dy), dx, device_view(base, index, shape, element)
                                 if saved else None, to_device(y) if saved else None))
@@ -1055,6 +1056,7 @@ def test_longer_short_rows_backward(element, rng):
                 xs = np.ascontiguousarray(x_host)
                 plan = ReduceBackwardPlan.select(ReduceBackwardDescriptor(kind, (3, n), 1,
                                                                           element))
+                plan.broadcast = False
                 saved = kind is K.NORM2
                 plan.run(ReduceBackwardArgs(to_device(dy), dx, to_device(xs) if saved else None,
                                             to_device(y) if saved else None))
@@ -1068,6 +1070,65 @@ def test_longer_short_rows_backward(element, rng):
                     assert access != "rows" or gradient._args[16] != 0, what
                 else:
                     assert access == "rows" and gradient._args[16] == 0, what
+
+
+
+def _broadcast_layouts():
+    """name -> (base shape, index into the base, view shape, reduce axis, broadcast): rows
+    (the axis last, 16-byte units), columns (nothing before the axis, rows of at least
+    1 KiB), and layouts the broadcast must leave to the word kernels."""
+    return {
+        "rows": ((6, 64), (slice(None),), (6, 64), 1, True),
+        "rows_outer3": ((2, 3, 32), (slice(None),), (2, 3, 32), 2, True),
+        "rows_one": ((40,), (slice(None),), (40,), 0, True),
+        "cols": ((3, 512), (slice(None),), (3, 512), 0, True),
+        "cols_inner2": ((3, 2, 256), (slice(None),), (3, 2, 256), 0, True),
+        "cols_middle": ((2, 3, 512), (slice(None),), (2, 3, 512), 1, False),
+        "cols_narrow": ((5, 64), (slice(None),), (5, 64), 0, False),
+        "rows_padded": ((6, 72), (slice(None), slice(0, 64)), (6, 64), 1, False),
+        "rows_offset": ((6 * 64 + 2,), (slice(2, None),), (6, 64), 1, False),
+        "rows_odd": ((6, 58), (slice(None),), (6, 58), 1, False),
+    }
+
+
+@pytest.mark.parametrize("element", WORD_ELEMENTS, ids=lambda e: e.name)
+@pytest.mark.parametrize("kind", [K.SUM, K.MEAN], ids=lambda k: k.name)
+@pytest.mark.parametrize("layout", list(_broadcast_layouts()))
+def test_broadcast_backward(kind, element, layout, rng):
+    """The Sum / Mean gradient as a broadcast (``reduce_backward_broadcast``) exactly where
+    dx is contiguous and 16-byte aligned and its units lie in one line, against NumPy and
+    bit for bit against the word kernels (``plan.broadcast = False``), with a strided dy
+    (every other element of a buffer), into poisoned buffers whose rest must survive."""
+    base_shape, index, shape, axis, broadcast = _broadcast_layouts()[layout]
+    dy_shape = tuple(1 if a == axis else n for a, n in enumerate(shape))
+    dy_base = random_values(dy_shape[:-1] + (2 * dy_shape[-1],), element, rng)
+    dy_host = np.ascontiguousarray(dy_base[..., ::2])
+    if dy_host.size:  # ties, zeros and specials travel unchanged (Sum) or divided (Mean)
+        dy_host.reshape(-1)[:4] = to_storage(np.array([0.0, -0.0, np.inf, np.nan][:min(
+            4, dy_host.size)]), element)
+        dy_base[..., ::2] = dy_host
+    expected = backward_reference(kind, from_storage(dy_host, element),
+                                  np.zeros(shape), from_storage(dy_host, element), axis)
+    results = []
+    for use_broadcast in (True, False):
+        dx_base = poisoned(base_shape, element)
+        dx = device_view(dx_base, index, shape, element)
+        dy = device_view(dy_base, (Ellipsis, slice(None, None, 2)), dy_shape, element)
+        plan = ReduceBackwardPlan.select(ReduceBackwardDescriptor(kind, shape, axis, element))
+        plan.broadcast = use_broadcast
+        plan.run(ReduceBackwardArgs(dy, dx))
+        what = f"{kind.name} {element.name} {layout} broadcast={use_broadcast}"
+        got = storage_of(dx, element)
+        check_backward(from_storage(got, element), expected, element, what)
+        written = np.zeros(base_shape, bool)
+        written[index] = True
+        whole = dx_base if SIMULATOR else storage_of(dx._base, element)
+        np.testing.assert_array_equal(whole[~written], poisoned(base_shape, element)[~written],
+                                      what)
+        access = next(iter(plan._launches.values()))[1][0]
+        assert (access == "broadcast") == (broadcast and use_broadcast), what
+        results.append(got)
+    np.testing.assert_array_equal(results[0].view(np.uint8), results[1].view(np.uint8))
 
 
 def test_store_only_rows_geometry():
@@ -1158,23 +1219,30 @@ def test_gpu_warp_rows(kind, element, rng):
 @pytest.mark.parametrize("kind", [K.SUM, K.MEAN], ids=lambda k: k.name)
 def test_gpu_store_only_rows(kind, element, rng):
     """The 8-lane store-only rows (4096 rows of 128-2048 words, a padded row stride, a row
-    length off the word grid) against NumPy, into poisoned outputs."""
+    length off the word grid) against NumPy, into poisoned outputs; the contiguous ones
+    also through the broadcast kernel."""
     width = 8 // element.byte_width
     for cols, pitch in ((128 * width, 128 * width), (1000 * width, 1003 * width),
                         (2048 * width, 2048 * width), (1000 * width + 1, 1000 * width + 1)):
         dy = random_values((4096, 1), element, rng)
         x_host = np.zeros((4096, cols), element.storage_dtype)
         expected = backward_reference(kind, from_storage(dy, element), x_host, dy, 1)
-        base = to_device(poisoned((4096, pitch), element))
-        dx = base[:, :cols]
-        plan = ReduceBackwardPlan.select(ReduceBackwardDescriptor(kind, (4096, cols), 1,
-                                                                  element))
-        plan.run(ReduceBackwardArgs(to_device(dy), dx))
-        got = from_storage(host(base), element)
-        check_backward(got[:, :cols], expected, element, f"{kind.name} {element.name} {cols}")
-        if pitch > cols:  # the padding keeps its poison
-            np.testing.assert_array_equal(host(base)[:, cols:], poisoned((4096, pitch),
-                                                                          element)[:, cols:])
+        for broadcast in (False, True):
+            base = to_device(poisoned((4096, pitch), element))
+            dx = base[:, :cols]
+            plan = ReduceBackwardPlan.select(ReduceBackwardDescriptor(kind, (4096, cols), 1,
+                                                                      element))
+            plan.broadcast = broadcast
+            plan.run(ReduceBackwardArgs(to_device(dy), dx))
+            what = f"{kind.name} {element.name} {cols} broadcast={broadcast}"
+            got = from_storage(host(base), element)
+            check_backward(got[:, :cols], expected, element, what)
+            if pitch > cols:  # the padding keeps its poison
+                np.testing.assert_array_equal(host(base)[:, cols:], poisoned(
+                    (4096, pitch), element)[:, cols:], what)
+            access = next(iter(plan._launches.values()))[1][0]
+            assert access == ("broadcast" if broadcast and pitch == cols and cols % (
+                16 // element.byte_width) == 0 else "rows"), what
 
 
 @pytest.mark.gpu
@@ -1957,6 +2025,21 @@ def test_gpu_more_than_2_31_elements():
     back.run(ReduceBackwardArgs(dy, x))  # dx = x's memory (x no longer needed)
     assert float(x[n - 1]) == float(torch.tensor(3.0 / n, dtype=torch.float32))
     assert float(x[0]) == float(x[n - 1])
+    # the broadcast kernel, rows and columns (units past 2^29, elements past 2^31)
+    for shape, axis in (((2, (1 << 30) + 8), 1), (((1 << 21) + 1, 1024), 0)):
+        back = ReduceBackwardPlan.select(ReduceBackwardDescriptor(K.MEAN, shape, axis, E.F32))
+        dy_shape = tuple(1 if a == axis else s for a, s in enumerate(shape))
+        dy = torch.randn(dy_shape, device="cuda", dtype=torch.float32)
+        dx = x[:shape[0] * shape[1]].view(shape)
+        dx.fill_(float("nan"))
+        back.run(ReduceBackwardArgs(dy, dx))
+        assert next(iter(back._launches.values()))[1][0] == "broadcast"
+        expected = (dy.double() / shape[axis]).float()
+        for index in (0, -1):
+            got = dx[index][-4:] if axis == 1 else dx[index]
+            want = expected[index].expand(4) if axis == 1 else expected[0]
+            assert torch.equal(got, want), (shape, index)
+        assert not torch.isnan(dx).any(), shape
 
 
 @pytest.mark.gpu

@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from numba import cuda, float32, int32, int64, types, uint16, uint32, uint64
+from numba import cuda, float32, float64, int32, int64, types, uint16, uint32, uint64
 from numba.types import float16
 
 from .._runtime import SIMULATOR
@@ -615,3 +615,64 @@ else:
             return context.get_dummy_value()
 
         return types.void(), codegen
+
+
+# -- 16-byte stores ----------------------------------------------------------------------
+
+#: A 16-byte memory unit in registers: four 32-bit words (``ld/st.global.v4.u32``).
+WORDS4 = types.UniTuple(uint32, 4)
+
+if SIMULATOR:
+
+    @cuda.jit(device=True, inline=True)
+    def store16(array, index, words):
+        """Store the four words of ``words`` at ``index .. index+3`` of a uint32 array."""
+        array[index] = words[0]
+        array[index + 1] = words[1]
+        array[index + 2] = words[2]
+        array[index + 3] = words[3]
+
+else:
+
+    @intrinsic
+    def store16(typingctx, array, index, words):
+        """``st.global.v4.u32``: the four words of ``words`` at ``index .. index+3`` (the
+        address must be 16-byte aligned)."""
+
+        def codegen(context, builder, signature, args):
+            address = element_address(context, builder, signature.args[0], args[0],
+                                      signature.args[1], args[1])
+            word_types = signature.args[2]  # any tuple of 4 integers: cast to u32 words
+            values = [context.cast(builder, builder.extract_value(args[2], i), word_types[i],
+                                   types.uint32) for i in range(4)]
+            word = _ir.IntType(32)
+            fnty = _ir.FunctionType(_ir.VoidType(), [_ir.IntType(64)] + [word] * 4)
+            asm = _ir.InlineAsm(fnty, "st.global.v4.u32 [$0], {$1, $2, $3, $4};",
+                                "l,r,r,r,r", side_effect=True)
+            builder.call(asm, [address] + values)
+            return context.get_dummy_value()
+
+        return types.void(array, index, words), codegen
+
+
+@cuda.jit(device=True, inline=True)
+def store16_words(array, index, low, high):
+    """``store16`` of two 64-bit words: ``low`` at ``index .. index+1`` of a uint32 array,
+    ``high`` at ``index+2 .. index+3`` (little-endian, as two 8-byte stores would)."""
+    store16(array, index, (uint32(low & uint64(0xFFFFFFFF)), uint32(low >> uint64(32)),
+                           uint32(high & uint64(0xFFFFFFFF)), uint32(high >> uint64(32))))
+
+
+@cuda.jit(device=True, inline=True)
+def div_f64(value, divisor, inverse):
+    """``value // divisor`` for int64 ``0 <= value < 2^52`` and ``divisor >= 1``, with
+    ``inverse`` = ``1 / divisor`` rounded to f64 (host): the f64 product is within one of
+    the quotient (relative error 2^-52 on a value below 2^52), and one step corrects it.
+    About 8 instructions where a 64-bit division takes ~70."""
+    quotient = int64(float64(value) * inverse)
+    rest = value - quotient * divisor
+    if rest < 0:
+        quotient -= 1
+    elif rest >= divisor:
+        quotient += 1
+    return quotient

@@ -79,6 +79,7 @@ from .common import (
     copy_async8,
     copy_async8_run,
     copy_async_wait,
+    div_f64,
     div_mod,
     eq_mask_bf16x4,
     eq_mask_f16x4,
@@ -95,6 +96,7 @@ from .common import (
     rcp_approx_ftz_f32,
     shfl_idx,
     shfl_xor,
+    store16_words,
     unpack_f16x4,
     unpack_f32x2,
 )
@@ -2231,6 +2233,77 @@ def _make_backward_cols_vec(kind: ReduceKind, element: ElementKind,
     return reduce_backward_cols_vec
 
 
+
+# -- the store-only gradient of a contiguous dx as a broadcast (Sum / Mean) ---------------
+# dx = dy (Mean: dy / extent) repeated along the axis, written in 16-byte units (K
+# elements) in dx's memory order, threads numbered along the units as torch's elementwise
+# kernels number them.
+
+#: 16-byte units per thread of the broadcast's rows, a block apart.
+BROADCAST_UNITS = 2
+
+
+def _make_backward_broadcast(element: ElementKind) -> Callable[..., None]:
+    spec, vec = ELEMENTS[element], VECTOR[element]
+    ACC, load, pack = spec.acc, spec.load, vec.pack
+    coefficient, element_fn = _grad_fns(ReduceKind.MEAN, element)
+    W = vec.width  # elements per 8-byte word; a unit is 2 words
+    U = BROADCAST_UNITS
+
+    @cuda.jit(device=True, inline=True)
+    def value_of(dy, offset, param):
+        g = load(dy, offset)
+        return ACC(element_fn(ACC(coefficient(g, g, g, int64(0), param)), g, g, g))
+
+    def reduce_backward_broadcast(dy, dxq, units, line_units, inverse, stride, dy_stride,
+                                  param):
+        """The Sum / Mean gradient ``dx = dy / param`` of a C-contiguous, 16-byte aligned
+        dx seen as ``dxq`` (uint32, 4 per unit), ``units`` 16-byte units in all.
+
+        Rows (``stride == 0``; the reduced axis is the last, its extent a whole number
+        ``line_units`` of units): unit ``u`` lies in row ``o = u // line_units``
+        (``div_f64`` with ``inverse = 1 / line_units``) and holds ``K`` copies of the value
+        of ``dy[o * dy_stride]``. Block ``b`` takes units ``b * block * U + t + k *
+        block`` (``k < U``, t its thread): their dy loads first, then their stores.
+
+        Columns (``stride > 0``; nothing before the reduced axis, the row after it
+        ``line_units`` whole units): element ``j`` of unit ``u`` holds the value of
+        ``dy[(n0 + j) * dy_stride]`` with ``n0 = (u % line_units) * K``. ``stride`` (the
+        threads) is a multiple of ``line_units``, so thread ``g`` keeps one column unit:
+        its values once, then stores at ``g, g + stride, ...``."""
+        block = int64(cuda.blockDim.x)
+        words = cuda.local.array(U, uint64)
+        values = cuda.local.array(W, ACC)
+        if stride == 0:
+            first = int64(cuda.blockIdx.x) * block * U + int64(cuda.threadIdx.x)
+            for k in range(U):
+                u = first + k * block
+                if u < units:
+                    c = value_of(dy, div_f64(u, line_units, inverse) * dy_stride, param)
+                    for e in range(W):
+                        values[e] = c
+                    words[k] = pack(values)
+            for k in range(U):
+                u = first + k * block
+                if u < units:
+                    store16_words(dxq, uint64(u * 4), words[k], words[k])
+            return
+        g = int64(cuda.blockIdx.x) * block + int64(cuda.threadIdx.x)
+        if g >= stride:
+            return
+        n0 = (g % line_units) * (2 * W)
+        for h in range(2):
+            for e in range(W):
+                values[e] = value_of(dy, (n0 + h * W + e) * dy_stride, param)
+            words[h] = pack(values)
+        u = g
+        while u < units:
+            store16_words(dxq, uint64(u * 4), words[0], words[1])
+            u += stride
+
+    return reduce_backward_broadcast
+
+
 # -- the register-resident gradient (Max/Min, Var/Std of rows that fit on chip) ----------
 # The statistic needs the whole row before the first dx value: the lanes of a row load its
 # words once into registers (at most VEC_LOADS per lane), reduce the statistic (tie count
@@ -3128,6 +3201,15 @@ REDUCE_BACKWARD_COLS_VEC_KERNELS: dict[tuple[ReduceKind, ElementKind], Kernel] =
         f"reduce_backward_cols_vec[{_kind_name(kind)},{element.name.lower()}]",
         _make_backward_cols_vec(kind, element), _vec_backward_cols_signature(element))
     for element in VECTOR for kind in GRAD_OPS
+}
+
+#: element -> the Sum / Mean gradient of a contiguous dx as a broadcast (rows and columns).
+REDUCE_BACKWARD_BROADCAST_KERNELS: dict[ElementKind, Kernel] = {
+    element: Kernel(f"reduce_backward_broadcast[{element.name.lower()}]",
+                    _make_backward_broadcast(element),
+                    (flat(ELEMENTS[element].storage), flat(uint32), int64, int64, float64,
+                     int64, int64, float64))
+    for element in VECTOR
 }
 
 #: (kind, element) -> the rewrite pass (mode 3) of the column tie count after dx, Max/Min.

@@ -65,6 +65,7 @@ from .._runtime import SIMULATOR
 from ..launch import Kernel
 from ..types import ElementKind
 from .common import (
+    WORDS4,
     bf16_to_f32,
     div_mod,
     f32_from_bits,
@@ -75,6 +76,7 @@ from .common import (
     pack_f16x2,
     pack_f16x4,
     pack_f32x2,
+    store16,
     unpack_bf16x2,
     unpack_bf16x4,
     unpack_f16x2,
@@ -123,9 +125,6 @@ else:
         return libdevice.exp2(value)
 
 
-#: A 16-byte memory unit in registers: four 32-bit words (``ld/st.global.v4.u32``).
-WORDS4 = types.UniTuple(uint32, 4)
-
 if SIMULATOR:
 
     @cuda.jit(device=True, inline=True)
@@ -134,14 +133,6 @@ if SIMULATOR:
         return (array[index], array[index + 1], array[index + 2], array[index + 3])
 
     load16_last = load16  # the simulator has no cache policies
-
-    @cuda.jit(device=True, inline=True)
-    def store16(array, index, words):
-        """Store the four words of ``words`` at ``index .. index+3``."""
-        array[index] = words[0]
-        array[index + 1] = words[1]
-        array[index + 2] = words[2]
-        array[index + 3] = words[3]
 
 else:
     from .common import element_address
@@ -179,25 +170,6 @@ else:
     load16_last = _load16_asm("{ .reg .b64 p; createpolicy.fractional.L2::evict_last.b64 p, "
                               "1.0; ld.global.L2::cache_hint.v4.u32 {$0, $1, $2, $3}, [$4], "
                               "p; }")
-
-    @intrinsic
-    def store16(typingctx, array, index, words):
-        """``st.global.v4.u32``: the four words of ``words`` at ``index .. index+3``."""
-
-        def codegen(context, builder, signature, args):
-            address = element_address(context, builder, signature.args[0], args[0],
-                               signature.args[1], args[1])
-            word_types = signature.args[2]  # any tuple of 4 integers: cast to u32 words
-            values = [context.cast(builder, builder.extract_value(args[2], i), word_types[i],
-                                   uint32) for i in range(4)]
-            word = ir.IntType(32)
-            fnty = ir.FunctionType(ir.VoidType(), [ir.IntType(64)] + [word] * 4)
-            asm = ir.InlineAsm(fnty, "st.global.v4.u32 [$0], {$1, $2, $3, $4};",
-                               "l,r,r,r,r", side_effect=True)
-            builder.call(asm, [address] + values)
-            return context.get_dummy_value()
-
-        return types.void(array, index, words), codegen
 
 
 # -- per element kind: how a unit of two elements is unpacked and packed -----------------

@@ -57,6 +57,7 @@ from ..driver import memset_d8_async
 from ..errors import InvalidProblem, Unsupported
 from ..kernels.common import pad8
 from ..kernels.reduce import (
+    BROADCAST_UNITS,
     CHUNK,
     ELEMENTS,
     FLOAT_ELEMENTS,
@@ -68,6 +69,7 @@ from ..kernels.reduce import (
     KIND_OPS,
     LONG_SHORT_KINDS,
     PARK_MIN_LANES,
+    REDUCE_BACKWARD_BROADCAST_KERNELS,
     REDUCE_BACKWARD_COLS_REG_KERNELS,
     REDUCE_BACKWARD_COLS_REG_SMALL_KERNELS,
     REDUCE_BACKWARD_COLS_REWRITE_KERNELS,
@@ -208,6 +210,26 @@ GENERIC, ROWS, COLS, REG, REG_COLS = "generic", "rows", "cols", "reg", "reg_cols
 #: register-resident kernel's in one launch, in chunks that meet through the workspace
 #: (``kernels.reduce.reduce_backward_rows_hold``, ``reduce_backward_rows_sync``).
 SYNC = "sync"
+#: BROADCAST: the Sum / Mean gradient of a C-contiguous, 16-byte aligned dx in 16-byte
+#: units in dx's memory order (``kernels.reduce.reduce_backward_broadcast``).
+BROADCAST = "broadcast"
+
+# The broadcast's blocks: rows one-shot, BROADCAST_UNITS units a thread; columns
+# _BROADCAST_COL_THREADS threads (rounded to whole rows of units) walking dx. H200,
+# 2026-11-28, µs against the word kernels (scripts/probe_reduce_broadcast.py, the Mean
+# gradient, same rounds): rows with 16-byte units, 2 a thread, blocks of 128 (of 1 / 2 /
+# 4 a thread, blocks 128 / 256; 8-byte units 20-50 % slower): bf16 [1e6, 64] axis 1
+# 37.0 against 42.8-43.7, f32 70.4 against 75-76, bf16 / f32 [256, 1e6] axis 1 112.5 /
+# 221.4 against 128.5 / 245.4, f32 / bf16 [4096, 4096] 18.2 / 11.2 against 18.6-19.4 /
+# 11.7-12.4; columns, 8 blocks of 256 a SM (of 4 / 8 / 16, unrolled 1 or 4): bf16
+# [256, 1e6] axis 0 127.9 against 146.7, f32 248.4 against 253.6, f32 / bf16 [4096,
+# 4096] 18.8-19.1 / 11.7-12.0 against 19.4-19.5 / 12.7-12.8, but [1e6, 64] (rows of 8 /
+# 16 units) bf16 33.0-33.5 against 32.5, f32 61.6-62.8 against 61.0: columns narrower
+# than _BROADCAST_MIN_COL_BYTES keep the column word kernel.
+_BROADCAST_BLOCK = 64 if SIMULATOR else 128
+_BROADCAST_COL_BLOCK = 64 if SIMULATOR else 256
+_BROADCAST_COL_THREADS = 128 if SIMULATOR else 132 * 8 * 256
+_BROADCAST_MIN_COL_BYTES = 1024
 
 # Row-sync gradient (Var/Std of long rows): batches per work item (a chunk:
 # _SYNC_BATCHES * SYNC_BLOCK * VEC_LOADS words) and its grid (work items are handed out by
@@ -1178,6 +1200,11 @@ def _gradient_runner(launch: tuple[Any, Any], ws_ptr: int) -> Any:
             bound(handle, dy_ptr, x_ptr, y_ptr, dx_ptr, dx_ptr, ws_ptr, ws_ptr + 8)
         return sync
     if stat is None:  # one launch: its argument list, as one small function per access
+        if access == BROADCAST:
+            def broadcast(handle: int, dy_ptr: int, dx_ptr: int, x_ptr: int,
+                          y_ptr: int) -> None:
+                bound(handle, dy_ptr, dx_ptr)
+            return broadcast
         if access == ROWS:
             def rows(handle: int, dy_ptr: int, dx_ptr: int, x_ptr: int, y_ptr: int) -> None:
                 bound(handle, dy_ptr, x_ptr, x_ptr & ~7, y_ptr, dx_ptr, dx_ptr & ~7, 0, 0)
@@ -1202,6 +1229,21 @@ def _gradient_runner(launch: tuple[Any, Any], ws_ptr: int) -> Any:
             bound(handle, dy_ptr, x_ptr, y_ptr, dx_ptr, stat_acc, stat_k)
 
     return runner
+
+
+def _line_stride(shape: tuple[int, ...], strides: tuple[int, ...]) -> int | None:
+    """The one stride ``s`` with which the row-major index ``i`` over ``shape`` lies at
+    offset ``i * s`` (axes of extent 1 ignored; 0 without another), or None."""
+    stride = expected = None
+    for extent, step in zip(reversed(shape), reversed(strides)):
+        if extent == 1:
+            continue
+        if expected is None:
+            stride = expected = step
+        elif step != expected:
+            return None
+        expected *= extent
+    return 0 if stride is None else stride
 
 
 def _dx_words(view: tuple[int, int]) -> tuple[int, int]:
@@ -1293,6 +1335,8 @@ class ReduceBackwardPlan(Plan):
         #: the hold kernel with a shared-memory stash: None = the rule of _HOLD_STASH_ROWS,
         #: True / False = wherever it fits / never
         self.hold_stash: bool | None = None
+        #: Sum / Mean: the broadcast kernel where it applies (``_bind_broadcast``)
+        self.broadcast = True
         if self._stat_kind is not None and self._numel and desc.element in VECTOR:
             layout = _sync_layout(self._out_numel, extent, VECTOR[desc.element].width)
             if pref is None or pref.max_workspace_bytes is None \
@@ -1348,7 +1392,7 @@ class ReduceBackwardPlan(Plan):
         if self._numel == 0:
             return
         key = (dy.strides, dx.strides, x.strides if x is not None else None,
-               y.strides if y is not None else None, ws_ptr != 0, dx.ptr & 7,
+               y.strides if y is not None else None, ws_ptr != 0, dx.ptr & 15,
                x.ptr & 7 if x is not None else 0)
         launch = self._launches.get(key)
         if launch is None:
@@ -1371,6 +1415,10 @@ class ReduceBackwardPlan(Plan):
         axis = self._axis
         extent = self._extent
         element = self.descriptor.element
+        if x is None and self.broadcast and element in VECTOR:
+            broadcast = self._bind_broadcast(dy, dx)
+            if broadcast is not None:
+                return None, (BROADCAST, broadcast)
         row_layout = dx.strides[axis] == 1 and extent > 1
         zeros = (0,) * len(self._shape)
         strides = [dx.strides, x.strides if x is not None else zeros,
@@ -1501,6 +1549,41 @@ class ReduceBackwardPlan(Plan):
              geometry.lanes, int(geometry.row_layout), geometry.chunk_len, self._param,
              mode))
         return stat, (GENERIC, gradient)
+
+    def _bind_broadcast(self, dy: TensorRef, dx: TensorMut) -> Any:
+        """The broadcast kernel's launch for a C-contiguous, 16-byte aligned ``dx`` whose
+        units (16 bytes, K elements) each lie in one line: rows (the reduced axis last,
+        its extent a multiple of K; dy's leading axes one stride) or columns (nothing
+        before the reduced axis; the trailing axes a multiple of K elements, at least
+        _BROADCAST_MIN_COL_BYTES, dy's trailing axes one stride). None otherwise."""
+        if dx.ptr % 16 or not dx.is_contiguous():
+            return None
+        element = self.descriptor.element
+        shape, axis, extent = self._shape, self._axis, self._extent
+        per_unit = 16 // element.byte_width
+        inner = product(shape[axis + 1:])
+        units = self._numel // per_unit
+        kernel = REDUCE_BACKWARD_BROADCAST_KERNELS[element]
+        arrays = ((0, flat_span(dy.shape, dy.strides)), (0, self._numel * element.byte_width
+                                                         // 4))
+        if inner == 1:
+            dy_stride = _line_stride(shape[:axis], dy.strides[:axis])
+            if extent % per_unit or dy_stride is None:
+                return None
+            line_units = extent // per_unit
+            blocks = -(-units // (_BROADCAST_BLOCK * BROADCAST_UNITS))
+            return kernel.bind(blocks, _BROADCAST_BLOCK,
+                               (*arrays, units, line_units, 1.0 / line_units, 0, dy_stride,
+                                self._param))
+        dy_stride = _line_stride(shape[axis + 1:], dy.strides[axis + 1:])
+        if product(shape[:axis]) != 1 or inner % per_unit or dy_stride is None \
+                or inner * element.byte_width < _BROADCAST_MIN_COL_BYTES:
+            return None
+        line_units = inner // per_unit
+        threads = max(_BROADCAST_COL_THREADS // line_units, 1) * line_units
+        return kernel.bind(-(-threads // _BROADCAST_COL_BLOCK), _BROADCAST_COL_BLOCK,
+                           (*arrays, units, line_units, 1.0 / line_units, threads,
+                            dy_stride, self._param))
 
     def _tie_count(self, kernel: Any, grid: tuple[int, int], args: tuple[Any, ...],
                    splits: int) -> _TieCount:
