@@ -214,21 +214,21 @@ SYNC = "sync"
 #: units in dx's memory order (``kernels.reduce.reduce_backward_broadcast``).
 BROADCAST = "broadcast"
 
-# The broadcast's blocks: rows one-shot, BROADCAST_UNITS units a thread; columns
-# _BROADCAST_COL_THREADS threads (rounded to whole rows of units) walking dx. H200,
+# The broadcast's blocks: rows one-shot, BROADCAST_UNITS units a thread; columns one wave
+# of resident blocks (its threads rounded down to whole rows of units) walking dx. H200,
 # 2026-11-28, µs against the word kernels (scripts/probe_reduce_broadcast.py, the Mean
 # gradient, same rounds): rows with 16-byte units, 2 a thread, blocks of 128 (of 1 / 2 /
 # 4 a thread, blocks 128 / 256; 8-byte units 20-50 % slower): bf16 [1e6, 64] axis 1
 # 37.0 against 42.8-43.7, f32 70.4 against 75-76, bf16 / f32 [256, 1e6] axis 1 112.5 /
 # 221.4 against 128.5 / 245.4, f32 / bf16 [4096, 4096] 18.2 / 11.2 against 18.6-19.4 /
-# 11.7-12.4; columns, 8 blocks of 256 a SM (of 4 / 8 / 16, unrolled 1 or 4): bf16
+# 11.7-12.4; columns, 8 blocks of 256 a SM (of 4 / 8 / 16, unrolled 1 or 4; the probe's
+# kernel had every one resident, a full wave): bf16
 # [256, 1e6] axis 0 127.9 against 146.7, f32 248.4 against 253.6, f32 / bf16 [4096,
 # 4096] 18.8-19.1 / 11.7-12.0 against 19.4-19.5 / 12.7-12.8, but [1e6, 64] (rows of 8 /
 # 16 units) bf16 33.0-33.5 against 32.5, f32 61.6-62.8 against 61.0: columns narrower
 # than _BROADCAST_MIN_COL_BYTES keep the column word kernel.
 _BROADCAST_BLOCK = 64 if SIMULATOR else 128
 _BROADCAST_COL_BLOCK = 64 if SIMULATOR else 256
-_BROADCAST_COL_THREADS = 128 if SIMULATOR else 132 * 8 * 256
 _BROADCAST_MIN_COL_BYTES = 1024
 
 # Row-sync gradient (Var/Std of long rows): batches per work item (a chunk:
@@ -1580,7 +1580,11 @@ class ReduceBackwardPlan(Plan):
                 or inner * element.byte_width < _BROADCAST_MIN_COL_BYTES:
             return None
         line_units = inner // per_unit
-        threads = max(_BROADCAST_COL_THREADS // line_units, 1) * line_units
+        # one wave: 8 blocks of 256 a SM where 1056 were launched but only 6 resident (34
+        # registers, before the cap) left a third of a wave as a tail: bf16 [256, 1e6]
+        # axis 0 147.6 µs against the word kernel's 144.7-145.7 (H200, 2026-11-28)
+        wave = kernel.resident_blocks(_BROADCAST_COL_BLOCK) * _BROADCAST_COL_BLOCK
+        threads = max(wave // line_units, 1) * line_units
         return kernel.bind(-(-threads // _BROADCAST_COL_BLOCK), _BROADCAST_COL_BLOCK,
                            (*arrays, units, line_units, 1.0 / line_units, threads,
                             dy_stride, self._param))
