@@ -23,8 +23,8 @@ from bench import Context, measure_copy_gbps
 from numba import cuda, float64, int64, uint32, uint64
 
 from baracuda_numba import ReduceBackwardArgs, ReduceBackwardDescriptor, ReduceBackwardPlan
+from baracuda_numba.kernels.common import store16
 from baracuda_numba.kernels.reduce import ELEMENTS, VECTOR, _grad_fns
-from baracuda_numba.kernels.rope import store16
 from baracuda_numba.types import ElementKind, ReduceKind
 
 

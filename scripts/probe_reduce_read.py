@@ -47,8 +47,7 @@ from bench import Context, measure_copy_gbps
 from bench_reduce import _workspace
 from numba import cuda, float32, uint32, uint64
 
-from baracuda_numba.kernels.common import f32_from_bits
-from baracuda_numba.kernels.rope import load16, store16
+from baracuda_numba.kernels.common import f32_from_bits, load16, store16
 from baracuda_numba.plans.reduce import ReduceArgs, ReduceDescriptor, ReducePlan
 from baracuda_numba.types import ElementKind, ReduceKind
 

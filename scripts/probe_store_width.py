@@ -14,7 +14,7 @@ from bench import Context, measure_copy_gbps
 from numba import cuda, uint32, uint64
 
 from baracuda_numba import ReduceBackwardArgs, ReduceBackwardDescriptor, ReduceBackwardPlan
-from baracuda_numba.kernels.rope import store16
+from baracuda_numba.kernels.common import store16
 from baracuda_numba.types import ElementKind, ReduceKind
 
 ROWS = COLS = 4096

@@ -1091,32 +1091,49 @@ def _broadcast_layouts():
     }
 
 
+@IEEE_SPECIALS
 @pytest.mark.parametrize("element", WORD_ELEMENTS, ids=lambda e: e.name)
-@pytest.mark.parametrize("kind", [K.SUM, K.MEAN], ids=lambda k: k.name)
+@pytest.mark.parametrize("kind", [K.SUM, K.MEAN, K.PROD, K.NORM2, K.LOG_SUM_EXP],
+                         ids=lambda k: k.name)
 @pytest.mark.parametrize("layout", list(_broadcast_layouts()))
 def test_broadcast_backward(kind, element, layout, rng):
-    """The Sum / Mean gradient as a broadcast (``reduce_backward_broadcast``) exactly where
-    dx is contiguous and 16-byte aligned and its units lie in one line, against NumPy and
-    bit for bit against the word kernels (``plan.broadcast = False``), with a strided dy
-    (every other element of a buffer), into poisoned buffers whose rest must survive."""
+    """The gradients without a statistic in dx's memory order (``reduce_backward_broadcast``)
+    exactly where dx (and x, in the same layout) is contiguous and 16-byte aligned and its
+    units lie in one line, against NumPy and bit for bit against the word kernels
+    (``plan.broadcast = False``), with a strided dy and y (every other element of a
+    buffer), into poisoned buffers whose rest must survive."""
     base_shape, index, shape, axis, broadcast = _broadcast_layouts()[layout]
-    dy_shape = tuple(1 if a == axis else n for a, n in enumerate(shape))
-    dy_base = random_values(dy_shape[:-1] + (2 * dy_shape[-1],), element, rng)
+    saved = kind not in (K.SUM, K.MEAN)
+    x_base = inputs_for(kind, base_shape, element, rng)
+    x_host = np.ascontiguousarray(x_base[index].reshape(shape))
+    if kind is K.PROD and x_host.size > 2:  # a zero (inf / NaN gradient) and a one
+        x_host.reshape(-1)[1:3] = to_storage(np.array([0.0, 1.0]), element)
+        x_base[index] = x_host.reshape(x_base[index].shape)
+    y_host = saved_output(kind, x_host, axis, element)
+    dy_shape = y_host.shape
+    doubled = dy_shape[:-1] + (2 * dy_shape[-1],)
+    dy_base = random_values(doubled, element, rng)
     dy_host = np.ascontiguousarray(dy_base[..., ::2])
-    if dy_host.size:  # ties, zeros and specials travel unchanged (Sum) or divided (Mean)
+    if dy_host.size:  # ties, zeros and specials travel through the coefficient
         dy_host.reshape(-1)[:4] = to_storage(np.array([0.0, -0.0, np.inf, np.nan][:min(
             4, dy_host.size)]), element)
         dy_base[..., ::2] = dy_host
+    y_base = poisoned(doubled, element)
+    y_base[..., ::2] = y_host
     expected = backward_reference(kind, from_storage(dy_host, element),
-                                  np.zeros(shape), from_storage(dy_host, element), axis)
+                                  from_storage(x_host, element), from_storage(y_host, element),
+                                  axis)
+    every_other = (Ellipsis, slice(None, None, 2))
     results = []
     for use_broadcast in (True, False):
         dx_base = poisoned(base_shape, element)
         dx = device_view(dx_base, index, shape, element)
-        dy = device_view(dy_base, (Ellipsis, slice(None, None, 2)), dy_shape, element)
+        dy = device_view(dy_base, every_other, dy_shape, element)
+        x = device_view(x_base, index, shape, element) if saved else None
+        y = device_view(y_base, every_other, dy_shape, element) if saved else None
         plan = ReduceBackwardPlan.select(ReduceBackwardDescriptor(kind, shape, axis, element))
         plan.broadcast = use_broadcast
-        plan.run(ReduceBackwardArgs(dy, dx))
+        plan.run(ReduceBackwardArgs(dy, dx, x, y))
         what = f"{kind.name} {element.name} {layout} broadcast={use_broadcast}"
         got = storage_of(dx, element)
         check_backward(from_storage(got, element), expected, element, what)

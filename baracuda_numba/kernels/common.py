@@ -617,10 +617,56 @@ else:
         return types.void(), codegen
 
 
-# -- 16-byte stores ----------------------------------------------------------------------
+# -- 16-byte loads and stores ------------------------------------------------------------
 
 #: A 16-byte memory unit in registers: four 32-bit words (``ld/st.global.v4.u32``).
 WORDS4 = types.UniTuple(uint32, 4)
+
+if SIMULATOR:
+
+    @cuda.jit(device=True, inline=True)
+    def load16(array, index):
+        """Words ``index .. index+3`` of a uint32 array (``index`` a multiple of 4)."""
+        return (array[index], array[index + 1], array[index + 2], array[index + 3])
+
+    load16_last = load16  # the simulator has no cache policies
+
+else:
+
+    def _load16_asm(text: str):  # noqa: ANN202 - returns a Numba intrinsic
+        """A 16-byte load intrinsic ``(uint32 array, index) -> 4 words`` whose PTX is
+        ``text`` (outputs $0-$3, the address $4). Volatile: the loads stay in program order
+        before the stores that follow (in place, a repeated head is read before it is
+        written)."""
+
+        @intrinsic
+        def load(typingctx, array, index):
+            def codegen(context, builder, signature, args):
+                address = element_address(context, builder, signature.args[0], args[0],
+                                          signature.args[1], args[1])
+                word = _ir.IntType(32)
+                fnty = _ir.FunctionType(_ir.LiteralStructType([word] * 4), [_ir.IntType(64)])
+                asm = _ir.InlineAsm(fnty, text, "=r,=r,=r,=r,l", side_effect=True)
+                loaded = builder.call(asm, [address])
+                return context.make_tuple(builder, WORDS4,
+                                          [builder.extract_value(loaded, i) for i in range(4)])
+
+            return WORDS4(array, index), codegen
+
+        return load
+
+    #: ``ld.global.v4.u32``: words ``index .. index+3`` of a uint32 array in one 16-byte
+    #: access (the address must be 16-byte aligned). Numba has no 16-byte scalar type; its
+    #: 8-byte accesses reached 97 % of torch's copy_ on 537 MB where 16-byte ones reach
+    #: 100 % (H100, 2026-11-22, scripts/probe_rope_f32.py).
+    load16 = _load16_asm("ld.global.v4.u32 {$0, $1, $2, $3}, [$4];")
+    #: ``load16`` with an L2 ``evict_last`` policy (``createpolicy.fractional`` +
+    #: ``.L2::cache_hint``, what Triton emits for ``eviction_policy="evict_last"``): for
+    #: small tables read by every thread while a large tensor streams through L2.
+    load16_last = _load16_asm("{ .reg .b64 p; createpolicy.fractional.L2::evict_last.b64 p, "
+                              "1.0; ld.global.L2::cache_hint.v4.u32 {$0, $1, $2, $3}, [$4], "
+                              "p; }")
+
 
 if SIMULATOR:
 
@@ -661,6 +707,15 @@ def store16_words(array, index, low, high):
     ``high`` at ``index+2 .. index+3`` (little-endian, as two 8-byte stores would)."""
     store16(array, index, (uint32(low & uint64(0xFFFFFFFF)), uint32(low >> uint64(32)),
                            uint32(high & uint64(0xFFFFFFFF)), uint32(high >> uint64(32))))
+
+
+@cuda.jit(device=True, inline=True)
+def load16_words(array, index):
+    """``load16`` as two 64-bit words: (words ``index .. index+1``, ``index+2 ..
+    index+3``) of a uint32 array, little-endian, as two 8-byte loads would give them."""
+    w = load16(array, index)
+    return (uint64(w[0]) | (uint64(w[1]) << uint64(32)),
+            uint64(w[2]) | (uint64(w[3]) << uint64(32)))
 
 
 @cuda.jit(device=True, inline=True)

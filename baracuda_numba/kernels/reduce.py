@@ -85,6 +85,7 @@ from .common import (
     eq_mask_f16x4,
     f32_from_bits,
     f32_to_bf16,
+    load16_words,
     max_nan_f32,
     min_nan_f32,
     nan_max,
@@ -2234,72 +2235,126 @@ def _make_backward_cols_vec(kind: ReduceKind, element: ElementKind,
 
 
 
-# -- the store-only gradient of a contiguous dx as a broadcast (Sum / Mean) ---------------
-# dx = dy (Mean: dy / extent) repeated along the axis, written in 16-byte units (K
-# elements) in dx's memory order, threads numbered along the units as torch's elementwise
-# kernels number them.
+# -- the gradients without a statistic over a contiguous dx, in dx's memory order ---------
+# dx = element(coefficient(dy, y), x) with dy and y repeated along the axis, written (and x
+# read) in 16-byte units (K elements) in dx's memory order, threads numbered along the
+# units as torch's elementwise kernels number them.
 
 #: 16-byte units per thread of the broadcast's rows, a block apart.
 BROADCAST_UNITS = 2
+#: 16-byte units of x in flight per thread of the broadcast's columns (kinds that read x).
+BROADCAST_COL_LOADS = 4
 
 
-def _make_backward_broadcast(element: ElementKind) -> Callable[..., None]:
+def _make_backward_broadcast(kind: ReduceKind, element: ElementKind) -> Callable[..., None]:
+    ops = GRAD_OPS[kind]
     spec, vec = ELEMENTS[element], VECTOR[element]
-    ACC, load, pack = spec.acc, spec.load, vec.pack
-    coefficient, element_fn = _grad_fns(ReduceKind.MEAN, element)
+    ACC, load, pack, unpack = spec.acc, spec.load, vec.pack, vec.unpack
+    coefficient, element_fn = _grad_fns(kind, element)
+    READS_X, READS_Y = ops.reads_x, ops.reads_y
     W = vec.width  # elements per 8-byte word; a unit is 2 words
+    K = 2 * W
     U = BROADCAST_UNITS
+    L = BROADCAST_COL_LOADS if READS_X else 1
 
     @cuda.jit(device=True, inline=True)
-    def value_of(dy, offset, param):
-        g = load(dy, offset)
-        return ACC(element_fn(ACC(coefficient(g, g, g, int64(0), param)), g, g, g))
+    def line_values(dy, y, dy_off, y_off, param):
+        """(coefficient, y) of one output position."""
+        g = load(dy, dy_off)
+        yv = load(y, y_off) if READS_Y else g
+        return ACC(coefficient(g, yv, g, int64(0), param)), yv, g
 
-    def reduce_backward_broadcast(dy, dxq, units, line_units, inverse, stride, dy_stride,
-                                  param):
-        """The Sum / Mean gradient ``dx = dy / param`` of a C-contiguous, 16-byte aligned
-        dx seen as ``dxq`` (uint32, 4 per unit), ``units`` 16-byte units in all.
+    @cuda.jit(device=True, inline=True)
+    def gradient_word(w, values, results, cfs, yvs, gs, base):
+        """The dx word of x word ``w`` whose elements take cfs/yvs/gs[base + e]."""
+        unpack(w, values, 0)
+        for e in range(W):
+            results[e] = element_fn(cfs[base + e], values[e], yvs[base + e], gs[base + e])
+        return pack(results)
+
+    def reduce_backward_broadcast(dy, y, xq, dxq, units, line_units, inverse, stride,
+                                  dy_stride, y_stride, param):
+        """``dx = element(coefficient(dy, y), x)`` (Sum / Mean: ``dy / param``) of a
+        C-contiguous, 16-byte aligned dx seen as ``dxq`` (uint32, 4 per unit; ``xq``: x,
+        the same layout), ``units`` 16-byte units in all.
 
         Rows (``stride == 0``; the reduced axis is the last, its extent a whole number
         ``line_units`` of units): unit ``u`` lies in row ``o = u // line_units``
-        (``div_f64`` with ``inverse = 1 / line_units``) and holds ``K`` copies of the value
-        of ``dy[o * dy_stride]``. Block ``b`` takes units ``b * block * U + t + k *
-        block`` (``k < U``, t its thread): their dy loads first, then their stores.
+        (``div_f64`` with ``inverse = 1 / line_units``) and takes the values of
+        ``dy[o * dy_stride]`` and ``y[o * y_stride]``. Block ``b`` takes units ``b * block
+        * U + t + k * block`` (``k < U``, t its thread): their loads first, then their
+        stores.
 
         Columns (``stride > 0``; nothing before the reduced axis, the row after it
-        ``line_units`` whole units): element ``j`` of unit ``u`` holds the value of
-        ``dy[(n0 + j) * dy_stride]`` with ``n0 = (u % line_units) * K``. ``stride`` (the
-        threads) is a multiple of ``line_units``, so thread ``g`` keeps one column unit:
-        its values once, then stores at ``g, g + stride, ...``."""
+        ``line_units`` whole units): element ``j`` of unit ``u`` takes the values of
+        ``dy[(n0 + j) * dy_stride]`` and ``y[(n0 + j) * y_stride]`` with ``n0 = (u %
+        line_units) * K``. ``stride`` (the threads) is a multiple of ``line_units``, so
+        thread ``g`` keeps one column unit: its values once, then units ``g, g + stride,
+        ...``, L loads of x in flight."""
         block = int64(cuda.blockDim.x)
-        words = cuda.local.array(U, uint64)
+        words = cuda.local.array((U, 2), uint64)
         values = cuda.local.array(W, ACC)
+        results = cuda.local.array(W, ACC)
+        cfs = cuda.local.array(K, ACC)
+        yvs = cuda.local.array(K, ACC)
+        gs = cuda.local.array(K, ACC)
         if stride == 0:
             first = int64(cuda.blockIdx.x) * block * U + int64(cuda.threadIdx.x)
             for k in range(U):
                 u = first + k * block
                 if u < units:
-                    c = value_of(dy, div_f64(u, line_units, inverse) * dy_stride, param)
+                    o = div_f64(u, line_units, inverse)
+                    c, yv, g = line_values(dy, y, o * dy_stride, o * y_stride, param)
                     for e in range(W):
-                        values[e] = c
-                    words[k] = pack(values)
+                        cfs[k * W + e] = c
+                        yvs[k * W + e] = yv
+                        gs[k * W + e] = g
+                    if READS_X:
+                        words[k, 0], words[k, 1] = load16_words(xq, uint64(u * 4))
             for k in range(U):
                 u = first + k * block
                 if u < units:
-                    store16_words(dxq, uint64(u * 4), words[k], words[k])
+                    if READS_X:
+                        low = gradient_word(words[k, 0], values, results, cfs, yvs, gs, k * W)
+                        high = gradient_word(words[k, 1], values, results, cfs, yvs, gs,
+                                             k * W)
+                    else:
+                        for e in range(W):
+                            results[e] = element_fn(cfs[k * W], cfs[k * W], yvs[k * W],
+                                                    gs[k * W])
+                        low = high = pack(results)
+                    store16_words(dxq, uint64(u * 4), low, high)
             return
-        g = int64(cuda.blockIdx.x) * block + int64(cuda.threadIdx.x)
-        if g >= stride:
+        g0 = int64(cuda.blockIdx.x) * block + int64(cuda.threadIdx.x)
+        if g0 >= stride:
             return
-        n0 = (g % line_units) * (2 * W)
-        for h in range(2):
-            for e in range(W):
-                values[e] = value_of(dy, (n0 + h * W + e) * dy_stride, param)
-            words[h] = pack(values)
-        u = g
+        n0 = (g0 % line_units) * K
+        for e in range(K):
+            cfs[e], yvs[e], gs[e] = line_values(dy, y, (n0 + e) * dy_stride,
+                                                (n0 + e) * y_stride, param)
+        if not READS_X:
+            for h in range(2):
+                for e in range(W):
+                    results[e] = element_fn(cfs[h * W + e], cfs[h * W + e], yvs[h * W + e],
+                                            gs[h * W + e])
+                words[0, h] = pack(results)
+        held = cuda.local.array((L, 2), uint64)
+        u = g0
         while u < units:
-            store16_words(dxq, uint64(u * 4), words[0], words[1])
-            u += stride
+            if READS_X:
+                for k in range(L):
+                    if u + k * stride < units:
+                        held[k, 0], held[k, 1] = load16_words(xq, uint64((u + k * stride) * 4))
+            for k in range(L):
+                v = u + k * stride
+                if v < units:
+                    if READS_X:
+                        low = gradient_word(held[k, 0], values, results, cfs, yvs, gs, 0)
+                        high = gradient_word(held[k, 1], values, results, cfs, yvs, gs, W)
+                    else:
+                        low, high = words[0, 0], words[0, 1]
+                    store16_words(dxq, uint64(v * 4), low, high)
+            u += L * stride
 
     return reduce_backward_broadcast
 
@@ -3203,15 +3258,19 @@ REDUCE_BACKWARD_COLS_VEC_KERNELS: dict[tuple[ReduceKind, ElementKind], Kernel] =
     for element in VECTOR for kind in GRAD_OPS
 }
 
-#: element -> the Sum / Mean gradient of a contiguous dx as a broadcast (rows and columns).
-#: Held at 32 registers (ptxas alone: f16 / bf16 34 uncapped, 32 capped without spilling;
-#: f32 30): 2048 resident threads per SM.
-REDUCE_BACKWARD_BROADCAST_KERNELS: dict[ElementKind, Kernel] = {
-    element: Kernel(f"reduce_backward_broadcast[{element.name.lower()}]",
-                    _make_backward_broadcast(element),
-                    (flat(ELEMENTS[element].storage), flat(uint32), int64, int64, float64,
-                     int64, int64, float64), max_registers=32)
-    for element in VECTOR
+#: (kind, element) -> the gradient without a statistic of a contiguous dx in dx's memory
+#: order (rows and columns; Sum / Mean: a broadcast of dy). Mean's is held at 32 registers
+#: (ptxas alone: f16 / bf16 34 uncapped, 32 capped without spilling; f32 30): 2048
+#: resident threads per SM.
+BROADCAST_MAX_REGISTERS = {ReduceKind.MEAN: 32}
+REDUCE_BACKWARD_BROADCAST_KERNELS: dict[tuple[ReduceKind, ElementKind], Kernel] = {
+    (kind, element): Kernel(
+        f"reduce_backward_broadcast[{_kind_name(kind)},{element.name.lower()}]",
+        _make_backward_broadcast(kind, element),
+        (flat(ELEMENTS[element].storage), flat(ELEMENTS[element].storage), flat(uint32),
+         flat(uint32), int64, int64, float64, int64, int64, int64, float64),
+        max_registers=BROADCAST_MAX_REGISTERS.get(kind))
+    for element in VECTOR for kind, ops in GRAD_OPS.items() if ops.stat is None
 }
 
 #: (kind, element) -> the rewrite pass (mode 3) of the column tie count after dx, Max/Min.

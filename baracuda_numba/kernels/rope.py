@@ -65,12 +65,13 @@ from .._runtime import SIMULATOR
 from ..launch import Kernel
 from ..types import ElementKind
 from .common import (
-    WORDS4,
     bf16_to_f32,
     div_mod,
     f32_from_bits,
     f32_to_bf16,
     f32_to_bits,
+    load16,
+    load16_last,
     pack_bf16x2,
     pack_bf16x4,
     pack_f16x2,
@@ -106,9 +107,7 @@ if SIMULATOR:
         return math.pow(2.0, value)
 
 else:
-    from llvmlite import ir
     from numba.cuda import libdevice
-    from numba.cuda.extending import intrinsic
 
     @cuda.jit(device=True, inline=True)
     def _sincos32(theta):
@@ -123,53 +122,6 @@ else:
     @cuda.jit(device=True, inline=True)
     def _exp2_64(value):
         return libdevice.exp2(value)
-
-
-if SIMULATOR:
-
-    @cuda.jit(device=True, inline=True)
-    def load16(array, index):
-        """Words ``index .. index+3`` of a uint32 array (``index`` a multiple of 4)."""
-        return (array[index], array[index + 1], array[index + 2], array[index + 3])
-
-    load16_last = load16  # the simulator has no cache policies
-
-else:
-    from .common import element_address
-
-    def _load16_asm(text: str):  # noqa: ANN202 - returns a Numba intrinsic
-        """A 16-byte load intrinsic ``(uint32 array, index) -> 4 words`` whose PTX is
-        ``text`` (outputs $0-$3, the address $4). Volatile: the loads stay in program order
-        before the stores that follow (in place, a repeated head is read before it is
-        written)."""
-
-        @intrinsic
-        def load(typingctx, array, index):
-            def codegen(context, builder, signature, args):
-                address = element_address(context, builder, signature.args[0], args[0],
-                                   signature.args[1], args[1])
-                word = ir.IntType(32)
-                fnty = ir.FunctionType(ir.LiteralStructType([word] * 4), [ir.IntType(64)])
-                asm = ir.InlineAsm(fnty, text, "=r,=r,=r,=r,l", side_effect=True)
-                loaded = builder.call(asm, [address])
-                return context.make_tuple(builder, WORDS4,
-                                          [builder.extract_value(loaded, i) for i in range(4)])
-
-            return WORDS4(array, index), codegen
-
-        return load
-
-    #: ``ld.global.v4.u32``: words ``index .. index+3`` of a uint32 array in one 16-byte
-    #: access (the address must be 16-byte aligned). Numba has no 16-byte scalar type; its
-    #: 8-byte accesses reached 97 % of torch's copy_ on 537 MB where 16-byte ones reach
-    #: 100 % (H100, 2026-11-22, scripts/probe_rope_f32.py).
-    load16 = _load16_asm("ld.global.v4.u32 {$0, $1, $2, $3}, [$4];")
-    #: ``load16`` with an L2 ``evict_last`` policy (``createpolicy.fractional`` +
-    #: ``.L2::cache_hint``, what Triton emits for ``eviction_policy="evict_last"``): for
-    #: small tables read by every thread while a large tensor streams through L2.
-    load16_last = _load16_asm("{ .reg .b64 p; createpolicy.fractional.L2::evict_last.b64 p, "
-                              "1.0; ld.global.L2::cache_hint.v4.u32 {$0, $1, $2, $3}, [$4], "
-                              "p; }")
 
 
 # -- per element kind: how a unit of two elements is unpacked and packed -----------------

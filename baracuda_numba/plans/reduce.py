@@ -1203,7 +1203,7 @@ def _gradient_runner(launch: tuple[Any, Any], ws_ptr: int) -> Any:
         if access == BROADCAST:
             def broadcast(handle: int, dy_ptr: int, dx_ptr: int, x_ptr: int,
                           y_ptr: int) -> None:
-                bound(handle, dy_ptr, dx_ptr)
+                bound(handle, dy_ptr, y_ptr, x_ptr, dx_ptr)
             return broadcast
         if access == ROWS:
             def rows(handle: int, dy_ptr: int, dx_ptr: int, x_ptr: int, y_ptr: int) -> None:
@@ -1335,7 +1335,8 @@ class ReduceBackwardPlan(Plan):
         #: the hold kernel with a shared-memory stash: None = the rule of _HOLD_STASH_ROWS,
         #: True / False = wherever it fits / never
         self.hold_stash: bool | None = None
-        #: Sum / Mean: the broadcast kernel where it applies (``_bind_broadcast``)
+        #: the gradients without a statistic: the broadcast kernel where it applies
+        #: (``_bind_broadcast``); set before the first ``run``
         self.broadcast = True
         if self._stat_kind is not None and self._numel and desc.element in VECTOR:
             layout = _sync_layout(self._out_numel, extent, VECTOR[desc.element].width)
@@ -1415,8 +1416,8 @@ class ReduceBackwardPlan(Plan):
         axis = self._axis
         extent = self._extent
         element = self.descriptor.element
-        if x is None and self.broadcast and element in VECTOR:
-            broadcast = self._bind_broadcast(dy, dx)
+        if self._stat_kind is None and self.broadcast and element in VECTOR:
+            broadcast = self._bind_broadcast(dy, dx, x, y)
             if broadcast is not None:
                 return None, (BROADCAST, broadcast)
         row_layout = dx.strides[axis] == 1 and extent > 1
@@ -1550,33 +1551,43 @@ class ReduceBackwardPlan(Plan):
              mode))
         return stat, (GENERIC, gradient)
 
-    def _bind_broadcast(self, dy: TensorRef, dx: TensorMut) -> Any:
-        """The broadcast kernel's launch for a C-contiguous, 16-byte aligned ``dx`` whose
-        units (16 bytes, K elements) each lie in one line: rows (the reduced axis last,
-        its extent a multiple of K; dy's leading axes one stride) or columns (nothing
-        before the reduced axis; the trailing axes a multiple of K elements, at least
-        _BROADCAST_MIN_COL_BYTES, dy's trailing axes one stride). None otherwise."""
+    def _bind_broadcast(self, dy: TensorRef, dx: TensorMut, x: TensorRef | None,
+                        y: TensorRef | None) -> Any:
+        """The broadcast kernel's launch (gradients without a statistic) for a C-contiguous,
+        16-byte aligned ``dx`` (and ``x``, where read) whose units (16 bytes, K elements)
+        each lie in one line: rows (the reduced axis last, its extent a multiple of K;
+        the leading axes of dy and y one stride each) or columns (nothing before the
+        reduced axis; the trailing axes a multiple of K elements, at least
+        _BROADCAST_MIN_COL_BYTES, each one stride in dy and y). None otherwise."""
         if dx.ptr % 16 or not dx.is_contiguous():
+            return None
+        if x is not None and (x.ptr % 16 or not x.is_contiguous()):
             return None
         element = self.descriptor.element
         shape, axis, extent = self._shape, self._axis, self._extent
         per_unit = 16 // element.byte_width
         inner = product(shape[axis + 1:])
         units = self._numel // per_unit
-        kernel = REDUCE_BACKWARD_BROADCAST_KERNELS[element]
-        arrays = ((0, flat_span(dy.shape, dy.strides)), (0, self._numel * element.byte_width
-                                                         // 4))
+        kernel = REDUCE_BACKWARD_BROADCAST_KERNELS[
+            (GRAD_KERNEL_KIND.get(self.descriptor.kind, self.descriptor.kind), element)]
+        words = (0, self._numel * element.byte_width // 4)
+        arrays = ((0, flat_span(dy.shape, dy.strides)),
+                  (0, flat_span(y.shape, y.strides) if y is not None else 0),
+                  words if x is not None else (0, 0), words)
+        lines = slice(0, axis) if inner == 1 else slice(axis + 1, len(shape))
+        dy_stride = _line_stride(shape[lines], dy.strides[lines])
+        y_stride = _line_stride(shape[lines], y.strides[lines]) if y is not None else 0
+        if dy_stride is None or y_stride is None:
+            return None
         if inner == 1:
-            dy_stride = _line_stride(shape[:axis], dy.strides[:axis])
-            if extent % per_unit or dy_stride is None:
+            if extent % per_unit:
                 return None
             line_units = extent // per_unit
             blocks = -(-units // (_BROADCAST_BLOCK * BROADCAST_UNITS))
             return kernel.bind(blocks, _BROADCAST_BLOCK,
                                (*arrays, units, line_units, 1.0 / line_units, 0, dy_stride,
-                                self._param))
-        dy_stride = _line_stride(shape[axis + 1:], dy.strides[axis + 1:])
-        if product(shape[:axis]) != 1 or inner % per_unit or dy_stride is None \
+                                y_stride, self._param))
+        if product(shape[:axis]) != 1 or inner % per_unit \
                 or inner * element.byte_width < _BROADCAST_MIN_COL_BYTES:
             return None
         line_units = inner // per_unit
@@ -1587,7 +1598,7 @@ class ReduceBackwardPlan(Plan):
         threads = max(wave // line_units, 1) * line_units
         return kernel.bind(-(-threads // _BROADCAST_COL_BLOCK), _BROADCAST_COL_BLOCK,
                            (*arrays, units, line_units, 1.0 / line_units, threads,
-                            dy_stride, self._param))
+                            dy_stride, y_stride, self._param))
 
     def _tie_count(self, kernel: Any, grid: tuple[int, int], args: tuple[Any, ...],
                    splits: int) -> _TieCount:
