@@ -47,6 +47,8 @@ def _setting(current: object, text: str) -> object:
 def _saved(kind: str, x: torch.Tensor, axis: int) -> torch.Tensor:
     if kind == "NORM2":
         return x.norm(dim=axis, keepdim=True)
+    if kind == "LOG_SUM_EXP":
+        return x.logsumexp(axis, keepdim=True)
     return getattr(x, {"MAX": "amax", "MIN": "amin"}.get(kind, kind.lower()))(axis, keepdim=True)
 
 

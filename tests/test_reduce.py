@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from conftest import EDGE_LENGTHS, FLOAT_ELEMENTS, SIMULATOR, torch_or_skip
 
+import baracuda_numba.plans.reduce as plans_reduce
 from baracuda_numba.errors import InvalidProblem, Unsupported, WorkspaceTooSmall
 from baracuda_numba.kernels.reduce import (
     CHUNK,
@@ -1096,12 +1097,15 @@ def _broadcast_layouts():
 @pytest.mark.parametrize("kind", [K.SUM, K.MEAN, K.PROD, K.NORM2, K.LOG_SUM_EXP],
                          ids=lambda k: k.name)
 @pytest.mark.parametrize("layout", list(_broadcast_layouts()))
-def test_broadcast_backward(kind, element, layout, rng):
+def test_broadcast_backward(kind, element, layout, rng, monkeypatch):
     """The gradients without a statistic in dx's memory order (``reduce_backward_broadcast``)
     exactly where dx (and x, in the same layout) is contiguous and 16-byte aligned and its
     units lie in one line, against NumPy and bit for bit against the word kernels
     (``plan.broadcast = False``), with a strided dy and y (every other element of a
-    buffer), into poisoned buffers whose rest must survive."""
+    buffer), into poisoned buffers whose rest must survive. The kinds that read x take
+    it here for every row length and element (test_broadcast_selection: the plan's rule)."""
+    monkeypatch.setattr(plans_reduce, "_BROADCAST_MIN_X_ROW_BYTES", 0)
+    monkeypatch.setattr(plans_reduce, "_BROADCAST_X_COL_BYTES", (2, 4))
     base_shape, index, shape, axis, broadcast = _broadcast_layouts()[layout]
     saved = kind not in (K.SUM, K.MEAN)
     x_base = inputs_for(kind, base_shape, element, rng)
@@ -1146,6 +1150,31 @@ def test_broadcast_backward(kind, element, layout, rng):
         assert (access == "broadcast") == (broadcast and use_broadcast), what
         results.append(got)
     np.testing.assert_array_equal(results[0].view(np.uint8), results[1].view(np.uint8))
+
+
+
+@pytest.mark.parametrize("kind", [K.SUM, K.PROD, K.NORM2, K.LOG_SUM_EXP], ids=lambda k: k.name)
+def test_broadcast_selection(kind):
+    """Sum / Mean take the broadcast wherever it applies; the kinds that read x only for
+    rows longer than _BROADCAST_MIN_X_ROW_BYTES and for columns of 2-byte elements (where
+    it measured faster than the word and register-resident kernels). Binding only."""
+    limit = plans_reduce._BROADCAST_MIN_X_ROW_BYTES
+    saved = kind is not K.SUM
+    for element in (E.BF16, E.F32):
+        row = limit // element.byte_width
+        for shape, axis, expected in (((2, row), 1, not saved), ((2, row + 8), 1, True),
+                                      ((3, 512), 0, not saved or element is E.BF16)):
+            x = np.zeros(shape, element.storage_dtype)
+            y = np.zeros(tuple(1 if a == axis else n for a, n in enumerate(shape)),
+                         element.storage_dtype)
+            plan = ReduceBackwardPlan.select(ReduceBackwardDescriptor(kind, shape, axis,
+                                                                      element))
+            dy, dx, x_ref, y_ref = plan.can_implement(ReduceBackwardArgs(
+                y, x.copy(), x if saved else None, y if saved else None))
+            if dx.ptr % 16 or (saved and x_ref.ptr % 16):
+                pytest.skip("host buffers not 16-byte aligned")
+            bound = plan._bind_broadcast(dy, dx, x_ref, y_ref)
+            assert (bound is not None) == expected, (kind, element, shape, axis)
 
 
 def test_store_only_rows_geometry():
@@ -1709,7 +1738,6 @@ def test_row_hold_backward_one_chunk_rows(kind, element, full, stash, rng, monke
     bit-identical on a rerun. ``stash``: rows of two row-sync chunks, one chunk of the
     stash kernel (its second half through shared memory), whose bits must equal the
     other way's (the row-sync kernel, or the tie count after dx)."""
-    import baracuda_numba.plans.reduce as plans_reduce
 
     monkeypatch.setattr(plans_reduce, "_reg_lanes", lambda extent, width: 0)
     width = 2 if element is E.F32 else 4

@@ -230,6 +230,17 @@ BROADCAST = "broadcast"
 _BROADCAST_BLOCK = 64 if SIMULATOR else 128
 _BROADCAST_COL_BLOCK = 64 if SIMULATOR else 256
 _BROADCAST_MIN_COL_BYTES = 1024
+# The kinds that read x (Prod / Norm2 / LogSumExp), same rounds against the word and
+# register-resident kernels (H200, 2026-11-28, scripts/probe_reduce_ab.py, µs): rows of
+# 1e6 faster (bf16 [256, 1e6] axis 1 Prod 290 -> 265, Norm2 281 -> 249; f32 536 -> 501,
+# 525 -> 489), rows of 64 and 4096 slower (bf16 [1e6, 64] Norm2 75 -> 83, [4096, 4096]
+# 20-21 -> 24-25; f32 140-141 -> 144-149 and 36 -> 41): rows longer than
+# _BROADCAST_MIN_X_ROW_BYTES (the register-resident kernel's 2048 words) only, the lengths
+# between not measured. Columns: bf16 faster ([256, 1e6] axis 0 Prod 301 -> 282, Norm2
+# 292 -> 281; [4096, 4096] 22.4-22.8 -> 21.5-22.3), f32 slower ([256, 1e6] 524-533 ->
+# 550) or even: 2-byte elements only.
+_BROADCAST_MIN_X_ROW_BYTES = 2048 * 8
+_BROADCAST_X_COL_BYTES = (2,)
 
 # Row-sync gradient (Var/Std of long rows): batches per work item (a chunk:
 # _SYNC_BATCHES * SYNC_BLOCK * VEC_LOADS words) and its grid (work items are handed out by
@@ -1580,7 +1591,8 @@ class ReduceBackwardPlan(Plan):
         if dy_stride is None or y_stride is None:
             return None
         if inner == 1:
-            if extent % per_unit:
+            if extent % per_unit or (x is not None and extent * element.byte_width
+                                     <= _BROADCAST_MIN_X_ROW_BYTES):
                 return None
             line_units = extent // per_unit
             blocks = -(-units // (_BROADCAST_BLOCK * BROADCAST_UNITS))
@@ -1588,7 +1600,8 @@ class ReduceBackwardPlan(Plan):
                                (*arrays, units, line_units, 1.0 / line_units, 0, dy_stride,
                                 y_stride, self._param))
         if product(shape[:axis]) != 1 or inner % per_unit \
-                or inner * element.byte_width < _BROADCAST_MIN_COL_BYTES:
+                or inner * element.byte_width < _BROADCAST_MIN_COL_BYTES \
+                or (x is not None and element.byte_width not in _BROADCAST_X_COL_BYTES):
             return None
         line_units = inner // per_unit
         # one wave: 8 blocks of 256 a SM where 1056 were launched but only 6 resident (34
