@@ -49,6 +49,11 @@ from the registers (rows: ``reduce_backward_rows_reg``; strips of columns:
     rows    lane l of a row holds words l, l + L, ..., (<= 8 per lane, L <= 256 lanes)
     columns thread t holds column word t % C of rows t // C + u * (1024 / C), u < 16
 
+The gradients without a statistic (Sum / Mean, Prod, Norm2, LogSumExp) of a contiguous,
+16-byte aligned dx take ``reduce_backward_broadcast`` where the plans choose it: threads
+numbered along dx's 16-byte units as an elementwise kernel's, each unit's line found by
+one division (rows) or kept per thread by a grid stride of whole rows (columns).
+
 Longer Max/Min lines take the tie count after dx (split word rows, column word kernel,
 with a workspace): pass 1 writes dx as if every count were 1 (away from the ties dx is
 ``c - c`` for every count), each split counts its ties and records them in 64-bit masks

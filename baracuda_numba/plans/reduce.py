@@ -28,6 +28,13 @@ Mean NaN, LogSumExp -inf, Norm2 0, Var/Std NaN, and Max/Min/Argmax/Argmin are
 Layout: any rank 1..8, any axis, any non-negative strides on every operand (outputs must
 not overlap themselves); empty tensors are a no-op.
 
+Gradient layouts: the gradients without a statistic (Sum, Mean, Prod, Norm2, LogSumExp)
+of a C-contiguous, 16-byte aligned ``dx`` (and ``x``) run in ``dx``'s memory order with
+16-byte accesses where each 16-byte unit lies in one line (Sum / Mean: rows whose length
+is a multiple of 16 bytes, and columns of at least 1 KiB with nothing before the axis;
+Prod / Norm2 / LogSumExp: rows longer than 2048 words, and such columns of f16 / bf16);
+everything else runs the word, register-resident or generic kernels below.
+
 Workspace: a reduction with few outputs splits the axis across blocks and merges the
 partial states in a second launch (deterministic, no atomics); ``workspace_size`` is
 what the largest split needs. ``run(..., workspace=None)`` is always accepted for the
