@@ -20,41 +20,39 @@ import sys
 
 import torch
 from bench import Context, measure_copy_gbps
-from numba import cuda, float64, int64, uint32, uint64
+from numba import cuda, int64, uint32, uint64
 
 from baracuda_numba import ReduceBackwardArgs, ReduceBackwardDescriptor, ReduceBackwardPlan
-from baracuda_numba.kernels.common import store16
+from baracuda_numba.kernels.common import div_f64, store16
 from baracuda_numba.kernels.reduce import ELEMENTS, VECTOR, _grad_fns
 from baracuda_numba.types import ElementKind, ReduceKind
 
 
-@cuda.jit(device=True, inline=True)
-def _div(u, q, inv):
-    """u // q for 0 <= u < 2^52 (inv = 1 / q rounded)."""
-    d = int64(float64(u) * inv)
-    r = u - d * q
-    if r < 0:
-        d -= 1
-    elif r >= q:
-        d += 1
-    return d
-
-
-@functools.cache
-def make(element: ElementKind, kind: ReduceKind, unit_bytes: int, per_thread: int,
-         cols: bool):
-    spec, vec = ELEMENTS[element], VECTOR[element]
-    ACC, load, pack = spec.acc, spec.load, vec.pack
+def _coefficient(element: ElementKind, kind: ReduceKind):
+    """``coef(dy, i, param)``: the gradient's value for ``dy[i]`` (Sum / Mean)."""
+    spec = ELEMENTS[element]
+    ACC, load = spec.acc, spec.load
     coefficient, element_fn = _grad_fns(kind, element)
-    W = vec.width  # elements per 8-byte word
-    WORDS = unit_bytes // 8
-    K = W * WORDS
-    U = per_thread
 
     @cuda.jit(device=True, inline=True)
     def coef(dy, i, param):
         g = load(dy, i)
         return ACC(element_fn(ACC(coefficient(g, g, g, int64(0), param)), g, g, g))
+
+    return coef
+
+
+@functools.cache
+def make(element: ElementKind, kind: ReduceKind, unit_bytes: int, per_thread: int,
+         cols: bool):
+    vec = VECTOR[element]
+    ACC, pack = ELEMENTS[element].acc, vec.pack
+    W = vec.width  # elements per 8-byte word
+    WORDS = unit_bytes // 8
+    K = W * WORDS
+    U = per_thread
+
+    coef = _coefficient(element, kind)
 
     @cuda.jit
     def kernel(dy, dxw, units, slab_units, inv_slab, row_units, inv_row, dy_so, dy_sn,
@@ -66,10 +64,10 @@ def make(element: ElementKind, kind: ReduceKind, unit_bytes: int, per_thread: in
         for k in range(U):
             u = first + k * block
             if u < units:
-                o = _div(u, slab_units, inv_slab)
+                o = div_f64(u, slab_units, inv_slab)
                 if cols:
                     r = u - o * slab_units
-                    n0 = (r - _div(r, row_units, inv_row) * row_units) * K
+                    n0 = (r - div_f64(r, row_units, inv_row) * row_units) * K
                     at = o * dy_so + n0 * dy_sn
                     for h in range(WORDS):
                         for e in range(W):
@@ -102,17 +100,13 @@ def make_cols(element: ElementKind, kind: ReduceKind, unit_bytes: int, unroll: i
     """Columns (outer = 1, dy contiguous): threads numbered along dx's units with a grid
     stride ``T`` that is a multiple of the row's units, so thread ``g`` keeps column unit
     ``g % row_units``: its K coefficients once, then stores at g, g + T, ..."""
-    spec, vec = ELEMENTS[element], VECTOR[element]
-    ACC, load, pack = spec.acc, spec.load, vec.pack
-    coefficient, element_fn = _grad_fns(kind, element)
+    vec = VECTOR[element]
+    ACC, pack = ELEMENTS[element].acc, vec.pack
     W = vec.width
     WORDS = unit_bytes // 8
     U = unroll
 
-    @cuda.jit(device=True, inline=True)
-    def coef(dy, i, param):
-        g = load(dy, i)
-        return ACC(element_fn(ACC(coefficient(g, g, g, int64(0), param)), g, g, g))
+    coef = _coefficient(element, kind)
 
     @cuda.jit
     def kernel(dy, dxw, units, row_units, stride, param):
@@ -176,6 +170,16 @@ def main() -> None:
         torch.cuda.empty_cache()
 
 
+def _same_bits(run, dxs, refs) -> bool:
+    """Run into NaN-filled outputs; whether every output's bits equal the plan's."""
+    for i, dx in enumerate(dxs):
+        dx.fill_(float("nan"))
+        run(i)
+    torch.cuda.synchronize()
+    bits = torch.int16 if dxs[0].element_size() == 2 else torch.int32
+    return all(torch.equal(dx.view(bits), ref.view(bits)) for dx, ref in zip(dxs, refs))
+
+
 def case(ctx: Context, dtype_name: str, shape: tuple[int, int], axis: int,
          variants: list[tuple[int, ...]], rounds: int,
          col_variants: list[tuple[int, ...]]) -> None:
@@ -231,14 +235,7 @@ def case(ctx: Context, dtype_name: str, shape: tuple[int, int], axis: int,
         def run(i, bound=bound, views=views, args=args):
             bound(dy_views[i], views[i], *args)
 
-        for i in range(sets):
-            dxs[i].fill_(float("nan"))
-            run(i)
-        torch.cuda.synchronize()
-        same = all(torch.equal(dxs[i].view(torch.int16 if dtype.itemsize == 2
-                                           else torch.int32),
-                               mean_ref[i].view(torch.int16 if dtype.itemsize == 2
-                                                else torch.int32)) for i in range(sets))
+        same = _same_bits(run, dxs, mean_ref)
         fns.append(run)
         names.append(f"flat Mean {unit_bytes}B x{per_thread} block {block}"
                      f"{'' if same else ' (BITS DIFFER)'}")
@@ -256,14 +253,7 @@ def case(ctx: Context, dtype_name: str, shape: tuple[int, int], axis: int,
         def run(i, bound=bound, views=views, a=(units, row_units, stride, float(extent))):
             bound(dy_views[i], views[i], *a)
 
-        for i in range(sets):
-            dxs[i].fill_(float("nan"))
-            run(i)
-        torch.cuda.synchronize()
-        same = all(torch.equal(dxs[i].view(torch.int16 if dtype.itemsize == 2
-                                           else torch.int32),
-                               mean_ref[i].view(torch.int16 if dtype.itemsize == 2
-                                                else torch.int32)) for i in range(sets))
+        same = _same_bits(run, dxs, mean_ref)
         fns.append(run)
         names.append(f"cols Mean {unit_bytes}B unroll {unroll} {per_sm} blocks/SM"
                      f"{'' if same else ' (BITS DIFFER)'}")
