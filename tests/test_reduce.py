@@ -1178,6 +1178,31 @@ def test_broadcast_selection(kind):
             assert (bound is not None) == expected, (kind, element, shape, axis)
 
 
+
+def test_broadcast_follows_the_alignment_of_x(rng, monkeypatch):
+    """A plan that bound the broadcast for a 16-byte aligned x re-binds (to the word
+    kernels) for an x of the same strides 8 bytes further on, and both gradients are
+    right."""
+    monkeypatch.setattr(plans_reduce, "_BROADCAST_MIN_X_ROW_BYTES", 0)
+    shape, element = (3, 64), E.F32
+    base = inputs_for(K.PROD, (3 * 64 + 2,), element, rng)
+    plan = ReduceBackwardPlan.select(ReduceBackwardDescriptor(K.PROD, shape, 1, element))
+    accesses = []
+    for start in (0, 2):
+        x_host = np.ascontiguousarray(base[start:start + 192].reshape(shape))
+        y = saved_output(K.PROD, x_host, 1, element)
+        dy = random_values(y.shape, element, rng)
+        expected = backward_reference(K.PROD, from_storage(dy, element),
+                                      from_storage(x_host, element), from_storage(y, element), 1)
+        x = device_view(base, (slice(start, start + 192),), shape, element)
+        dx = to_device(poisoned(shape, element))
+        plan.run(ReduceBackwardArgs(to_device(dy), dx, x, to_device(y)))
+        check_backward(from_storage(host(dx), element), expected, element, f"start {start}")
+        key = next(k for k in plan._launches if k[-1] == (8 if start else 0))
+        accesses.append(plan._launches[key][1][0])
+    assert accesses[0] == "broadcast" and accesses[1] != "broadcast", accesses
+
+
 def test_store_only_rows_geometry():
     """The f32 Sum/Mean gradient (stores only) takes 8 lanes for rows of 128-2048 words
     when there are at least 4096 rows; everything else (2-byte elements included) keeps

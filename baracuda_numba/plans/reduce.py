@@ -1412,7 +1412,7 @@ class ReduceBackwardPlan(Plan):
             return
         key = (dy.strides, dx.strides, x.strides if x is not None else None,
                y.strides if y is not None else None, ws_ptr != 0, dx.ptr & 15,
-               x.ptr & 7 if x is not None else 0)
+               x.ptr & 15 if x is not None else 0)
         launch = self._launches.get(key)
         if launch is None:
             launch = self._bind(dy, dx, x, y, ws_ptr != 0)
