@@ -217,8 +217,8 @@ GENERIC, ROWS, COLS, REG, REG_COLS = "generic", "rows", "cols", "reg", "reg_cols
 #: register-resident kernel's in one launch, in chunks that meet through the workspace
 #: (``kernels.reduce.reduce_backward_rows_hold``, ``reduce_backward_rows_sync``).
 SYNC = "sync"
-#: BROADCAST: the Sum / Mean gradient of a C-contiguous, 16-byte aligned dx in 16-byte
-#: units in dx's memory order (``kernels.reduce.reduce_backward_broadcast``).
+#: BROADCAST: the gradients without a statistic of a C-contiguous, 16-byte aligned dx in
+#: 16-byte units in dx's memory order (``kernels.reduce.reduce_backward_broadcast``).
 BROADCAST = "broadcast"
 
 # The broadcast's blocks: rows one-shot, BROADCAST_UNITS units a thread; columns one wave
