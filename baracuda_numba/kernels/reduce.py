@@ -2261,6 +2261,7 @@ def _make_backward_broadcast(kind: ReduceKind, element: ElementKind) -> Callable
     K = 2 * W
     U = BROADCAST_UNITS
     L = BROADCAST_COL_LOADS if READS_X else 1
+    SLOTS = max(K, U * W)  # per element values: a column unit's K, or W per row unit
 
     @cuda.jit(device=True, inline=True)
     def line_values(dy, y, dy_off, y_off, param):
@@ -2300,9 +2301,9 @@ def _make_backward_broadcast(kind: ReduceKind, element: ElementKind) -> Callable
         words = cuda.local.array((U, 2), uint64)
         values = cuda.local.array(W, ACC)
         results = cuda.local.array(W, ACC)
-        cfs = cuda.local.array(K, ACC)
-        yvs = cuda.local.array(K, ACC)
-        gs = cuda.local.array(K, ACC)
+        cfs = cuda.local.array(SLOTS, ACC)
+        yvs = cuda.local.array(SLOTS, ACC)
+        gs = cuda.local.array(SLOTS, ACC)
         if stride == 0:
             first = int64(cuda.blockIdx.x) * block * U + int64(cuda.threadIdx.x)
             for k in range(U):
