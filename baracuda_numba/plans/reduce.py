@@ -1249,21 +1249,6 @@ def _gradient_runner(launch: tuple[Any, Any], ws_ptr: int) -> Any:
     return runner
 
 
-def _line_stride(shape: tuple[int, ...], strides: tuple[int, ...]) -> int | None:
-    """The one stride ``s`` with which the row-major index ``i`` over ``shape`` lies at
-    offset ``i * s`` (axes of extent 1 ignored; 0 without another), or None."""
-    stride = expected = None
-    for extent, step in zip(reversed(shape), reversed(strides)):
-        if extent == 1:
-            continue
-        if expected is None:
-            stride = expected = step
-        elif step != expected:
-            return None
-        expected *= extent
-    return 0 if stride is None else stride
-
-
 def _dx_words(view: tuple[int, int]) -> tuple[int, int]:
     """The word view of ``dx``. The simulator copies every kernel array in and back out on
     its own, so a second writable view of ``dx`` would write stale data back over the
@@ -1434,15 +1419,16 @@ class ReduceBackwardPlan(Plan):
         axis = self._axis
         extent = self._extent
         element = self.descriptor.element
-        if self._stat_kind is None and self.broadcast and element in VECTOR:
-            broadcast = self._bind_broadcast(dy, dx, x, y)
-            if broadcast is not None:
-                return None, (BROADCAST, broadcast)
         row_layout = dx.strides[axis] == 1 and extent > 1
         zeros = (0,) * len(self._shape)
         strides = [dx.strides, x.strides if x is not None else zeros,
                    y.strides if y is not None else zeros, dy.strides]
         out_shape, out_strides = _collapse(self._shape, axis, strides)
+        if self._stat_kind is None and self.broadcast and element in VECTOR \
+                and len(out_shape) <= 1:
+            broadcast = self._bind_broadcast(dy, dx, x, y, out_strides)
+            if broadcast is not None:
+                return None, (BROADCAST, broadcast)
         access = GENERIC
         if x is None or (x.strides == dx.strides and (x.ptr - dx.ptr) % 8 == 0):
             pointers = (dx.ptr,) if x is None else (dx.ptr, x.ptr)
@@ -1570,13 +1556,14 @@ class ReduceBackwardPlan(Plan):
         return stat, (GENERIC, gradient)
 
     def _bind_broadcast(self, dy: TensorRef, dx: TensorMut, x: TensorRef | None,
-                        y: TensorRef | None) -> Any:
+                        y: TensorRef | None, out_strides: list[tuple[int, ...]]) -> Any:
         """The broadcast kernel's launch (gradients without a statistic) for a C-contiguous,
         16-byte aligned ``dx`` (and ``x``, where read) whose units (16 bytes, K elements)
-        each lie in one line: rows (the reduced axis last, its extent a multiple of K;
-        the leading axes of dy and y one stride each) or columns (nothing before the
-        reduced axis; the trailing axes a multiple of K elements, at least
-        _BROADCAST_MIN_COL_BYTES, each one stride in dy and y). None otherwise."""
+        each lie in one line: rows (the reduced axis last, its extent a multiple of K) or
+        columns (nothing before the reduced axis; the trailing axes a multiple of K
+        elements, at least _BROADCAST_MIN_COL_BYTES). The caller has collapsed the output
+        positions to at most one dim (``_collapse``: ``out_strides`` [dx, x, y, dy]), so
+        dy and y each step by one stride. None otherwise."""
         if dx.ptr % 16 or not dx.is_contiguous():
             return None
         if x is not None and (x.ptr % 16 or not x.is_contiguous()):
@@ -1592,11 +1579,8 @@ class ReduceBackwardPlan(Plan):
         arrays = ((0, flat_span(dy.shape, dy.strides)),
                   (0, flat_span(y.shape, y.strides) if y is not None else 0),
                   words if x is not None else (0, 0), words)
-        lines = slice(0, axis) if inner == 1 else slice(axis + 1, len(shape))
-        dy_stride = _line_stride(shape[lines], dy.strides[lines])
-        y_stride = _line_stride(shape[lines], y.strides[lines]) if y is not None else 0
-        if dy_stride is None or y_stride is None:
-            return None
+        dy_stride, y_stride = (out_strides[3][0], out_strides[2][0]) if out_strides[0] \
+            else (0, 0)
         if inner == 1:
             if extent % per_unit or (x is not None and extent * element.byte_width
                                      <= _BROADCAST_MIN_X_ROW_BYTES):
