@@ -12,7 +12,8 @@ both; ``fwd``: the forward ``ReducePlan`` instead, timed beside torch's reductio
 ``AB_UNIFORM=1`` draws x as the benchmark does (uniform in [-2, 2), rounded to the dtype:
 many ties in bf16) instead of a normal distribution. ``AB_SET=MODULE.NAME=VALUE,...`` sets
 constants of the new package first (e.g. ``plans.reduce._TIE_REWRITE_BLOCKS=264``;
-booleans as 1 / 0). ``AB_REVERSE=1`` sets up and times the old package first.
+booleans as 1 / 0); ``AB_PLAN=ATTR=VALUE,...`` sets attributes of each new plan (e.g.
+``reg_rows_pair=0``). ``AB_REVERSE=1`` sets up and times the old package first.
 ``AB_NO_COLS_REG=1`` keeps the new package's gradients off the column register-resident
 kernels (the column word kernel takes those columns, the tie count after dx for Max/Min).
 """
@@ -95,6 +96,10 @@ def main() -> None:
                                                   types.ElementKind[element_of(x).name], 1)
             plan = plans.ReduceBackwardPlan.select(desc)
             plan.row_hold = hold
+            if package is baracuda_numba:
+                for setting in filter(None, os.environ.get("AB_PLAN", "").split(",")):
+                    attr, value = setting.split("=")
+                    setattr(plan, attr, _setting(getattr(plan, attr), value))
             ws = torch.empty(plan.workspace_size, device="cuda", dtype=torch.uint8)
             dx = torch.full_like(x, float("nan"))
             args = plans.ReduceBackwardArgs(dy, dx, x, y)

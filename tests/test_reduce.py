@@ -1361,6 +1361,12 @@ def _reg_layouts(width: int) -> dict:
         "reg_rows": ((5, 16), every, 1, "reg"),
         "reg_padded": ((3, 20), (slice(None), slice(0, 16)), 1, "reg"),
         "reg_warps": ((2, warps), every, 1, "reg"),
+        # 16 words a row: two rows a thread of whole words (groups 0, 1 of 32 rows in the
+        # simulator's 64-thread blocks, grid 2), then a partial group
+        "reg_pairs": ((70, 16 * width), every, 1, "reg"),
+        # 8 words a lane (64 lanes in the simulator, 256 on the GPU): f32 Var/Std load
+        # whole rows unpredicated
+        "reg_whole": ((3, (512 if SIMULATOR else 2048) * width), every, 1, "reg"),
         "odd_extent": ((3, 18), (slice(None), slice(0, 17)), 1, "rows"),
         "row_phase": ((3, 17), (slice(None), slice(0, 16)), 1, "rows"),
         "unaligned": ((3, 17), (slice(None), slice(1, 17)), 1, "rows"),
@@ -1394,6 +1400,14 @@ def _reg_layouts(width: int) -> dict:
 
 
 _REG_LAYOUT_NAMES = list(_reg_layouts(2))
+
+
+def _pair(kind, element, layout) -> bool:
+    """Whether a "reg" layout's rows take the kernel of two rows a thread (Max/Min, f32
+    Var/Std; rows of at most 4 words a lane)."""
+    return layout in ("reg_rows", "reg_padded", "reg_pairs") \
+        and (kind in (K.MAX, K.MIN) or element is E.F32)
+
 #: reg_cols layouts that must (not) take the stash kernel whatever the element.
 _STASH_LAYOUTS = {"cols_stash": True, "cols_block": True, "cols_long": False,
                   "reg_cols_small": False, "reg_cols_wide": False, "reg_cols_256": False}
@@ -1451,10 +1465,23 @@ def test_register_resident_backward(kind, element, layout, rng):
         if chosen == "reg_cols":
             name = next(iter(plan._launches.values()))[1][1]._kernel.name
             assert ("stash" in name) == stash, (what, name)
+        if chosen == "reg":  # two rows a thread where a row has at most 4 words a lane
+            name = next(iter(plan._launches.values()))[1][1]._kernel.name
+            assert ("_pair" in name) == _pair(kind, element, layout), (what, name)
         results.append(got.tobytes())
         if layout.endswith("padded") and SIMULATOR:  # the padding columns stay poisoned
             assert np.all(np.isnan(from_storage(dx_base[:, 16:], element))), what
     assert results[0] == results[2], f"{kind.name} {layout}: not deterministic"
+    if _pair(kind, element, layout):  # the same bits as a row a thread
+        dx = device_view(poisoned(base_shape, element), index, shape, element)
+        plan = ReduceBackwardPlan.select(ReduceBackwardDescriptor(kind, shape, axis, element,
+                                                                  correction))
+        plan.reg_rows_pair = False
+        plan.run(ReduceBackwardArgs(to_device(dy), dx, device_view(base, index, shape, element),
+                                    to_device(y)))
+        name = next(iter(plan._launches.values()))[1][1]._kernel.name
+        assert "_pair" not in name, (layout, name)
+        assert storage_of(dx, element).tobytes() == results[0], f"{kind.name} {layout}: pair"
     if access.startswith("reg") and (stash or not _ties_take_cols(kind, element, True)):
         # the same kernel with and without a workspace
         assert results[0] == results[1], f"{kind.name} {layout}: workspace changed dx"

@@ -2388,6 +2388,11 @@ def _make_backward_rows_reg(kind: ReduceKind, element: ElementKind) -> Callable[
     PARTIALS = 2 * WARPS  # two buffers: one barrier per group
     # f16/bf16 ties from equality masks of the packed words (TieWords)
     TIE_MASKS = STAT_TIES and vec.eq_mask is not None
+    # f32 Var/Std: whole rows load unpredicated, where ptxas sank the predicated loads to
+    # their adds (H200, 2026-11-29, [4096, 4096] along axis 1: Var 42.2-42.5 -> 35.9 µs,
+    # Std 44.1-45.0 -> 36.0-36.8; bf16 even, and its short rows, which never take the
+    # branch, slower with it: Var [1e6, 64] 72.7-73.6 -> 75.7-76.7)
+    WHOLE_LOADS = ops.stat == "mean" and element.byte_width == 4
     ties = _tie_words(element) if TIE_MASKS else None
     splat, tie_mask, tie_count, tie_select, tie_usable = \
         (ties.splat, ties.mask, ties.count, ties.select, ties.usable) if TIE_MASKS \
@@ -2434,9 +2439,15 @@ def _make_backward_rows_reg(kind: ReduceKind, element: ElementKind) -> Callable[
             yv = load(y, o * y_stride) if READS_Y and valid else g
             at = uint64(o * row_words) + uint64(lane)
             held = mine if valid else uint32(0)
-            for u in range(VEC_LOADS):  # every load of the row in flight at once
-                if u < held:
+            # every load of the row in flight at once: unpredicated where every row of the
+            # block is whole (ptxas sank the predicated loads to their use)
+            if WHOLE_LOADS and mine == uint32(VEC_LOADS) and (group + 1) * slots <= out_numel:
+                for u in range(VEC_LOADS):
                     words[u] = xv[at + uint64(uint32(u) << log_lanes)]
+            else:
+                for u in range(VEC_LOADS):
+                    if u < held:
+                        words[u] = xv[at + uint64(uint32(u) << log_lanes)]
             total = ACC(0)
             masks = False  # the ties from equality masks (f16/bf16; bf16 on sm_90)
             yw = uint64(0)
@@ -2495,6 +2506,143 @@ def _make_backward_rows_reg(kind: ReduceKind, element: ElementKind) -> Callable[
             group += cuda.gridDim.x
 
     return reduce_backward_rows_reg
+
+
+def _make_backward_rows_reg_pair(kind: ReduceKind, element: ElementKind,
+                                 rows: int) -> Callable[..., None]:
+    """``_make_backward_rows_reg``'s gradient for rows of at most a warp's lanes, a thread
+    holding one row of each of ``rows`` consecutive groups of the block's rows (``HELD =
+    VEC_LOADS / rows`` words of each): every load of them in flight at once. (Its own
+    body: the one-row kernel written with ``rows`` = 1 ran slower, H200, 2026-11-29, f32
+    Max [4096, 4096] 38.0-39.1 µs against 35.3-36.3, [1e6, 64] 152.7-153.6 against
+    135.7-136.5, for differences in the PTX no larger than a conversion sunk into each
+    store.)"""
+    ops = GRAD_OPS[kind]
+    spec = ELEMENTS[element]
+    vec = VECTOR[element]
+    ACC = spec.acc
+    load = spec.load
+    unpack, pack, store_word = vec.unpack, vec.pack, vec.store_word
+    W, LOG_W = vec.width, vec.log_width
+    coefficient, element_fn = _grad_fns(kind, element)
+    READS_Y = ops.reads_y
+    STAT_TIES = ops.stat == "ties"
+    ROWS = rows
+    HELD = VEC_LOADS // ROWS
+    # f16/bf16 ties from equality masks of the packed words (TieWords)
+    TIE_MASKS = STAT_TIES and vec.eq_mask is not None
+    ties = _tie_words(element) if TIE_MASKS else None
+    splat, tie_mask, tie_count, tie_select, tie_usable = \
+        (ties.splat, ties.mask, ties.count, ties.select, ties.usable) if TIE_MASKS \
+        else (None,) * 5
+
+    def reduce_backward_rows_reg_pair(dy, xv, y, dx, dxv, out_numel, extent, row_words,
+                                      dy_stride, y_stride, log2_lanes, param):
+        """The Max/Min or Var/Std gradient as ``reduce_backward_rows_reg`` (the same
+        parameters and the same bits) of rows of ``lanes = 2**log2_lanes <= 32`` lanes and
+        at most ``lanes * HELD`` words: row ``r`` of a thread is row ``(group + r) * slots
+        + slot``; its words are ``words[r * HELD:(r + 1) * HELD]``."""
+        tid = uint32(cuda.threadIdx.x)
+        log_lanes = uint32(log2_lanes)
+        lanes = uint32(1) << log_lanes
+        lane = tid & (lanes - uint32(1))
+        slot = tid >> log_lanes
+        slots = uint32(cuda.blockDim.x) >> log_lanes
+        words = cuda.local.array(VEC_LOADS, uint64)
+        values = cuda.local.array(W, ACC)
+        results = cuda.local.array(W, ACC)
+        gs = cuda.local.array(ROWS, ACC)
+        yvs = cuda.local.array(ROWS, ACC)
+        totals = cuda.local.array(ROWS, ACC)
+        cfs = cuda.local.array(ROWS, ACC)
+        yws = cuda.local.array(ROWS, uint64)
+        ats = cuda.local.array(ROWS, uint64)
+        helds = cuda.local.array(ROWS, uint32)
+        nvec = uint32(extent >> LOG_W)
+        # words of the row this lane holds (the same for every row)
+        mine = uint32(uint32(nvec + lanes - uint32(1) - lane) >> log_lanes) if lane < nvec \
+            else uint32(0)
+        group = int64(cuda.blockIdx.x) * ROWS
+        while group * slots < out_numel:  # uniform across the block
+            for r in range(ROWS):
+                o = (group + r) * slots + slot
+                valid = o < out_numel
+                g = load(dy, o * dy_stride) if valid else ACC(0)
+                gs[r] = g
+                yvs[r] = load(y, o * y_stride) if READS_Y and valid else g
+                ats[r] = uint64(o * row_words) + uint64(lane)
+                helds[r] = mine if valid else uint32(0)
+            # every load of the rows in flight at once: unpredicated where every row of
+            # the block is whole (ptxas sinks predicated loads to their use: Max bf16 /
+            # f32 [1e6, 64] 80.6 / 136.0-136.8 µs without this branch, 76.6-76.8 /
+            # 127.7-128.6 with it)
+            if mine == uint32(HELD) and (group + ROWS) * slots <= out_numel:
+                for u in range(VEC_LOADS):
+                    r = u // HELD
+                    words[u] = xv[ats[r] + uint64(uint32(u - r * HELD) << log_lanes)]
+            else:
+                for u in range(VEC_LOADS):
+                    r = u // HELD
+                    k = u - r * HELD
+                    if k < helds[r]:
+                        words[u] = xv[ats[r] + uint64(uint32(k) << log_lanes)]
+            masks = False  # the ties from equality masks (f16/bf16; bf16 on sm_90)
+            for r in range(ROWS):
+                totals[r] = ACC(0)
+            if TIE_MASKS:
+                masks = tie_usable()
+                if masks:
+                    for r in range(ROWS):
+                        yws[r] = splat(yvs[r], results)
+                        n = int32(0)
+                        for k in range(HELD):
+                            if k < helds[r]:
+                                n += tie_count(tie_mask(words[r * HELD + k], yws[r]))
+                        totals[r] = ACC(n)
+            for u in range(VEC_LOADS):
+                r = u // HELD
+                if u - r * HELD < helds[r] and not masks:
+                    unpack(words[u], values, 0)
+                    for e in range(W):
+                        if STAT_TIES:
+                            totals[r] += ACC(1) if values[e] == yvs[r] else ACC(0)
+                        else:
+                            totals[r] += values[e]
+            for r in range(ROWS):
+                total = totals[r]
+                width = lanes >> uint32(1)
+                while width >= uint32(1):  # a + b == b + a: both lanes of a pair: one sum
+                    total += shfl_xor(total, width)
+                    width = uint32(width >> uint32(1))
+                mean = gs[r]
+                count = int64(0)
+                if STAT_TIES:
+                    count = int64(total)
+                else:
+                    mean = total / ACC(extent)
+                cfs[r] = ACC(coefficient(gs[r], yvs[r], mean, count, param))
+                totals[r] = mean
+            if TIE_MASKS and masks:  # each element cf where it ties, else cf - cf
+                for r in range(ROWS):
+                    cw = splat(cfs[r], results)
+                    zw = splat(cfs[r] - cfs[r], results)
+                    for k in range(HELD):
+                        if k < helds[r]:
+                            store_word(dx, dxv, ats[r] + uint64(uint32(k) << log_lanes),
+                                       tie_select(tie_mask(words[r * HELD + k], yws[r]),
+                                                  cw, zw), 0)
+            for u in range(VEC_LOADS):
+                r = u // HELD
+                k = u - r * HELD
+                if k < helds[r] and not masks:
+                    unpack(words[u], values, 0)
+                    for e in range(W):
+                        results[e] = element_fn(cfs[r], values[e], yvs[r], totals[r])
+                    store_word(dx, dxv, ats[r] + uint64(uint32(k) << log_lanes),
+                               pack(results), 0)
+            group += int64(cuda.gridDim.x) * ROWS
+
+    return reduce_backward_rows_reg_pair
 
 
 #: Threads of the row-sync gradient's blocks (a power of two, at most SHARED_SLOTS); each
@@ -3323,6 +3471,26 @@ REDUCE_BACKWARD_ROWS_REG_KERNELS: dict[tuple[ReduceKind, ElementKind], Kernel] =
         _make_backward_rows_reg(kind, element), _reg_backward_signature(element),
         max_registers=REG_ROWS_MAX_REGISTERS.get((kind, element)))
     for element in VECTOR for kind in STAT_GRAD_KINDS + STREAM_GRAD_KINDS
+}
+#: Rows a thread of the short-row kernels below holds at once.
+REG_ROWS_PAIR = 2
+#: Their register caps (none: Max takes 59-60 registers, 4 resident blocks of 256).
+REG_ROWS_PAIR_MAX_REGISTERS: dict[tuple[ReduceKind, ElementKind], int] = {}
+#: (kind, element) -> the same gradient for rows of at most a warp's lanes, a thread
+#: holding REG_ROWS_PAIR rows (VEC_LOADS / REG_ROWS_PAIR words of each) at once: Max/Min
+#: and f32 Var/Std (the plan takes them where they exist). H200, 2026-11-29, [1e6, 64]
+#: along axis 1, alternating runs, µs one row a thread -> two: Max bf16 80.2-80.5 ->
+#: 77.1-77.3, f32 137.0-137.4 -> 128.9-129.4; f32 Var 132.2-132.3 -> 129.8-130.9, Std
+#: 132.8-133.7 -> 130.0-130.6; slower or even for bf16 Var 72.8-73.6 -> 78.2-78.7, Std
+#: 79.5-79.7 -> 78.7-78.8.
+REDUCE_BACKWARD_ROWS_REG_PAIR_KERNELS: dict[tuple[ReduceKind, ElementKind], Kernel] = {
+    (kind, element): Kernel(
+        f"reduce_backward_rows_reg_pair[{_kind_name(kind)},{element.name.lower()}]",
+        _make_backward_rows_reg_pair(kind, element, REG_ROWS_PAIR),
+        _reg_backward_signature(element),
+        max_registers=REG_ROWS_PAIR_MAX_REGISTERS.get((kind, element)))
+    for element in VECTOR for kind in STAT_GRAD_KINDS
+    if GRAD_OPS[kind].stat == "ties" or element.byte_width == 4
 }
 
 

@@ -86,6 +86,7 @@ from ..kernels.reduce import (
     REDUCE_BACKWARD_ROWS_HOLD_KERNELS,
     REDUCE_BACKWARD_ROWS_HOLD_STASH_KERNELS,
     REDUCE_BACKWARD_ROWS_REG_KERNELS,
+    REDUCE_BACKWARD_ROWS_REG_PAIR_KERNELS,
     REDUCE_BACKWARD_ROWS_SYNC_KERNELS,
     REDUCE_BACKWARD_ROWS_VEC_KERNELS,
     REDUCE_COLS_VEC_KERNELS,
@@ -99,6 +100,7 @@ from ..kernels.reduce import (
     REG_COLS_SMALL_BLOCK,
     REG_COLS_STASH_BYTES,
     REG_COLS_WIDE_BLOCK,
+    REG_ROWS_PAIR,
     SHORT_LOADS,
     STREAM_GRAD_KINDS,
     SYNC_BLOCK,
@@ -1341,6 +1343,9 @@ class ReduceBackwardPlan(Plan):
         #: the gradients without a statistic: the broadcast kernel where it applies
         #: (``_bind_broadcast``); set before the first ``run``
         self.broadcast = True
+        #: the statistic gradients' rows of at most a warp's lanes: two rows a thread
+        #: (``REDUCE_BACKWARD_ROWS_REG_PAIR_KERNELS``); set before the first ``run``
+        self.reg_rows_pair = True
         if self._stat_kind is not None and self._numel and desc.element in VECTOR:
             layout = _sync_layout(self._out_numel, extent, VECTOR[desc.element].width)
             if pref is None or pref.max_workspace_bytes is None \
@@ -1722,8 +1727,14 @@ class ReduceBackwardPlan(Plan):
         grad_kind = GRAD_KERNEL_KIND.get(self.descriptor.kind, self.descriptor.kind)
         shared = 0
         if axis_stride is None:
-            kernel = REDUCE_BACKWARD_ROWS_REG_KERNELS[(grad_kind, element)]
             groups = -(-self._out_numel // (block >> log2_lanes))
+            pair = REDUCE_BACKWARD_ROWS_REG_PAIR_KERNELS.get((grad_kind, element))
+            if pair is not None and self.reg_rows_pair and log2_lanes <= 5 \
+                    and self._extent // width <= (VEC_LOADS // REG_ROWS_PAIR) << log2_lanes:
+                kernel = pair
+                groups = -(-groups // REG_ROWS_PAIR)
+            else:
+                kernel = REDUCE_BACKWARD_ROWS_REG_KERNELS[(grad_kind, element)]
         else:
             table = REDUCE_BACKWARD_COLS_STASH_KERNELS if stash else \
                 REDUCE_BACKWARD_COLS_REG_SMALL_KERNELS if block <= REG_COLS_SMALL_BLOCK \
