@@ -1364,6 +1364,9 @@ def _reg_layouts(width: int) -> dict:
         # 16 words a row: two rows a thread of whole words (groups 0, 1 of 32 rows in the
         # simulator's 64-thread blocks, grid 2), then a partial group
         "reg_pairs": ((70, 16 * width), every, 1, "reg"),
+        # 32 words a row: 8 lanes (the gradients without a statistic take two rows a
+        # thread from 8 lanes), a partial last group
+        "reg_pairs8": ((40, 32 * width), every, 1, "reg"),
         # 8 words a lane (64 lanes in the simulator, 256 on the GPU): f32 Var/Std load
         # whole rows unpredicated
         "reg_whole": ((3, (512 if SIMULATOR else 2048) * width), every, 1, "reg"),
@@ -1405,7 +1408,7 @@ _REG_LAYOUT_NAMES = list(_reg_layouts(2))
 def _pair(kind, element, layout) -> bool:
     """Whether a "reg" layout's rows take the kernel of two rows a thread (Max/Min, f32
     Var/Std; rows of at most 4 words a lane)."""
-    return layout in ("reg_rows", "reg_padded", "reg_pairs") \
+    return layout in ("reg_rows", "reg_padded", "reg_pairs", "reg_pairs8") \
         and (kind in (K.MAX, K.MIN) or element is E.F32)
 
 #: reg_cols layouts that must (not) take the stash kernel whatever the element.
@@ -1488,15 +1491,16 @@ def test_register_resident_backward(kind, element, layout, rng):
 
 
 @IEEE_SPECIALS
-@pytest.mark.parametrize("layout", ["reg_rows", "reg_padded", "reg_warps"]
+@pytest.mark.parametrize("layout", ["reg_rows", "reg_padded", "reg_pairs8", "reg_warps"]
                          + ([] if SIMULATOR else ["reg_block", "too_long"]), ids=str)
 @pytest.mark.parametrize("element", WORD_ELEMENTS, ids=lambda e: e.name)
 @pytest.mark.parametrize("kind", [K.PROD, K.NORM2, K.LOG_SUM_EXP], ids=lambda k: k.name)
 def test_register_resident_stream_backward(kind, element, layout, rng):
     """The gradients without a statistic take the register-resident row kernel (every
-    load of a row, then every store) where a row spans at least a warp of lanes, and the
-    word row kernel otherwise; dx against float64 (a zero in the first row: Prod's
-    dy * y / x is NaN there), bit-identical on a rerun, padding untouched."""
+    load of a row, then every store) where a row spans at least a warp of lanes or 8 to 16
+    lanes of at most 4 words (two rows a thread), and the word row kernel otherwise; dx
+    against float64 (a zero in the first row: Prod's dy * y / x is NaN there),
+    bit-identical on a rerun, padding untouched."""
     width = 2 if element is E.F32 else 4
     base_shape, index, axis, access = _reg_layouts(width)[layout]
     base = rng.uniform(0.9, 1.1, size=base_shape) * rng.choice([-1.0, 1.0], size=base_shape)
@@ -1509,7 +1513,10 @@ def test_register_resident_stream_backward(kind, element, layout, rng):
     expected = backward_reference(kind, from_storage(dy, element), from_storage(x_host, element),
                                   from_storage(y, element), axis)
     lanes = _reg_lanes(shape[axis], width)
-    expected_access = "reg" if access == "reg" and lanes >= _REG_STREAM_MIN_LANES else "rows"
+    # rows of 8 to 16 lanes, at most 4 words a lane: the kernel of two rows a thread
+    pair = layout == "reg_pairs8"
+    expected_access = "reg" if access == "reg" and (lanes >= _REG_STREAM_MIN_LANES or pair) \
+        else "rows"
     assert expected_access == "reg" or layout in ("reg_rows", "reg_padded", "too_long")
     results = []
     for _ in range(2):
@@ -1521,7 +1528,10 @@ def test_register_resident_stream_backward(kind, element, layout, rng):
         what = f"{kind.name} backward {element.name} {layout}"
         got = storage_of(dx, element)
         check_backward(from_storage(got, element), expected, element, what)
-        assert next(iter(plan._launches.values()))[1][0] == expected_access, what
+        launch = next(iter(plan._launches.values()))[1]
+        assert launch[0] == expected_access, what
+        if launch[0] == "reg":
+            assert ("_pair" in launch[1]._kernel.name) == pair, (what, launch[1]._kernel.name)
         if layout.endswith("padded") and SIMULATOR:
             assert np.all(np.isnan(from_storage(dx_base[:, 16:], element))), what
         results.append(got.tobytes())

@@ -2526,6 +2526,7 @@ def _make_backward_rows_reg_pair(kind: ReduceKind, element: ElementKind,
     W, LOG_W = vec.width, vec.log_width
     coefficient, element_fn = _grad_fns(kind, element)
     READS_Y = ops.reads_y
+    STAT = ops.stat is not None
     STAT_TIES = ops.stat == "ties"
     ROWS = rows
     HELD = VEC_LOADS // ROWS
@@ -2599,26 +2600,28 @@ def _make_backward_rows_reg_pair(kind: ReduceKind, element: ElementKind,
                             if k < helds[r]:
                                 n += tie_count(tie_mask(words[r * HELD + k], yws[r]))
                         totals[r] = ACC(n)
-            for u in range(VEC_LOADS):
-                r = u // HELD
-                if u - r * HELD < helds[r] and not masks:
-                    unpack(words[u], values, 0)
-                    for e in range(W):
-                        if STAT_TIES:
-                            totals[r] += ACC(1) if values[e] == yvs[r] else ACC(0)
-                        else:
-                            totals[r] += values[e]
+            if STAT:
+                for u in range(VEC_LOADS):
+                    r = u // HELD
+                    if u - r * HELD < helds[r] and not masks:
+                        unpack(words[u], values, 0)
+                        for e in range(W):
+                            if STAT_TIES:
+                                totals[r] += ACC(1) if values[e] == yvs[r] else ACC(0)
+                            else:
+                                totals[r] += values[e]
             for r in range(ROWS):
                 total = totals[r]
-                width = lanes >> uint32(1)
-                while width >= uint32(1):  # a + b == b + a: both lanes of a pair: one sum
-                    total += shfl_xor(total, width)
-                    width = uint32(width >> uint32(1))
+                if STAT:
+                    width = lanes >> uint32(1)
+                    while width >= uint32(1):  # a + b == b + a: both lanes of a pair
+                        total += shfl_xor(total, width)
+                        width = uint32(width >> uint32(1))
                 mean = gs[r]
                 count = int64(0)
                 if STAT_TIES:
                     count = int64(total)
-                else:
+                elif STAT:
                     mean = total / ACC(extent)
                 cfs[r] = ACC(coefficient(gs[r], yvs[r], mean, count, param))
                 totals[r] = mean
@@ -3477,11 +3480,14 @@ REG_ROWS_PAIR = 2
 #: Their register caps (none: Max takes 59-60 registers, 4 resident blocks of 256).
 REG_ROWS_PAIR_MAX_REGISTERS: dict[tuple[ReduceKind, ElementKind], int] = {}
 #: (kind, element) -> the same gradient for rows of at most a warp's lanes, a thread
-#: holding REG_ROWS_PAIR rows (VEC_LOADS / REG_ROWS_PAIR words of each) at once: Max/Min
-#: and f32 Var/Std (the plan takes them where they exist). H200, 2026-11-29, [1e6, 64]
-#: along axis 1, alternating runs, µs one row a thread -> two: Max bf16 80.2-80.5 ->
-#: 77.1-77.3, f32 137.0-137.4 -> 128.9-129.4; f32 Var 132.2-132.3 -> 129.8-130.9, Std
-#: 132.8-133.7 -> 130.0-130.6; slower or even for bf16 Var 72.8-73.6 -> 78.2-78.7, Std
+#: holding REG_ROWS_PAIR rows (VEC_LOADS / REG_ROWS_PAIR words of each) at once: Max/Min,
+#: f32 Var/Std and the kinds without a statistic that read x (the plan takes them where
+#: they exist; the latter from 8 lanes a row). H200, 2026-11-29, along axis 1, alternating
+#: runs, µs one row a thread -> two: [1e6, 64] Max bf16 80.2-80.5 -> 77.1-77.3, f32
+#: 137.0-137.4 -> 128.9-129.4; f32 Var 132.2-132.3 -> 129.8-130.9, Std 132.8-133.7 ->
+#: 130.0-130.6; bf16 Max [131072, 512] (32 lanes) 78.2-78.4 -> 69.7-69.9, [262144, 256]
+#: 79.6 -> 70.6-70.7; f32 Max [262144, 256] 140.4-141.6 -> 135.2-136.2, Var 135.6-136.3
+#: -> 133.6-134.9; slower or even for bf16 Var [1e6, 64] 72.8-73.6 -> 78.2-78.7, Std
 #: 79.5-79.7 -> 78.7-78.8.
 REDUCE_BACKWARD_ROWS_REG_PAIR_KERNELS: dict[tuple[ReduceKind, ElementKind], Kernel] = {
     (kind, element): Kernel(
@@ -3489,8 +3495,8 @@ REDUCE_BACKWARD_ROWS_REG_PAIR_KERNELS: dict[tuple[ReduceKind, ElementKind], Kern
         _make_backward_rows_reg_pair(kind, element, REG_ROWS_PAIR),
         _reg_backward_signature(element),
         max_registers=REG_ROWS_PAIR_MAX_REGISTERS.get((kind, element)))
-    for element in VECTOR for kind in STAT_GRAD_KINDS
-    if GRAD_OPS[kind].stat == "ties" or element.byte_width == 4
+    for element in VECTOR for kind in STAT_GRAD_KINDS + STREAM_GRAD_KINDS
+    if GRAD_OPS[kind].stat != "mean" or element.byte_width == 4
 }
 
 

@@ -470,6 +470,15 @@ def _reg_lanes(extent: int, width: int) -> int:
 #: 29.5-30.5 -> 25.2-25.3. With 4 lanes or more, [1e6, 64] along axis 1 took 184.6 µs
 #: against 183.1 (f32 Prod) and 97.0 against 92.6 (bf16 LogSumExp).)
 _REG_STREAM_MIN_LANES = 32
+#: ... or, two rows a thread (``REDUCE_BACKWARD_ROWS_REG_PAIR_KERNELS``), rows of at least
+#: _PAIR_STREAM_MIN_LANES lanes (32 words). (H200, 2026-11-29, alternating runs, µs word
+#: row kernel -> two rows a thread: [1e6, 64] along axis 1 f32 (8 lanes) Prod
+#: 140.5-141.1 -> 133.8-134.1, Norm2 137.6-137.7 -> 132.0-132.3, LogSumExp 131.9-132.9 ->
+#: 132.6-133.3; bf16 [262144, 256] (16 lanes) Prod 95.0-96.5 -> 70.2; bf16 [1e6, 64] (4
+#: lanes) slower: Prod 74.3-74.4 -> 81.6-81.7, Norm2 73.5-74.3 -> 78.7-79.7, LogSumExp
+#: 71.5-71.6 -> 80.5-80.8. Rows of 32 lanes and at most 128 words, one row a thread
+#: before: bf16 Prod [131072, 512] 72.5-72.7 -> 69.2-69.3.)
+_PAIR_STREAM_MIN_LANES = 8
 #: The word-kernel gradients without a statistic (Sum, Mean, Prod, Norm2, LogSumExp)
 #: whose lines split anyway (``_split_aim``): the blocks a split aims at and the batches
 #: a split keeps at least. Nothing merges their splits, so they split until a thread has
@@ -1458,7 +1467,9 @@ class ReduceBackwardPlan(Plan):
             lanes = _reg_lanes(extent, width)
             whole_words = dx.ptr % 8 == 0 and extent % width == 0 and len(out_shape) <= 1 \
                 and all(s % width == 0 for s in out_strides[0])
-            if stream and lanes < _REG_STREAM_MIN_LANES:
+            if stream and lanes < _REG_STREAM_MIN_LANES and (
+                    lanes < _PAIR_STREAM_MIN_LANES
+                    or self._pair_kernel(lanes.bit_length() - 1) is None):
                 lanes = 0
             if lanes and whole_words:
                 return None, (REG, self._bind_reg(dy, dx, y, out_strides,
@@ -1714,6 +1725,17 @@ class ReduceBackwardPlan(Plan):
         bound = kernel.bind(_SYNC_GRID, SYNC_BLOCK, (*common, batches, lead, self._param))
         return _SyncLaunch(bound.fast, workspace, False)
 
+    def _pair_kernel(self, log2_lanes: int) -> Kernel | None:
+        """The register-resident row kernel of REG_ROWS_PAIR rows a thread where it exists
+        for the kind and element and the rows (``2**log2_lanes`` lanes each) fit it: at
+        most a warp's lanes, at most VEC_LOADS / REG_ROWS_PAIR words a lane."""
+        element = self.descriptor.element
+        grad_kind = GRAD_KERNEL_KIND.get(self.descriptor.kind, self.descriptor.kind)
+        pair = REDUCE_BACKWARD_ROWS_REG_PAIR_KERNELS.get((grad_kind, element))
+        fits = log2_lanes <= 5 and self._extent // VECTOR[element].width \
+            <= (VEC_LOADS // REG_ROWS_PAIR) << log2_lanes
+        return pair if pair is not None and self.reg_rows_pair and fits else None
+
     def _bind_reg(self, dy: TensorRef, dx: TensorMut, y: TensorRef | None,
                   out_strides: list[tuple[int, ...]], log2_lanes: int, block: int,
                   axis_stride: int | None, stash: bool = False) -> Any:
@@ -1728,10 +1750,8 @@ class ReduceBackwardPlan(Plan):
         shared = 0
         if axis_stride is None:
             groups = -(-self._out_numel // (block >> log2_lanes))
-            pair = REDUCE_BACKWARD_ROWS_REG_PAIR_KERNELS.get((grad_kind, element))
-            if pair is not None and self.reg_rows_pair and log2_lanes <= 5 \
-                    and self._extent // width <= (VEC_LOADS // REG_ROWS_PAIR) << log2_lanes:
-                kernel = pair
+            kernel = self._pair_kernel(log2_lanes)
+            if kernel is not None:
                 groups = -(-groups // REG_ROWS_PAIR)
             else:
                 kernel = REDUCE_BACKWARD_ROWS_REG_KERNELS[(grad_kind, element)]
