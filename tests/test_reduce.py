@@ -1015,7 +1015,9 @@ def test_short_rows_backward(kind, element, layout, rng):
     dx_base = poisoned(base_shape, element)
     dx = device_view(dx_base, index, shape, element)
     plan = ReduceBackwardPlan.select(ReduceBackwardDescriptor(kind, shape, axis, element))
-    plan.broadcast = False  # the word kernel's short rows (test_broadcast_backward: the other)
+    # the word kernel's short rows (the others: test_broadcast_backward, and for rows of 8
+    # lanes, test_register_resident_stream_backward's reg_pairs8)
+    plan.broadcast = plan.reg_rows_pair = False
     saved = kind not in (K.SUM, K.MEAN)
     plan.run(ReduceBackwardArgs(to_device(dy), dx, device_view(base, index, shape, element)
                                 if saved else None, to_device(y) if saved else None))
