@@ -2372,31 +2372,38 @@ def _make_backward_broadcast(kind: ReduceKind, element: ElementKind) -> Callable
 # memory once (2 passes: x read, dx written) instead of 3 (statistic, then gradient).
 
 
-def _make_backward_rows_reg(kind: ReduceKind, element: ElementKind) -> Callable[..., None]:
+def _row_grad_parts(kind: ReduceKind, element: ElementKind) -> tuple[Any, ...]:
+    """What the register-resident row gradients (``_make_backward_rows_reg`` and its
+    pair) take from the kind and element: the accumulator type, dy/y load, word unpack /
+    pack / store, elements per word (and its log 2), ``coefficient`` and ``element_fn``,
+    whether y is read, whether there is a statistic and whether it is the tie count, and
+    the f16/bf16 tie masks (``TieWords``: whether, then splat / mask / count / select /
+    usable, None without)."""
     ops = GRAD_OPS[kind]
     spec = ELEMENTS[element]
     vec = VECTOR[element]
-    ACC = spec.acc
-    load = spec.load
-    unpack, pack, store_word = vec.unpack, vec.pack, vec.store_word
-    W, LOG_W = vec.width, vec.log_width
-    coefficient, element_fn = _grad_fns(kind, element)
-    READS_Y = ops.reads_y
-    STAT = ops.stat is not None
-    STAT_TIES = ops.stat == "ties"
+    stat_ties = ops.stat == "ties"
+    tie_masks = stat_ties and vec.eq_mask is not None
+    ties = _tie_words(element) if tie_masks else None
+    tie_parts = (ties.splat, ties.mask, ties.count, ties.select, ties.usable) if ties \
+        else (None,) * 5
+    return (spec.acc, spec.load, vec.unpack, vec.pack, vec.store_word, vec.width,
+            vec.log_width, *_grad_fns(kind, element), ops.reads_y, ops.stat is not None,
+            stat_ties, tie_masks, *tie_parts)
+
+
+def _make_backward_rows_reg(kind: ReduceKind, element: ElementKind) -> Callable[..., None]:
+    ops = GRAD_OPS[kind]
+    (ACC, load, unpack, pack, store_word, W, LOG_W, coefficient, element_fn, READS_Y, STAT,
+     STAT_TIES, TIE_MASKS, splat, tie_mask, tie_count, tie_select, tie_usable) = \
+        _row_grad_parts(kind, element)
     WARPS = SHARED_SLOTS // 32  # most warps of one block
     PARTIALS = 2 * WARPS  # two buffers: one barrier per group
-    # f16/bf16 ties from equality masks of the packed words (TieWords)
-    TIE_MASKS = STAT_TIES and vec.eq_mask is not None
     # f32 Var/Std: whole rows load unpredicated, where ptxas sank the predicated loads to
     # their adds (H200, 2026-11-29, [4096, 4096] along axis 1: Var 42.2-42.5 -> 35.9 µs,
     # Std 44.1-45.0 -> 36.0-36.8; bf16 even, and its short rows, which never take the
     # branch, slower with it: Var [1e6, 64] 72.7-73.6 -> 75.7-76.7)
     WHOLE_LOADS = ops.stat == "mean" and element.byte_width == 4
-    ties = _tie_words(element) if TIE_MASKS else None
-    splat, tie_mask, tie_count, tie_select, tie_usable = \
-        (ties.splat, ties.mask, ties.count, ties.select, ties.usable) if TIE_MASKS \
-        else (None,) * 5
 
     def reduce_backward_rows_reg(dy, xv, y, dx, dxv, out_numel, extent, row_words, dy_stride,
                                  y_stride, log2_lanes, param):
@@ -2517,25 +2524,11 @@ def _make_backward_rows_reg_pair(kind: ReduceKind, element: ElementKind,
     Max [4096, 4096] 38.0-39.1 µs against 35.3-36.3, [1e6, 64] 152.7-153.6 against
     135.7-136.5, for differences in the PTX no larger than a conversion sunk into each
     store.)"""
-    ops = GRAD_OPS[kind]
-    spec = ELEMENTS[element]
-    vec = VECTOR[element]
-    ACC = spec.acc
-    load = spec.load
-    unpack, pack, store_word = vec.unpack, vec.pack, vec.store_word
-    W, LOG_W = vec.width, vec.log_width
-    coefficient, element_fn = _grad_fns(kind, element)
-    READS_Y = ops.reads_y
-    STAT = ops.stat is not None
-    STAT_TIES = ops.stat == "ties"
+    (ACC, load, unpack, pack, store_word, W, LOG_W, coefficient, element_fn, READS_Y, STAT,
+     STAT_TIES, TIE_MASKS, splat, tie_mask, tie_count, tie_select, tie_usable) = \
+        _row_grad_parts(kind, element)
     ROWS = rows
     HELD = VEC_LOADS // ROWS
-    # f16/bf16 ties from equality masks of the packed words (TieWords)
-    TIE_MASKS = STAT_TIES and vec.eq_mask is not None
-    ties = _tie_words(element) if TIE_MASKS else None
-    splat, tie_mask, tie_count, tie_select, tie_usable = \
-        (ties.splat, ties.mask, ties.count, ties.select, ties.usable) if TIE_MASKS \
-        else (None,) * 5
 
     def reduce_backward_rows_reg_pair(dy, xv, y, dx, dxv, out_numel, extent, row_words,
                                       dy_stride, y_stride, log2_lanes, param):
