@@ -2518,8 +2518,8 @@ def _make_backward_rows_reg(kind: ReduceKind, element: ElementKind) -> Callable[
 def _make_backward_rows_reg_pair(kind: ReduceKind, element: ElementKind,
                                  rows: int) -> Callable[..., None]:
     """``_make_backward_rows_reg``'s gradient for rows of at most a warp's lanes, a thread
-    holding one row of each of ``rows`` consecutive groups of the block's rows (``HELD =
-    VEC_LOADS / rows`` words of each): every load of them in flight at once. (Its own
+    holding one row of each of ``rows`` consecutive groups of the block's rows
+    (REG_ROWS_PAIR_WORDS words of each): every load of them in flight at once. (Its own
     body: the one-row kernel written with ``rows`` = 1 ran slower, H200, 2026-11-29, f32
     Max [4096, 4096] 38.0-39.1 µs against 35.3-36.3, [1e6, 64] 152.7-153.6 against
     135.7-136.5, for differences in the PTX no larger than a conversion sunk into each
@@ -2528,7 +2528,8 @@ def _make_backward_rows_reg_pair(kind: ReduceKind, element: ElementKind,
      STAT_TIES, TIE_MASKS, splat, tie_mask, tie_count, tie_select, tie_usable) = \
         _row_grad_parts(kind, element)
     ROWS = rows
-    HELD = VEC_LOADS // ROWS
+    HELD = REG_ROWS_PAIR_WORDS  # words a lane holds of each row
+    WORDS = HELD * ROWS
 
     def reduce_backward_rows_reg_pair(dy, xv, y, dx, dxv, out_numel, extent, row_words,
                                       dy_stride, y_stride, log2_lanes, param):
@@ -2542,7 +2543,7 @@ def _make_backward_rows_reg_pair(kind: ReduceKind, element: ElementKind,
         lane = tid & (lanes - uint32(1))
         slot = tid >> log_lanes
         slots = uint32(cuda.blockDim.x) >> log_lanes
-        words = cuda.local.array(VEC_LOADS, uint64)
+        words = cuda.local.array(WORDS, uint64)
         values = cuda.local.array(W, ACC)
         results = cuda.local.array(W, ACC)
         gs = cuda.local.array(ROWS, ACC)
@@ -2571,11 +2572,11 @@ def _make_backward_rows_reg_pair(kind: ReduceKind, element: ElementKind,
             # f32 [1e6, 64] 80.6 / 136.0-136.8 µs without this branch, 76.6-76.8 /
             # 127.7-128.6 with it)
             if mine == uint32(HELD) and (group + ROWS) * slots <= out_numel:
-                for u in range(VEC_LOADS):
+                for u in range(WORDS):
                     r = u // HELD
                     words[u] = xv[ats[r] + uint64(uint32(u - r * HELD) << log_lanes)]
             else:
-                for u in range(VEC_LOADS):
+                for u in range(WORDS):
                     r = u // HELD
                     k = u - r * HELD
                     if k < helds[r]:
@@ -2594,7 +2595,7 @@ def _make_backward_rows_reg_pair(kind: ReduceKind, element: ElementKind,
                                 n += tie_count(tie_mask(words[r * HELD + k], yws[r]))
                         totals[r] = ACC(n)
             if STAT:
-                for u in range(VEC_LOADS):
+                for u in range(WORDS):
                     r = u // HELD
                     if u - r * HELD < helds[r] and not masks:
                         unpack(words[u], values, 0)
@@ -2627,7 +2628,7 @@ def _make_backward_rows_reg_pair(kind: ReduceKind, element: ElementKind,
                             store_word(dx, dxv, ats[r] + uint64(uint32(k) << log_lanes),
                                        tie_select(tie_mask(words[r * HELD + k], yws[r]),
                                                   cw, zw), 0)
-            for u in range(VEC_LOADS):
+            for u in range(WORDS):
                 r = u // HELD
                 k = u - r * HELD
                 if k < helds[r] and not masks:
@@ -3468,8 +3469,9 @@ REDUCE_BACKWARD_ROWS_REG_KERNELS: dict[tuple[ReduceKind, ElementKind], Kernel] =
         max_registers=REG_ROWS_MAX_REGISTERS.get((kind, element)))
     for element in VECTOR for kind in STAT_GRAD_KINDS + STREAM_GRAD_KINDS
 }
-#: Rows a thread of the short-row kernels below holds at once.
+#: Rows a thread of the short-row kernels below holds at once, and words a lane of each.
 REG_ROWS_PAIR = 2
+REG_ROWS_PAIR_WORDS = 4
 #: Their register caps (none: Max takes 59-60 registers, 4 resident blocks of 256).
 REG_ROWS_PAIR_MAX_REGISTERS: dict[tuple[ReduceKind, ElementKind], int] = {}
 #: (kind, element) -> the same gradient for rows of at most a warp's lanes, a thread

@@ -101,6 +101,7 @@ from ..kernels.reduce import (
     REG_COLS_STASH_BYTES,
     REG_COLS_WIDE_BLOCK,
     REG_ROWS_PAIR,
+    REG_ROWS_PAIR_WORDS,
     SHORT_LOADS,
     STREAM_GRAD_KINDS,
     SYNC_BLOCK,
@@ -1728,12 +1729,12 @@ class ReduceBackwardPlan(Plan):
     def _pair_kernel(self, log2_lanes: int) -> Kernel | None:
         """The register-resident row kernel of REG_ROWS_PAIR rows a thread where it exists
         for the kind and element and the rows (``2**log2_lanes`` lanes each) fit it: at
-        most a warp's lanes, at most VEC_LOADS / REG_ROWS_PAIR words a lane."""
+        most a warp's lanes, at most REG_ROWS_PAIR_WORDS words a lane."""
         element = self.descriptor.element
         grad_kind = GRAD_KERNEL_KIND.get(self.descriptor.kind, self.descriptor.kind)
         pair = REDUCE_BACKWARD_ROWS_REG_PAIR_KERNELS.get((grad_kind, element))
         fits = log2_lanes <= 5 and self._extent // VECTOR[element].width \
-            <= (VEC_LOADS // REG_ROWS_PAIR) << log2_lanes
+            <= REG_ROWS_PAIR_WORDS << log2_lanes
         return pair if pair is not None and self.reg_rows_pair and fits else None
 
     def _bind_reg(self, dy: TensorRef, dx: TensorMut, y: TensorRef | None,
