@@ -1353,8 +1353,9 @@ class ReduceBackwardPlan(Plan):
         #: the gradients without a statistic: the broadcast kernel where it applies
         #: (``_bind_broadcast``); set before the first ``run``
         self.broadcast = True
-        #: the statistic gradients' rows of at most a warp's lanes: two rows a thread
-        #: (``REDUCE_BACKWARD_ROWS_REG_PAIR_KERNELS``); set before the first ``run``
+        #: the register-resident gradients' rows of at most a warp's lanes of at most
+        #: REG_ROWS_PAIR_WORDS words: two rows a thread where that kernel exists
+        #: (``_pair_kernel``); set before the first ``run``
         self.reg_rows_pair = True
         if self._stat_kind is not None and self._numel and desc.element in VECTOR:
             layout = _sync_layout(self._out_numel, extent, VECTOR[desc.element].width)
