@@ -2533,10 +2533,10 @@ def _make_backward_rows_reg_pair(kind: ReduceKind, element: ElementKind,
 
     def reduce_backward_rows_reg_pair(dy, xv, y, dx, dxv, out_numel, extent, row_words,
                                       dy_stride, y_stride, log2_lanes, param):
-        """The Max/Min or Var/Std gradient as ``reduce_backward_rows_reg`` (the same
-        parameters and the same bits) of rows of ``lanes = 2**log2_lanes <= 32`` lanes and
-        at most ``lanes * HELD`` words: row ``r`` of a thread is row ``(group + r) * slots
-        + slot``; its words are ``words[r * HELD:(r + 1) * HELD]``."""
+        """The gradient of ``reduce_backward_rows_reg`` (the same kinds, parameters and
+        bits) for rows of ``lanes = 2**log2_lanes <= 32`` lanes and at most ``lanes *
+        HELD`` words: row ``r`` of a thread is row ``(group + r) * slots + slot``; its
+        words are ``words[r * HELD:(r + 1) * HELD]``."""
         tid = uint32(cuda.threadIdx.x)
         log_lanes = uint32(log2_lanes)
         lanes = uint32(1) << log_lanes
@@ -3472,10 +3472,8 @@ REDUCE_BACKWARD_ROWS_REG_KERNELS: dict[tuple[ReduceKind, ElementKind], Kernel] =
 #: Rows a thread of the short-row kernels below holds at once, and words a lane of each.
 REG_ROWS_PAIR = 2
 REG_ROWS_PAIR_WORDS = 4
-#: Their register caps (none: Max takes 59-60 registers, 4 resident blocks of 256).
-REG_ROWS_PAIR_MAX_REGISTERS: dict[tuple[ReduceKind, ElementKind], int] = {}
 #: (kind, element) -> the same gradient for rows of at most a warp's lanes, a thread
-#: holding REG_ROWS_PAIR rows (VEC_LOADS / REG_ROWS_PAIR words of each) at once: Max/Min,
+#: holding REG_ROWS_PAIR rows (REG_ROWS_PAIR_WORDS words of each) at once: Max/Min,
 #: f32 Var/Std and the kinds without a statistic that read x (the plan takes them where
 #: they exist; the latter from 8 lanes a row). H200, 2026-11-29, along axis 1, alternating
 #: runs, µs one row a thread -> two: [1e6, 64] Max bf16 80.2-80.5 -> 77.1-77.3, f32
@@ -3483,13 +3481,13 @@ REG_ROWS_PAIR_MAX_REGISTERS: dict[tuple[ReduceKind, ElementKind], int] = {}
 #: 130.0-130.6; bf16 Max [131072, 512] (32 lanes) 78.2-78.4 -> 69.7-69.9, [262144, 256]
 #: 79.6 -> 70.6-70.7; f32 Max [262144, 256] 140.4-141.6 -> 135.2-136.2, Var 135.6-136.3
 #: -> 133.6-134.9; slower or even for bf16 Var [1e6, 64] 72.8-73.6 -> 78.2-78.7, Std
-#: 79.5-79.7 -> 78.7-78.8.
+#: 79.5-79.7 -> 78.7-78.8. Uncapped (Max takes 57 registers on the GPU: 4 resident
+#: blocks of 256; the others 48: 5).
 REDUCE_BACKWARD_ROWS_REG_PAIR_KERNELS: dict[tuple[ReduceKind, ElementKind], Kernel] = {
     (kind, element): Kernel(
         f"reduce_backward_rows_reg_pair[{_kind_name(kind)},{element.name.lower()}]",
         _make_backward_rows_reg_pair(kind, element, REG_ROWS_PAIR),
-        _reg_backward_signature(element),
-        max_registers=REG_ROWS_PAIR_MAX_REGISTERS.get((kind, element)))
+        _reg_backward_signature(element))
     for element in VECTOR for kind in STAT_GRAD_KINDS + STREAM_GRAD_KINDS
     if GRAD_OPS[kind].stat != "mean" or element.byte_width == 4
 }
