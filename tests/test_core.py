@@ -787,3 +787,38 @@ def test_simulator_shuffles_wait_for_their_warp_only():
         kernel[1, 40](out)
         np.testing.assert_array_equal(out[:40], 101)
         np.testing.assert_array_equal(out[64:104], np.arange(40) ^ 1)
+
+
+@pytest.mark.simulator
+def test_simulator_barrier_counts_live_threads_and_raises():
+    """The simulator's block barrier (``_runtime._Block``): it opens when every thread
+    still running waits at it, so threads that returned early do not hold it;
+    ``syncthreads_count`` counts the threads that reach it; an exception in one thread
+    reaches the caller (the others, waiting at a barrier, are released) and the next
+    launch runs normally."""
+
+    @cuda.jit
+    def kernel(out, fail):
+        shared = cuda.shared.array(64, np.float64)
+        tid = cuda.threadIdx.x
+        shared[tid] = tid + 1000 * cuda.blockIdx.x
+        cuda.syncthreads()
+        if tid == 5 and fail[0] == cuda.blockIdx.x:
+            raise ValueError("thread 5 fails")
+        if tid < 24:  # a warp and a part of one leave
+            return
+        cuda.syncthreads()
+        counted = cuda.syncthreads_count(tid % 3 == 0)
+        out[cuda.blockIdx.x, tid] = shared[87 - tid] + counted
+
+    grid = (3, 64)
+    out = np.full(grid, -7.0)
+    kernel[grid](out, np.array([-1]))
+    expected = (87 - np.arange(24, 64)) + 1000 * np.arange(3)[:, None] + 14
+    np.testing.assert_array_equal(out[:, 24:], expected)
+    np.testing.assert_array_equal(out[:, :24], -7.0)
+    with pytest.raises(ValueError, match="thread 5 fails"):
+        kernel[grid](np.zeros(grid), np.array([1]))
+    out[:] = -7.0
+    kernel[grid](out, np.array([-1]))
+    np.testing.assert_array_equal(out[:, 24:], expected)
