@@ -28,9 +28,10 @@ def _shared_array(self, shape, dtype, alignment=None):
     thread switch between the two lets two threads each store their own array, so the
     block no longer shares it (a stress test did not reproduce it; the sporadic
     simulator failures once seen with a 0.2 ms GIL switch interval went with the
-    warp-level shuffle barrier of ``kernels.common``). ``dict.setdefault`` is atomic under the GIL.
-    The key comes from the caller's frame rather than ``traceback.extract_stack`` (which
-    also reads every frame's source line): the same key, at a fraction of the cost.
+    warp-level shuffle barrier of ``kernels.common``). ``dict.setdefault`` is atomic
+    under the GIL. The key comes from the caller's frame rather than
+    ``traceback.extract_stack`` (which also reads every frame's source line): the same
+    key, at a fraction of the cost.
     """
     from numba.cuda import types
     from numba.cuda.np import numpy_support

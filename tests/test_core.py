@@ -805,7 +805,7 @@ def test_simulator_barrier_counts_live_threads_and_raises():
         cuda.syncthreads()
         if tid == 5 and fail[0] == cuda.blockIdx.x:
             raise ValueError("thread 5 fails")
-        if tid < 24:  # a warp and a part of one leave
+        if tid < 24:  # most of warp 0 leaves
             return
         cuda.syncthreads()
         counted = cuda.syncthreads_count(tid % 3 == 0)
