@@ -13,9 +13,12 @@ both; ``fwd``: the forward ``ReducePlan`` instead, timed beside torch's reductio
 many ties in bf16) instead of a normal distribution. ``AB_SET=MODULE.NAME=VALUE,...`` sets
 constants of the new package first (e.g. ``plans.reduce._TIE_REWRITE_BLOCKS=264``;
 booleans as 1 / 0); ``AB_PLAN=ATTR=VALUE,...`` sets attributes of each new plan (e.g.
-``reg_rows_pair=0``). ``AB_REVERSE=1`` sets up and times the old package first.
-``AB_NO_COLS_REG=1`` keeps the new package's gradients off the column register-resident
-kernels (the column word kernel takes those columns, the tie count after dx for Max/Min).
+``reg_rows_pair=0``; an attribute whose default is None, an automatic choice, takes 1 / 0
+or ``none``). ``AB_REVERSE=1`` sets up and times the old package first.
+``AB_EXTRA=NAME,...`` times more packages (importable names, e.g. copies in ``ab/``) beside
+the two, their bits compared with the new package's. ``AB_NO_COLS_REG=1`` keeps the new
+package's gradients off the column register-resident kernels (the column word kernel
+takes those columns, the tie count after dx for Max/Min).
 """
 
 from __future__ import annotations
@@ -34,11 +37,17 @@ from baracuda_numba.plans.reduce import REDUCE_KINDS
 PACKAGES = {"new": baracuda_numba, "old": importlib.import_module("baracuda_old")}
 if os.environ.get("AB_REVERSE"):  # time (and allocate for) the old package first
     PACKAGES = dict(reversed(PACKAGES.items()))
+# more variants, timed beside the two (importable package names, comma separated)
+for _name in filter(None, os.environ.get("AB_EXTRA", "").split(",")):
+    PACKAGES[_name] = importlib.import_module(_name)
 
 
 def _setting(current: object, text: str) -> object:
-    """``text`` as the type of ``current``: booleans from 1/0, true/false, yes/no."""
-    if isinstance(current, bool):
+    """``text`` as the type of ``current``: booleans from 1/0, true/false, yes/no (also
+    for a current None, an automatic choice; "none" keeps it)."""
+    if current is None and text.lower() == "none":
+        return None
+    if isinstance(current, bool) or current is None:
         if text.lower() not in ("1", "0", "true", "false", "yes", "no"):
             raise ValueError(f"AB_SET: {text!r} is not a boolean")
         return text.lower() in ("1", "true", "yes")
@@ -115,6 +124,10 @@ def main() -> None:
             diff = (outs[0].double() - outs[1].double()).abs().max().item()
             print(f"  max |new - old| {diff:.3g} (max |old| "
                   f"{outs[1].double().abs().max().item():.3g})", flush=True)
+        mine = outs[list(PACKAGES).index("new")]
+        for label, out in list(zip(PACKAGES, outs))[2:]:
+            equal = torch.equal(mine.view(torch.uint8), out.view(torch.uint8))
+            print(f"  {label}: bits {'equal to' if equal else 'DIFFER from'} new", flush=True)
         moved = (2 * x.numel() + 2 * y.numel()) * x.element_size()
         for _ in range(rounds):
             times = ctx.time_gpu_many(runs, iters=20)
