@@ -52,10 +52,8 @@ def _overlap_ptx_compile(config: pytest.Config, items: list[pytest.Item]) -> Non
 def pytest_sessionfinish(session: pytest.Session) -> None:
     """A run stopped early (``-x``, Ctrl-C) leaves no compile process behind."""
     module = sys.modules.get("test_ptx") or sys.modules.get("tests.test_ptx")
-    process = getattr(module, "_process", None)
-    if process is not None and process.poll() is None:
-        process.kill()
-        process.communicate()
+    if module is not None:
+        module.stop()
 
 
 @pytest.fixture
