@@ -13,9 +13,10 @@ from the two ends of one list, each claiming a signature (a file created exclusi
 shared folder) before compiling it: ``conftest.py`` starts them right after collection
 (:func:`start`) and moves this test to the end of the run, where it only waits for them.
 CI has 2 cores: the simulator tests take one and the first process the other; the second
-process runs at idle priority (``SCHED_IDLE``: only on a core nothing else wants, so it
-never slows the tests; an earlier try at nice 10 slowed them about 3x), and once the
-simulator tests end it has a core of its own. Run alone (or under xdist) the test starts
+process runs at idle priority (``SCHED_IDLE``: only on a core nothing else is ready to
+use; the tests still ran somewhat slower beside it, where two processes at nice 10 slowed
+them about 3x: CONTRIBUTING.md), and once the simulator tests end it has a core of its
+own. Run alone (or under xdist) the test starts
 the processes itself.
 """
 
