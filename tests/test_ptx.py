@@ -16,8 +16,7 @@ CI has 2 cores: the simulator tests take one and the first process the other; th
 process runs at idle priority (``SCHED_IDLE``: only on a core nothing else is ready to
 use; the tests still ran somewhat slower beside it, where two processes at nice 10 slowed
 them about 3x: CONTRIBUTING.md), and once the simulator tests end it has a core of its
-own. Run alone (or under xdist) the test starts
-the processes itself.
+own. Run alone (or under xdist) the test starts the processes itself.
 """
 
 from __future__ import annotations
