@@ -53,9 +53,7 @@ SCRIPT = _CHECK_PACKED + r"""
 import os
 import sys
 
-from numba import cuda
-
-from baracuda_numba.launch import registered_kernels
+from baracuda_numba.launch import compile_all_ptx, registered_kernels
 
 claims, backward = sys.argv[1], sys.argv[2] == "backward"
 kernels = registered_kernels()
@@ -75,8 +73,7 @@ for at in reversed(range(len(jobs))) if backward else range(len(jobs)):
     except FileExistsError:
         continue
     cc, kernel = jobs[at]
-    # max_registers is a ptxas option: PTX is the same with or without it.
-    text, _ = cuda.compile_ptx(kernel.py_func, kernel.signature, cc=cc)
+    text = compile_all_ptx(cc, only=lambda k: k is kernel)[kernel.name]
     assert ".entry" in text, kernel.name
     ptx[cc][kernel.name] = text
 for cc, done in ptx.items():
