@@ -14,6 +14,7 @@ import baracuda_numba.plans.reduce as plans_reduce
 from baracuda_numba.errors import InvalidProblem, Unsupported, WorkspaceTooSmall
 from baracuda_numba.kernels.reduce import (
     CHUNK,
+    HOLD_POLL_SLOTS,
     HOLD_STASH_BYTES,
     REDUCE_BACKWARD_COLS_STASH_KERNELS,
     REDUCE_BACKWARD_ROWS_HOLD_KERNELS,
@@ -1677,6 +1678,8 @@ def _hold_expected(kind, element, parts: int) -> tuple[bool, bool]:
     rows of ``parts`` row-sync chunks on this device, and its stash kernel (chunks of
     two: Var/Std where the register-only kernel holds fewer than _HOLD_STASH_ROWS rows,
     Max/Min where the register-only kernel fits)."""
+    if parts > HOLD_POLL_SLOTS * SYNC_BLOCK:  # a thread reads at most two chunk totals
+        return False, False
     ties = kind in (K.MAX, K.MIN)
     key = (K.MAX if ties else kind, element)
     resident = REDUCE_BACKWARD_ROWS_HOLD_KERNELS[key].resident_blocks(SYNC_BLOCK)
@@ -1789,6 +1792,22 @@ def _one_chunk_params() -> list:
                         f"{kind.name}-{element.name}-{'full' if full else 'partial'}"
                         f"{'-stash' if stash else ''}")))
     return params
+
+
+@pytest.mark.parametrize("kind", [K.VAR, K.MAX])
+@pytest.mark.parametrize("stash", [None, False, True])
+def test_row_hold_backward_poll_slots(kind, stash):
+    """The hold kernels' threads read HOLD_POLL_SLOTS of a row's chunk totals each: rows of
+    more than HOLD_POLL_SLOTS * SYNC_BLOCK chunks never take them, even forced
+    (``row_hold``), and take the other way; one-chunk rows always fit."""
+    plan = ReduceBackwardPlan.select(ReduceBackwardDescriptor(kind, (3, 1024), 1, E.F32))
+    plan.row_hold = True
+    plan.hold_stash = stash
+    limit = HOLD_POLL_SLOTS * SYNC_BLOCK
+    assert plan._hold_kernel(kind, E.F32, limit + 1) is None
+    assert plan._hold_kernel(kind, E.F32, 4 * limit) is None
+    kernel, shared, grid = plan._hold_kernel(kind, E.F32, 1)
+    assert grid >= 1 and shared == 0
 
 
 @IEEE_SPECIALS

@@ -617,6 +617,62 @@ else:
         return types.void(), codegen
 
 
+# -- polling another block's results, and waiting ------------------------------------------
+# A block that waits for words other blocks publish (an atomic exchange each) reads them
+# with ``load_relaxed``: a plain load at the GPU's coherence point (L2), which does not
+# serialise on the word's L2 line as an atomic does, and which the compiler keeps inside
+# the polling loop. ``wait_ns`` holds the calling thread for about ``ns`` nanoseconds.
+
+if SIMULATOR:
+
+    @cuda.jit(device=True)
+    def load_relaxed(array, index):
+        """``array[index]`` (int64), read at the GPU's coherence point on the GPU."""
+        return array[index]
+
+    @cuda.jit(device=True)
+    def wait_ns(ns):
+        """Nothing here (the GPU version waits ``ns`` nanoseconds)."""
+
+else:
+
+    @intrinsic
+    def load_relaxed(typingctx, array, index):
+        """``array[index]`` of an int64 array by ``ld.relaxed.gpu`` (L2, no atomic), a
+        volatile asm: never hoisted out of a polling loop nor merged with another read."""
+        if not (isinstance(array, types.Array) and array.dtype == types.int64):
+            return None
+
+        def codegen(context, builder, signature, args):
+            address = element_address(context, builder, signature.args[0], args[0],
+                                      signature.args[1], args[1])
+            fnty = _ir.FunctionType(_ir.IntType(64), [_ir.IntType(64)])
+            asm = _ir.InlineAsm(fnty, "ld.relaxed.gpu.global.b64 $0, [$1];", "=l,l",
+                                side_effect=True)
+            return builder.call(asm, [address])
+
+        return types.int64(array, index), codegen
+
+    @intrinsic
+    def _globaltimer(typingctx):
+        """The GPU's nanosecond timer (``%globaltimer``)."""
+
+        def codegen(context, builder, signature, args):
+            fnty = _ir.FunctionType(_ir.IntType(64), [])
+            return builder.call(_ir.InlineAsm(fnty, "mov.u64 $0, %globaltimer;", "=l",
+                                              side_effect=True), [])
+
+        return types.int64(), codegen
+
+    @cuda.jit(device=True, inline=True)
+    def wait_ns(ns):
+        """Hold the calling thread until ``%globaltimer`` has advanced ``ns`` (int64)
+        nanoseconds, sleeping 200 ns at a time between reads."""
+        start = _globaltimer()
+        while _globaltimer() - start < ns:
+            cuda.nanosleep(200)
+
+
 # -- 16-byte loads and stores ------------------------------------------------------------
 
 #: A 16-byte memory unit in registers: four 32-bit words (``ld/st.global.v4.u32``).

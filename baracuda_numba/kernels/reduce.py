@@ -91,6 +91,7 @@ from .common import (
     f32_from_bits,
     f32_to_bf16,
     load16_words,
+    load_relaxed,
     max_nan_f32,
     min_nan_f32,
     nan_max,
@@ -105,6 +106,7 @@ from .common import (
     store16_words,
     unpack_f16x4,
     unpack_f32x2,
+    wait_ns,
 )
 
 #: Shared-array capacity: the largest block the kernels are launched with.
@@ -2717,24 +2719,64 @@ def _publish_partial(partials, k, chunk_total, tid):
 
 
 @cuda.jit(device=True, inline=True)
-def _row_total(partials, row, parts, sums, tid, block):
-    """The f64 sum of ``row``'s ``parts`` published chunk totals, read at L2 (atomics)
-    until every one is published, added in a fixed order (the same for every chunk of the
-    row), for every thread. The whole block calls it."""
-    step = int64(block)
-    while True:
-        row_total = float64(0)
-        published = 1
-        q = int64(tid)
-        while q < parts:
-            bits = cuda.atomic.add(partials, row * parts + q, int64(0))
-            if bits == 0:
-                published = 0
-            row_total += bitcast(~bits, float64)
-            q += step
-        if cuda.syncthreads_and(published):
-            break
-    return _block_total(row_total, sums, tid, block)
+def _read_partial_atomic(partials, k):
+    """``partials[k]`` by an atomic (an add of 0), at L2."""
+    return cuda.atomic.add(partials, k, int64(0))
+
+
+def _make_row_total(read: Any, slots: int) -> Any:
+    """``row_total(partials, row, parts, sums, tid, block)``: the f64 sum of ``row``'s
+    ``parts`` published chunk totals, each read by ``read(partials, k)`` until every one is
+    published, added in a fixed order (the same for every chunk of the row), for every
+    thread. The whole block calls it. ``slots`` 0: a thread reads totals ``tid``, ``tid +
+    block``, ... (any ``parts``); else exactly ``slots`` of them, unrolled (``parts`` at
+    most ``slots * block``: a loop of unknown count was unrolled by the compiler, 32 reads
+    a thread, and spilled)."""
+    SLOTS = slots
+
+    @cuda.jit(device=True, inline=True)
+    def add_partial(partials, k, row_total, published):
+        bits = read(partials, k)
+        return row_total + bitcast(~bits, float64), published & (bits != 0)
+
+    @cuda.jit(device=True, inline=True)
+    def row_total_fn(partials, row, parts, sums, tid, block):
+        step = int64(block)
+        while True:
+            row_total = float64(0)
+            published = True
+            if SLOTS:
+                for i in range(SLOTS):
+                    q = int64(tid) + i * step
+                    if q < parts:
+                        row_total, published = add_partial(partials, row * parts + q,
+                                                           row_total, published)
+            else:
+                q = int64(tid)
+                while q < parts:
+                    row_total, published = add_partial(partials, row * parts + q,
+                                                       row_total, published)
+                    q += step
+            if cuda.syncthreads_and(int32(published)):
+                break
+        return _block_total(row_total, sums, tid, block)
+
+    return row_total_fn
+
+
+#: The row-sync kernel's wait: atomic reads, any number of chunks a row.
+_row_total = _make_row_total(_read_partial_atomic, 0)
+#: Chunk totals a thread of the hold kernels reads (a row's parts <= HOLD_POLL_SLOTS *
+#: SYNC_BLOCK: the plan's rule).
+HOLD_POLL_SLOTS = 2
+#: The hold kernels' wait: relaxed loads (``load_relaxed``), HOLD_POLL_SLOTS a thread.
+#: H200, 2026-11-29, [256, 1e6] axis 1, µs, atomic reads (any parts) / relaxed, the same
+#: loop / relaxed, two slots (each with the phases below): f32 Var 603-612 / 544-551 /
+#: 540-543, f32 Std 604-616 / 587-590 / 546-547, bf16 Var 289-293 / 277-281 / 285-287,
+#: bf16 Std 300-306 / 317-326 / 287-302, bf16 Max 287-290 / 285 / 284-286; bf16 Var
+#: [128, 2e6] 311-315 / 281-291 / 280-282 (the loop of unknown count was unrolled 32
+#: reads a thread: bf16 Std 40 bytes of spills, the stash kernels 40-76; two slots 0-12).
+_row_total_held = _make_row_total(load_relaxed, HOLD_POLL_SLOTS)
 
 
 def _row_statistic(kind: ReduceKind, element: ElementKind) -> tuple[Any, Any, Any]:
@@ -2924,11 +2966,27 @@ HOLD_STASH_BYTES = HOLD_WORDS * SYNC_BLOCK * 8
 #: (Those figures predate the 32-bit word bounds: the kernels now take 77-84 registers
 #: uncapped and spill 4-20 bytes at 64, against 72-124 before; ptxas -v, sm_90.)
 HOLD_MAX_REGISTERS = 64
+#: The hold kernels' blocks start in HOLD_PHASES phases (by block index), phase k
+#: HOLD_PHASE_NS * k late, where the grid takes at least HOLD_PHASE_WAVES tickets a block.
+#: A grid started at once loads its first rows together, so they complete together and
+#: their blocks take the next rows together (a trace: blocks waited 31-44 % of their
+#: time); the phases spread the rows' completions. H200, 2026-11-29, [256, 1e6] axis 1,
+#: µs, with atomic polls, at once / 2 phases 2500 or 5000 ns / 4 phases 2500 or 5000 /
+#: 8 phases 1250 / 16 phases 700: f32 Var 606-616 / 606-609, 603-608 / 602-609,
+#: 604-609 / 602-606 / 601-602; bf16 Var 295-298 / 292, 293-295 / 289-293, 292-294 /
+#: 290-294 / 293-294; bf16 Max 299-301 / 292-294, 291-293 / 286-289, 291-293 / 286-288 /
+#: 285-287; f32 Std 617-625 / 610-613, 614 / 604-610, 609-618 / 603-609 / 607-613.
+#: (Blocks taking fixed tickets, block b the chunks b, b + grid, ..., were slower:
+#: f32 Var 641-648, bf16 Var 323-326.)
+HOLD_PHASES = 4
+HOLD_PHASE_NS = 2500
+HOLD_PHASE_WAVES = 4
 
 
 def _make_backward_rows_hold(kind: ReduceKind, element: ElementKind,
                              stash: int) -> Callable[..., None]:
     STASH = stash  # words a thread parks in dynamic shared memory (cp.async): 0 or HOLD_WORDS
+    PHASES = 1 if SIMULATOR else HOLD_PHASES
     assert STASH in (0, HOLD_WORDS)
     HALVES = 2 if STASH else 1  # row-sync chunks (partials) a chunk of this kernel spans
     SUMS = 2 * (SHARED_SLOTS // 32)  # _block_totals2's two f64 a warp
@@ -2960,8 +3018,10 @@ def _make_backward_rows_hold(kind: ReduceKind, element: ElementKind,
         registers; with the stash the second half by ``cp.async`` into shared memory),
         sums each half's terms, publishes their f64 totals in ``partials`` exactly as the
         row-sync kernel would (same words, same order: same bits whichever kernel runs),
-        waits until its row's ``parts`` totals are all published, adds them in a fixed
-        order and writes its chunk of ``dx`` from registers and shared memory.
+        waits until its row's ``parts`` totals are all published (relaxed loads,
+        HOLD_POLL_SLOTS a thread), adds them in a fixed order and writes its chunk of
+        ``dx`` from registers and shared memory. The blocks start in HOLD_PHASES phases,
+        HOLD_PHASE_NS apart, where the grid takes HOLD_PHASE_WAVES tickets a block or more.
 
         A chunk waits for chunks with larger tickets, so the row's other chunks must be
         resident at once. A block takes its next ticket only after its row's total is in
@@ -2989,6 +3049,10 @@ def _make_backward_rows_hold(kind: ReduceKind, element: ElementKind,
         chunk = step * (HOLD_WORDS + STASH)
         chunks = (parts + (HALVES - 1)) // HALVES  # this kernel's chunks a row
         n = out_numel * chunks
+        if tid == 0 and PHASES > 1 and n >= HOLD_PHASE_WAVES * int64(cuda.gridDim.x):
+            # phase k of PHASES (by block index) starts k * HOLD_PHASE_NS late
+            wait_ns(HOLD_PHASE_NS * ((int64(cuda.blockIdx.x) * PHASES)
+                                     // int64(cuda.gridDim.x)))
         t = _first_ticket(ctl, shared_t, tid)
         while t < n:  # uniform across the block
             row = t // chunks
@@ -3047,7 +3111,7 @@ def _make_backward_rows_hold(kind: ReduceKind, element: ElementKind,
             else:
                 _publish_partial(partials, row * parts + part,
                                  _block_total(float64(total), sums, tid, block), tid)
-            row_total = _row_total(partials, row, parts, sums, tid, block)
+            row_total = _row_total_held(partials, row, parts, sums, tid, block)
             # the next ticket, in flight during the stores: taken only now, once this
             # chunk waits for nothing (a ticket taken before the wait would be a chunk
             # that no block starts while its holder waits, perhaps for that very chunk)

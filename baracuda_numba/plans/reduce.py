@@ -71,6 +71,7 @@ from ..kernels.reduce import (
     FORWARD_KERNEL_KIND,
     FORWARD_KINDS,
     GRAD_KERNEL_KIND,
+    HOLD_POLL_SLOTS,
     HOLD_STASH_BYTES,
     HOLD_WORDS,
     KIND_OPS,
@@ -1675,8 +1676,11 @@ class ReduceBackwardPlan(Plan):
         or half when forced (``row_hold``); one-chunk rows never wait. The stash
         kernel's chunks of two row-sync chunks hold twice as many rows: Var/Std take it
         where the register-only kernel would hold fewer than _HOLD_STASH_ROWS rows,
-        Max/Min wherever the register-only one fits (``hold_stash`` None)."""
-        if self.row_hold is False:
+        Max/Min wherever the register-only one fits (``hold_stash`` None). A thread reads
+        at most HOLD_POLL_SLOTS of a row's chunk totals: ``parts`` <= HOLD_POLL_SLOTS *
+        SYNC_BLOCK (512; the rules above allow at most 264 on a device of 132 SMs unless
+        ``row_hold`` forces the kernel)."""
+        if self.row_hold is False or parts > HOLD_POLL_SLOTS * SYNC_BLOCK:
             return None
         in_flight = 2 if self.row_hold else _HOLD_TIES_ROWS_IN_FLIGHT \
             if self._stat_kind is TIES else _HOLD_ROWS_IN_FLIGHT
