@@ -1799,7 +1799,8 @@ def _one_chunk_params() -> list:
 def test_row_hold_backward_poll_slots(kind, stash):
     """The hold kernels' threads read HOLD_POLL_SLOTS of a row's chunk totals each: rows of
     more than HOLD_POLL_SLOTS * SYNC_BLOCK chunks never take them, even forced
-    (``row_hold``), and take the other way; one-chunk rows always fit."""
+    (``row_hold``: ``_hold_kernel`` gives None, the plan's sign to take the other way);
+    one-chunk rows always fit."""
     plan = ReduceBackwardPlan.select(ReduceBackwardDescriptor(kind, (3, 1024), 1, E.F32))
     plan.row_hold = True
     plan.hold_stash = stash
