@@ -9,7 +9,7 @@ replaced while each plan binds), and probe kernels that take 2 or 4 units a thre
 apart (each its own table read) instead of planes. ``policies``: probe kernels with 2
 planes a thread and blocks of 256 (the plan's f32 choice) whose x loads, table loads and y
 stores carry cache policies (``.cs``, ``.lu``, ``.nc``, L2 ``evict_first`` /
-``evict_last``). Every probe kernel's output is checked against the plan's or
+``evict_last``, x too). Every probe kernel's output is checked against the plan's or
 torch.compile's. The probe kernels read a (cos, sin) table built by torch (f32 products,
 not the plan's f64-rounded inv_freq: timing only).
 """
@@ -25,6 +25,7 @@ from llvmlite import ir
 from numba import cuda, float32, types, uint32, uint64
 from numba.core.extending import intrinsic
 
+from baracuda_numba.kernels import common
 from baracuda_numba.kernels import rope as kernels
 from baracuda_numba.kernels.common import element_address
 from baracuda_numba.plans import rope as plans
@@ -55,11 +56,11 @@ def _store_asm(text: str):  # noqa: ANN202 - a Numba intrinsic like kernels.rope
 _POLICY = "{ .reg .b64 p; createpolicy.fractional.L2::evict_first.b64 p, 1.0; "
 LOADS = {
     "ld": kernels.load16,
-    "ld.cs": kernels._load16_asm("ld.global.cs.v4.u32 {$0, $1, $2, $3}, [$4];"),
-    "ld.lu": kernels._load16_asm("ld.global.lu.v4.u32 {$0, $1, $2, $3}, [$4];"),
-    "ld.ef": kernels._load16_asm(_POLICY + "ld.global.L2::cache_hint.v4.u32 "
+    "ld.cs": common._load16_asm("ld.global.cs.v4.u32 {$0, $1, $2, $3}, [$4];"),
+    "ld.lu": common._load16_asm("ld.global.lu.v4.u32 {$0, $1, $2, $3}, [$4];"),
+    "ld.ef": common._load16_asm(_POLICY + "ld.global.L2::cache_hint.v4.u32 "
                                  "{$0, $1, $2, $3}, [$4], p; }"),
-    "ld.nc": kernels._load16_asm("ld.global.nc.v4.u32 {$0, $1, $2, $3}, [$4];"),
+    "ld.nc": common._load16_asm("ld.global.nc.v4.u32 {$0, $1, $2, $3}, [$4];"),
     "last": kernels.load16_last,
 }
 STORES = {"st": kernels.store16,
@@ -69,7 +70,8 @@ STORES = {"st": kernels.store16,
 POLICIES = [("ld", "last", "st"), ("ld.cs", "last", "st"), ("ld.ef", "last", "st"),
             ("ld.lu", "last", "st"), ("ld.nc", "last", "st"), ("ld", "last", "st.cs"),
             ("ld", "last", "st.ef"), ("ld.cs", "last", "st.cs"), ("ld.ef", "last", "st.ef"),
-            ("ld", "ld", "st"), ("ld.nc", "ld.nc", "st")]
+            ("ld", "ld", "st"), ("ld.nc", "ld.nc", "st"), ("last", "last", "st"),
+            ("last", "last", "st.cs"), ("last", "last", "st.ef")]
 
 
 def _rotation(element: ElementKind):  # noqa: ANN202

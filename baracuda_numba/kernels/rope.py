@@ -895,8 +895,9 @@ ROPE_TABLE_KERNELS = {(element, layout): build_rope_table_kernel(element, layout
 # Where x and y are both compact [B, H, S, D] (rows of units one after another), an
 # interleaved unit needs no (b, h, s) walk: thread u takes unit u in memory order, reads
 # its pairs' (cos, sin) from the table (L2, loaded with an evict_last policy as Triton's
-# eviction_policy="evict_last") and stores the unit; 32-bit unit indices (the plan takes
-# it below 2^32 units) and no loop (the grid covers the units). H100, 2026-11-26,
+# eviction_policy="evict_last"; f32 loads x so too, FLAT_X_EVICT_LAST) and stores the unit;
+# 32-bit unit indices (the plan takes it below 2^32 units) and no loop (the grid covers
+# the units). H100, 2026-11-26,
 # [8, 32, 2048, 128] forward, µs, old and new code alternately in the benchmark
 # (rope_table with two planes per thread -> rope_flat; torch.compile): f32 182.7 -> 179.0
 # (179.9), bf16 94.6 -> 92.5 (125), f16 94.2 -> 92.0 (125). Without the hint rope_flat
@@ -913,12 +914,23 @@ ROPE_FLAT_PARAMS = ("threads", "items_per_row", "items_log", "rot_items", "seq_l
 #: replaced (6a3f651); see also ``plans.rope._FLAT_BLOCK``.)
 FLAT_PLANES_PER_THREAD = {ElementKind.F16: 2, ElementKind.BF16: 2, ElementKind.F32: 2}
 
+#: Whether ``rope_flat`` loads x with the L2 ``evict_last`` policy too (as Triton's
+#: kernel for torch.compile does), per element kind. (H200, 2026-11-29,
+#: ``scripts/probe_rope_flat_planes.py policies``, [8, 32, 2048, 128] forward, two rounds,
+#: µs, x plain -> evict_last: f32 128.9 -> 127.4-127.6 (torch.compile 128.8-128.9, torch
+#: ``copy_`` of the bytes 127.5-127.8), bf16 65.4-66.0 -> 65.3-66.1; H100, 2026-11-26,
+#: f32 179.6-180.1 -> 179.0-179.1, bf16 89.3 -> 90.5: f32 only.)
+FLAT_X_EVICT_LAST = {ElementKind.F16: False, ElementKind.BF16: False, ElementKind.F32: True}
 
-def _make_rope_flat_kernel(elements: int, unpack, pack, planes_per_thread: int):
+
+def _make_rope_flat_kernel(elements: int, unpack, pack, planes_per_thread: int,
+                           x_evict_last: bool = False):
     """``rope_flat`` body for 16-byte units of ``elements`` interleaved elements,
-    ``planes_per_thread`` (b, h) planes per thread."""
+    ``planes_per_thread`` (b, h) planes per thread, x loaded with the L2 ``evict_last``
+    policy where ``x_evict_last``."""
     pairs, _, store_item = _make_unit_rotation(False, elements, unpack, pack)
     table_angles = _table_angles(pairs, evict_last=True)
+    load_x = load16_last if x_evict_last else load16
     per_thread = planes_per_thread
 
     def rope_flat(x, y, table, params):
@@ -957,7 +969,7 @@ def _make_rope_flat_kernel(elements: int, unpack, pack, planes_per_thread: int):
             if item < uint32(rot_items):
                 for k in range(per_thread):
                     u = min(plane0 + uint32(k), last) * plane_units + w
-                    unit = load16(x, uint64(u) * uint64(4))
+                    unit = load_x(x, uint64(u) * uint64(4))
                     for j in range(4):
                         units[k, j] = unit[j]
                 table_angles(table, uint32(2) * (s * uint32(half_rotary)
@@ -970,7 +982,7 @@ def _make_rope_flat_kernel(elements: int, unpack, pack, planes_per_thread: int):
             elif not in_place:
                 for k in range(per_thread):
                     u = min(plane0 + uint32(k), last) * plane_units + w
-                    unit = load16(x, uint64(u) * uint64(4))
+                    unit = load_x(x, uint64(u) * uint64(4))
                     for j in range(4):
                         units[k, j] = unit[j]
                 for k in range(per_thread):
@@ -991,7 +1003,8 @@ def build_rope_flat_kernel(element: ElementKind, planes_per_thread: int = 0,
     words = _flat_c(uint32)
     suffix = "" if per_thread == default else f",planes{per_thread}"
     return Kernel(f"rope_flat[{element.name}{suffix}]",
-                  _make_rope_flat_kernel(elements, unpack, pack, per_thread),
+                  _make_rope_flat_kernel(elements, unpack, pack, per_thread,
+                                         FLAT_X_EVICT_LAST[element]),
                   (words, words, words, types.UniTuple(int64, len(ROPE_FLAT_PARAMS))),
                   register=register)
 
