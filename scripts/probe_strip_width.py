@@ -9,7 +9,11 @@ strips of 64 / 128 / 256 / 512 bytes over 4096 / 2048 / 1024 / 512 rows (wider s
 split the rows between blocks, as a cluster of blocks sharing a strip would), against
 torch's ``copy_`` of the same bytes, in the same rounds:
 
-    PYTHONPATH=.:scripts python scripts/probe_strip_width.py [rounds]
+    PYTHONPATH=.:scripts python scripts/probe_strip_width.py [rounds] [short]
+
+``short``: the same for short columns instead ([256, 2^20], the rows of the benchmark's
+[256, 1e6] along axis 0: a strip's 256 rows in registers, 16 a thread, blocks of 16 lanes
+a column word), with and without the block barrier between loads and stores.
 """
 
 from __future__ import annotations
@@ -113,11 +117,74 @@ def _run(ctx: Context, kernels: dict[str, Kernel], dtype: torch.dtype, name: str
             for label, us in zip(labels, times)), flush=True)
 
 
+def _short_copy(py_name: str, barrier: bool) -> Kernel:
+    BARRIER = barrier
+
+    def short_copy(x, y, row_words, strip_words):
+        """Block b copies words [b * strip_words, (b + 1) * strip_words) of every row:
+        thread t holds rows t // strip_words + k * lanes (k < HELD) of its column word in
+        registers, all loads first, then (after a block barrier where ``barrier``) every
+        store: the memory work of the column register-resident gradient of short columns
+        (``reduce_backward_cols_reg_small``, HELD * lanes rows)."""
+        regs = cuda.local.array(HELD, uint64)
+        tid = uint64(cuda.threadIdx.x)
+        lanes = uint64(cuda.blockDim.x) // uint64(strip_words)
+        col = uint64(cuda.blockIdx.x) * uint64(strip_words) + tid % uint64(strip_words)
+        lane = tid // uint64(strip_words)
+        for k in range(HELD):
+            regs[k] = x[(lane + uint64(k) * lanes) * uint64(row_words) + col]
+        if BARRIER:
+            cuda.syncthreads()
+        for k in range(HELD):
+            y[(lane + uint64(k) * lanes) * uint64(row_words) + col] = regs[k]
+
+    words = types.Array(types.uint64, 1, "C")
+    return Kernel(py_name, short_copy, (words, words, types.int64, types.int64),
+                  register=False, max_registers=64)
+
+
+def _run_short(ctx: Context, dtype: torch.dtype, name: str, rounds: int) -> None:
+    """Short columns: [HELD * 16, 2^20] (the rows of the benchmark's [256, 1e6] along axis
+    0), strips of 128 / 256 / 512 bytes, with and without the block barrier, against
+    torch's ``copy_``."""
+    rows = HELD * 16
+    x = torch.randn(rows, 1 << 20, device="cuda").to(dtype)
+    y = torch.empty_like(x)
+    ref = torch.empty_like(x)
+    row_words = x.shape[1] * x.element_size() // 8
+    stream = torch.cuda.current_stream().cuda_stream
+    fns = [lambda i: ref.copy_(x)]
+    labels = ["torch copy_"]
+    for barrier in (True, False):
+        kernel = _short_copy("short_copy" if barrier else "short_copy_nobar", barrier)
+        for strip_bytes in (64, 128, 256, 512):
+            strip_words = strip_bytes // 8
+            bound = kernel.bind(row_words // strip_words, strip_words * 16, (
+                (0, x.numel() * x.element_size() // 8), (0, y.numel() * y.element_size() // 8),
+                row_words, strip_words), 0)
+            fns.append(lambda i, f=bound.fast: f(stream, x.data_ptr(), y.data_ptr()))
+            labels.append(f"{'held' if barrier else 'no barrier'} {strip_bytes} B")
+            y.zero_()
+            fns[-1](0)
+            torch.cuda.synchronize()
+            assert torch.equal(y, x), labels[-1]
+    nbytes = 2 * x.numel() * x.element_size()
+    for _ in range(rounds):
+        times = ctx.time_gpu_many(fns, warmup=2, iters=10)
+        print(f"{name} [{rows}, 2^20]: " + "; ".join(
+            f"{label} {us:.1f} µs ({nbytes / us / 1e3 / ctx.copy_gbps * 100:.0f} %)"
+            for label, us in zip(labels, times)), flush=True)
+
+
 def main() -> None:
     rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 2
     ctx = Context("strips", torch)
     ctx.copy_gbps = measure_copy_gbps(torch)
     print(f"copy {ctx.copy_gbps:.0f} GB/s, {torch.cuda.get_device_name()}", flush=True)
+    if "short" in sys.argv[2:]:
+        for dtype, name in ((torch.float32, "f32"), (torch.bfloat16, "bf16")):
+            _run_short(ctx, dtype, name, rounds)
+        return
     kernels = {"hold": _hold_copy("hold_copy"), "stream": _hold_copy("stream_copy", False)}
     for dtype, name in ((torch.float32, "f32"), (torch.bfloat16, "bf16")):
         _run(ctx, kernels, dtype, name, rounds)
