@@ -321,7 +321,7 @@ def cols(ctx: Context) -> None:
         for label, v in runs:
             try:
                 if v is not None:
-                    plans._cols_reg_layout = lambda e, w, v=v: (v[0], v[1], False)
+                    plans._cols_reg_layout = lambda e, w, v=v, **k: (v[0], v[1], False, False)
                     plans.REG_COLS_SMALL_BLOCK = v[1] if v[2] == 80 else 0
                     plans._TIES_OVER_REG_COLS = ()
                 plan, ws, args = _gradient(kind, shape, axis, element, dy, dx, x, out)

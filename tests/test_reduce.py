@@ -19,6 +19,7 @@ from baracuda_numba.kernels.reduce import (
     REDUCE_BACKWARD_COLS_STASH_KERNELS,
     REDUCE_BACKWARD_ROWS_HOLD_KERNELS,
     REDUCE_BACKWARD_ROWS_HOLD_STASH_KERNELS,
+    REG_COL_STRIP_WORDS,
     REG_COLS_STASH_BYTES,
     SYNC_BLOCK,
     VEC_LOADS,
@@ -1393,6 +1394,9 @@ def _reg_layouts(width: int) -> dict:
         "cols_short": ((6, 16), every, 0, "cols"),  # < 8 rows per thread
         # more rows than the simulator's 64-thread block holds; a 512-thread block (GPU)
         "cols_long": ((300, 8), every, 0, "cols" if SIMULATOR else "reg_cols"),
+        # 256-byte strips (32 column words) of 33-64 rows (simulator) / 129-256 (GPU): 2 / 8
+        # row lanes of up to 32 rows, partial last lanes, a partial third strip
+        "cols_strip": ((40, 272) if SIMULATOR else (200, 272), every, 0, "reg_cols"),
     }
     if not SIMULATOR:  # a row per 256-thread block (8 words per lane), and one word more;
         # 4096 rows x 4 column words per 1024-thread block, and one row more
@@ -1416,7 +1420,13 @@ def _pair(kind, element, layout) -> bool:
 
 #: reg_cols layouts that must (not) take the stash kernel whatever the element.
 _STASH_LAYOUTS = {"cols_stash": True, "cols_block": True, "cols_long": False,
-                  "reg_cols_small": False, "reg_cols_wide": False, "reg_cols_256": False}
+                  "reg_cols_small": False, "reg_cols_wide": False, "reg_cols_256": False,
+                  "cols_strip": False}
+#: reg_cols layouts that take the 256-byte strips' kernel (at least 32 output words; 40
+#: rows fill its largest block in the simulator, 256 on the GPU), by elements per word.
+_STRIP_LAYOUTS = {"cols_strip": lambda width: True,
+                  "reg_cols_256": lambda width: 72 // width >= REG_COL_STRIP_WORDS,
+                  "reg_cols_wide": lambda width: SIMULATOR and 80 // width >= REG_COL_STRIP_WORDS}
 
 
 @IEEE_SPECIALS
@@ -1447,8 +1457,13 @@ def test_register_resident_backward(kind, element, layout, rng):
                                   from_storage(y, element), axis, correction)
     results = []
     # the stash kernel's wider strips beat the tie count after dx
-    stash = access == "reg_cols" and _cols_reg_layout(shape[axis], width)[2]
+    layout_words = shape[1 - axis] // width if len(shape) == 2 else 0
+    cols_reg = _cols_reg_layout(shape[axis], width, out_words=layout_words) \
+        if access == "reg_cols" else None
+    stash = cols_reg is not None and cols_reg[2]
+    strip = cols_reg is not None and cols_reg[3]
     assert stash == _STASH_LAYOUTS.get(layout, stash), layout
+    assert strip == (layout in _STRIP_LAYOUTS and _STRIP_LAYOUTS[layout](width)), layout
     for workspace in (True, False, True):
         dx_base = poisoned(base_shape, element)
         dx = device_view(dx_base, index, shape, element)
@@ -1463,7 +1478,8 @@ def test_register_resident_backward(kind, element, layout, rng):
         check_backward(from_storage(got, element), expected, element, what)
         chosen = next(iter(plan._launches.values()))[1][0]
         expected_access = "generic" if access == "cols" and not workspace else access
-        if access == "reg_cols" and _ties_take_cols(kind, element, workspace) and not stash:
+        if access == "reg_cols" and _ties_take_cols(kind, element, workspace) \
+                and not (stash or strip):
             expected_access = "cols"
         if layout == "too_long" and workspace:
             expected_access = "sync"  # 3 one-chunk rows: the hold kernel (next section)
@@ -1471,6 +1487,7 @@ def test_register_resident_backward(kind, element, layout, rng):
         if chosen == "reg_cols":
             name = next(iter(plan._launches.values()))[1][1]._kernel.name
             assert ("stash" in name) == stash, (what, name)
+            assert ("strip" in name) == strip, (what, name)
         if chosen == "reg":  # two rows a thread where a row has at most 4 words a lane
             name = next(iter(plan._launches.values()))[1][1]._kernel.name
             assert ("_pair" in name) == _pair(kind, element, layout), (what, name)
@@ -1488,7 +1505,8 @@ def test_register_resident_backward(kind, element, layout, rng):
         name = next(iter(plan._launches.values()))[1][1]._kernel.name
         assert "_pair" not in name, (layout, name)
         assert storage_of(dx, element).tobytes() == results[0], f"{kind.name} {layout}: pair"
-    if access.startswith("reg") and (stash or not _ties_take_cols(kind, element, True)):
+    if access.startswith("reg") and (stash or strip
+                                     or not _ties_take_cols(kind, element, True)):
         # the same kernel with and without a workspace
         assert results[0] == results[1], f"{kind.name} {layout}: workspace changed dx"
 

@@ -3147,10 +3147,17 @@ REG_COLS_BLOCK = 64 if SIMULATOR else 1024
 _REG_COL_PAIRS = 32
 REG_COL_WIDE_PAIRS = 64
 REG_COLS_WIDE_BLOCK = 64 if SIMULATOR else 256
+#: The 256-byte strips of short columns (``REDUCE_BACKWARD_COLS_STRIP_KERNELS``): the
+#: column words of a strip, the rows each thread holds, and the largest block (at most
+#: 256 rows on the GPU: 8 row lanes of 32 rows).
+REG_COL_STRIP_WORDS = 32
+REG_COL_STRIP_HELD = 32
+REG_COLS_STRIP_BLOCK = 64 if SIMULATOR else 256
 
 
 def _make_backward_cols_reg(kind: ReduceKind, element: ElementKind, stash: int = 0,
-                            wide: bool = False) -> Callable[..., None]:
+                            wide: bool = False, held: int = REG_COL_WORDS,
+                            wide_words: int = 16) -> Callable[..., None]:
     ops = GRAD_OPS[kind]
     spec = ELEMENTS[element]
     vec = VECTOR[element]
@@ -3162,11 +3169,14 @@ def _make_backward_cols_reg(kind: ReduceKind, element: ElementKind, stash: int =
     READS_Y = ops.reads_y
     STAT_TIES = ops.stat == "ties"
     SLOTS = max(REG_COLS_BLOCK // 32 * _REG_COL_PAIRS,  # one buffer of warp partials
-                REG_COLS_WIDE_BLOCK // 32 * REG_COL_WIDE_PAIRS)
+                REG_COLS_WIDE_BLOCK // 32 * REG_COL_WIDE_PAIRS,
+                REG_COLS_STRIP_BLOCK // 32 * REG_COL_STRIP_WORDS * 4)
     PARTIALS = 2 * SLOTS
     STASH = stash
-    HELD = REG_COL_WORDS
-    WIDE = wide and 16 * W > _REG_COL_PAIRS  # 16-word f16/bf16 strips: 64 pairs
+    HELD = held
+    # strips of more than 32 pairs (16-word f16/bf16 strips: 64; 32-word f32 strips: 64,
+    # f16/bf16: 128)
+    WIDE = wide and wide_words * W > _REG_COL_PAIRS
     assert STASH % HELD == 0, "the stash is loaded HELD words at a time"
 
     def reduce_backward_cols_reg(dy, xv, y, dx, dxv, out_numel, extent, axis_words,
@@ -3593,10 +3603,12 @@ REDUCE_BACKWARD_ROWS_HOLD_STASH_KERNELS = _hold_kernels("reduce_backward_rows_ho
                                                         HOLD_WORDS)
 
 
-def _cols_reg_kernels(name: str, max_registers: int, stash: int = 0,
-                      wide: bool = False) -> dict[tuple[ReduceKind, ElementKind], Kernel]:
+def _cols_reg_kernels(name: str, max_registers: int, stash: int = 0, wide: bool = False,
+                      held: int = REG_COL_WORDS,
+                      wide_words: int = 16) -> dict[tuple[ReduceKind, ElementKind], Kernel]:
     return {(kind, element): Kernel(f"{name}[{_kind_name(kind)},{element.name.lower()}]",
-                                    _make_backward_cols_reg(kind, element, stash, wide),
+                                    _make_backward_cols_reg(kind, element, stash, wide, held,
+                                                            wide_words),
                                     _reg_backward_signature(element),
                                     max_registers=max_registers)
             for element in VECTOR for kind in STAT_GRAD_KINDS}
@@ -3619,6 +3631,21 @@ REDUCE_BACKWARD_COLS_REG_SMALL_KERNELS = _cols_reg_kernels("reduce_backward_cols
                                                            wide=True)
 # the plan gives strips of more than 32 pairs only to blocks of these kernels
 assert REG_COLS_WIDE_BLOCK <= REG_COLS_SMALL_BLOCK
+
+#: (kind, element) -> the column register-resident gradient in 256-byte strips
+#: (REG_COL_STRIP_WORDS column words) of columns of at most REG_COL_STRIP_HELD *
+#: REG_COLS_STRIP_BLOCK / REG_COL_STRIP_WORDS rows, REG_COL_STRIP_HELD rows a thread:
+#: 128 registers (two 256-thread blocks an SM). A copy with this memory work reaches 92-93
+#: % of copy at [256, 2^20] against 83-84 % in 128-byte strips (H200, 2026-11-29,
+#: ``scripts/probe_strip_width.py 2 short``). (H200, 2026-11-29, [256, 1e6] along axis 0,
+#: µs, 128-byte strips of 16 rows a thread (cap 80) -> 256-byte strips of 32 rows a thread
+#: at caps 96 / 128, or of 16 rows in 512-thread blocks at caps 64 / 80: f32 Var 609-610
+#: -> 535-537 / 537-538 / 536-537 / 604-605, Std 610 -> 534-535 / 538 / 537-538 / 624;
+#: bf16 Var 300-301 -> 286-287 / 285-286 / 335 / 410, Std 301-302 -> 289 / 290 / 339 /
+#: 424-426, Max 304 -> 293 / 287-288 / 356-357 / 440.)
+REDUCE_BACKWARD_COLS_STRIP_KERNELS = _cols_reg_kernels(
+    "reduce_backward_cols_strip", 128, wide=True, held=REG_COL_STRIP_HELD,
+    wide_words=REG_COL_STRIP_WORDS)
 
 #: Words per thread the stash kernels below park in dynamic shared memory (on top of
 #: REG_COL_WORDS in registers), and the bytes of it a launch takes (REG_COLS_BLOCK

@@ -82,6 +82,7 @@ from ..kernels.reduce import (
     REDUCE_BACKWARD_COLS_REG_SMALL_KERNELS,
     REDUCE_BACKWARD_COLS_REWRITE_KERNELS,
     REDUCE_BACKWARD_COLS_STASH_KERNELS,
+    REDUCE_BACKWARD_COLS_STRIP_KERNELS,
     REDUCE_BACKWARD_COLS_VEC_KERNELS,
     REDUCE_BACKWARD_KERNELS,
     REDUCE_BACKWARD_ROWS_HOLD_KERNELS,
@@ -95,11 +96,14 @@ from ..kernels.reduce import (
     REDUCE_ROWS_PARK_KERNELS,
     REDUCE_ROWS_VEC_KERNELS,
     REG_COL_STASH,
+    REG_COL_STRIP_HELD,
+    REG_COL_STRIP_WORDS,
     REG_COL_WIDE_PAIRS,
     REG_COL_WORDS,
     REG_COLS_BLOCK,
     REG_COLS_SMALL_BLOCK,
     REG_COLS_STASH_BYTES,
+    REG_COLS_STRIP_BLOCK,
     REG_COLS_WIDE_BLOCK,
     REG_ROWS_PAIR,
     REG_ROWS_PAIR_WORDS,
@@ -502,9 +506,9 @@ _TIE_COLS_TARGET = 4 * _VEC_TARGET_BLOCKS
 _TIE_COLS_MIN_BATCHES = 1
 
 
-def _cols_reg_layout(extent: int, width: int,
-                     stash: bool = True) -> tuple[int, int, bool] | None:
-    """(log2 of the column words per block, block threads, stash) of the column
+def _cols_reg_layout(extent: int, width: int, stash: bool = True,
+                     out_words: int = 0) -> tuple[int, int, bool, bool] | None:
+    """(log2 of the column words per block, block threads, stash, strip) of the column
     register-resident gradient, or None where it does not apply: every row in the block's
     registers (REG_COL_WORDS per thread), a strip of at least 4 words (32 bytes per row), at
     most 32 (word, element) pairs (64, up to 128 bytes, in blocks of at most
@@ -520,7 +524,17 @@ def _cols_reg_layout(extent: int, width: int,
     strip (``stash`` True in the result; the argument ``stash`` False, as on a device
     without the shared memory, or _COLS_STASH False rule it out): 32-byte strips of 4096
     rows become 64-byte ones (H100 / H200, 2026-11-26: 9-23 % faster; see the thirteenth
-    pass of docs/notes/reduce.md)."""
+    pass of docs/notes/reduce.md).
+
+    Columns that fill the largest block of the strip kernel (REG_COLS_STRIP_BLOCK
+    threads: 129-256 rows on the GPU, REG_COL_STRIP_HELD rows a thread) take it (``strip``
+    True) where there are ``out_words`` >= REG_COL_STRIP_WORDS output words: 256-byte
+    strips instead of 128-byte ones (H200, 2026-11-29: [256, 1e6] along axis 0 5-12 %
+    faster; see the thirty-sixth pass of docs/notes/reduce.md)."""
+    if out_words >= REG_COL_STRIP_WORDS and _COLS_STRIP:
+        lanes = REG_COLS_STRIP_BLOCK // REG_COL_STRIP_WORDS
+        if lanes // 2 * REG_COL_STRIP_HELD < extent <= lanes * REG_COL_STRIP_HELD:
+            return REG_COL_STRIP_WORDS.bit_length() - 1, REG_COLS_STRIP_BLOCK, False, True
     row_lanes = _pow2_at_least(-(-extent // REG_COL_WORDS))
     cw = min(REG_COLS_BLOCK // row_lanes, 32 // width)
     # f16/bf16 strips of up to 128 bytes too (64 pairs) where the block stays small
@@ -532,13 +546,14 @@ def _cols_reg_layout(extent: int, width: int,
         row_lanes = _pow2_at_least(-(-extent // (REG_COL_WORDS + REG_COL_STASH)))
         wide = min(REG_COLS_BLOCK // row_lanes, 32 // width)
         if wide > cw:
-            return wide.bit_length() - 1, wide * row_lanes, True
-    return cw.bit_length() - 1, block, False
+            return wide.bit_length() - 1, wide * row_lanes, True, False
+    return cw.bit_length() - 1, block, False, False
 
 
 #: Whether the column register-resident gradient takes the stash kernel where it widens
-#: the strip (the probe's A/B switch).
+#: the strip, and the strip kernel where it applies (the probe's A/B switches).
 _COLS_STASH = True
+_COLS_STRIP = True
 
 
 def _stash_fits(kind: ReduceKind, element: ElementKind) -> bool:
@@ -1452,16 +1467,21 @@ class ReduceBackwardPlan(Plan):
             access = _word_access(element, None, extent, row_layout, out_shape, out_strides,
                                   dx.strides[axis], pointers)
             if access == COLS and self._stat_kind is not None:
-                cols_reg = _cols_reg_layout(extent, VECTOR[element].width)
+                width = VECTOR[element].width
+                out_words = self._out_numel // width
+                cols_reg = _cols_reg_layout(extent, width, out_words=out_words)
                 if cols_reg is not None and cols_reg[2] and not _stash_fits(
                         self.descriptor.kind, element):
-                    cols_reg = _cols_reg_layout(extent, VECTOR[element].width, stash=False)
-                # the tie count after dx beats the narrow strips (f32), not the stash
-                if cols_reg is not None and (cols_reg[2] or not (
+                    cols_reg = _cols_reg_layout(extent, width, stash=False,
+                                                out_words=out_words)
+                # the tie count after dx beats the narrow strips (f32), not the stash or
+                # the 256-byte strips
+                if cols_reg is not None and (cols_reg[2] or cols_reg[3] or not (
                         element in _TIES_OVER_REG_COLS and with_workspace and self._tie_slots)):
-                    log2_cw, block, stash = cols_reg
+                    log2_cw, block, stash, strip = cols_reg
                     return None, (REG_COLS, self._bind_reg(dy, dx, y, out_strides, log2_cw,
-                                                           block, dx.strides[axis], stash))
+                                                           block, dx.strides[axis], stash,
+                                                           strip))
                 if not with_workspace:
                     access = GENERIC  # the column word kernel needs the workspace
         stream = self.descriptor.kind in STREAM_GRAD_KINDS
@@ -1744,12 +1764,14 @@ class ReduceBackwardPlan(Plan):
 
     def _bind_reg(self, dy: TensorRef, dx: TensorMut, y: TensorRef | None,
                   out_strides: list[tuple[int, ...]], log2_lanes: int, block: int,
-                  axis_stride: int | None, stash: bool = False) -> Any:
+                  axis_stride: int | None, stash: bool = False,
+                  strip: bool = False) -> Any:
         """The register-resident gradient in ``block``-thread blocks: rows (``axis_stride``
         None: at most one collapsed output dim, word aligned, extent a whole number of
         words, x and dx in the same layout) of ``2**log2_lanes`` lanes each, or strips of
         ``2**log2_lanes`` column words (COLS layouts, ``axis_stride`` = the axis stride of x
-        and dx; ``stash``: the kernel that parks most rows in shared memory)."""
+        and dx; ``stash``: the kernel that parks most rows in shared memory; ``strip``: the
+        256-byte strips' kernel)."""
         element = self.descriptor.element
         width = VECTOR[element].width
         grad_kind = GRAD_KERNEL_KIND.get(self.descriptor.kind, self.descriptor.kind)
@@ -1763,6 +1785,7 @@ class ReduceBackwardPlan(Plan):
                 kernel = REDUCE_BACKWARD_ROWS_REG_KERNELS[(grad_kind, element)]
         else:
             table = REDUCE_BACKWARD_COLS_STASH_KERNELS if stash else \
+                REDUCE_BACKWARD_COLS_STRIP_KERNELS if strip else \
                 REDUCE_BACKWARD_COLS_REG_SMALL_KERNELS if block <= REG_COLS_SMALL_BLOCK \
                 else REDUCE_BACKWARD_COLS_REG_KERNELS
             kernel = table[(grad_kind, element)]
