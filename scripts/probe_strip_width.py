@@ -87,13 +87,7 @@ def _hold_copy(py_name: str, hold: bool = True) -> Kernel:
 def _run(ctx: Context, kernels: dict[str, Kernel], dtype: torch.dtype, name: str,
          rounds: int) -> None:
     """Times torch's ``copy_`` and each copy kernel at each strip width, interleaved."""
-    x = torch.randn(4096, 4096, device="cuda").to(dtype)
-    y = torch.empty_like(x)
-    ref = torch.empty_like(x)
-    row_words = x.shape[1] * x.element_size() // 8
-    stream = torch.cuda.current_stream().cuda_stream
-    fns = [lambda i: ref.copy_(x)]
-    labels = ["torch copy_"]
+    x, y, row_words, stream, fns, labels = _buffers((4096, 4096), dtype)
     for (kind, kernel), strip_bytes in itertools.product(kernels.items(), (64, 128, 256, 512)):
         strip_words = strip_bytes // 8
         rows = 2 * HELD * (BLOCK // strip_words)
@@ -103,16 +97,40 @@ def _run(ctx: Context, kernels: dict[str, Kernel], dtype: torch.dtype, name: str
         bound = kernel.bind(blocks, BLOCK, ((0, x.numel() * x.element_size() // 8),
                                             (0, y.numel() * y.element_size() // 8),
                                             row_words, strip_words, strips), shared)
-        fns.append(lambda i, f=bound.fast: f(stream, x.data_ptr(), y.data_ptr()))
-        labels.append(f"{kind} {strip_bytes} B x {rows} rows, {blocks} blocks")
-        y.zero_()
-        fns[-1](0)
-        torch.cuda.synchronize()
-        assert torch.equal(y, x), labels[-1]
+        _add_copy(fns, labels, f"{kind} {strip_bytes} B x {rows} rows, {blocks} blocks",
+                  bound, stream, x, y)
+    _time_rounds(ctx, fns, labels, f"{name} [4096, 4096]", x, rounds, iters=30)
+
+
+def _buffers(shape: tuple[int, int], dtype: torch.dtype) -> tuple:
+    """x (random), y, the words of a row, the stream, and the timed calls so far (torch's
+    ``copy_`` of x) with their labels."""
+    x = torch.randn(*shape, device="cuda").to(dtype)
+    y = torch.empty_like(x)
+    ref = torch.empty_like(x)
+    row_words = x.shape[1] * x.element_size() // 8
+    return (x, y, row_words, torch.cuda.current_stream().cuda_stream,
+            [lambda i: ref.copy_(x)], ["torch copy_"])
+
+
+def _add_copy(fns: list, labels: list[str], label: str, bound: object, stream: int,
+              x: torch.Tensor, y: torch.Tensor) -> None:
+    """Append a bound copy kernel (x to y) to the timed calls, after checking its copy."""
+    fns.append(lambda i, f=bound.fast: f(stream, x.data_ptr(), y.data_ptr()))
+    labels.append(label)
+    y.zero_()
+    fns[-1](0)
+    torch.cuda.synchronize()
+    assert torch.equal(y, x), label
+
+
+def _time_rounds(ctx: Context, fns: list, labels: list[str], title: str, x: torch.Tensor,
+                 rounds: int, iters: int) -> None:
+    """Time the calls alternately, ``rounds`` times; µs and % of copy (x read, y written)."""
     nbytes = 2 * x.numel() * x.element_size()
     for _ in range(rounds):
-        times = ctx.time_gpu_many(fns, warmup=3, iters=30)
-        print(f"{name} [4096, 4096]: " + "; ".join(
+        times = ctx.time_gpu_many(fns, warmup=3, iters=iters)
+        print(f"{title}: " + "; ".join(
             f"{label} {us:.2f} µs ({nbytes / us / 1e3 / ctx.copy_gbps * 100:.0f} %)"
             for label, us in zip(labels, times)), flush=True)
 
@@ -145,16 +163,10 @@ def _short_copy(py_name: str, barrier: bool) -> Kernel:
 
 def _run_short(ctx: Context, dtype: torch.dtype, name: str, rounds: int) -> None:
     """Short columns: [HELD * 16, 2^20] (the rows of the benchmark's [256, 1e6] along axis
-    0), strips of 128 / 256 / 512 bytes, with and without the block barrier, against
+    0), strips of 64 / 128 / 256 / 512 bytes, with and without the block barrier, against
     torch's ``copy_``."""
     rows = HELD * 16
-    x = torch.randn(rows, 1 << 20, device="cuda").to(dtype)
-    y = torch.empty_like(x)
-    ref = torch.empty_like(x)
-    row_words = x.shape[1] * x.element_size() // 8
-    stream = torch.cuda.current_stream().cuda_stream
-    fns = [lambda i: ref.copy_(x)]
-    labels = ["torch copy_"]
+    x, y, row_words, stream, fns, labels = _buffers((rows, 1 << 20), dtype)
     for barrier in (True, False):
         kernel = _short_copy("short_copy" if barrier else "short_copy_nobar", barrier)
         for strip_bytes in (64, 128, 256, 512):
@@ -162,18 +174,9 @@ def _run_short(ctx: Context, dtype: torch.dtype, name: str, rounds: int) -> None
             bound = kernel.bind(row_words // strip_words, strip_words * 16, (
                 (0, x.numel() * x.element_size() // 8), (0, y.numel() * y.element_size() // 8),
                 row_words, strip_words), 0)
-            fns.append(lambda i, f=bound.fast: f(stream, x.data_ptr(), y.data_ptr()))
-            labels.append(f"{'held' if barrier else 'no barrier'} {strip_bytes} B")
-            y.zero_()
-            fns[-1](0)
-            torch.cuda.synchronize()
-            assert torch.equal(y, x), labels[-1]
-    nbytes = 2 * x.numel() * x.element_size()
-    for _ in range(rounds):
-        times = ctx.time_gpu_many(fns, warmup=2, iters=10)
-        print(f"{name} [{rows}, 2^20]: " + "; ".join(
-            f"{label} {us:.1f} µs ({nbytes / us / 1e3 / ctx.copy_gbps * 100:.0f} %)"
-            for label, us in zip(labels, times)), flush=True)
+            _add_copy(fns, labels, f"{'held' if barrier else 'no barrier'} {strip_bytes} B",
+                      bound, stream, x, y)
+    _time_rounds(ctx, fns, labels, f"{name} [{rows}, 2^20]", x, rounds, iters=10)
 
 
 def main() -> None:
