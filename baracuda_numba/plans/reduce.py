@@ -529,7 +529,7 @@ def _cols_reg_layout(extent: int, width: int, stash: bool = True,
     Columns that fill the largest block of the strip kernel (REG_COLS_STRIP_BLOCK
     threads: 129-256 rows on the GPU, REG_COL_STRIP_HELD rows a thread) take it (``strip``
     True) where there are ``out_words`` >= REG_COL_STRIP_WORDS output words: 256-byte
-    strips instead of 128-byte ones (H200, 2026-11-29: [256, 1e6] along axis 0 5-12 %
+    strips instead of 128-byte ones (H200, 2026-11-29: [256, 1e6] along axis 0 3-11 %
     faster; see the thirty-sixth pass of docs/notes/reduce.md)."""
     if out_words >= REG_COL_STRIP_WORDS and _COLS_STRIP:
         lanes = REG_COLS_STRIP_BLOCK // REG_COL_STRIP_WORDS
