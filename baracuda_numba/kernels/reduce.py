@@ -1187,6 +1187,8 @@ VECTOR: dict[ElementKind, VectorSpec] = {
                                  eq_mask_bf16x4),
     ElementKind.F32: VectorSpec(2, _unpack_f32, _pack_f32, _word_storer(2, float32)),
 }
+#: The most elements a word holds (f16 / bf16).
+_MAX_WIDTH = max(spec.width for spec in VECTOR.values())
 
 
 def _vec_chunk(kind: Any, acc: types.Type, width: int, loads: int = VEC_LOADS) -> Any:
@@ -3156,8 +3158,8 @@ REG_COLS_STRIP_BLOCK = 64 if SIMULATOR else 256
 
 
 def _make_backward_cols_reg(kind: ReduceKind, element: ElementKind, stash: int = 0,
-                            wide: bool = False, held: int = REG_COL_WORDS,
-                            wide_words: int = 16) -> Callable[..., None]:
+                            wide_words: int = 0,
+                            held: int = REG_COL_WORDS) -> Callable[..., None]:
     ops = GRAD_OPS[kind]
     spec = ELEMENTS[element]
     vec = VECTOR[element]
@@ -3170,13 +3172,13 @@ def _make_backward_cols_reg(kind: ReduceKind, element: ElementKind, stash: int =
     STAT_TIES = ops.stat == "ties"
     SLOTS = max(REG_COLS_BLOCK // 32 * _REG_COL_PAIRS,  # one buffer of warp partials
                 REG_COLS_WIDE_BLOCK // 32 * REG_COL_WIDE_PAIRS,
-                REG_COLS_STRIP_BLOCK // 32 * REG_COL_STRIP_WORDS * 4)
+                REG_COLS_STRIP_BLOCK // 32 * REG_COL_STRIP_WORDS * _MAX_WIDTH)
     PARTIALS = 2 * SLOTS
     STASH = stash
     HELD = held
-    # strips of more than 32 pairs (16-word f16/bf16 strips: 64; 32-word f32 strips: 64,
-    # f16/bf16: 128)
-    WIDE = wide and wide_words * W > _REG_COL_PAIRS
+    # strips of up to ``wide_words`` words may hold more than 32 pairs (16-word f16/bf16
+    # strips: 64; 32-word f32 strips: 64, f16/bf16: 128)
+    WIDE = wide_words * W > _REG_COL_PAIRS
     assert STASH % HELD == 0, "the stash is loaded HELD words at a time"
 
     def reduce_backward_cols_reg(dy, xv, y, dx, dxv, out_numel, extent, axis_words,
@@ -3603,12 +3605,14 @@ REDUCE_BACKWARD_ROWS_HOLD_STASH_KERNELS = _hold_kernels("reduce_backward_rows_ho
                                                         HOLD_WORDS)
 
 
-def _cols_reg_kernels(name: str, max_registers: int, stash: int = 0, wide: bool = False,
-                      held: int = REG_COL_WORDS,
-                      wide_words: int = 16) -> dict[tuple[ReduceKind, ElementKind], Kernel]:
+def _cols_reg_kernels(name: str, max_registers: int, stash: int = 0, wide_words: int = 0,
+                      held: int = REG_COL_WORDS) -> dict[tuple[ReduceKind, ElementKind], Kernel]:
+    """The column register-resident gradients of one table: ``wide_words`` > 0 for strips
+    of up to that many words whose pairs may exceed 32 (each thread then adds its own
+    pairs' warp partials), ``held`` rows a thread in registers."""
     return {(kind, element): Kernel(f"{name}[{_kind_name(kind)},{element.name.lower()}]",
-                                    _make_backward_cols_reg(kind, element, stash, wide, held,
-                                                            wide_words),
+                                    _make_backward_cols_reg(kind, element, stash, wide_words,
+                                                            held),
                                     _reg_backward_signature(element),
                                     max_registers=max_registers)
             for element in VECTOR for kind in STAT_GRAD_KINDS}
@@ -3628,7 +3632,7 @@ REG_COLS_SMALL_BLOCK = 512
 #: / 449 / 453, Var 470 / 447 / 496 / 541, Std 531 / 482 / 547 / 474; f32 Max 793 / 780
 #: / 993 / 772, Var 778 / 796 / 982 / 774, Std 787 / 778 / 978 / 773.)
 REDUCE_BACKWARD_COLS_REG_SMALL_KERNELS = _cols_reg_kernels("reduce_backward_cols_reg_small", 80,
-                                                           wide=True)
+                                                           wide_words=16)
 # the plan gives strips of more than 32 pairs only to blocks of these kernels
 assert REG_COLS_WIDE_BLOCK <= REG_COLS_SMALL_BLOCK
 
@@ -3644,8 +3648,8 @@ assert REG_COLS_WIDE_BLOCK <= REG_COLS_SMALL_BLOCK
 #: bf16 Var 300-301 -> 286-287 / 285-286 / 335 / 410, Std 301-302 -> 289 / 290 / 339 /
 #: 424-426, Max 304 -> 293 / 287-288 / 356-357 / 440.)
 REDUCE_BACKWARD_COLS_STRIP_KERNELS = _cols_reg_kernels(
-    "reduce_backward_cols_strip", 128, wide=True, held=REG_COL_STRIP_HELD,
-    wide_words=REG_COL_STRIP_WORDS)
+    "reduce_backward_cols_strip", 128, wide_words=REG_COL_STRIP_WORDS,
+    held=REG_COL_STRIP_HELD)
 
 #: Words per thread the stash kernels below park in dynamic shared memory (on top of
 #: REG_COL_WORDS in registers), and the bytes of it a launch takes (REG_COLS_BLOCK
