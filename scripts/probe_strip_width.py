@@ -14,6 +14,11 @@ torch's ``copy_`` of the same bytes, in the same rounds:
 ``short``: the same for short columns instead ([256, 2^20], the rows of the benchmark's
 [256, 1e6] along axis 0: a strip's 256 rows in registers, 16 a thread, blocks of 16 lanes
 a column word), with and without the block barrier between loads and stores.
+
+``split``: [4096, 4096] in the strip kernel's blocks (``reduce_backward_cols_strip``: 256
+threads, 32 rows a thread in registers), each strip's rows cut into parts of one block,
+the blocks numbered strip by strip (as a kernel whose parts meet would take them) or part
+by part.
 """
 
 from __future__ import annotations
@@ -135,30 +140,39 @@ def _time_rounds(ctx: Context, fns: list, labels: list[str], title: str, x: torc
             for label, us in zip(labels, times)), flush=True)
 
 
-def _short_copy(py_name: str, barrier: bool) -> Kernel:
+def _short_copy(py_name: str, barrier: bool, held: int = HELD) -> Kernel:
     BARRIER = barrier
+    HELD_ROWS = held
 
-    def short_copy(x, y, row_words, strip_words):
+    def short_copy(x, y, row_words, strip_words, strips, strip_major):
         """Block b copies words [b * strip_words, (b + 1) * strip_words) of every row:
         thread t holds rows t // strip_words + k * lanes (k < HELD) of its column word in
         registers, all loads first, then (after a block barrier where ``barrier``) every
         store: the memory work of the column register-resident gradient of short columns
-        (``reduce_backward_cols_reg_small``, HELD * lanes rows)."""
-        regs = cuda.local.array(HELD, uint64)
+        (``reduce_backward_cols_reg_small``, HELD * lanes rows). With more blocks than
+        ``strips``, block b takes part ``b // strips`` of the rows (HELD * lanes rows a
+        part) of strip ``b % strips``, or with ``strip_major`` part ``b % parts`` of strip
+        ``b // parts``."""
+        regs = cuda.local.array(HELD_ROWS, uint64)
         tid = uint64(cuda.threadIdx.x)
         lanes = uint64(cuda.blockDim.x) // uint64(strip_words)
-        col = uint64(cuda.blockIdx.x) * uint64(strip_words) + tid % uint64(strip_words)
-        lane = tid // uint64(strip_words)
-        for k in range(HELD):
+        b = uint64(cuda.blockIdx.x)
+        parts = uint64(cuda.gridDim.x) // uint64(strips)
+        strip, part = (b // parts, b % parts) if strip_major else (b % uint64(strips),
+                                                                     b // uint64(strips))
+        col = strip * uint64(strip_words) + tid % uint64(strip_words)
+        lane = part * uint64(HELD_ROWS) * lanes + tid // uint64(strip_words)
+        for k in range(HELD_ROWS):
             regs[k] = x[(lane + uint64(k) * lanes) * uint64(row_words) + col]
         if BARRIER:
             cuda.syncthreads()
-        for k in range(HELD):
+        for k in range(HELD_ROWS):
             y[(lane + uint64(k) * lanes) * uint64(row_words) + col] = regs[k]
 
     words = types.Array(types.uint64, 1, "C")
-    return Kernel(py_name, short_copy, (words, words, types.int64, types.int64),
-                  register=False, max_registers=64)
+    return Kernel(py_name, short_copy, (words, words, types.int64, types.int64, types.int64,
+                                        types.int64),
+                  register=False, max_registers=64 if held == HELD else 128)
 
 
 def _run_short(ctx: Context, dtype: torch.dtype, name: str, rounds: int) -> None:
@@ -171,12 +185,31 @@ def _run_short(ctx: Context, dtype: torch.dtype, name: str, rounds: int) -> None
         kernel = _short_copy("short_copy" if barrier else "short_copy_nobar", barrier)
         for strip_bytes in (64, 128, 256, 512):
             strip_words = strip_bytes // 8
-            bound = kernel.bind(row_words // strip_words, strip_words * 16, (
+            strips = row_words // strip_words
+            bound = kernel.bind(strips, strip_words * 16, (
                 (0, x.numel() * x.element_size() // 8), (0, y.numel() * y.element_size() // 8),
-                row_words, strip_words), 0)
+                row_words, strip_words, strips, 0), 0)
             _add_copy(fns, labels, f"{'held' if barrier else 'no barrier'} {strip_bytes} B",
                       bound, stream, x, y)
     _time_rounds(ctx, fns, labels, f"{name} [{rows}, 2^20]", x, rounds, iters=10)
+
+
+def _run_split(ctx: Context, dtype: torch.dtype, name: str, rounds: int) -> None:
+    """[4096, 4096] in the strip kernel's blocks (256 threads, 32 rows a thread: 256 rows a
+    part at 256-byte strips, 512 at 128-byte), strip-major and part-major, against
+    torch's ``copy_``."""
+    x, y, row_words, stream, fns, labels = _buffers((4096, 4096), dtype)
+    kernel = _short_copy("split_copy", True, 32)
+    for strip_bytes, strip_major in itertools.product((128, 256, 512), (1, 0)):
+        strip_words = strip_bytes // 8
+        strips = row_words // strip_words
+        parts = x.shape[0] // (32 * (256 // strip_words))
+        bound = kernel.bind(strips * parts, 256, (
+            (0, x.numel() * x.element_size() // 8), (0, y.numel() * y.element_size() // 8),
+            row_words, strip_words, strips, strip_major), 0)
+        _add_copy(fns, labels, f"{strip_bytes} B x {parts} parts"
+                  f"{' strip-major' if strip_major else ''}", bound, stream, x, y)
+    _time_rounds(ctx, fns, labels, f"{name} [4096, 4096] split", x, rounds, iters=30)
 
 
 def main() -> None:
@@ -187,6 +220,10 @@ def main() -> None:
     if "short" in sys.argv[2:]:
         for dtype, name in ((torch.float32, "f32"), (torch.bfloat16, "bf16")):
             _run_short(ctx, dtype, name, rounds)
+        return
+    if "split" in sys.argv[2:]:
+        for dtype, name in ((torch.float32, "f32"), (torch.bfloat16, "bf16")):
+            _run_split(ctx, dtype, name, rounds)
         return
     kernels = {"hold": _hold_copy("hold_copy"), "stream": _hold_copy("stream_copy", False)}
     for dtype, name in ((torch.float32, "f32"), (torch.bfloat16, "bf16")):
