@@ -18,7 +18,7 @@ a column word), with and without the block barrier between loads and stores.
 ``split``: [4096, 4096] in the strip kernel's blocks (``reduce_backward_cols_strip``: 256
 threads, 32 rows a thread in registers), each strip's rows cut into parts of one block,
 the blocks numbered strip by strip (as a kernel whose parts meet would take them) or part
-by part.
+by part; and the part-major 256-byte items in a persistent grid taking tickets.
 """
 
 from __future__ import annotations
@@ -194,6 +194,48 @@ def _run_short(ctx: Context, dtype: torch.dtype, name: str, rounds: int) -> None
     _time_rounds(ctx, fns, labels, f"{name} [{rows}, 2^20]", x, rounds, iters=10)
 
 
+def _ticket_copy(py_name: str) -> Kernel:
+    HELD_ROWS = 32
+
+    def ticket_copy(x, y, row_words, strip_words, strips, ctl):
+        """``short_copy``'s part-major split (held 32) as a persistent grid: each block
+        takes items (part ``t // strips`` of strip ``t % strips``) in ticket order
+        (``ctl[0]``), the next ticket taken after the item's loads and a block barrier (as
+        ``reduce_backward_cols_hold`` takes it after its wait); the last block to finish
+        zeroes ``ctl`` for the next launch."""
+        shared_t = cuda.shared.array(1, types.int64)
+        regs = cuda.local.array(HELD_ROWS, uint64)
+        tid = uint64(cuda.threadIdx.x)
+        lanes = uint64(cuda.blockDim.x) // uint64(strip_words)
+        n = uint64(strips) * (uint64(x.shape[0]) // uint64(row_words)
+                              // (uint64(HELD_ROWS) * lanes))
+        if tid == 0:
+            shared_t[0] = cuda.atomic.add(ctl, 0, types.int64(1))
+        cuda.syncthreads()
+        t = uint64(shared_t[0])
+        while t < n:
+            strip, part = t % uint64(strips), t // uint64(strips)
+            col = strip * uint64(strip_words) + tid % uint64(strip_words)
+            lane = part * uint64(HELD_ROWS) * lanes + tid // uint64(strip_words)
+            for k in range(HELD_ROWS):
+                regs[k] = x[(lane + uint64(k) * lanes) * uint64(row_words) + col]
+            cuda.syncthreads()
+            if tid == 0:
+                shared_t[0] = cuda.atomic.add(ctl, 0, types.int64(1))
+            for k in range(HELD_ROWS):
+                y[(lane + uint64(k) * lanes) * uint64(row_words) + col] = regs[k]
+            cuda.syncthreads()
+            t = uint64(shared_t[0])
+        if tid == 0 and cuda.atomic.add(ctl, 1, types.int64(1)) == cuda.gridDim.x - 1:
+            ctl[0] = 0
+            ctl[1] = 0
+
+    words = types.Array(types.uint64, 1, "C")
+    return Kernel(py_name, ticket_copy, (words, words, types.int64, types.int64, types.int64,
+                                         types.Array(types.int64, 1, "C")),
+                  register=False, max_registers=128)
+
+
 def _run_split(ctx: Context, dtype: torch.dtype, name: str, rounds: int) -> None:
     """[4096, 4096] in the strip kernel's blocks (256 threads, 32 rows a thread: 256 rows a
     part at 256-byte strips, 512 at 128-byte), strip-major and part-major, against
@@ -209,6 +251,21 @@ def _run_split(ctx: Context, dtype: torch.dtype, name: str, rounds: int) -> None
             row_words, strip_words, strips, strip_major), 0)
         _add_copy(fns, labels, f"{strip_bytes} B x {parts} parts"
                   f"{' strip-major' if strip_major else ''}", bound, stream, x, y)
+    # the same part-major items of 256-byte strips in a persistent grid of resident blocks
+    ticket = _ticket_copy("ticket_copy")
+    ctl = torch.zeros(2, dtype=torch.int64, device="cuda")
+    strips = row_words // 32
+    for grid in (ticket.resident_blocks(256), 2 * 132):
+        bound = ticket.bind(grid, 256, (
+            (0, x.numel() * x.element_size() // 8), (0, y.numel() * y.element_size() // 8),
+            row_words, 32, strips, (0, 2)), 0)
+        fns.append(lambda i, f=bound.fast: f(stream, x.data_ptr(), y.data_ptr(),
+                                               ctl.data_ptr()))
+        labels.append(f"256 B tickets, grid {grid}")
+        y.zero_()
+        fns[-1](0)
+        torch.cuda.synchronize()
+        assert torch.equal(y, x) and not ctl.any(), labels[-1]
     _time_rounds(ctx, fns, labels, f"{name} [4096, 4096] split", x, rounds, iters=30)
 
 
