@@ -9,7 +9,7 @@ strips of 64 / 128 / 256 / 512 bytes over 4096 / 2048 / 1024 / 512 rows (wider s
 split the rows between blocks, as a cluster of blocks sharing a strip would), against
 torch's ``copy_`` of the same bytes, in the same rounds:
 
-    PYTHONPATH=.:scripts python scripts/probe_strip_width.py [rounds] [short]
+    PYTHONPATH=.:scripts python scripts/probe_strip_width.py [rounds] [short | split]
 
 ``short``: the same for short columns instead ([256, 2^20], the rows of the benchmark's
 [256, 1e6] along axis 0: a strip's 256 rows in registers, 16 a thread, blocks of 16 lanes
@@ -119,14 +119,17 @@ def _buffers(shape: tuple[int, int], dtype: torch.dtype) -> tuple:
 
 
 def _add_copy(fns: list, labels: list[str], label: str, bound: object, stream: int,
-              x: torch.Tensor, y: torch.Tensor) -> None:
-    """Append a bound copy kernel (x to y) to the timed calls, after checking its copy."""
-    fns.append(lambda i, f=bound.fast: f(stream, x.data_ptr(), y.data_ptr()))
+              x: torch.Tensor, y: torch.Tensor, ctl: torch.Tensor | None = None) -> None:
+    """Append a bound copy kernel (x to y; ``ctl``: its ticket counter, passed after y and
+    zero again after each launch) to the timed calls, after checking its copy."""
+    more = () if ctl is None else (ctl.data_ptr(),)
+    fns.append(lambda i, f=bound.fast: f(stream, x.data_ptr(), y.data_ptr(), *more))
     labels.append(label)
     y.zero_()
     fns[-1](0)
     torch.cuda.synchronize()
     assert torch.equal(y, x), label
+    assert ctl is None or not ctl.any(), label
 
 
 def _time_rounds(ctx: Context, fns: list, labels: list[str], title: str, x: torch.Tensor,
@@ -254,18 +257,11 @@ def _run_split(ctx: Context, dtype: torch.dtype, name: str, rounds: int) -> None
     # the same part-major items of 256-byte strips in a persistent grid of resident blocks
     ticket = _ticket_copy("ticket_copy")
     ctl = torch.zeros(2, dtype=torch.int64, device="cuda")
-    strips = row_words // 32
-    for grid in (ticket.resident_blocks(256), 2 * 132):
-        bound = ticket.bind(grid, 256, (
-            (0, x.numel() * x.element_size() // 8), (0, y.numel() * y.element_size() // 8),
-            row_words, 32, strips, (0, 2)), 0)
-        fns.append(lambda i, f=bound.fast: f(stream, x.data_ptr(), y.data_ptr(),
-                                               ctl.data_ptr()))
-        labels.append(f"256 B tickets, grid {grid}")
-        y.zero_()
-        fns[-1](0)
-        torch.cuda.synchronize()
-        assert torch.equal(y, x) and not ctl.any(), labels[-1]
+    grid = ticket.resident_blocks(256)
+    bound = ticket.bind(grid, 256, (
+        (0, x.numel() * x.element_size() // 8), (0, y.numel() * y.element_size() // 8),
+        row_words, 32, row_words // 32, (0, 2)), 0)
+    _add_copy(fns, labels, f"256 B tickets, grid {grid}", bound, stream, x, y, ctl)
     _time_rounds(ctx, fns, labels, f"{name} [4096, 4096] split", x, rounds, iters=30)
 
 
