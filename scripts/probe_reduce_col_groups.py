@@ -29,13 +29,12 @@ import torch
 from bench import Context, measure_copy_gbps
 from numba import cuda, float32, int64, uint32, uint64
 
+from baracuda_numba.kernels import rope as kr
 from baracuda_numba.kernels.common import (
     _load16_asm,
     f32_from_bits,
-    f32_to_bits,
     load16,
     load16_last,
-    pack_bf16x2,
     shfl_xor,
     store16,
     unpack_bf16x2,
@@ -59,6 +58,8 @@ def make_kernel(bf16: bool, second_load):  # noqa: ANN001, ANN201
     per_word = 2 if bf16 else 1
     columns = GROUP_WORDS * per_word
     sums_shape = (BLOCK // 32, columns)
+    unit_values = columns // 2  # values of one 16-byte unit
+    pack16 = kr._pack16_bf16 if bf16 else kr._pack16_f32
     words_shape = (ROWS_A_THREAD, GROUP_WORDS)
 
     @cuda.jit(device=True, inline=True)
@@ -145,22 +146,9 @@ def make_kernel(bf16: bool, second_load):  # noqa: ANN001, ANN201
                         for c in range(columns):
                             vals[c] = coef_s[c] * (vals[c] - mean_s[c])
                         base = uint64(row * row_words + g * GROUP_WORDS)
-                        if bf16:
-                            store16(dx, base, (pack_bf16x2(vals[0], vals[1]),
-                                               pack_bf16x2(vals[2], vals[3]),
-                                               pack_bf16x2(vals[4], vals[5]),
-                                               pack_bf16x2(vals[6], vals[7])))
-                            store16(dx, base + 4, (pack_bf16x2(vals[8], vals[9]),
-                                                   pack_bf16x2(vals[10], vals[11]),
-                                                   pack_bf16x2(vals[12], vals[13]),
-                                                   pack_bf16x2(vals[14], vals[15])))
-                        else:
-                            store16(dx, base, (f32_to_bits(vals[0]), f32_to_bits(vals[1]),
-                                               f32_to_bits(vals[2]), f32_to_bits(vals[3])))
-                            store16(dx, base + 4, (f32_to_bits(vals[4]),
-                                                   f32_to_bits(vals[5]),
-                                                   f32_to_bits(vals[6]),
-                                                   f32_to_bits(vals[7])))
+                        for half in range(2):  # the row's two 16-byte units
+                            store16(dx, base + 4 * half,
+                                    pack16(vals[half * unit_values:(half + 1) * unit_values]))
                 first += ROWS_A_THREAD * threads
 
     return cuda.jit(col_groups), columns
