@@ -1,4 +1,4 @@
-"""Benchmark harness: ``python scripts/bench.py [--only FAMILY ...] [--out DIR]``.
+"""Benchmark harness: ``python scripts/bench.py [--only FAMILY ...] [--out DIR] [--sweep]``.
 
 Needs a GPU, torch and (optionally) CuPy. Each op family has a section module
 ``scripts/bench_<family>.py`` with ``bench(ctx: Context) -> None`` that adds rows via
@@ -10,19 +10,32 @@ than L2 are rotated (several input sets, used in turn) so L2 does not serve them
 zeros. Host time: a loop of ``plan.run`` calls measured with the wall clock, then one
 synchronise.
 
-Output: ``docs/benchmarks/<family>.md`` per section, and ``docs/BENCHMARKS.md`` rebuilt
-from all section files (so sections measured in separate runs stay side by side, each
-with its own device, date and versions).
+Output:
+
+* data: ``benchmarks/results/<gpu-slug>/<YYYY-MM-DD>.csv`` (or ``<out>/results/...`` when
+  ``--out`` is given), one line per row or note with the family, the row's figures, the
+  device and the versions; a rerun of a family on the same day replaces that family's lines;
+* tables, generated from that data: ``<out>/benchmarks/<family>.md`` per section, and
+  ``<out>/BENCHMARKS.md`` rebuilt from all section files (so sections measured in separate
+  runs stay side by side, each with its own device, date and versions).
+  ``--render`` regenerates them from the latest CSV of each family without a GPU.
+
+Tuning rows (a non-default kernel variant, a constant swept) run only with ``--sweep``
+(``ctx.sweep``) and are added with ``ctx.row(..., tuning=True)``: they go to the CSV only,
+never to the published tables, which show the kernels the plans choose, the copy ceiling,
+torch and torch.compile.
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import datetime
 import importlib
 import os
 import pathlib
 import platform
+import re
 import statistics
 import sys
 import time
@@ -34,11 +47,15 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-L2_ROTATE_BYTES = 256 << 20  # rotate input sets until they span this much (L2: 50-60 MB)
-# ~0.5 ms of GPU spin at H100 clocks before each timed call: covers the host launch time
-# (100 µs did not cover torch.compile's guards on a slow host: decode RoPE read 22-42 µs
-# there and 3.7-3.9 µs on a faster one, H100 machines, 2026-11-22).
+L2_ROTATE_BYTES = 256 << 20  # rotate input sets until they span this much (several L2s)
+# GPU spin before each timed call, long enough to hide the host's launch time (torch.compile's
+# guards included) behind it; docs/design/launch.md has the measurement that sized it.
 SPIN_CYCLES = 1_000_000
+#: Columns of the CSV results, in order. ``kind``: ``row`` (published), ``tuning`` (a
+#: ``--sweep`` row, CSV only) or ``note`` (a line under the table, in ``note``).
+CSV_FIELDS = ("family", "kind", "case", "dtype", "us", "gbps", "pct_copy", "torch_us",
+              "speedup", "note", "copy_gbps", "device", "date", "versions")
+_FLOAT_FIELDS = ("us", "gbps", "pct_copy", "torch_us", "speedup")
 
 
 @dataclass
@@ -51,6 +68,8 @@ class Context:
     rows: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     last_host_loop_us: float = 0.0
+    #: True under ``--sweep``: a section may then add tuning rows (``row(..., tuning=True)``).
+    sweep: bool = False
 
     def time_gpu(self, fn: Callable[[int], None], sets: int = 1, warmup: int = 5,
                  iters: int = 50) -> float:
@@ -148,14 +167,18 @@ class Context:
         return max(1, min(8, -(-L2_ROTATE_BYTES // max(bytes_per_set, 1))))
 
     def row(self, case: str, dtype: str, us: float, moved_bytes: int | None = None,
-            torch_us: float | None = None, note: str = "") -> None:
-        """One result row: µs, GB/s and % of copy bandwidth (if bytes given), ratio vs torch."""
+            torch_us: float | None = None, note: str = "", *, tuning: bool = False) -> None:
+        """One result row: µs, GB/s and % of copy bandwidth (if bytes given), ratio vs torch.
+
+        ``tuning=True`` marks a row that times a non-default variant: it is written to the
+        CSV results only, never to the published tables."""
         gbps = moved_bytes / us / 1e3 if moved_bytes else None
         self.rows.append({
             "case": case, "dtype": dtype, "us": us, "gbps": gbps,
             "pct_copy": (100 * gbps / self.copy_gbps) if gbps and self.copy_gbps else None,
             "torch_us": torch_us,
             "speedup": (torch_us / us) if torch_us else None, "note": note,
+            "tuning": tuning,
         })
 
 
@@ -173,14 +196,17 @@ def _fmt(value: float | None, spec: str) -> str:
     return "" if value is None else format(value, spec)
 
 
-def render(ctx: Context, device: str, versions: str) -> str:
-    today = datetime.date.today().isoformat()
+def render(ctx: Context, device: str, versions: str, date: str | None = None) -> str:
+    """The markdown section of ``ctx``'s published rows (tuning rows left out) and notes."""
+    today = date or datetime.date.today().isoformat()
     lines = [f"## {ctx.family}", "",
              f"{device}, {today}; {versions}; copy ceiling measured in the same run: "
              f"{ctx.copy_gbps:.0f} GB/s.", ""]
     lines.append("| case | dtype | µs | GB/s | % copy | torch µs | speed vs torch | note |")
     lines.append("|---|---|---:|---:|---:|---:|---:|---|")
     for r in ctx.rows:
+        if r.get("tuning"):
+            continue
         lines.append(f"| {r['case']} | {r['dtype']} | {r['us']:.2f} | {_fmt(r['gbps'], '.0f')} | "
                      f"{_fmt(r['pct_copy'], '.0f')} | {_fmt(r['torch_us'], '.2f')} | "
                      f"{_fmt(r['speedup'], '.2f')}{'x' if r['speedup'] else ''} | {r['note']} |")
@@ -196,12 +222,84 @@ def rebuild_index(docs: pathlib.Path) -> None:
              "Speed vs torch > 1 means baracuda_numba is faster.", "",
              "Timing method: device µs are medians of CUDA-event-timed single calls, each "
              "behind a GPU spin queued before the start event so that the host's launch "
-             "time is not counted (~0.5 ms of spin; sections dated before 2026-11-22 13:00 "
-             "UTC used ~100 µs, which a slow host's torch.compile guards could exceed). "
+             "time is not counted. The figures are also kept as data, one CSV per GPU and "
+             "date under `benchmarks/results/`; tuning sweeps (`--sweep`) go there only. "
              "Host µs (host section, decode rows) are per-call wall-clock times measured "
              "round-robin against the PyTorch reference in the same run.", ""]
     parts += [s.read_text() for s in sections]
     (docs / "BENCHMARKS.md").write_text("\n".join(parts))
+
+
+def gpu_slug(device: str) -> str:
+    """``NVIDIA H200`` -> ``nvidia-h200``: the device name as a folder name."""
+    return re.sub(r"[^a-z0-9]+", "-", device.lower()).strip("-") or "unknown-gpu"
+
+
+def write_csv(results: pathlib.Path, ctx: Context, device: str, versions: str) -> pathlib.Path:
+    """Write ``ctx``'s rows (tuning rows included) to ``results/<gpu>/<date>.csv``.
+
+    Lines of other families already in that file are kept; this family's are replaced."""
+    today = datetime.date.today().isoformat()
+    path = results / gpu_slug(device) / f"{today}.csv"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    kept: list[dict[str, str]] = []
+    if path.exists():
+        with path.open(newline="") as handle:
+            kept = [line for line in csv.DictReader(handle) if line.get("family") != ctx.family]
+    with path.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, CSV_FIELDS, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(kept)
+        common = dict(family=ctx.family, copy_gbps=f"{ctx.copy_gbps:.1f}", device=device,
+                      date=today, versions=versions)
+        for r in ctx.rows:
+            line = {key: ("" if r.get(key) is None else r.get(key)) for key in CSV_FIELDS}
+            line.update(common, kind="tuning" if r.get("tuning") else "row")
+            writer.writerow(line)
+        for text in ctx.notes:
+            writer.writerow(dict(common, kind="note", note=text))
+    return path
+
+
+def read_results(results: pathlib.Path) -> dict[str, tuple[Context, str, str, str]]:
+    """The latest results of every family found under ``results/<gpu>/<date>.csv``:
+    family -> (a Context holding its rows and notes, device, versions, date)."""
+    latest: dict[str, tuple[Context, str, str, str]] = {}
+    files = sorted(results.glob("*/*.csv"), key=lambda path: (path.stem, path.parent.name))
+    for path in files:
+        with path.open(newline="") as handle:
+            lines = list(csv.DictReader(handle))
+        contexts: dict[str, Context] = {}
+        for line in lines:
+            family = line["family"]
+            ctx = contexts.get(family)
+            if ctx is None:
+                ctx = contexts[family] = Context(family, None, float(line["copy_gbps"] or 0))
+                latest[family] = (ctx, line["device"], line["versions"], line["date"])
+            if line["kind"] == "note":
+                ctx.notes.append(line["note"])
+                continue
+            row: dict[str, Any] = {key: (float(line[key]) if line[key] else None)
+                                   for key in _FLOAT_FIELDS}
+            row.update(case=line["case"], dtype=line["dtype"], note=line["note"],
+                       tuning=line["kind"] == "tuning")
+            ctx.rows.append(row)
+    return latest
+
+
+def render_results(results: pathlib.Path, out: pathlib.Path,
+                   only: Sequence[str] | None = None) -> list[str]:
+    """Rewrite ``out/benchmarks/<family>.md`` from the latest CSV results of each family
+    (those in ``only``, if given) and rebuild ``out/BENCHMARKS.md``; returns the families."""
+    (out / "benchmarks").mkdir(parents=True, exist_ok=True)
+    done = []
+    for family, (ctx, device, versions, date) in sorted(read_results(results).items()):
+        if only and family not in only:
+            continue
+        (out / "benchmarks" / f"{family}.md").write_text(render(ctx, device, versions, date))
+        done.append(family)
+    rebuild_index(out)
+    return done
 
 
 def families() -> list[str]:
@@ -211,14 +309,29 @@ def families() -> list[str]:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="*", default=None, help="families to run")
-    parser.add_argument("--out", default=str(ROOT / "docs"), help="docs folder to write")
+    parser.add_argument("--out", default=None,
+                        help="docs folder to write (default: the repository's docs/)")
+    parser.add_argument("--results", default=None,
+                        help="CSV results folder (default: benchmarks/results/ of the "
+                             "repository, or <out>/results when --out is given)")
+    parser.add_argument("--sweep", action="store_true",
+                        help="also run the sections' tuning rows (written to the CSV only)")
+    parser.add_argument("--render", action="store_true",
+                        help="no GPU: regenerate the tables from the CSV results and stop")
     options = parser.parse_args(argv)
+    out = pathlib.Path(options.out) if options.out else ROOT / "docs"
+    if options.results:
+        results = pathlib.Path(options.results)
+    else:
+        results = out / "results" if options.out else ROOT / "benchmarks" / "results"
+    if options.render:
+        print("rendered:", ", ".join(render_results(results, out, options.only)) or "nothing")
+        return 0
     import numba
     import numba_cuda
     import numpy
     import torch
 
-    out = pathlib.Path(options.out)
     (out / "benchmarks").mkdir(parents=True, exist_ok=True)
     device = torch.cuda.get_device_name()
     versions = (f"torch {torch.__version__}, numba {numba.__version__}, numba-cuda "
@@ -232,13 +345,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         pass
     for family in options.only or families():
         module = importlib.import_module(f"bench_{family}")
-        ctx = Context(family, torch)
+        ctx = Context(family, torch, sweep=options.sweep)
         ctx.copy_gbps = measure_copy_gbps(torch)
         print(f"[{family}] copy ceiling {ctx.copy_gbps:.0f} GB/s", flush=True)
         module.bench(ctx)
         text = render(ctx, device, versions)
         print(text, flush=True)
         (out / "benchmarks" / f"{family}.md").write_text(text)
+        print(f"[{family}] results: {write_csv(results, ctx, device, versions)}", flush=True)
         if os.environ.get("OUT"):
             pathlib.Path(os.environ["OUT"], f"bench_{family}.md").write_text(text)
     rebuild_index(out)

