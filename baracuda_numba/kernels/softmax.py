@@ -1,0 +1,502 @@
+"""Softmax and log-softmax along one axis, forward and backward.
+
+Forward, with ``x' = scale * x`` along the axis of length ``n`` ("a row")::
+
+    m = max_j x'_j           s = sum_j exp(x'_j - m)
+    softmax:     y_i = exp(x'_i - m) / s
+    log_softmax: y_i = (x'_i - m) - log s
+
+Backward, from the saved output ``y`` (probabilities, or log-probabilities)::
+
+    softmax:     dx_i = scale * y_i * (dy_i - sum_j dy_j y_j)
+    log_softmax: dx_i = scale * (dy_i - exp(y_i) * sum_j dy_j)
+
+The max propagates NaN (one ``max.NaN``), and NaN / +inf enter the sum, so a row with a NaN
+or a +inf, and a row of all -inf (``-inf - -inf``), comes out NaN everywhere, as torch's.
+f16 / bf16 / f32 accumulate in f32, f64 in f64.
+
+Two kernel bodies, one factory each, with ``backward`` a compile-time argument (the
+forward passes ``x`` as both inputs ``a`` and ``b``; the backward ``dy`` and ``y``)::
+
+    rows    (the axis has stride 1): a group of L lanes (L a power of two) takes one
+            row part of at most HELD * L elements and holds it in registers; lane l
+            holds elements l, l + L, ... (with ``vec``: 16-byte units l, l + L, ...).
+            Groups of L <= 32 lanes reduce with warp shuffles (several rows per warp
+            for short rows), longer groups (a whole block) add a shared-memory step
+            across warps.
+            block = 256 threads = (256 / L) groups   (L <= 256), or one group of L
+    columns (the axis strided, another axis contiguous): consecutive threads take
+            consecutive rows (coalesced) and walk their part of the axis with an online
+            max-and-sum (COLUMN_UNROLL loads in flight), then read it again to write.
+
+A row longer than one group holds (or a column cut for parallelism) is split into
+``parts`` fixed by the problem alone. ``mode`` says what one launch does:
+
+    0  FULL    one part per row: reduce, then write out
+    1  STATS   write each part's statistic (m, s) / (sum) to the workspace
+    2  FINISH  fold the row's part statistics in part order, then write out its part
+    3  MERGE   (columns) fold each row's part statistics into its first slot, which
+               FINISH then reads: O(parts) per row instead of O(parts^2)
+
+so results are deterministic and the same whatever the grid. The plan issues STATS then
+FINISH on batches of rows whose bytes fit in L2, so FINISH reads its input from L2.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from numba import cuda, float32, float64, int64, types, uint16, uint32, uint64
+
+from ..launch import Kernel, flat
+from ..types import ElementKind
+from .common import (
+    bf16_to_f32,
+    bitcast,
+    f32_to_bf16,
+    load16,
+    max_nan_f32,
+    nan_max,
+    shfl_xor,
+    store16,
+    strided_offset,
+    strided_offset2,
+)
+from .rope import ROPE_UNIT_TABLE
+
+#: Elements a lane holds in registers, by direction (``backward``): 32 x (forward) or 16
+#: dy and 16 y (backward) registers leave room under the 64-register cap that 1024-thread
+#: blocks need (``ROW_REGISTERS``). f64 holds half as many (two registers each):
+#: :func:`row_held`.
+HELD = {False: 32, True: 16}
+#: Lanes of the largest group: one 1024-thread block (the CUDA limit).
+MAX_LANES = 1024
+#: Elements of the longest row part one group holds, by direction (f32 accumulation).
+MAX_PART = {backward: held * MAX_LANES for backward, held in HELD.items()}
+#: Register cap of the row kernels: 65536 registers / 1024 threads.
+ROW_REGISTERS = 64
+#: Rows a column thread loads before folding them (loads in flight per thread).
+COLUMN_UNROLL = 4
+
+
+def row_held(element: ElementKind, backward: bool) -> int:
+    """Elements a lane of the row kernel holds for ``element`` and direction."""
+    return HELD[backward] // (2 if element is ElementKind.F64 else 1)
+
+
+MODE_FULL = 0
+MODE_STATS = 1
+MODE_FINISH = 2
+MODE_MERGE = 3
+
+_INF = float("inf")
+_TUPLE8 = types.UniTuple(int64, 8)
+
+# -- element loads / stores ---------------------------------------------------------------
+# Indices are non-negative: an unsigned index spares the negative-index wraparound.
+
+
+@cuda.jit(device=True, inline=True)
+def _load_f16(x, i):
+    return float32(x[uint64(i)])
+
+
+@cuda.jit(device=True, inline=True)
+def _load_bf16(x, i):
+    return bf16_to_f32(x[uint64(i)])
+
+
+@cuda.jit(device=True, inline=True)
+def _load_same(x, i):
+    return x[uint64(i)]
+
+
+@cuda.jit(device=True, inline=True)
+def _store_f16(v):
+    return types.float16(v)
+
+
+@cuda.jit(device=True, inline=True)
+def _store_bf16(v):
+    return f32_to_bf16(float32(v))
+
+
+@cuda.jit(device=True, inline=True)
+def _store_f32(v):
+    return float32(v)
+
+
+@cuda.jit(device=True, inline=True)
+def _store_f64(v):
+    return float64(v)
+
+
+@dataclass(frozen=True)
+class SoftmaxElement:
+    """How one element kind is stored, loaded, accumulated and maxed."""
+
+    storage: types.Type
+    acc: types.Type
+    load: Any
+    store: Any
+    max: Any
+
+
+#: The element table: every kernel, signature and supported-dtype message derives from it.
+SOFTMAX_ELEMENTS: dict[ElementKind, SoftmaxElement] = {
+    ElementKind.F16: SoftmaxElement(types.float16, float32, _load_f16, _store_f16, max_nan_f32),
+    ElementKind.BF16: SoftmaxElement(uint16, float32, _load_bf16, _store_bf16, max_nan_f32),
+    ElementKind.F32: SoftmaxElement(float32, float32, _load_same, _store_f32, max_nan_f32),
+    ElementKind.F64: SoftmaxElement(float64, float64, _load_same, _store_f64, nan_max),
+}
+
+
+@cuda.jit(device=True, inline=True)
+def _unpack16_f64(unit):
+    low = uint64(unit[0]) | (uint64(unit[1]) << uint64(32))
+    high = uint64(unit[2]) | (uint64(unit[3]) << uint64(32))
+    return bitcast(low, float64), bitcast(high, float64)
+
+
+@cuda.jit(device=True, inline=True)
+def _pack16_f64(values):
+    low = bitcast(float64(values[0]), uint64)
+    high = bitcast(float64(values[1]), uint64)
+    return (uint32(low & uint64(0xFFFFFFFF)), uint32(low >> uint64(32)),
+            uint32(high & uint64(0xFFFFFFFF)), uint32(high >> uint64(32)))
+
+
+#: element kind -> (unpack, pack, elements per 16-byte unit) of the ``vec`` row path.
+SOFTMAX_UNITS = {**ROPE_UNIT_TABLE, ElementKind.F64: (_unpack16_f64, _pack16_f64, 2)}
+
+
+# -- shared pieces --------------------------------------------------------------------------
+
+
+def _group_reducer(combine: Any) -> Any:
+    """``reduce(value, lanes, shared)``: ``combine`` of ``value`` over the ``lanes`` lanes
+    of the caller's group (a power of two; groups of more than 32 lanes are whole warps
+    of one block, combined through ``shared``, 32 slots). Every lane gets the same bits
+    (an xor butterfly, then every lane folds the warps in order). Block-uniform: every
+    thread of the block calls it together."""
+
+    @cuda.jit(device=True, inline=True)
+    def reduce(value, lanes, shared):
+        width = lanes if lanes < 32 else 32
+        offset = width >> 1
+        while offset > 0:
+            value = combine(value, shfl_xor(value, offset))
+            offset >>= 1
+        if lanes > 32:
+            tid = cuda.threadIdx.x
+            cuda.syncthreads()  # the previous use of ``shared`` is over
+            if tid % 32 == 0:
+                shared[tid // 32] = value
+            cuda.syncthreads()
+            first = (tid // lanes) * (lanes // 32)
+            value = shared[first]
+            for w in range(1, lanes // 32):
+                value = combine(value, shared[first + w])
+        return value
+
+    return reduce
+
+
+@cuda.jit(device=True, inline=True)
+def _add(a, b):
+    return a + b
+
+
+def _fold_parts(acc: types.Type, maximum: Any, backward: bool) -> Any:
+    """``fold(ws, row, parts) -> (m, s)``: the row's part statistics folded in part order
+    (forward: ``M = max m_p``, ``S = sum s_p exp(m_p - M)``; backward: the plain sum)."""
+
+    @cuda.jit(device=True, inline=True)
+    def fold(ws, row, parts):
+        base = row * parts * 2
+        if backward:
+            total = acc(0)
+            for p in range(parts):
+                total += ws[base + 2 * p]
+            return acc(0), total
+        m = acc(-_INF)
+        for p in range(parts):
+            m = maximum(m, ws[base + 2 * p])
+        s = acc(0)
+        for p in range(parts):
+            mp = ws[base + 2 * p]
+            if mp != acc(-_INF):  # an all -inf part adds nothing (its s is 0)
+                s += ws[base + 2 * p + 1] * math.exp(mp - m)
+        return m, s
+
+    return fold
+
+
+def _finisher(acc: types.Type, backward: bool) -> Any:
+    """``(factor, finish)``: ``factor(s, log)`` once per row (forward: ``1 / s``, or ``log
+    s`` for log-softmax; backward: ``s``), then ``finish(va, vb, m, r, log, scale)``, the
+    output element from the held inputs (forward: ``va`` = scaled x; backward: ``va`` =
+    dy, ``vb`` = y), the row max ``m`` and the factor ``r``."""
+
+    @cuda.jit(device=True, inline=True)
+    def factor(s, log):
+        if backward:
+            return s
+        if not log:
+            return acc(1) / s
+        if s > acc(0):
+            return math.log(s)
+        return acc(-_INF) if s == acc(0) else s  # log 0, log NaN
+
+    @cuda.jit(device=True, inline=True)
+    def finish(va, vb, m, r, log, scale):
+        if backward:
+            if log:
+                return scale * (va - math.exp(vb) * r)
+            return scale * vb * (va - r)
+        if log:
+            return (va - m) - r
+        return math.exp(va - m) * r
+
+    return factor, finish
+
+
+def _slot_index(per_unit: int) -> Any:
+    """``index(u, lane, lanes, vec)``: the row element held in slot ``u`` of ``lane``:
+    every ``lanes``-th element, or with ``vec`` every ``lanes``-th 16-byte unit of
+    ``per_unit`` elements."""
+
+    @cuda.jit(device=True, inline=True)
+    def index(u, lane, lanes, vec):
+        if vec:
+            return (lane + (u // per_unit) * lanes) * per_unit + u % per_unit
+        return lane + u * lanes
+
+    return index
+
+
+# -- rows -------------------------------------------------------------------------------------
+
+
+def _make_rows(element: ElementKind, backward: bool) -> Any:
+    spec = SOFTMAX_ELEMENTS[element]
+    acc, load, store, maximum = spec.acc, spec.load, spec.store, spec.max
+    unpack16, pack16, per_unit = SOFTMAX_UNITS[element]
+    elem_bytes = 16 // per_unit
+    held = row_held(element, backward)
+    units = held // per_unit
+    group_max = _group_reducer(maximum)
+    group_sum = _group_reducer(_add)
+    fold = _fold_parts(acc, maximum, backward)
+    factor, finish = _finisher(acc, backward)
+    pad = acc(0) if backward else acc(-_INF)
+    index = _slot_index(per_unit)
+
+    def softmax_rows(a, b, out, a_words, b_words, out_words, ws, row_begin, row_end, n, parts,
+                     part_len, lanes, shape, a_strides, b_strides, out_strides, a_axis, b_axis,
+                     out_axis, vec, mode, log, scale):
+        """Row parts ``[row_begin * parts, row_end * parts)``, one per group of ``lanes``
+        lanes; grid-stride over groups of parts (block-uniform trip count). ``vec``: the
+        inputs and output move as 16-byte units (``*_words``: the same memory as uint32;
+        the plan checks stride 1 along the axis and 16-byte aligned row parts)."""
+        shared = cuda.shared.array(32, acc)
+        held_a = cuda.local.array(held, acc)
+        held_b = cuda.local.array(held, acc)
+        result = cuda.local.array(per_unit, acc)
+        tid = cuda.threadIdx.x
+        groups = cuda.blockDim.x // lanes
+        lane = tid % lanes
+        first = row_begin * parts
+        last = row_end * parts
+        base = first + int64(cuda.blockIdx.x) * groups
+        while base < last:
+            item = base + tid // lanes
+            active = item < last
+            row = item // parts
+            part = item - row * parts
+            start = part * part_len
+            count = n - start if n - start < part_len else part_len
+            if not active:
+                count = 0
+            a_off, b_off = strided_offset2(row, shape, a_strides, b_strides)
+            if vec:
+                for w in range(units):
+                    first_elem = (lane + w * lanes) * per_unit
+                    if first_elem < count:
+                        va_unit = unpack16(load16(a_words, (a_off + start + first_elem)
+                                                  * elem_bytes // 4))
+                        vb_unit = va_unit
+                        if backward:
+                            vb_unit = unpack16(load16(b_words, (b_off + start + first_elem)
+                                                      * elem_bytes // 4))
+                        for k in range(per_unit):
+                            held_a[w * per_unit + k] = (acc(va_unit[k]) if backward
+                                                        else acc(va_unit[k]) * scale)
+                            held_b[w * per_unit + k] = acc(vb_unit[k])
+                    else:
+                        for k in range(per_unit):
+                            held_a[w * per_unit + k] = pad
+                            held_b[w * per_unit + k] = acc(0)
+            else:
+                for u in range(held):
+                    i = lane + u * lanes
+                    va = pad
+                    vb = acc(0)
+                    if i < count:
+                        va = load(a, a_off + (start + i) * a_axis)
+                        if backward:
+                            vb = load(b, b_off + (start + i) * b_axis)
+                        else:
+                            va *= scale
+                    held_a[u] = va
+                    held_b[u] = vb
+            m = acc(0)
+            s = acc(0)
+            if mode != MODE_FINISH:
+                if not backward:
+                    m = held_a[0]
+                    for u in range(1, held):
+                        m = maximum(m, held_a[u])
+                    m = group_max(m, lanes, shared)
+                for u in range(held):
+                    if index(u, lane, lanes, vec) < count:
+                        if backward:
+                            s += held_a[u] * held_b[u] if not log else held_a[u]
+                        else:
+                            s += math.exp(held_a[u] - m)
+                s = group_sum(s, lanes, shared)
+                if not backward and m == acc(-_INF):
+                    s = acc(0)  # an all -inf part: exp(-inf - -inf) is NaN, its sum is 0
+            if mode == MODE_STATS:
+                if active and lane == 0:
+                    ws[item * 2] = s if backward else m
+                    ws[item * 2 + 1] = s
+            else:
+                if mode == MODE_FINISH and active:
+                    m, s = fold(ws, row, parts)
+                out_off = strided_offset(row, shape, out_strides)
+                r = factor(s, log) if count > 0 else acc(0)  # idle groups: no 1 / 0
+                if vec:
+                    for w in range(units):
+                        first_elem = (lane + w * lanes) * per_unit
+                        if first_elem < count:
+                            for k in range(per_unit):
+                                u = w * per_unit + k
+                                result[k] = finish(held_a[u], held_b[u], m, r, log, scale)
+                            store16(out_words, (out_off + start + first_elem) * elem_bytes // 4,
+                                    pack16(result))
+                else:
+                    for u in range(held):
+                        i = lane + u * lanes
+                        if i < count:
+                            out[out_off + (start + i) * out_axis] = store(
+                                finish(held_a[u], held_b[u], m, r, log, scale))
+            base += int64(cuda.gridDim.x) * groups
+
+    return softmax_rows
+
+
+# -- columns -------------------------------------------------------------------------------
+
+
+def _make_cols(element: ElementKind, backward: bool) -> Any:
+    spec = SOFTMAX_ELEMENTS[element]
+    acc, load, store, maximum = spec.acc, spec.load, spec.store, spec.max
+    fold = _fold_parts(acc, maximum, backward)
+    factor, finish = _finisher(acc, backward)
+
+    def softmax_cols(a, b, out, a_words, b_words, out_words, ws, row_begin, row_end, n, parts,
+                     part_len, lanes, shape, a_strides, b_strides, out_strides, a_axis, b_axis,
+                     out_axis, vec, mode, log, scale):
+        """Thread ``t`` of block ``(x, p)`` takes row ``row_begin + x * blockDim + t`` and
+        part ``p`` of its axis (``lanes``, ``vec`` and the word views are unused)."""
+        row = row_begin + int64(cuda.blockIdx.x) * cuda.blockDim.x + cuda.threadIdx.x
+        part = int64(cuda.blockIdx.y)
+        if row >= row_end:
+            return
+        base = row * parts * 2
+        if mode == MODE_MERGE:
+            m, s = fold(ws, row, parts)
+            ws[base] = m
+            ws[base + 1] = s
+            return
+        start = part * part_len
+        stop = start + part_len if start + part_len < n else n
+        a_off, b_off = strided_offset2(row, shape, a_strides, b_strides)
+        a_off += start * a_axis
+        b_off += start * b_axis
+        m = acc(-_INF)
+        s = acc(0)
+        if mode != MODE_FINISH:
+            loaded = cuda.local.array(COLUMN_UNROLL, acc)  # registers (unrolled)
+            for i0 in range(0, stop - start, COLUMN_UNROLL):
+                for k in range(COLUMN_UNROLL):  # the loads first: COLUMN_UNROLL in flight
+                    va = acc(-_INF) if not backward else acc(0)
+                    if i0 + k < stop - start:
+                        va = load(a, a_off + (i0 + k) * a_axis)
+                        if backward and not log:
+                            va *= load(b, b_off + (i0 + k) * b_axis)
+                    loaded[k] = va
+                for k in range(COLUMN_UNROLL):
+                    va = loaded[k]
+                    if backward:
+                        s += va
+                    else:
+                        va *= scale
+                        if va > m:  # a new max (rare): rescale the sum
+                            s = s * math.exp(m - va) + math.exp(va - va)
+                            m = va
+                        elif va != acc(-_INF):  # NaN, and +inf after +inf, give a NaN sum
+                            s += math.exp(va - m)
+        if mode == MODE_STATS:
+            item = row * parts + part
+            ws[item * 2] = s if backward else m
+            ws[item * 2 + 1] = s
+            return
+        if mode == MODE_FINISH:  # merged into the row's first slot
+            m = ws[base]
+            s = ws[base + 1]
+        out_off = strided_offset(row, shape, out_strides) + start * out_axis
+        r = factor(s, log)
+        held_a = cuda.local.array(COLUMN_UNROLL, acc)
+        held_b = cuda.local.array(COLUMN_UNROLL, acc)
+        for i0 in range(0, stop - start, COLUMN_UNROLL):
+            for k in range(COLUMN_UNROLL):  # the loads first: COLUMN_UNROLL in flight
+                if i0 + k < stop - start:
+                    held_a[k] = load(a, a_off + (i0 + k) * a_axis)
+                    held_b[k] = load(b, b_off + (i0 + k) * b_axis) if backward else acc(0)
+            for k in range(COLUMN_UNROLL):
+                if i0 + k < stop - start:
+                    va = held_a[k] if backward else held_a[k] * scale
+                    out[out_off + (i0 + k) * out_axis] = store(
+                        finish(va, held_b[k], m, r, log, scale))
+
+    return softmax_cols
+
+
+# -- the table ------------------------------------------------------------------------------
+
+
+def _signature(element: ElementKind) -> tuple[types.Type, ...]:
+    spec = SOFTMAX_ELEMENTS[element]
+    storage, words = flat(spec.storage), flat(uint32)
+    return (storage, storage, storage, words, words, words, flat(spec.acc), int64, int64, int64,
+            int64, int64, int64, _TUPLE8, _TUPLE8, _TUPLE8, _TUPLE8, int64, int64, int64, int64,
+            int64, int64, spec.acc)
+
+
+#: Layouts -> kernel factory: ``rows`` (axis of stride 1), ``cols`` (axis strided).
+SOFTMAX_LAYOUTS = {"rows": _make_rows, "cols": _make_cols}
+
+#: ``(layout, element, backward) -> Kernel``: 2 layouts x 4 elements x 2 directions.
+SOFTMAX_KERNELS: dict[tuple[str, ElementKind, bool], Kernel] = {
+    (layout, element, backward): Kernel(
+        f"softmax_{layout}{'_backward' if backward else ''}[{element.name}]",
+        factory(element, backward), _signature(element),
+        max_registers=ROW_REGISTERS if layout == "rows" else None)
+    for layout, factory in SOFTMAX_LAYOUTS.items()
+    for element in SOFTMAX_ELEMENTS
+    for backward in (False, True)
+}
