@@ -69,7 +69,10 @@ def _cases(torch):
 
     cases.append(("WriteSlicePlan (kernel path; dest, source)", write_slice))
 
-    scan = bn.ScanPlan.select(bn.ScanDescriptor(bn.ScanKind.CUMSUM, (4, 64), 1, element=f32))
+    # runs without a workspace (the host path timed here): plans that need none
+    plain = bn.PlanPreference(max_workspace_bytes=0)
+    scan = bn.ScanPlan.select(bn.ScanDescriptor(bn.ScanKind.CUMSUM, (4, 64), 1, element=f32),
+                              plain)
 
     def scan_fw(arr):
         x, y = arr((4, 64)), arr((4, 64))
@@ -77,14 +80,14 @@ def _cases(torch):
 
     cases.append(("ScanPlan cumsum (x, y)", scan_fw))
     scan_bw = bn.ScanBackwardPlan.select(bn.ScanBackwardDescriptor(
-        bn.ScanKind.CUMPROD, (4, 64), 1, element=f32))
+        bn.ScanKind.CUMPROD, (4, 64), 1, element=f32), plain)
 
     def scan_back(arr):
         dy, dx, x, y = (arr((4, 64)) for _ in range(4))
         return lambda: scan_bw.run(bn.ScanBackwardArgs(dy, dx, x, y))
 
     cases.append(("ScanBackwardPlan cumprod (dy, dx, x, y)", scan_back))
-    red = bn.ReducePlan.select(bn.ReduceDescriptor(bn.ReduceKind.SUM, (4, 64), 1, f32))
+    red = bn.ReducePlan.select(bn.ReduceDescriptor(bn.ReduceKind.SUM, (4, 64), 1, f32), plain)
 
     def reduce_fw(arr):
         x, y = arr((4, 64)), arr((4, 1))
@@ -92,7 +95,7 @@ def _cases(torch):
 
     cases.append(("ReducePlan sum (x, y)", reduce_fw))
     red_bw = bn.ReduceBackwardPlan.select(bn.ReduceBackwardDescriptor(
-        bn.ReduceKind.VAR, (4, 64), 1, f32))
+        bn.ReduceKind.VAR, (4, 64), 1, f32), plain)
 
     def reduce_back(arr):
         dy, dx, x, y = arr((4, 1)), arr((4, 64)), arr((4, 64)), arr((4, 1))
@@ -224,8 +227,9 @@ def _functional(ctx, torch) -> None:
     from baracuda_numba import ops
 
     x = torch.rand(4, 64, device="cuda")
+    plain = bn.PlanPreference(max_workspace_bytes=0)  # runs without a workspace
     scan = bn.ScanPlan.select(bn.ScanDescriptor(bn.ScanKind.CUMSUM, (4, 64), 1,
-                                                element=bn.ElementKind.F32))
+                                                element=bn.ElementKind.F32), plain)
     y = torch.empty_like(x)
     host_row(ctx, PLAN_LABEL, "f32", lambda: scan.run(bn.ScanArgs(x, y)))
     host_row(ctx, FUNCTIONAL_LABEL, "f32", lambda: ops.cumsum(x, 1))
@@ -238,7 +242,7 @@ def _functional(ctx, torch) -> None:
         ctx.notes.append(f"torch custom op not measured: {exc}")
     host_row(ctx, "cumsum: torch.cumsum(x, 1)", "f32", lambda: torch.cumsum(x, 1))
     red = bn.ReducePlan.select(bn.ReduceDescriptor(bn.ReduceKind.SUM, (4, 64), 1,
-                                                   bn.ElementKind.F32))
+                                                   bn.ElementKind.F32), plain)
     y1 = torch.empty(4, 1, device="cuda")
     host_row(ctx, REDUCE_PLAN_LABEL, "f32", lambda: red.run(bn.ReduceArgs(x, y1)))
     host_row(ctx, REDUCE_FUNCTIONAL_LABEL, "f32", lambda: ops.sum(x, 1, keepdim=True))

@@ -28,7 +28,7 @@ from baracuda_numba.plans.scan import (
     ScanDescriptor,
     ScanPlan,
 )
-from baracuda_numba.types import ElementKind, ScanKind
+from baracuda_numba.types import ElementKind, PlanPreference, ScanKind
 
 SQUARE = (4096, 4096)
 WIDE = (64, 1_000_000)
@@ -66,7 +66,8 @@ def _forward(ctx: Any, kind: ScanKind, shape: tuple[int, ...], axis: int, dtype_
     with_indices = indices and kind in (ScanKind.CUMMAX, ScanKind.CUMMIN)
     index_out = [torch.empty(shape, dtype=torch.int64, device="cuda") for _ in xs] \
         if with_indices else [None] * sets
-    plan = ScanPlan.select(ScanDescriptor(kind, shape, axis, element=element))
+    plan = ScanPlan.select(ScanDescriptor(kind, shape, axis, element=element),
+                           None if workspace else PlanPreference(max_workspace_bytes=0))
     if fast_words:  # tuning: the fast kernels with another tile
         from baracuda_numba.kernels.scan import FAST_FAMILY, FastKernels
 

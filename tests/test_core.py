@@ -588,19 +588,21 @@ def _cupy_memo_cases(cp):
     x = rng.standard_normal((6, 40), dtype=cp.float32) * 0.1 + 1
     dy = rng.standard_normal((6, 40), dtype=cp.float32)
     cases = []
-    scan = bn.ScanPlan.select(bn.ScanDescriptor(ScanKind.CUMPROD, (6, 40), 1, element=f32))
+    plain = bn.PlanPreference(max_workspace_bytes=0)  # the memo serves runs without one
+    scan = bn.ScanPlan.select(bn.ScanDescriptor(ScanKind.CUMPROD, (6, 40), 1, element=f32),
+                              plain)
     y_fw = cp.cumprod(x, axis=1)
     scan_bw = bn.ScanBackwardPlan.select(bn.ScanBackwardDescriptor(
-        ScanKind.CUMPROD, (6, 40), 1, element=f32))
+        ScanKind.CUMPROD, (6, 40), 1, element=f32), plain)
     cases.append(("scan", scan, lambda out: scan.run(bn.ScanArgs(x, out[0])), [(6, 40)]))
     cases.append(("scan_bw", scan_bw,
                   lambda out: scan_bw.run(bn.ScanBackwardArgs(dy, out[0], x, y_fw)),
                   [(6, 40)]))
-    red = bn.ReducePlan.select(bn.ReduceDescriptor(bn.ReduceKind.SUM, (6, 40), 1, f32))
+    red = bn.ReducePlan.select(bn.ReduceDescriptor(bn.ReduceKind.SUM, (6, 40), 1, f32), plain)
     cases.append(("reduce", red, lambda out: red.run(bn.ReduceArgs(x, out[0])), [(6, 1)]))
     var = x.var(axis=1, ddof=1, keepdims=True)
     red_bw = bn.ReduceBackwardPlan.select(bn.ReduceBackwardDescriptor(
-        bn.ReduceKind.VAR, (6, 40), 1, f32))
+        bn.ReduceKind.VAR, (6, 40), 1, f32), plain)
     dvar = dy[:, :1].copy()
     cases.append(("reduce_bw", red_bw,
                   lambda out: red_bw.run(bn.ReduceBackwardArgs(dvar, out[0], x, var)),
@@ -679,7 +681,8 @@ def test_torch_hot_layout_falls_back_on_any_change():
     rejected before any launch. Reference: torch.autograd of cumprod in float64."""
     torch = torch_or_skip()
     plan = bn.ScanBackwardPlan.select(bn.ScanBackwardDescriptor(
-        ScanKind.CUMPROD, (6, 40), 1, element=ElementKind.F32))
+        ScanKind.CUMPROD, (6, 40), 1, element=ElementKind.F32),
+        bn.PlanPreference(max_workspace_bytes=0))  # the memo serves runs without one
     x = torch.rand(6, 40, device="cuda") + 0.5
     dy = torch.randn(6, 40, device="cuda")
     as_ref(x, "test", "x")  # finds torch.Tensor: a process's first tensor has no memo key

@@ -68,6 +68,9 @@ from baracuda_numba.types import ElementKind, PlanPreference, ReduceKind
 
 K = ReduceKind
 E = ElementKind
+#: A plan selected for runs without a workspace (``run`` requires the one ``select``
+#: sized: upstream's contract): the single-pass paths.
+NO_WORKSPACE = PlanPreference(max_workspace_bytes=0)
 INT_ELEMENTS = (E.I32, E.I64)
 # The simulator treats IEEE specials like NumPy scalars do (RuntimeWarning on inf - inf,
 # 0/0, overflow); the GPU produces them silently. Tests that feed specials ignore them.
@@ -134,8 +137,13 @@ def backward_reference(kind: ReduceKind, dy: np.ndarray, x: np.ndarray, y: np.nd
             mask = x == y
             count = np.broadcast_to(mask.sum(axis=axis, keepdims=True), x.shape)
             return dy / count * mask
-        if kind is K.PROD:
-            return dy * y / x
+        if kind is K.PROD:  # torch: exact where the line holds zeros
+            zero = x == 0
+            zeros = np.broadcast_to(zero.sum(axis=axis, keepdims=True), x.shape)
+            others = np.broadcast_to(np.where(zero, 1.0, x).prod(axis=axis, keepdims=True),
+                                     x.shape)
+            exact = np.where(zero & (zeros == 1), dy * others, dy * 0.0)
+            return np.where(zeros == 0, dy * y / x, exact)
         if kind is K.NORM2:
             return np.where(y == 0, 0.0, dy / y) * x
         if kind is K.LOG_SUM_EXP:
@@ -197,7 +205,7 @@ def inputs_for(kind: ReduceKind, shape: tuple[int, ...], element: ElementKind,
 def run_forward(kind: ReduceKind, x_host: np.ndarray, axis: int, element: ElementKind,
                 correction: int = 1, workspace: bool = True, x_dev=None, y_dev=None):
     desc = ReduceDescriptor(kind, x_host.shape, axis, element, correction)
-    plan = ReducePlan.select(desc)
+    plan = ReducePlan.select(desc, None if workspace else NO_WORKSPACE)
     y = y_dev if y_dev is not None else to_device(poisoned(desc.output_shape(), element))
     ws = None
     if workspace and plan.workspace_size:
@@ -262,7 +270,7 @@ def test_arg_reduce_first_occurrence(kind, element, rng):
     # few distinct values: plenty of ties
     x = to_storage(rng.integers(-2, 3, size=shape), element)
     desc = ArgReduceDescriptor(kind, shape, axis, element)
-    plan = ArgReducePlan.select(desc)
+    plan = ArgReducePlan.select(desc, NO_WORKSPACE)
     y = to_device(poisoned(desc.output_shape(), E.I64))
     plan.run(ArgReduceArgs(to_device(x), y))
     np.testing.assert_array_equal(to_host(y), arg_reference(kind, from_storage(x, element), axis))
@@ -275,7 +283,7 @@ def test_arg_reduce_nan_is_the_extreme(kind):
                   [-np.inf, -np.inf, -np.inf, -np.inf]], dtype=np.float32)
     desc = ArgReduceDescriptor(kind, x.shape, 1, E.F32)
     y = to_device(poisoned((3, 1), E.I64))
-    ArgReducePlan.select(desc).run(ArgReduceArgs(to_device(x), y))
+    ArgReducePlan.select(desc, NO_WORKSPACE).run(ArgReduceArgs(to_device(x), y))
     expected = [[1], [0], [0]] if kind is K.ARGMAX else [[1], [2], [0]]
     np.testing.assert_array_equal(to_host(y), expected)
 
@@ -343,7 +351,7 @@ def test_empty_axis(kind):
 
 def test_empty_tensor_is_a_no_op():
     desc = ReduceDescriptor(K.SUM, (0, 5), 1, E.F32)
-    plan = ReducePlan.select(desc)
+    plan = ReducePlan.select(desc, NO_WORKSPACE)
     y = to_device(np.zeros((0, 1), np.float32))
     plan.run(ReduceArgs(to_device(np.zeros((0, 5), np.float32)), y))
     assert to_host(y).shape == (0, 1)
@@ -502,7 +510,7 @@ def test_unsplit_columns(element, rng):
             check_forward(got, reference(kind, x64, 0), kind, element, x64, 0,
                           f"{kind.name} {element.name} unsplit columns {workspace}")
     x = to_storage(rng.integers(-3, 4, size=shape) * 0.5, element)
-    plan = ArgReducePlan.select(ArgReduceDescriptor(K.ARGMAX, shape, 0, element))
+    plan = ArgReducePlan.select(ArgReduceDescriptor(K.ARGMAX, shape, 0, element), NO_WORKSPACE)
     y = to_device(poisoned((1, 64), E.I64))
     plan.run(ArgReduceArgs(to_device(x), y))
     np.testing.assert_array_equal(host(y), arg_reference(K.ARGMAX, from_storage(x, element), 0))
@@ -521,7 +529,7 @@ def test_unsplit_columns(element, rng):
 def run_backward(kind, x_host, y_host, dy_host, axis, element, correction=1, dx_dev=None,
                  dy_dev=None, x_dev=None, workspace=True):
     desc = ReduceBackwardDescriptor(kind, x_host.shape, axis, element, correction)
-    plan = ReduceBackwardPlan.select(desc)
+    plan = ReduceBackwardPlan.select(desc, None if workspace else NO_WORKSPACE)
     dx = dx_dev if dx_dev is not None else to_device(poisoned(x_host.shape, element))
     ws = to_device(np.zeros(plan.workspace_size, np.uint8)) \
         if plan.workspace_size and workspace else None
@@ -735,7 +743,7 @@ def test_word_access_forward(kind, element, layout, rng):
     for workspace in (True, False):
         if kind in (K.ARGMAX, K.ARGMIN):
             desc = ArgReduceDescriptor(kind, shape, axis, element)
-            plan = ArgReducePlan.select(desc)
+            plan = ArgReducePlan.select(desc, None if workspace else NO_WORKSPACE)
             y = to_device(poisoned(desc.output_shape(), E.I64))
             ws = to_device(np.zeros(max(plan.workspace_size, 1), np.uint8)) \
                 if workspace and plan.workspace_size else None
@@ -819,7 +827,7 @@ def _check_arg_rows(x, x64, element):
     NumPy's first occurrence, into poisoned outputs."""
     for kind in (K.ARGMAX, K.ARGMIN):
         desc = ArgReduceDescriptor(kind, x.shape, 1, element)
-        plan = ArgReducePlan.select(desc)
+        plan = ArgReducePlan.select(desc, NO_WORKSPACE)
         y = to_device(poisoned(desc.output_shape(), E.I64))
         plan.run(ArgReduceArgs(to_device(x), y))
         np.testing.assert_array_equal(host(y), arg_reference(kind, x64, 1), kind.name)
@@ -969,7 +977,7 @@ def test_word_access_backward(kind, element, layout, rng):
         dx = device_view(dx_base, index, shape, element)
         x_dev = device_view(base, index, shape, element)
         desc = ReduceBackwardDescriptor(kind, shape, axis, element)
-        plan = ReduceBackwardPlan.select(desc)
+        plan = ReduceBackwardPlan.select(desc, None if workspace else NO_WORKSPACE)
         ws = to_device(np.zeros(plan.workspace_size, np.uint8)) \
             if plan.workspace_size and workspace else None
         saved = kind not in (K.SUM, K.MEAN)
@@ -978,7 +986,7 @@ def test_word_access_backward(kind, element, layout, rng):
         got = from_storage(storage_of(dx, element), element)
         what = f"{kind.name} backward {element.name} {layout} workspace={workspace}"
         check_backward(got, expected, element, what)
-        chosen = next(iter(plan._launches.values()))[1][0]
+        chosen = plan.choice
         expected_access = access
         if access == "cols" and kind in (K.MAX, K.MIN, K.VAR, K.STD):
             # 300 rows fit the column register-resident gradient's 512-thread block on
@@ -1016,7 +1024,8 @@ def test_short_rows_backward(kind, element, layout, rng):
                                   from_storage(y, element), axis)
     dx_base = poisoned(base_shape, element)
     dx = device_view(dx_base, index, shape, element)
-    plan = ReduceBackwardPlan.select(ReduceBackwardDescriptor(kind, shape, axis, element))
+    plan = ReduceBackwardPlan.select(ReduceBackwardDescriptor(kind, shape, axis, element),
+                                     NO_WORKSPACE)
     # the word kernel's short rows (the others: test_broadcast_backward, and for rows of 8
     # lanes, test_register_resident_stream_backward's reg_pairs8)
     plan.broadcast = plan.reg_rows_pair = False
@@ -1060,7 +1069,7 @@ def test_longer_short_rows_backward(element, rng):
                 dx = device_view(dx_base, (slice(None), slice(0, n)), (3, n), element)
                 xs = np.ascontiguousarray(x_host)
                 plan = ReduceBackwardPlan.select(ReduceBackwardDescriptor(kind, (3, n), 1,
-                                                                          element))
+                                                                          element), NO_WORKSPACE)
                 plan.broadcast = False
                 saved = kind is K.NORM2
                 plan.run(ReduceBackwardArgs(to_device(dy), dx, to_device(xs) if saved else None,
@@ -1139,7 +1148,8 @@ def test_broadcast_backward(kind, element, layout, rng, monkeypatch):
         dy = device_view(dy_base, every_other, dy_shape, element)
         x = device_view(x_base, index, shape, element) if saved else None
         y = device_view(y_base, every_other, dy_shape, element) if saved else None
-        plan = ReduceBackwardPlan.select(ReduceBackwardDescriptor(kind, shape, axis, element))
+        plan = ReduceBackwardPlan.select(ReduceBackwardDescriptor(kind, shape, axis, element),
+                                         NO_WORKSPACE)
         plan.broadcast = use_broadcast
         plan.run(ReduceBackwardArgs(dy, dx, x, y))
         what = f"{kind.name} {element.name} {layout} broadcast={use_broadcast}"
@@ -1150,7 +1160,7 @@ def test_broadcast_backward(kind, element, layout, rng, monkeypatch):
         whole = dx_base if SIMULATOR else storage_of(dx._base, element)
         np.testing.assert_array_equal(whole[~written], poisoned(base_shape, element)[~written],
                                       what)
-        access = next(iter(plan._launches.values()))[1][0]
+        access = plan.choice
         assert (access == "broadcast") == (broadcast and use_broadcast), what
         results.append(got)
     np.testing.assert_array_equal(results[0].view(np.uint8), results[1].view(np.uint8))
@@ -1190,7 +1200,8 @@ def test_broadcast_follows_the_alignment_of_x(rng, monkeypatch):
     monkeypatch.setattr(plans_reduce, "_BROADCAST_MIN_X_ROW_BYTES", 0)
     shape, element = (3, 64), E.F32
     base = inputs_for(K.PROD, (3 * 64 + 2,), element, rng)
-    plan = ReduceBackwardPlan.select(ReduceBackwardDescriptor(K.PROD, shape, 1, element))
+    plan = ReduceBackwardPlan.select(ReduceBackwardDescriptor(K.PROD, shape, 1, element),
+                                     NO_WORKSPACE)
     accesses = []
     for start in (0, 2):
         x_host = np.ascontiguousarray(base[start:start + 192].reshape(shape))
@@ -1307,7 +1318,7 @@ def test_gpu_store_only_rows(kind, element, rng):
             base = to_device(poisoned((4096, pitch), element))
             dx = base[:, :cols]
             plan = ReduceBackwardPlan.select(ReduceBackwardDescriptor(kind, (4096, cols), 1,
-                                                                      element))
+                                                                      element), NO_WORKSPACE)
             plan.broadcast = broadcast
             plan.run(ReduceBackwardArgs(to_device(dy), dx))
             what = f"{kind.name} {element.name} {cols} broadcast={broadcast}"
@@ -1316,7 +1327,7 @@ def test_gpu_store_only_rows(kind, element, rng):
             if pitch > cols:  # the padding keeps its poison
                 np.testing.assert_array_equal(host(base)[:, cols:], poisoned(
                     (4096, pitch), element)[:, cols:], what)
-            access = next(iter(plan._launches.values()))[1][0]
+            access = plan.choice
             assert access == ("broadcast" if broadcast and pitch == cols and cols % (
                 16 // element.byte_width) == 0 else "rows"), what
 
@@ -1346,7 +1357,7 @@ def test_gpu_mean_statistic_columns(kind, element, rng):
     what = f"{kind.name} backward {element.name} {shape}"
     check_backward(results[0], expected, element, what)
     np.testing.assert_array_equal(results[1], results[0], what)
-    assert next(iter(plan._launches.values()))[1][0] == "cols", what
+    assert plan.choice == "cols", what
 
 
 # -- register-resident gradient (Max/Min, Var/Std of lines that fit in one block) --------
@@ -1468,7 +1479,7 @@ def test_register_resident_backward(kind, element, layout, rng):
         dx_base = poisoned(base_shape, element)
         dx = device_view(dx_base, index, shape, element)
         desc = ReduceBackwardDescriptor(kind, shape, axis, element, correction)
-        plan = ReduceBackwardPlan.select(desc)
+        plan = ReduceBackwardPlan.select(desc, None if workspace else NO_WORKSPACE)
         ws = to_device(np.zeros(plan.workspace_size, np.uint8)) \
             if plan.workspace_size and workspace else None
         plan.run(ReduceBackwardArgs(to_device(dy), dx, device_view(base, index, shape, element),
@@ -1476,7 +1487,7 @@ def test_register_resident_backward(kind, element, layout, rng):
         what = f"{kind.name} backward {element.name} {layout} workspace={workspace}"
         got = storage_of(dx, element)
         check_backward(from_storage(got, element), expected, element, what)
-        chosen = next(iter(plan._launches.values()))[1][0]
+        chosen = plan.choice
         expected_access = "generic" if access == "cols" and not workspace else access
         if access == "reg_cols" and _ties_take_cols(kind, element, workspace) \
                 and not (stash or strip):
@@ -1498,7 +1509,7 @@ def test_register_resident_backward(kind, element, layout, rng):
     if _pair(kind, element, layout):  # the same bits as a row a thread
         dx = device_view(poisoned(base_shape, element), index, shape, element)
         plan = ReduceBackwardPlan.select(ReduceBackwardDescriptor(kind, shape, axis, element,
-                                                                  correction))
+                                                                  correction), NO_WORKSPACE)
         plan.reg_rows_pair = False
         plan.run(ReduceBackwardArgs(to_device(dy), dx, device_view(base, index, shape, element),
                                     to_device(y)))
@@ -1543,7 +1554,8 @@ def test_register_resident_stream_backward(kind, element, layout, rng):
     for _ in range(2):
         dx_base = poisoned(base_shape, element)
         dx = device_view(dx_base, index, shape, element)
-        plan = ReduceBackwardPlan.select(ReduceBackwardDescriptor(kind, shape, axis, element))
+        plan = ReduceBackwardPlan.select(ReduceBackwardDescriptor(kind, shape, axis, element),
+                                         NO_WORKSPACE)
         plan.run(ReduceBackwardArgs(to_device(dy), dx, device_view(base, index, shape, element),
                                     to_device(y)))
         what = f"{kind.name} backward {element.name} {layout}"
@@ -1585,10 +1597,11 @@ def test_register_resident_tie_specials(kind, element):
                                   from_storage(y, element), 1)
     results = []
     for _ in range(2):
-        plan = ReduceBackwardPlan.select(ReduceBackwardDescriptor(kind, x.shape, 1, element))
+        plan = ReduceBackwardPlan.select(ReduceBackwardDescriptor(kind, x.shape, 1, element),
+                                         NO_WORKSPACE)
         dx = to_device(poisoned(x.shape, element))
         plan.run(ReduceBackwardArgs(to_device(dy), dx, to_device(x), to_device(y)))
-        assert next(iter(plan._launches.values()))[1][0] == "reg"
+        assert plan.choice == "reg"
         got = to_host(dx)
         check_backward(from_storage(got, element), expected, element, f"{kind.name} specials")
         results.append(got.tobytes())
@@ -1634,7 +1647,8 @@ def test_stash_needs_its_shared_memory(monkeypatch, rng):
         if not fits:
             monkeypatch.setattr(REDUCE_BACKWARD_COLS_STASH_KERNELS[(K.VAR, E.F32)],
                                 "dynamic_shared_limit", lambda: REG_COLS_STASH_BYTES - 1)
-        plan = ReduceBackwardPlan.select(ReduceBackwardDescriptor(K.VAR, shape, 0, E.F32))
+        plan = ReduceBackwardPlan.select(ReduceBackwardDescriptor(K.VAR, shape, 0, E.F32),
+                                         NO_WORKSPACE)
         dx = to_device(poisoned(shape, E.F32))
         plan.run(ReduceBackwardArgs(to_device(dy), dx, to_device(x_host), to_device(y)))
         check_backward(to_host(dx), expected, E.F32, f"VAR stash fits={fits}")
@@ -1750,7 +1764,7 @@ def test_row_sync_backward(kind, element, layout, rng):
         dx_base = poisoned(base_shape, element)
         dx = device_view(dx_base, index, shape, element)
         desc = ReduceBackwardDescriptor(kind, shape, axis, element, correction)
-        plan = ReduceBackwardPlan.select(desc)
+        plan = ReduceBackwardPlan.select(desc, None if workspace else NO_WORKSPACE)
         ws = to_device(np.full(plan.workspace_size, 0xFF, np.uint8)) if workspace else None
         plan.run(ReduceBackwardArgs(to_device(dy), dx, device_view(base, index, shape, element),
                                     to_device(y)), workspace=ws)
@@ -1774,7 +1788,7 @@ def test_row_sync_backward(kind, element, layout, rng):
     # row-sync kernel, or the tie count after dx) gives the same bits: the same sums in the
     # same order (Max/Min: the same dy / count; the stash kernel publishes the row-sync
     # kernel's partials, two a chunk)
-    assert plan._sync[0] == parts
+    assert ReduceBackwardPlan.select(desc)._sync[0] == parts
     fits = parts == 1 or 2 * parts <= resident or stash
     assert holds == [hold] * 2, (holds, parts, resident)
     if fits:
@@ -1918,7 +1932,8 @@ def test_tie_count_after_dx(kind, element, layout, rng):
                                   from_storage(y, element), axis)
     results = []
     for workspace in (True, True, False):
-        plan = ReduceBackwardPlan.select(ReduceBackwardDescriptor(kind, shape, axis, element))
+        plan = ReduceBackwardPlan.select(ReduceBackwardDescriptor(kind, shape, axis, element),
+                                         None if workspace else NO_WORKSPACE)
         # poisoned: the plan zeroes what it counts into
         ws = to_device(np.full(plan.workspace_size, 0xA5, np.uint8)) if workspace else None
         dx = to_device(poisoned(shape, element))
@@ -2033,31 +2048,34 @@ def test_select_rejections():
 
 def test_run_rejections_write_nothing(rng):
     x = random_values((3, 5), E.F32, rng)
-    plan = ReducePlan.select(ReduceDescriptor(K.SUM, (3, 5), 1, E.F32))
+    plan = ReducePlan.select(ReduceDescriptor(K.SUM, (3, 5), 1, E.F32), NO_WORKSPACE)
     y = to_device(poisoned((3, 1), E.F32))
     with pytest.raises(InvalidProblem, match="ReducePlan: y has shape"):
         plan.run(ReduceArgs(to_device(x), to_device(poisoned((3, 2), E.F32))))
     with pytest.raises(InvalidProblem, match="ReducePlan: x has typestr"):
         plan.run(ReduceArgs(to_device(x.astype(np.float64)), y))
     assert np.all(np.isnan(to_host(y)))
-    arg = ArgReducePlan.select(ArgReduceDescriptor(K.ARGMAX, (3, 5), 1, E.F32))
+    arg = ArgReducePlan.select(ArgReduceDescriptor(K.ARGMAX, (3, 5), 1, E.F32), NO_WORKSPACE)
     with pytest.raises(InvalidProblem, match="ArgReducePlan: y has typestr"):
         arg.run(ArgReduceArgs(to_device(x), y))
     back = ReduceBackwardPlan.select(ReduceBackwardDescriptor(K.MAX, (3, 5), 1, E.F32))
     dx = to_device(poisoned((3, 5), E.F32))
     dy = to_device(random_values((3, 1), E.F32, rng))
+    ws = to_device(np.zeros(max(back.workspace_size, 1), np.uint8))
     with pytest.raises(InvalidProblem, match="ReduceBackwardPlan: x is None"):
-        back.run(ReduceBackwardArgs(dy, dx), workspace=to_device(np.zeros(back.workspace_size,
-                                                                          np.uint8)))
+        back.run(ReduceBackwardArgs(dy, dx), workspace=ws)
     with pytest.raises(InvalidProblem, match="ReduceBackwardPlan: y is None"):
-        back.run(ReduceBackwardArgs(dy, dx, to_device(x)))
-    with pytest.raises(WorkspaceTooSmall):
-        back.run(ReduceBackwardArgs(dy, dx, to_device(x), y),
-                 workspace=to_device(np.zeros(back.workspace_size - 1, np.uint8)))
+        back.run(ReduceBackwardArgs(dy, dx, to_device(x)), workspace=ws)
+    if back.workspace_size:
+        with pytest.raises(WorkspaceTooSmall):
+            back.run(ReduceBackwardArgs(dy, dx, to_device(x), y),
+                     workspace=to_device(np.zeros(back.workspace_size - 1, np.uint8)))
+        with pytest.raises(WorkspaceTooSmall):  # missing: before anything is launched
+            back.run(ReduceBackwardArgs(dy, dx, to_device(x), y))
     if SIMULATOR:  # a writable self-overlapping output (stride 0)
         overlapping = np.lib.stride_tricks.as_strided(np.zeros(5, np.float32), (3, 5), (0, 4))
         with pytest.raises(InvalidProblem, match="dx strides"):
-            back.run(ReduceBackwardArgs(dy, overlapping, to_device(x), y))
+            back.run(ReduceBackwardArgs(dy, overlapping, to_device(x), y), workspace=ws)
     assert np.all(np.isnan(to_host(dx)))
 
 
@@ -2168,14 +2186,15 @@ def test_gpu_more_than_2_31_elements():
                                                          dtype=torch.uint8))
     assert int(idx) == n - 3
     # the gradient of a sum over > 2^31 elements writes every element
-    back = ReduceBackwardPlan.select(ReduceBackwardDescriptor(K.MEAN, (n,), 0, E.F32))
+    back = ReduceBackwardPlan.select(ReduceBackwardDescriptor(K.MEAN, (n,), 0, E.F32), NO_WORKSPACE)
     dy = torch.full((1,), 3.0, device="cuda", dtype=torch.float32)
     back.run(ReduceBackwardArgs(dy, x))  # dx = x's memory (x no longer needed)
     assert float(x[n - 1]) == float(torch.tensor(3.0 / n, dtype=torch.float32))
     assert float(x[0]) == float(x[n - 1])
     # the broadcast kernel, rows and columns (units past 2^29, elements past 2^31)
     for shape, axis in (((2, (1 << 30) + 8), 1), (((1 << 21) + 1, 1024), 0)):
-        back = ReduceBackwardPlan.select(ReduceBackwardDescriptor(K.MEAN, shape, axis, E.F32))
+        back = ReduceBackwardPlan.select(ReduceBackwardDescriptor(K.MEAN, shape, axis, E.F32),
+                                         NO_WORKSPACE)
         dy_shape = tuple(1 if a == axis else s for a, s in enumerate(shape))
         dy = torch.randn(dy_shape, device="cuda", dtype=torch.float32)
         dx = x[:shape[0] * shape[1]].view(shape)
@@ -2233,7 +2252,7 @@ def test_gpu_row_sync_more_than_2_31_elements():
     ws = torch.empty(plan.workspace_size, device="cuda", dtype=torch.uint8)
     dx = torch.full_like(x, float("nan"))
     plan.run(ReduceBackwardArgs(dy, dx, x, y), workspace=ws)
-    assert next(iter(plan._launches.values()))[1][0] == "sync"
+    assert plan.choice == "sync"
     for r in range(2):
         mean = sum(float(c.double().sum()) for c in x[r].split(1 << 28)) / n
         coef = float(dy[r, 0]) * 2.0 / (n - 1)
@@ -2302,8 +2321,9 @@ def test_torch_fast_path_matches_the_checked_path(kind, axis):
     shape = (33, 70)
     out_shape = tuple(1 if a == axis else n for a, n in enumerate(shape))
     element = ElementKind.BF16
-    forward = ReducePlan.select(ReduceDescriptor(kind, shape, axis, element))
-    backward = ReduceBackwardPlan.select(ReduceBackwardDescriptor(kind, shape, axis, element))
+    forward = ReducePlan.select(ReduceDescriptor(kind, shape, axis, element), NO_WORKSPACE)
+    backward = ReduceBackwardPlan.select(ReduceBackwardDescriptor(kind, shape, axis, element),
+                                         NO_WORKSPACE)
     x = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
     dy = torch.randn(out_shape, device="cuda", dtype=torch.bfloat16)
     results = []
@@ -2318,3 +2338,111 @@ def test_torch_fast_path_matches_the_checked_path(kind, axis):
         assert torch.equal(y, results[0][0]) and torch.equal(dx, results[0][1])
     with pytest.raises(InvalidProblem, match="typestr"):
         forward.run(ReduceArgs(x.float(), results[0][0]))
+
+
+def _prod_zero_layouts():
+    """name -> (base shape, index, reduce axis, the layouts the plan may pick)."""
+    return {
+        "rows": ((6, 64), (slice(None),), 1, ("reg", "rows", "broadcast")),
+        "rows_odd": ((6, 37), (slice(None),), 1, ("rows", "generic")),
+        "cols": ((40, 8), (slice(None),), 0, ("cols", "broadcast")),
+        "middle": ((3, 12, 4), (slice(None),), 1, ("generic", "cols")),
+        "strided": ((12, 10), (slice(None), slice(None, None, 2)), 0, ("generic",)),
+    }
+
+
+@IEEE_SPECIALS
+@pytest.mark.parametrize("element", [E.F32, E.BF16] if SIMULATOR else FLOAT_ELEMENTS,
+                         ids=lambda e: e.name)
+@pytest.mark.parametrize("layout", list(_prod_zero_layouts()))
+def test_prod_backward_zeros_exact(layout, element, rng):
+    """Prod's gradient where lines hold no, one, two and all zeros (torch: one zero gets
+    the product of the others there and 0 elsewhere; two or more 0 everywhere), in each
+    layout the plan picks for these shapes (``plan.choice``), with a NaN dy on a zero
+    line, against float64; bit-identical on a rerun, padding untouched."""
+    base_shape, index, axis, layouts = _prod_zero_layouts()[layout]
+    base = rng.uniform(0.8, 1.25, size=base_shape) * rng.choice([-1.0, 1.0], size=base_shape)
+    view = base[index]
+    lines = np.moveaxis(view, axis, -1).reshape(-1, view.shape[axis])
+    lines[1, 3] = 0.0  # one zero
+    lines[2, [0, 5]] = -0.0, 0.0  # two
+    lines[3, :] = 0.0  # all
+    lines[4, -1] = 0.0  # one zero, last
+    np.moveaxis(view, axis, -1)[...] = lines.reshape(np.moveaxis(view, axis, -1).shape)
+    base[index] = view
+    base = to_storage(base, element)
+    shape = view.shape
+    x_host = np.ascontiguousarray(base[index])
+    y = saved_output(K.PROD, x_host, axis, element)
+    dy = random_values(y.shape, element, rng)
+    dy_lines = np.moveaxis(dy, axis, -1).reshape(-1)
+    dy_lines[2] = to_storage(np.array([np.nan]), element)[0]
+    np.moveaxis(dy, axis, -1)[...] = dy_lines.reshape(np.moveaxis(dy, axis, -1).shape)
+    expected = backward_reference(K.PROD, from_storage(dy, element),
+                                  from_storage(x_host, element), from_storage(y, element), axis)
+    assert np.isfinite(expected[np.isfinite(from_storage(dy, element)).repeat(
+        shape[axis], axis)]).all()
+    results = []
+    for _ in range(2):
+        dx_base = poisoned(base_shape, element)
+        dx = device_view(dx_base, index, shape, element)
+        plan = ReduceBackwardPlan.select(ReduceBackwardDescriptor(K.PROD, shape, axis, element),
+                                         NO_WORKSPACE)
+        plan.run(ReduceBackwardArgs(to_device(dy), dx, device_view(base, index, shape, element),
+                                    to_device(y)))
+        what = f"Prod zeros {element.name} {layout} ({plan.choice})"
+        assert plan.choice in layouts, what
+        got = storage_of(dx, element)
+        check_backward(from_storage(got, element), expected, element, what)
+        if SIMULATOR:
+            written = np.zeros(base_shape, bool)
+            written[index] = True
+            np.testing.assert_array_equal(dx_base[~written],
+                                          poisoned(base_shape, element)[~written], what)
+        results.append(got.tobytes())
+    assert results[0] == results[1], f"{layout}: not deterministic"
+
+
+@pytest.mark.parametrize("plan_kind", ["forward", "arg", "backward"])
+def test_workspace_contract(plan_kind, rng):
+    """Upstream's contract: ``select`` sizes ``workspace_size`` for the path it chose
+    within ``max_workspace_bytes``; ``run`` with no workspace or a smaller one raises
+    WorkspaceTooSmall(needed, got) before anything is written; ``max_workspace_bytes=0``
+    selects the single-pass path (workspace_size 0), which then runs without one."""
+    shape = (1, 4096)  # one long line: the forward splits it
+    x = random_values(shape, E.F32, rng)
+    if plan_kind == "forward":
+        desc, plan_type = ReduceDescriptor(K.SUM, shape, 1, E.F32), ReducePlan
+        out_shape, out_element = (1, 1), E.F32
+    elif plan_kind == "arg":
+        desc, plan_type = ArgReduceDescriptor(K.ARGMAX, shape, 1, E.F32), ArgReducePlan
+        out_shape, out_element = (1, 1), E.I64
+    else:
+        desc, plan_type = ReduceBackwardDescriptor(K.VAR, shape, 1, E.F32), ReduceBackwardPlan
+        out_shape, out_element = shape, E.F32
+
+    def args(out):
+        if plan_kind == "forward":
+            return ReduceArgs(to_device(x), out)
+        if plan_kind == "arg":
+            return ArgReduceArgs(to_device(x), out)
+        y = saved_output(K.VAR, x, 1, E.F32)
+        return ReduceBackwardArgs(to_device(random_values((1, 1), E.F32, rng)), out,
+                                  to_device(x), to_device(y))
+
+    plan = plan_type.select(desc)
+    assert plan.workspace_size > 0
+    for workspace in (None, to_device(np.zeros(plan.workspace_size - 1, np.uint8))):
+        out = to_device(poisoned(out_shape, out_element))
+        with pytest.raises(WorkspaceTooSmall) as raised:
+            plan.run(args(out), workspace=workspace)
+        assert raised.value.needed == plan.workspace_size
+        np.testing.assert_array_equal(host(out).view(np.uint8),
+                                      poisoned(out_shape, out_element).view(np.uint8))
+    plain = plan_type.select(desc, NO_WORKSPACE)
+    assert plain.workspace_size == 0
+    out = to_device(poisoned(out_shape, out_element))
+    plain.run(args(out))
+    assert not np.isnan(host(out).astype(np.float64)).any()
+    limited = plan_type.select(desc, PlanPreference(max_workspace_bytes=plan.workspace_size))
+    assert 0 < limited.workspace_size <= plan.workspace_size

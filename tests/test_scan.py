@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from conftest import EDGE_LENGTHS, FLOAT_ELEMENTS, SIMULATOR, torch_or_skip
 
-from baracuda_numba.errors import BufferTooSmall, InvalidProblem, Unsupported
+from baracuda_numba.errors import BufferTooSmall, InvalidProblem, Unsupported, WorkspaceTooSmall
 from baracuda_numba.kernels.scan import FAST_ELEMENTS, FAST_FAMILY
 from baracuda_numba.plans.scan import (
     ScanArgs,
@@ -30,7 +30,7 @@ from baracuda_numba.testing import (
     random_values,
     to_storage,
 )
-from baracuda_numba.types import ElementKind, ScanKind
+from baracuda_numba.types import ElementKind, PlanPreference, ScanKind
 
 INT_ELEMENTS = (ElementKind.I32, ElementKind.I64)
 KINDS = tuple(ScanKind)
@@ -124,7 +124,7 @@ def reference_backward(kind: ScanKind, x, y, dy, axis: int, reverse: bool):
             scale[..., j] = np.sum(np.abs(ldy[..., j:]) * weight, -1)
     else:
         # dx[j] = sum of dy[i] over the i whose running winner is j
-        winner = _running_winner(lx, kind is ScanKind.CUMMAX, later_wins=False)
+        winner = _running_winner(lx, kind is ScanKind.CUMMAX, later_wins=True)  # torch
         lines = np.arange(winner.size // max(n, 1)).reshape(winner.shape[:-1] + (1,)) * n
         flat_dx, flat_scale = dx.reshape(-1), scale.reshape(-1)
         np.add.at(flat_dx, (winner + lines).ravel(), ldy.ravel())
@@ -248,11 +248,18 @@ def used_fused_backward(plan) -> bool:
                for key, found in plan._bound.items())
 
 
+def _no_workspace(workspace):
+    """The preference of a run without a workspace (``run`` requires the one ``select``
+    sized: upstream's contract), None for a run with one."""
+    return None if workspace else PlanPreference(max_workspace_bytes=0)
+
+
 def run_forward(kind, x_host, axis, reverse, element, with_indices=False, workspace=False,
                 place=None):
     shape = x_host.shape
     place = place or device
-    plan = ScanPlan.select(ScanDescriptor(kind, shape, axis, reverse, element=element))
+    plan = ScanPlan.select(ScanDescriptor(kind, shape, axis, reverse, element=element),
+                           _no_workspace(workspace))
     y = place(poisoned(shape, element))
     indices = device(poisoned(shape, ElementKind.I64)) if with_indices else None
     ws = None
@@ -289,7 +296,8 @@ def run_backward(kind, dy_host, x_host, y_host, axis, reverse, element, workspac
     ``spaced`` for dy alone when given as ``("dy", spaced)``)."""
     shape = dy_host.shape
     plan = ScanBackwardPlan.select(ScanBackwardDescriptor(kind, shape, axis, reverse,
-                                                          element=element))
+                                                          element=element),
+                                   _no_workspace(workspace))
     place_dy = place[1] if isinstance(place, tuple) else place or device
     place = device if isinstance(place, tuple) else place or device
     dx = place(poisoned(shape, element))
@@ -498,6 +506,30 @@ def test_lengths_around_warp_edges(length, rng):
                   ElementKind.BF16, with_indices=True)
 
 
+def test_workspace_contract(rng):
+    """Upstream's contract: ``run`` without the workspace ``select`` sized (or with a
+    smaller one) raises WorkspaceTooSmall(needed, got) before anything is written;
+    ``max_workspace_bytes=0`` selects the path without one (the same values)."""
+    x = inputs((1, 260), ElementKind.F32, rng)
+    desc = ScanDescriptor(ScanKind.CUMSUM, (1, 260), 1, element=ElementKind.F32)
+    plan = ScanPlan.select(desc)
+    assert plan.workspace_size > 0 or not SIMULATOR  # GPU thresholds are larger
+    if plan.workspace_size:
+        for workspace in (None, device(np.zeros(plan.workspace_size - 1, np.uint8))):
+            y = device(poisoned((1, 260), ElementKind.F32))
+            with pytest.raises(WorkspaceTooSmall) as raised:
+                plan.run(ScanArgs(device(x), y), workspace=workspace)
+            assert raised.value.needed == plan.workspace_size
+            np.testing.assert_array_equal(host(y).view(np.uint32),
+                                          poisoned((1, 260), ElementKind.F32).view(np.uint32))
+    plain = ScanPlan.select(desc, PlanPreference(max_workspace_bytes=0))
+    assert plain.workspace_size == 0
+    _, y_split, _ = run_forward(ScanKind.CUMSUM, x, 1, False, ElementKind.F32,
+                                workspace=True)
+    _, y_plain, _ = run_forward(ScanKind.CUMSUM, x, 1, False, ElementKind.F32)
+    np.testing.assert_allclose(y_split, y_plain, rtol=1e-5, atol=1e-5)
+
+
 def test_split_paths_with_workspace(rng):
     # few long lines: the two-phase split over blocks (needs the workspace), rows kernel
     # forward and lines kernel forward and backward
@@ -630,7 +662,8 @@ def test_fused_extremum_backward_falls_back(rng):
     base = extremum_lines((2, 3, 66), 2, element, rng, "special")
     dy = random_values((3, 2, 66), element, rng)
     plan = ScanBackwardPlan.select(ScanBackwardDescriptor(ScanKind.CUMMAX, (3, 2, 66), 2,
-                                                          element=element))
+                                                          element=element),
+                                   _no_workspace(False))
     x = base.swapaxes(0, 1) if SIMULATOR else device(base).swapaxes(0, 1)
     dx = device(poisoned((3, 2, 66), element))
     plan.run(ScanBackwardArgs(device(dy), dx, x))

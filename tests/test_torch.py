@@ -74,10 +74,10 @@ def test_gradcheck_rope(pairing):
 def test_gradcheck_fractional_max_pool(dims):
     shape = (2, 3) + (7,) * dims
     x = _x(*shape)
-    samples = torch.rand(2, 3, dims, device="cuda", dtype=torch.float32)
+    samples = torch.rand(2, 3, dims, device="cuda", dtype=torch.float64)
     fn = bt.fractional_max_pool2d if dims == 2 else bt.fractional_max_pool3d
-    assert torch.autograd.gradcheck(lambda t: fn(t, 2, (4,) * dims, samples)[0], (x,),
-                                    eps=1e-6, atol=1e-7)
+    assert torch.autograd.gradcheck(lambda t: fn(t, 2, (4,) * dims, _random_samples=samples),
+                                    (x,), eps=1e-6, atol=1e-7)
 
 
 PARITY = [
@@ -111,10 +111,11 @@ def test_matches_torch(name, ours, theirs, dtype):
     tol = {torch.float32: 1e-5, torch.bfloat16: 2e-2}[tdtype]
     scale = y64.abs().max().clamp_min(1.0)
     assert (y.to(torch.float64) - y64).abs().max() <= tol * scale, name
-    # Max-type gradients route ties differently on purpose (amax: split equally, JAX's
-    # rule; cummax: first occurrence, the seed's rule; torch: one index). bf16 inputs are
-    # full of ties, so compare those gradients only in f32 (random f32 values do not tie).
-    if name not in ("amax", "cummax") or tdtype == torch.float32:
+    # amax's gradient splits ties equally on purpose (JAX's rule; torch's amax too, but
+    # ties among bf16 inputs rounded from f64 differ from the f64 twin's). cummax sends
+    # it to the returned index, as torch. bf16 inputs are full of ties, so compare amax's
+    # gradient only in f32 (random f32 values do not tie).
+    if name != "amax" or tdtype == torch.float32:
         gscale = gx64.abs().max().clamp_min(1.0)
         assert (gx.to(torch.float64) - gx64).abs().max() <= 4 * tol * gscale, name
 
@@ -275,3 +276,178 @@ def test_tiny_model_trains_like_pytorch():
             losses.append(loss.item())
         assert abs(losses[0] - losses[1]) <= 1e-9 * max(1.0, abs(losses[1])), losses
     _ = F
+
+
+# -- several axes at once, Prod's exact gradient, torch's conventions -----------------------
+
+_MULTI_DIMS = [(-2, -1), (0, 1), (0, 2), (1, 3), None, (), 2, (-1,)]
+
+
+def _all_axes(x, dim):
+    return tuple(range(x.dim())) if dim is None or dim == () else dim
+_MULTI_KINDS = {
+    "sum": (lambda x, d, k: bt.sum(x, d, k), lambda x, d, k: torch.sum(x, d, k)),
+    "mean": (lambda x, d, k: bt.mean(x, d, k), lambda x, d, k: torch.mean(x, d, k)),
+    "amax": (lambda x, d, k: bt.amax(x, d, k), lambda x, d, k: torch.amax(x, d, k)),
+    "amin": (lambda x, d, k: bt.amin(x, d, k), lambda x, d, k: torch.amin(x, d, k)),
+    # (): every axis here; torch's norm and logsumexp are given the axes explicitly
+    "norm": (lambda x, d, k: bt.norm(x, d, k),
+             lambda x, d, k: torch.linalg.vector_norm(x, 2, _all_axes(x, d), k)),
+    "logsumexp": (lambda x, d, k: bt.logsumexp(x, d, k),
+                  lambda x, d, k: torch.logsumexp(x, _all_axes(x, d), k)),
+    "var": (lambda x, d, k: bt.var(x, d, correction=1.5, keepdim=k),
+            lambda x, d, k: torch.var(x, d, correction=1.5, keepdim=k)),
+    "std": (lambda x, d, k: bt.std(x, d, correction=0, keepdim=k),
+            lambda x, d, k: torch.std(x, d, correction=0, keepdim=k)),
+}
+
+
+@pytest.mark.parametrize("keepdim", [False, True])
+@pytest.mark.parametrize("dim", _MULTI_DIMS, ids=str)
+@pytest.mark.parametrize("name", sorted(_MULTI_KINDS))
+def test_multi_axis_matches_torch(name, dim, keepdim):
+    """Every kind over axis sets (adjacent, apart, all, (), negative, keepdim), forward and
+    backward against torch in f64, on a contiguous and a transposed input."""
+    ours, theirs = _MULTI_KINDS[name]
+    for transpose in (False, True):
+        base = _x(3, 4, 5, 6)
+        x = base.transpose(1, 2) if transpose else base
+        y, expected = ours(x, dim, keepdim), theirs(x, dim, keepdim)
+        assert y.shape == expected.shape, (name, dim, keepdim)
+        torch.testing.assert_close(y, expected, rtol=1e-10, atol=1e-12)
+        grad = torch.randn_like(expected)
+        (gx,) = torch.autograd.grad(y, base, grad)
+        (gx_ref,) = torch.autograd.grad(expected, base, grad)
+        torch.testing.assert_close(gx, gx_ref, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32", "bfloat16"])
+@pytest.mark.parametrize("shape,dim", [((6, 64), 1), ((64, 6), 0), ((6, 37), 1),
+                                       ((8, 5000), 1), ((5000, 16), 0), ((3000, 512), 0),
+                                       ((512, 3000), 1), ((4, 40000), 1)], ids=str)
+def test_prod_gradient_with_zeros_matches_torch(shape, dim, dtype):
+    """Prod's gradient where lines hold no, one, two and only zeros equals
+    torch.autograd's, in the layouts the plan picks for these shapes (rows, columns,
+    register-resident, broadcast, split)."""
+    tdtype = getattr(torch, dtype)
+    # factors near 1: the products of 40000 stay far from f32's underflow
+    x = (torch.rand(*shape, device="cuda", dtype=torch.float64) * 0.06 + 0.97)
+    x = x * torch.where(torch.rand_like(x) < 0.5, -1.0, 1.0)
+    lines = x.movedim(dim, -1)
+    lines[1, 3] = 0.0
+    lines[2, 0], lines[2, 5] = 0.0, -0.0
+    lines[3, :] = 0.0
+    lines[4, -1] = 0.0
+    x = x.to(tdtype).requires_grad_()
+    x64 = x.detach().double().requires_grad_()
+    grad = torch.randn(*[1 if d == dim else n for d, n in enumerate(shape)], device="cuda",
+                       dtype=torch.float64)
+    (gx,) = torch.autograd.grad(bt.prod(x, dim, keepdim=True), x, grad.to(tdtype))
+    (gx64,) = torch.autograd.grad(torch.prod(x64, dim, keepdim=True), x64, grad)
+    assert torch.isfinite(gx).all()
+    # a product of n factors: n roundings of the accumulator (f32 for f32 / bf16), then
+    # y and dx each rounded once to the dtype
+    n = shape[dim]
+    unit = {torch.float64: 2.0 ** -53, torch.float32: 2.0 ** -24, torch.bfloat16: 2.0 ** -8}
+    tol = n * (unit[torch.float64] if tdtype == torch.float64 else unit[torch.float32]) \
+        + 3 * unit[tdtype]
+    torch.testing.assert_close(gx.double(), gx64, rtol=tol, atol=tol * gx64.abs().max())
+
+
+def _multi_ops(x):
+    return (bt.mean(x, (-2, -1), keepdim=True) + bt.sum(x, (0, 1)).sum()
+            + bt.var(x, None) + bt.amax(x, (0, 2)).sum())
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch._dynamo.explain's own
+def test_torch_compile_multi_axis_has_no_graph_breaks():
+    x = torch.randn(2, 3, 4, 5, device="cuda", requires_grad=True)
+    explanation = torch._dynamo.explain(_multi_ops)(x)
+    assert explanation.graph_break_count == 0, explanation.break_reasons
+    compiled = torch.compile(_multi_ops, fullgraph=True)
+    got, expected = compiled(x), _multi_ops(x)
+    torch.testing.assert_close(got, expected)
+    (g1,) = torch.autograd.grad(got.sum(), x)
+    (g2,) = torch.autograd.grad(expected.sum(), x)
+    torch.testing.assert_close(g1, g2)
+
+
+def test_torch_conventions():
+    """int32 / bool / uint8 sums are int64 (torch's promotion), ``dtype=``, 0-d tensors,
+    argmax / argmin with dim None (the flat index), a float correction."""
+    for dtype in (torch.int32, torch.bool, torch.uint8):
+        x = torch.randint(0, 2, (4, 5), device="cuda").to(dtype)
+        y = bt.sum(x, 1)
+        assert y.dtype == torch.int64 and torch.equal(y, torch.sum(x, 1))
+    x = torch.randn(4, 5, device="cuda")
+    assert bt.sum(x, 1, dtype=torch.float64).dtype == torch.float64
+    scalar = torch.tensor(3.0, device="cuda")
+    for fn in (bt.sum, bt.mean, bt.amax):
+        assert fn(scalar).shape == () and fn(scalar).item() == 3.0
+        assert fn(scalar, 0).shape == ()
+    t = torch.randn(3, 4, 5, device="cuda").transpose(0, 2)
+    assert bt.argmax(t).item() == torch.argmax(t).item()
+    assert bt.argmin(t, keepdim=True).shape == torch.argmin(t, keepdim=True).shape
+    torch.testing.assert_close(bt.var(x, 1, correction=0.5),
+                               torch.var(x, 1, correction=0.5))
+    ints = torch.randint(-3, 4, (4, 5), device="cuda", dtype=torch.int32)
+    assert torch.equal(bt.cumsum(ints, 1), torch.cumsum(ints, 1))  # int64, as torch
+    assert bt.cumsum(x, 1, dtype=torch.float64).dtype == torch.float64
+    assert bt.cumsum(scalar, 0).shape == () and bt.cummax(scalar, 0)[1].item() == 0
+
+
+def test_cummax_gradient_goes_to_the_returned_index():
+    """Ties (and NaNs) send the gradient where torch's does: the index cummax returns
+    (the last of equal winners)."""
+    x = torch.tensor([[1.0, 3.0, 3.0, 2.0, 3.0, float("nan"), 1.0, float("nan")],
+                      [2.0, 2.0, 2.0, 1.0, 0.0, -0.0, 5.0, 5.0]], device="cuda",
+                     requires_grad=True)
+    for ours, theirs in ((bt.cummax, torch.cummax), (bt.cummin, torch.cummin)):
+        values, indices = ours(x, 1)
+        values_ref, indices_ref = theirs(x, 1)
+        assert torch.equal(indices, indices_ref)
+        grad = torch.arange(1.0, 17.0, device="cuda").reshape(2, 8)
+        (gx,) = torch.autograd.grad(values, x, grad)
+        (gx_ref,) = torch.autograd.grad(values_ref, x, grad)
+        torch.testing.assert_close(gx, gx_ref)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float64"])
+@pytest.mark.parametrize("dims", [2, 3])
+def test_fractional_max_pool_matches_torch(dims, dtype):
+    """``bt.fractional_max_pool2d/3d`` equal ``F.fractional_max_pool2d/3d`` given the same
+    ``_random_samples`` (torch's dtype and axis order): values, per-plane indices and the
+    gradient, with ``output_size`` and ``output_ratio``, batched and unbatched."""
+    tdtype = getattr(torch, dtype)
+    ours = bt.fractional_max_pool2d if dims == 2 else bt.fractional_max_pool3d
+    theirs = F.fractional_max_pool2d if dims == 2 else F.fractional_max_pool3d
+    spatial = (13, 11) if dims == 2 else (9, 8, 7)
+    for batched in (True, False):
+        shape = ((2, 3) if batched else (3,)) + spatial
+        x = torch.randn(*shape, device="cuda").to(tdtype).requires_grad_()
+        samples = torch.rand(2 if batched else 1, 3, dims, device="cuda", dtype=tdtype)
+        for kwargs in ({"output_size": (5,) * dims}, {"output_ratio": (0.5,) * dims}):
+            y, idx = ours(x, 2, return_indices=True, _random_samples=samples, **kwargs)
+            y_ref, idx_ref = theirs(x, 2, return_indices=True, _random_samples=samples,
+                                    **kwargs)
+            torch.testing.assert_close(y, y_ref, rtol=0, atol=0)
+            assert torch.equal(idx, idx_ref), (batched, kwargs)
+            grad = torch.randn_like(y)
+            (gx,) = torch.autograd.grad(y, x, grad)
+            (gx_ref,) = torch.autograd.grad(y_ref, x, grad)
+            # where windows overlap torch adds in the input's dtype (atomics), here in f32
+            # with one rounding: one rounding of the input's dtype apart at most
+            tol = {torch.bfloat16: 8e-3, torch.float32: 1e-6, torch.float64: 1e-12}[tdtype]
+            torch.testing.assert_close(gx.double(), gx_ref.double(), rtol=tol, atol=tol)
+            assert ours(x, 2, _random_samples=samples, **kwargs).shape == y.shape
+
+
+def test_fractional_max_pool_rejects_samples_it_cannot_mean():
+    x = torch.randn(2, 3, 9, 9, device="cuda")
+    for samples in (torch.rand(2, 3, 2, device="cuda", dtype=torch.float64),  # dtype
+                    torch.rand(2, 3, 3, device="cuda"),  # shape
+                    torch.rand(3, 2, 2, device="cuda")):  # axis order
+        with pytest.raises(ValueError, match="_random_samples"):
+            bt.fractional_max_pool2d(x, 2, (4, 4), _random_samples=samples)
+    with pytest.raises(ValueError, match="output_size or output_ratio"):
+        bt.fractional_max_pool2d(x, 2)

@@ -93,7 +93,7 @@ def _backward_ref(kind: ScanKind, x: np.ndarray, y: np.ndarray,
         return rev, np.cumsum(np.abs(dy[..., ::-1]), -1)[..., ::-1]
     dx, scale = np.zeros(dy.shape), np.zeros(dy.shape)
     if kind in (ScanKind.CUMMAX, ScanKind.CUMMIN):
-        winner = _winner(x, kind is ScanKind.CUMMAX, True)
+        winner = _winner(x, kind is ScanKind.CUMMAX, False)  # the returned index (torch)
         for j in range(n):
             hit = winner == j
             dx[..., j] = np.where(hit, dy, 0).sum(-1)
@@ -143,13 +143,18 @@ def _error(got: np.ndarray, expected: np.ndarray, scale: np.ndarray, element: El
     return float(np.max(np.abs(got[finite] - expected[finite]) / bound[finite], initial=0.0))
 
 
+def _workspace(plan):
+    """The workspace ``run`` requires (None where the plan needs none)."""
+    return to_device(np.zeros(plan.workspace_size, np.uint8)) if plan.workspace_size else None
+
+
 def _forward_case(kind: ScanKind, element: ElementKind, shape, axis: int, reverse: bool):
     def run() -> tuple[float, float]:
         rng = np.random.default_rng()
         x_host = _inputs(kind, shape, element, rng)
         plan = ScanPlan.select(ScanDescriptor(kind, shape, axis, reverse, element=element))
         y = to_device(poisoned(shape, element))
-        plan.run(ScanArgs(to_device(x_host), y))
+        plan.run(ScanArgs(to_device(x_host), y), workspace=_workspace(plan))
         got = from_storage(to_host(y), element)
         x = from_storage(x_host, element)
         ref, scale = _forward_ref(kind, _lines(x, axis, reverse))
@@ -169,11 +174,12 @@ def _backward_case(kind: ScanKind, element: ElementKind, shape, axis: int, rever
         forward = ScanPlan.select(ScanDescriptor(kind, shape, axis, reverse, element=element))
         y_dev = to_device(poisoned(shape, element))
         x_dev = to_device(x_host)
-        forward.run(ScanArgs(x_dev, y_dev))
+        forward.run(ScanArgs(x_dev, y_dev), workspace=_workspace(forward))
         plan = ScanBackwardPlan.select(ScanBackwardDescriptor(kind, shape, axis, reverse,
                                                               element=element))
         dx = to_device(poisoned(shape, element))
-        plan.run(ScanBackwardArgs(to_device(dy_host), dx, x_dev, y_dev))
+        plan.run(ScanBackwardArgs(to_device(dy_host), dx, x_dev, y_dev),
+                 workspace=_workspace(plan))
         got = from_storage(to_host(dx), element)
         x, y, dy = (from_storage(a, element) for a in (x_host, to_host(y_dev), dy_host))
         ref, scale = _backward_ref(kind, *(_lines(a, axis, reverse) for a in (x, y, dy)))

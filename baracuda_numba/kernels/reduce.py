@@ -11,7 +11,7 @@ Sum/Mean    ``a += v``                                   ``a`` / ``a / extent``
 Prod        ``a *= v``                                   ``a``
 Max/Min     ``a = nan_max(a, v)`` (NaN propagates)       ``a``
 Norm2       ``a += v*v`` (f32 for halves: no overflow)   ``sqrt(a)``
-LogSumExp   online ``(m, s)``: ``s = s e^(m-v') + ...``  ``m + log s`` (-inf/+inf safe)
+LogSumExp   online ``(m, s)``: ``s = s e^(m-v') +...``  ``m + log s`` (-inf/+inf safe)
 Var/Std     Welford ``(mean, m2, n)``, Chan merge        ``m2 / max(n - corr, 0)``
 Argmax/min  ``(best value, first index)``, NaN = best    index (int64)
 ties        ``k += (v == y)`` (Max/Min gradient)         count
@@ -46,7 +46,7 @@ into registers, reduce the statistic across the lanes (fixed order), then write 
 from the registers (rows: ``reduce_backward_rows_reg``; strips of columns:
 ``reduce_backward_cols_reg``, 1024-thread blocks)::
 
-    rows    lane l of a row holds words l, l + L, ..., (<= 8 per lane, L <= 256 lanes)
+    rows    lane l of a row holds words l, l + L,..., (<= 8 per lane, L <= 256 lanes)
     columns thread t holds column word t % C of rows t // C + u * (1024 / C), u < 16
 
 The gradients without a statistic (Sum / Mean, Prod, Norm2, LogSumExp) of a contiguous,
@@ -530,7 +530,7 @@ KIND_OPS: dict[Any, KindOps] = {
 FORWARD_KERNEL_KIND = {ReduceKind.MEAN: ReduceKind.SUM}
 
 #: Kernel kinds per element kind (integers: the exact ones).
-FORWARD_KINDS: dict[ElementKind, tuple[Any, ...]] = {
+FORWARD_KINDS: dict[ElementKind, tuple[Any,...]] = {
     **{e: (ReduceKind.SUM, ReduceKind.MAX, ReduceKind.MIN, ReduceKind.PROD,
            ReduceKind.NORM2, ReduceKind.LOG_SUM_EXP, ReduceKind.VAR, ReduceKind.STD,
            ReduceKind.ARGMAX, ReduceKind.ARGMIN, TIES) for e in FLOAT_ELEMENTS},
@@ -840,10 +840,8 @@ else:
 def _coef_std_f32(g, yv, mean, count, param):
     # _coef_std of an f32 accumulator: g times the correctly rounded 1 / (2 y) (rcp.rn.f32)
     # instead of an IEEE division (two roundings, <= 1.5 ulp; y = inf gives 0, y NaN NaN,
-    # as the division). Every lane of a register-resident row computes it; H100,
-    # 2026-11-26, bf16 Std gradient, alternating runs, µs: [4096, 4096] axis 1 31.3-31.5
-    # -> 25.3, [1e6, 64] axis 1 109.9-110.3 -> 97.5-97.6 (f32 rows and the column
-    # kernels unchanged; Var 24.3-24.6 / 90.5-91.0 throughout)
+    # as the division). Every lane of a register-resident row computes it.
+    # (Measurements: docs/design/reduce.md, "Measured constants".)
     if yv == 0.0:
         return yv
     return g * _recip_f32(yv + yv) * param
@@ -936,8 +934,8 @@ class GradOps:
     stat: str | None = None
     coefficient_f32: Any = None  # the coefficient for an f32 accumulator, if another
     element_half: Any = None  # the element function for f16/bf16 elements, if another
-    #: f16/bf16: ``(fast, holds, exact)`` with ``element_half(c, x, ...) = fast(c, x, ...)
-    #: if holds(x) else exact(c, x, ...)``, for kernels that test a word's elements with
+    #: f16/bf16: ``(fast, holds, exact)`` with ``element_half(c, x,...) = fast(c, x,...)
+    #: if holds(x) else exact(c, x,...)``, for kernels that test a word's elements with
     #: ``holds`` (no branch) and take ``exact`` only for a word where one fails
     checked_half: tuple[Any, Any, Any] | None = None
 
@@ -982,10 +980,8 @@ def _make_backward(kind: ReduceKind, element: ElementKind) -> Callable[..., None
     STAT_MEAN, STAT_TIES = ops.stat == "mean", ops.stat == "ties"
     HAS_STAT = ops.stat is not None
     # fused: the mean as the Sum reducer's sum over the extent; Welford's squared
-    # deviations are never read. (H100, 2026-11-26, Var/Std gradients without a workspace,
-    # alternating runs, µs: f64 [4096, 4096] axis 1 110.3 -> 102.0, f32 [4096, 4097] axis
-    # 1 101.3 -> 86.9, bf16 Std 68.9 -> 54.8, f32 [64, 200001] axis 1 106.4 -> 100.2;
-    # slower: f64 Std [4096, 4096] axis 0, 16 blocks of one lane per column, 887 -> 926.)
+    # deviations are never read.
+    # (Measurements: docs/design/reduce.md, "Measured constants".)
     stat_reduce = _lane_reducer(TIES if STAT_TIES else ReduceKind.SUM, element)
 
     def reduce_backward(dy, x, y, dx, stat_acc, stat_k, out_numel, extent, x_axis_stride,
@@ -1073,9 +1069,9 @@ def _make_backward(kind: ReduceKind, element: ElementKind) -> Callable[..., None
 
 # -- vector (8-byte word) access of contiguous runs ---------------------------------------
 # The same bytes as the element array, viewed as uint64 words: one load moves 2 f32 or 4
-# f16/bf16 elements (a plain 4-byte load per element reaches ~78% of the copy bandwidth on
-# an H100, 2-byte loads ~58%; 8-byte words with 8 loads in flight per thread ~90%). Rows
-# whose start is not word aligned peel a scalar head; a scalar tail finishes the row.
+# f16/bf16 elements (a plain 4-byte load per element falls well short of the copy
+# bandwidth; 8-byte words with 8 loads in flight per thread come close).
+# (Measurements: docs/design/reduce.md, "Measured constants".)
 
 #: Word loads each thread keeps in flight (8 x 8 bytes).
 VEC_LOADS = 8
@@ -1248,7 +1244,7 @@ _VEC_LANE_REDUCERS: dict[tuple[Any, ElementKind], Any] = {}
 
 def _vec_lane_reducer(kind: Any, element: ElementKind) -> Any:
     """Device function: the state of one contiguous row ``x[x_off : x_off + extent]``
-    (split ``split`` of ``splits``: words ``[split * chunk_vecs, ...)`` of the row's
+    (split ``split`` of ``splits``: words ``[split * chunk_vecs,...)`` of the row's
     aligned body; split 0 adds the unaligned head, the last split the tail), folded by the
     ``lanes`` lanes of one slot with word loads and combined (complete in lane 0). Every
     thread of the block must call it; ``valid`` threads load. ``shift``: elements between
@@ -1325,19 +1321,13 @@ def _vec_lane_reducer(kind: Any, element: ElementKind) -> Any:
 
 
 #: Words per lane of the short-row path of ``reduce_rows_vec`` (rows of ``lanes *
-#: SHORT_LOADS`` words; the plans use it for 4 or 8 lanes). H100, 2026-11-22, lean Sum
-#: probe of f32 [1e6, 64] (32 words; copy ceiling 2990 GB/s): 8 lanes x 4 words
-#: 88.6-90.4 µs (96-98% of copy) vs 4 x 8 94.1-96.6 µs; the generic row loop with 4 x 8
-#: took 116 µs (75%; ncu: 83 M warp instructions, 0.72 issued per scheduler cycle: issue
-#: bound on the per-row index math, head/tail peeling and the remainder checks).
+#: SHORT_LOADS`` words; the plans use it for 4 or 8 lanes).
+#: (Measurements: docs/design/reduce.md, "Measured constants".)
 SHORT_LOADS = 4
 #: Kernel kinds whose short-row path also takes rows of exactly ``lanes * VEC_LOADS`` words
 #: (up to a block of lanes): the kinds with one operation per merge. The others keep the
-#: row loop there (H100, 2026-11-26, scripts/probe_reduce_read.py, [4096, 4096] along rows,
-#: µs, row loop -> short rows: f32 Sum 28.6 -> 26.4, Max 28.6 -> 26.4, but Var 30.9 ->
-#: 37.8, LogSumExp 38.5 -> 57.9, Argmax 31.0 -> 39.0: their merges across 8 warps), and
-#: their kernels keep the SHORT_LOADS arrays (f32 [1e6, 64] Var 116 -> 128 µs with the
-#: VEC_LOADS path compiled in).
+#: row loop there.
+#: (Measurements: docs/design/reduce.md, "Measured constants".)
 LONG_SHORT_KINDS = (ReduceKind.SUM, ReduceKind.MAX, ReduceKind.MIN, ReduceKind.PROD,
                     ReduceKind.NORM2)
 
@@ -1345,12 +1335,8 @@ LONG_SHORT_KINDS = (ReduceKind.SUM, ReduceKind.MAX, ReduceKind.MIN, ReduceKind.P
 #: Lanes per row from which the short-row path of the LONG_SHORT_KINDS parks each thread's
 #: words of its next row in shared memory (``cp.async``) while the block combines the
 #: current one (the ``REDUCE_ROWS_PARK_KERNELS``), over a one-wave grid of blocks that walk
-#: their rows (``plans.reduce._SHORT_GRID_X``). H200, 2026-11-28, scripts/probe_reduce_ab.py
-#: (one buffer, L2-warm for [4096, 4096]), µs, 6277654 -> parked: f32 [4096, 4096] axis 1
-#: Sum 23.7-24.6 -> 20.0-20.5, Max 23.6-24.4 -> 18.4-19.2, bf16 Sum 13.6-14.1 ->
-#: 12.1-12.8, f32 [1e6, 64] (8 lanes) Sum 77.2-77.9 -> 73.5-75.4. bf16 [1e6, 64] (4 lanes
-#: of 4 words) lost parked (Sum 45.8 -> 49.6-49.9, Max 43.6-44.2 -> 52.4-53.0, with the
-#: old grid too): rows of fewer lanes keep ``REDUCE_ROWS_VEC_KERNELS``.
+#: their rows (``plans.reduce._SHORT_GRID_X``).
+#: (Measurements: docs/design/reduce.md, "Measured constants".)
 PARK_MIN_LANES = 8
 
 
@@ -1615,17 +1601,8 @@ def _make_reduce_cols_vec(kind: Any, element: ElementKind) -> Callable[..., None
 #: The column kernel loaded 2 (one split's masks) until its first pass had grown past 80
 #: registers anyway; it now takes the masks of every split a block walks as one list, 8 in
 #: flight (``_col_tied_rewriter``, in a kernel of its own since: the
-#: REDUCE_BACKWARD_COLS_REWRITE_KERNELS). H100, 2026-11-28, ncu, rewrite µs 2 -> 8 masks:
-#: bf16 Max [1e6, 64] axis 0 13-16 -> 12 (the bench's data, ~1000 ties a column) and 13 ->
-#: 9-9.5 (normal data), f32 11.8 -> 8.1. With the first pass's tie bits gathered per word
-#: loop (one 64-bit shift and one population count per mask instead of a 64-bit shift and
-#: increment per element), H200, 2026-11-26, ncu at normal clocks, µs before -> after: bf16
-#: Max [256, 1e6] axis 1 first pass 339 -> 310, rewrite 52 -> 36; f32 first pass 545 -> 537,
-#: rewrite 21 -> 11; bf16 [1e6, 64] axis 0 (columns) first pass 78-83 -> 85-88, rewrite 17
-#: -> 13. Benchmark (two alternating runs each): bf16 [256, 1e6] axis 1 394 -> 350, f32 572
-#: -> 554; f32 [256, 1e6] axis 0 582 -> 561; bf16 [1e6, 64] axis 0 115 -> 105. H100: f32
-#: [1e6, 64] axis 0 got slower, 209 -> 219 (docs/notes/reduce.md, eleventh pass: the
-#: variants tried).
+#: REDUCE_BACKWARD_COLS_REWRITE_KERNELS).
+#: (Measurements: docs/design/reduce.md, "Measured constants".)
 REWRITE_MASKS_ROWS = 8
 REWRITE_MASKS_COLS = 8
 
@@ -1770,13 +1747,12 @@ def _col_mask_layout(element: ElementKind) -> tuple[Any, Any]:
 def _col_tied_rewriter(element: ElementKind, batch: int) -> Any:
     """Device function: the rewrite pass of the column word gradient's tie count after dx
     for one (lane, output word) over every split its block walks (``split0``,
-    ``split0 + split_step``, ... below ``n_splits``): the masks of all those splits are
+    ``split0 + split_step``,... below ``n_splits``): the masks of all those splits are
     taken as one list, ``batch`` loads in flight at once (one split's masks, 2-4, left
-    the loads waiting on each other: 8 MB of bf16 [1e6, 64] masks read in 13-16 µs, H100,
-    2026-11-28). Mask g of (split, lane, ow) lies at ``masks_at + ((split * groups + g) *
-    lanes + lane) * out_words + ow`` (``groups`` masks a full split: ``_col_mask_layout``);
-    a split's lane ``lane`` starts at row ``split * chunk_len + lane`` and holds only the
-    masks of its own batches (the last split may be short)."""
+    the loads waiting on each other). Mask g of (split, lane, ow) lies at ``masks_at +
+    ((split * groups + g) * lanes + lane) * out_words + ow`` (``groups`` masks a full split:
+    ``_col_mask_layout``); a split's lane ``lane`` starts at row ``split * chunk_len +
+    lane`` and holds only the masks of its own batches (the last split may be short)."""
     W = VECTOR[element].width
     rewrite_mask = _mask_rewriter(element)
     mask_groups, mask_at = _col_mask_layout(element)
@@ -2037,9 +2013,8 @@ def _make_backward_cols_vec(kind: ReduceKind, element: ElementKind,
     """The column word gradient kernel; for Max/Min (the tie count after dx) either its
     modes 0 and 2 or, with ``rewrite_pass``, its mode 3 alone (whatever ``mode`` says), so
     that the first pass does not hold the rewrite's registers. (``ptxas`` alone gives the
-    first pass 70 / 64 registers, bf16 / f32; Numba's build on the H100 gives it 96 / 124, 2
-    resident blocks per SM, which capped at 64-80 were slower or even: docs/notes/reduce.md,
-    twenty-seventh pass.)"""
+    first pass 70 / 64 registers, bf16 / f32; Numba's build gives it 96 / 124, 2 resident
+    blocks per SM, which capped at 64-80 were slower or even: docs/design/reduce.md.)"""
     ops = GRAD_OPS[kind]
     spec = ELEMENTS[element]
     vec = VECTOR[element]
@@ -2068,9 +2043,8 @@ def _make_backward_cols_vec(kind: ReduceKind, element: ElementKind,
     FIELD = 64 // W  # bits per element of an equality mask
     # The mean's gradient walks each chunk from its end: the statistic pass (the same
     # chunks, walked forwards by blocks that all run at once) read those rows last, so the
-    # first re-reads of x can still hit L2. (H100, 2026-11-26, Var gradient of [1e6, 64]
-    # along axis 0, alternating runs: bf16 147.9-148.3 -> 144.2-144.3 µs, f32 279.3-279.7
-    # -> 275.5-275.6; dx stored with st.global.cs as well: 144.3-144.4 / 276.0-276.4.)
+    # first re-reads of x can still hit L2.
+    # (Measurements: docs/design/reduce.md, "Measured constants".)
     BACKWARDS = STAT_MEAN
     REWRITE_PASS = rewrite_pass
 
@@ -2219,7 +2193,7 @@ def _make_backward_cols_vec(kind: ReduceKind, element: ElementKind,
                         if STAT_TIES and mode == 2 and (it % MASK_ITERS == 0 or i >= end):
                             stat_k[uint64(mask_at + (it - 1) // MASK_ITERS * mask_span)] = \
                                 int64(mask)
-                            for e in range(W):  # bits e, e + W, ...: column e of the word
+                            for e in range(W):  # bits e, e + W,...: column e of the word
                                 ties[e] += int64(cuda.popc(mask & (ELEMENT_BITS << uint64(e))))
                             mask = uint64(0)
                 else:
@@ -2300,7 +2274,7 @@ def _make_backward_broadcast(kind: ReduceKind, element: ElementKind) -> Callable
         ``dy[(n0 + j) * dy_stride]`` and ``y[(n0 + j) * y_stride]`` with ``n0 = (u %
         line_units) * K``. ``stride`` (the threads) is a multiple of ``line_units``, so
         thread ``g`` keeps one column unit: its values once, then units ``g, g + stride,
-        ...``, L loads of x in flight."""
+...``, L loads of x in flight."""
         block = int64(cuda.blockDim.x)
         words = cuda.local.array((U, 2), uint64)
         values = cuda.local.array(W, ACC)
@@ -2376,7 +2350,7 @@ def _make_backward_broadcast(kind: ReduceKind, element: ElementKind) -> Callable
 # memory once (2 passes: x read, dx written) instead of 3 (statistic, then gradient).
 
 
-def _row_grad_parts(kind: ReduceKind, element: ElementKind) -> tuple[Any, ...]:
+def _row_grad_parts(kind: ReduceKind, element: ElementKind) -> tuple[Any,...]:
     """What the register-resident row gradients (``_make_backward_rows_reg`` and its
     pair) take from the kind and element: the accumulator type, dy/y load, word unpack /
     pack / store, elements per word (and its log 2), ``coefficient`` and ``element_fn``,
@@ -2404,9 +2378,8 @@ def _make_backward_rows_reg(kind: ReduceKind, element: ElementKind) -> Callable[
     WARPS = SHARED_SLOTS // 32  # most warps of one block
     PARTIALS = 2 * WARPS  # two buffers: one barrier per group
     # f32 Var/Std: whole rows load unpredicated, where ptxas sank the predicated loads to
-    # their adds (H200, 2026-11-29, [4096, 4096] along axis 1: Var 42.2-42.5 -> 35.9 µs,
-    # Std 44.1-45.0 -> 36.0-36.8; bf16 even, and its short rows, which never take the
-    # branch, slower with it: Var [1e6, 64] 72.7-73.6 -> 75.7-76.7)
+    # their adds.
+    # (Measurements: docs/design/reduce.md, "Measured constants".)
     WHOLE_LOADS = ops.stat == "mean" and element.byte_width == 4
 
     def reduce_backward_rows_reg(dy, xv, y, dx, dxv, out_numel, extent, row_words, dy_stride,
@@ -2423,9 +2396,8 @@ def _make_backward_rows_reg(kind: ReduceKind, element: ElementKind) -> Callable[
         every load of the row in flight at once, then every store."""
         # in-row indices are 32-bit (a row holds at most 256 * VEC_LOADS words) and lanes
         # is a power of two. Registers (ptxas, sm_90): 45-51, 4-5 resident blocks per SM;
-        # with 64-bit index math 89-91 (2 blocks): Max f32 [4096, 4096] 98 µs vs 49.5.
-        # Capped at 40 (6 blocks, 0-32 bytes spilled): 52.0 / 209.8 µs vs 49.5 / 195.8
-        # uncapped ([4096, 4096] / [1e6, 64] f32, H100, 2026-11-22): no cap.
+        # with 64-bit index math about twice that.
+        # (Measurements: docs/design/reduce.md, "Measured constants".)
         tid = uint32(cuda.threadIdx.x)
         log_lanes = uint32(log2_lanes)
         lanes = uint32(1) << log_lanes
@@ -2524,10 +2496,8 @@ def _make_backward_rows_reg_pair(kind: ReduceKind, element: ElementKind,
     """``_make_backward_rows_reg``'s gradient for rows of at most a warp's lanes, a thread
     holding one row of each of ``rows`` consecutive groups of the block's rows
     (REG_ROWS_PAIR_WORDS words of each): every load of them in flight at once. (Its own
-    body: the one-row kernel written with ``rows`` = 1 ran slower, H200, 2026-11-29, f32
-    Max [4096, 4096] 38.0-39.1 µs against 35.3-36.3, [1e6, 64] 152.7-153.6 against
-    135.7-136.5, for differences in the PTX no larger than a conversion sunk into each
-    store.)"""
+    body: the one-row kernel written with ``rows`` = 1 ran slower, for differences in the
+    PTX no larger than a conversion sunk into each store: docs/design/reduce.md.)"""
     (ACC, load, unpack, pack, store_word, W, LOG_W, coefficient, element_fn, READS_Y, STAT,
      STAT_TIES, TIE_MASKS, splat, tie_mask, tie_count, tie_select, tie_usable) = \
         _row_grad_parts(kind, element)
@@ -2572,9 +2542,8 @@ def _make_backward_rows_reg_pair(kind: ReduceKind, element: ElementKind,
                 ats[r] = uint64(o * row_words) + uint64(lane)
                 helds[r] = mine if valid else uint32(0)
             # every load of the rows in flight at once: unpredicated where every row of
-            # the block is whole (ptxas sinks predicated loads to their use: Max bf16 /
-            # f32 [1e6, 64] 80.6 / 136.0-136.8 µs without this branch, 76.6-76.8 /
-            # 127.7-128.6 with it)
+            # the block is whole (ptxas sinks predicated loads to their use).
+            # (Measurements: docs/design/reduce.md, "Measured constants".)
             if mine == uint32(HELD) and (group + ROWS) * slots <= out_numel:
                 for u in range(WORDS):
                     r = u // HELD
@@ -2648,9 +2617,8 @@ def _make_backward_rows_reg_pair(kind: ReduceKind, element: ElementKind,
 
 #: Threads of the row-sync gradient's blocks (a power of two, at most SHARED_SLOTS); each
 #: work item is ``batches`` batches of VEC_LOADS words per thread (a batch's loads all in
-#: flight at once). (H200, 2026-11-26, [256, 1e6] axis 1: the next batch's loads issued
-#: before this one's math (16 words live, 86-96 registers) gained nothing: f32 Var 709-776
-#: µs at caps 80 / none against 720-729 without.)
+#: flight at once).
+#: (Measurements: docs/design/reduce.md, "Measured constants".)
 SYNC_BLOCK = 64 if SIMULATOR else 256
 #: A published chunk partial: the bits of the f64 total, inverted (0 = not yet written; a
 #: NaN total is written as the canonical NaN, whose inverse is not 0).
@@ -2731,7 +2699,7 @@ def _make_row_total(read: Any, slots: int) -> Any:
     ``parts`` published chunk totals, each read by ``read(partials, k)`` until every one is
     published, added in a fixed order (the same for every chunk of the row), for every
     thread. The whole block calls it. ``slots`` 0: a thread reads totals ``tid``, ``tid +
-    block``, ... (any ``parts``); else exactly ``slots`` of them, unrolled (``parts`` at
+    block``,... (any ``parts``); else exactly ``slots`` of them, unrolled (``parts`` at
     most ``slots * block``: a loop of unknown count was unrolled by the compiler, 32 reads
     a thread, and spilled)."""
     SLOTS = slots
@@ -2772,12 +2740,7 @@ _row_total = _make_row_total(_read_partial_atomic, 0)
 #: SYNC_BLOCK: the plan's rule).
 HOLD_POLL_SLOTS = 2
 #: The hold kernels' wait: relaxed loads (``load_relaxed``), HOLD_POLL_SLOTS a thread.
-#: H200, 2026-11-29, [256, 1e6] axis 1, µs, atomic reads (any parts) / relaxed, the same
-#: loop / relaxed, two slots (each with the phases below): f32 Var 603-612 / 544-551 /
-#: 540-543, f32 Std 604-616 / 587-590 / 546-547, bf16 Var 289-293 / 277-281 / 285-287,
-#: bf16 Std 300-306 / 317-326 / 287-302, bf16 Max 287-290 / 285 / 284-286; bf16 Var
-#: [128, 2e6] 311-315 / 281-291 / 280-282 (the loop of unknown count was unrolled 32
-#: reads a thread: bf16 Std 40 bytes of spills, the stash kernels 40-76; two slots 0-12).
+#: (Measurements: docs/design/reduce.md, "Measured constants".)
 _row_total_held = _make_row_total(load_relaxed, HOLD_POLL_SLOTS)
 
 
@@ -2820,7 +2783,7 @@ def _row_statistic(kind: ReduceKind, element: ElementKind) -> tuple[Any, Any, An
     return row_saved, term, row_coefficient
 
 
-def _mean_grad_batches(kind: ReduceKind, element: ElementKind, n: int) -> tuple[Any, ...]:
+def _mean_grad_batches(kind: ReduceKind, element: ElementKind, n: int) -> tuple[Any,...]:
     """``(load_batch, stat_batch, grad_batch)`` of the Var/Std gradient of word rows, a
     batch being ``n`` words a thread, word ``j + u·step`` (``u < n``) of those below
     ``end``: its loads all in flight at once, its sum in the element's accumulator, its
@@ -2875,7 +2838,7 @@ def _make_backward_rows_sync(kind: ReduceKind, element: ElementKind) -> Callable
         out_numel * parts``), the work items are handed out in ticket order (``ctl[0]``)
         over any number of resident blocks:
 
-            S(0), ..., S(lead - 1), then S(lead), D(0), S(lead + 1), D(1), ..., then
+            S(0),..., S(lead - 1), then S(lead), D(0), S(lead + 1), D(1),..., then
             the last D
 
         ``S(k)`` sums its chunk's ``x`` in a fixed order and publishes the f64 total in
@@ -2954,32 +2917,19 @@ def _make_backward_rows_sync(kind: ReduceKind, element: ElementKind) -> Callable
 HOLD_WORDS = (1 if SIMULATOR else 2) * VEC_LOADS
 #: Dynamic shared memory of a ``reduce_backward_rows_hold_stash`` block: HOLD_WORDS more
 #: words a thread, copied by ``cp.async`` (no register) with the register loads in
-#: flight. (Session 23's stash went through the registers, 16 words at a time, one
-#: DRAM round trip after another: f32 Var [256, 1e6] 1035-1197 µs against 1004.)
+#: flight. (Measurements: docs/design/reduce.md, "Measured constants".)
 HOLD_STASH_BYTES = HOLD_WORDS * SYNC_BLOCK * 8
 
 
-#: Register cap of the hold kernels: four 256-thread blocks per SM. H100, 2026-11-27,
-#: [256, 1e6] axis 1, µs (hold / the row-sync kernel): uncapped (f32 94-101 registers,
-#: bf16 150: two and one blocks per SM) f32 Var 1370 / 1009, bf16 Var 718 / 508; at 64
-#: f32 Var 1004-1005 / 1010-1011, Std 1017-1019 / 1010-1011, bf16 Var 405-426 / 510,
-#: Std 455-467 / 510-511; at 48 (spills) f32 Var 1276, bf16 Var 505. A pause
-#: (``nanosleep`` 200 or 1000 ns) between the polls of the row's partials: no change.
-#: (Those figures predate the 32-bit word bounds: the kernels now take 77-84 registers
-#: uncapped and spill 4-20 bytes at 64, against 72-124 before; ptxas -v, sm_90.)
+#: Register cap of the hold kernels: four 256-thread blocks per SM.
+#: (Measurements: docs/design/reduce.md, "Measured constants".)
 HOLD_MAX_REGISTERS = 64
 #: The hold kernels' blocks start in HOLD_PHASES phases (by block index), phase k
 #: HOLD_PHASE_NS * k late, where the grid takes at least HOLD_PHASE_WAVES tickets a block.
 #: A grid started at once loads its first rows together, so they complete together and
 #: their blocks take the next rows together (a trace: blocks waited 31-44 % of their
-#: time); the phases spread the rows' completions. H200, 2026-11-29, [256, 1e6] axis 1,
-#: µs, with atomic polls, at once / 2 phases 2500 or 5000 ns / 4 phases 2500 or 5000 /
-#: 8 phases 1250 / 16 phases 700: f32 Var 606-616 / 606-609, 603-608 / 602-609,
-#: 604-609 / 602-606 / 601-602; bf16 Var 295-298 / 292, 293-295 / 289-293, 292-294 /
-#: 290-294 / 293-294; bf16 Max 299-301 / 292-294, 291-293 / 286-289, 291-293 / 286-288 /
-#: 285-287; f32 Std 617-625 / 610-613, 614 / 604-610, 609-618 / 603-609 / 607-613.
-#: (Blocks taking fixed tickets, block b the chunks b, b + grid, ..., were slower:
-#: f32 Var 641-648, bf16 Var 323-326.)
+#: time); the phases spread the rows' completions.
+#: (Measurements: docs/design/reduce.md, "Measured constants".)
 HOLD_PHASES = 4
 HOLD_PHASE_NS = 2500
 HOLD_PHASE_WAVES = 4
@@ -3000,12 +2950,8 @@ def _make_backward_rows_hold(kind: ReduceKind, element: ElementKind,
     row_saved, term, row_coefficient = _row_statistic(kind, element)
     copy_stash = copy_async8_run(STASH, SYNC_BLOCK)
     # Every kind loads the row's dy (and y) with the chunk, not after the wait (Max/Min
-    # need y for their sum anyway). H100, 2026-11-27, µs, with the chunk / after the
-    # wait, same run: Var bf16 [256, 1e6] 366-367 / 378-379, [512, 5e5] 362-363 / 366,
-    # f32 [256, 1e6] 824 / 827-834, [512, 5e5] 706-708 / 724-725; Max bf16 [256, 1e6]
-    # (dy alone after the wait) 391-402 / 429-440. (Before the 32-bit word bounds and
-    # the unpredicated loads Var measured the other way: bf16 [512, 5e5] 395-397 /
-    # 359-360.)
+    # need y for their sum anyway).
+    # (Measurements: docs/design/reduce.md, "Measured constants".)
 
     def reduce_backward_rows_hold(dy, xv, y, dx, dxv, ctl, partials, out_numel, extent,
                                   row_words, dy_stride, y_stride, parts, param):
@@ -3063,8 +3009,7 @@ def _make_backward_rows_hold(kind: ReduceKind, element: ElementKind,
             j = (t - row * chunks) * chunk + tid
             # The chunk's loops are written out here, against a thread's word count:
             # through _mean_grad_batches' helpers (bounds j + u·step < end) the kernel ran
-            # bf16 Var / Std 527 / 583 µs against 405-426 / 455-467 ([256, 1e6], H100,
-            # 64 registers), the row-sync kernel's 510.
+            # slower. (Measurements: docs/design/reduce.md, "Measured constants".)
             count = min(nvec - (j - tid), chunk)  # words of this chunk
             # the thread's words left in it: 32-bit bounds against immediates (64-bit
             # tid + u·step bounds were hoisted out of the loop, 32 registers, and spilled)
@@ -3075,9 +3020,8 @@ def _make_backward_rows_hold(kind: ReduceKind, element: ElementKind,
             # 64 bytes at the 64-register cap, against none now; ptxas -v, sm_90)
             slot = opaque(int32(tid))
             # every word of a full chunk: the loads unpredicated. Predicated, ptxas (sm_90,
-            # 64 registers) sank f32 loads to their sums, a few in flight at a time (H100,
-            # 2026-11-27, f32 Var µs: [256, 1e6] 983 -> 839, [512, 5e5] 886 -> 724-729,
-            # [1024, 250000] 802 -> 703; bf16 and f32 Max already had them all in flight)
+            # 64 registers) sank f32 loads to their sums, a few in flight at a time.
+            # (Measurements: docs/design/reduce.md, "Measured constants".)
             if left > (HOLD_WORDS + STASH - 1) * SYNC_BLOCK:
                 copy_stash(parked, slot, xv, at + uint64(j + HOLD_WORDS * step))
                 for u in range(HOLD_WORDS):
@@ -3313,8 +3257,7 @@ def _make_backward_cols_reg(kind: ReduceKind, element: ElementKind, stash: int =
         """Issue the loads of rows ``first + u`` (u < HELD, below ``held``) into words:
         unpredicated where all HELD are (ptxas then issues them all before their first
         use; predicated, it sank f32 loads to their sums, a few in flight at a time, and
-        spilled more: H100, 2026-11-27, µs, bf16 Std / Max [256, 1e6] axis 0 477 / 405 ->
-        391 / 393, [4096, 4096] axis 0 38.6 / 39.6 -> 32.7 / 33.0-34.1; f32 within 1-3 %)."""
+        spilled more, measurably slower: docs/design/reduce.md)."""
         if first + uint32(HELD) <= held:
             for u in range(HELD):
                 words[u] = xv[at + uint64(first + uint32(u)) * step]
@@ -3344,6 +3287,73 @@ def _make_backward_cols_reg(kind: ReduceKind, element: ElementKind, stash: int =
     return reduce_backward_cols_reg
 
 
+# -- the exact Prod gradient of lines that hold zeros --------------------------------------
+
+
+def _make_prod_zero_fixup(element: ElementKind) -> Callable[..., None]:
+    spec = ELEMENTS[element]
+    ACC = spec.acc
+    load, store = spec.load, spec.store
+
+    def reduce_backward_prod_zeros(dy, x, y, dx, out_numel, extent, x_axis_stride,
+                                   dx_axis_stride, out_shape, dy_strides, x_strides,
+                                   y_strides, dx_strides):
+        """Rewrite the Prod gradient of every line whose saved product ``y`` is 0 after
+        any layout's ``dy * y / x`` pass: with ``z`` zeros in the line, z == 1 gives
+        ``dy * prod(nonzeros)`` at the zero and ``dy * 0`` elsewhere, z >= 2 ``dy * 0``
+        everywhere (torch); z == 0 (an underflowed product) keeps ``dy * y / x``.
+
+        A warp takes 32 lines: lane l loads line l's ``y``, and the warp moves on at once
+        unless one of them is 0 (one load and five shuffles per 32 lines); each zero line
+        is then walked by the whole warp (lanes strided along it, counts and products
+        combined by an xor tree: deterministic)."""
+        lane = cuda.threadIdx.x % 32
+        warps = cuda.blockDim.x // 32
+        group = int64(cuda.blockIdx.x) * warps + cuda.threadIdx.x // 32
+        while group * 32 < out_numel:  # uniform across the warp
+            mine = group * 32 + lane
+            flags = int64(0)
+            if mine < out_numel:
+                _, _, y_off, _ = _offsets4(mine, out_shape, dy_strides, x_strides,
+                                           y_strides, dx_strides)
+                if load(y, y_off) == 0:
+                    flags = int64(1) << lane
+            for shift in (16, 8, 4, 2, 1):
+                flags |= shfl_xor(flags, shift)
+            for j in range(32 if flags != 0 else 0):  # flags: the same on every lane
+                if (flags >> j) & 1 == 0:
+                    continue
+                line = group * 32 + j
+                dy_off, x_off, _, dx_off = _offsets4(line, out_shape, dy_strides, x_strides,
+                                                     y_strides, dx_strides)
+                zeros = int64(0)
+                others = ACC(1)
+                i = int64(lane)
+                while i < extent:
+                    v = load(x, x_off + i * x_axis_stride)
+                    if v == 0:
+                        zeros += 1
+                    else:
+                        others *= v
+                    i += 32
+                for shift in (16, 8, 4, 2, 1):
+                    zeros += shfl_xor(zeros, shift)
+                    others *= shfl_xor(others, shift)
+                if zeros > 0:
+                    g = load(dy, dy_off)
+                    at_zero = g * others if zeros == 1 else g * ACC(0)
+                    elsewhere = g * ACC(0)
+                    i = int64(lane)
+                    while i < extent:
+                        v = load(x, x_off + i * x_axis_stride)
+                        dx[uint64(dx_off + i * dx_axis_stride)] = store(
+                            at_zero if v == 0 else elsewhere)
+                        i += 32
+            group += int64(cuda.gridDim.x) * warps
+
+    return reduce_backward_prod_zeros
+
+
 # -- the kernel tables -------------------------------------------------------------------
 
 _TUPLE8 = types.UniTuple(int64, 8)
@@ -3359,7 +3369,7 @@ def _kind_name(kind: Any) -> str:
     return kind if isinstance(kind, str) else kind.name.lower()
 
 
-def _reduce_signature(kind: Any, element: ElementKind) -> tuple[types.Type, ...]:
+def _reduce_signature(kind: Any, element: ElementKind) -> tuple[types.Type,...]:
     spec = ELEMENTS[element]
     out = int64 if KIND_OPS[kind].arg else spec.storage
     return (flat(spec.storage), flat(out), flat(spec.acc), flat(int64), flat(spec.storage),
@@ -3367,7 +3377,7 @@ def _reduce_signature(kind: Any, element: ElementKind) -> tuple[types.Type, ...]
             int64, int64, float64)
 
 
-def _backward_signature(element: ElementKind) -> tuple[types.Type, ...]:
+def _backward_signature(element: ElementKind) -> tuple[types.Type,...]:
     spec = ELEMENTS[element]
     arr = flat(spec.storage)
     return (arr, arr, arr, arr, flat(spec.acc), flat(int64), int64, int64, int64, int64,
@@ -3391,8 +3401,18 @@ REDUCE_BACKWARD_KERNELS: dict[tuple[ReduceKind, ElementKind], Kernel] = {
     for element in FLOAT_ELEMENTS for kind in GRAD_OPS
 }
 
+#: element -> the exact Prod gradient of the lines whose product is 0 (one kernel for every
+#: layout: strided line addressing; launched after the ``dy * y / x`` pass).
+REDUCE_BACKWARD_PROD_ZEROS_KERNELS: dict[ElementKind, Kernel] = {
+    element: Kernel(f"reduce_backward_prod_zeros[{element.name.lower()}]",
+                    _make_prod_zero_fixup(element),
+                    (flat(ELEMENTS[element].storage),) * 4
+                    + (int64, int64, int64, int64, _TUPLE8, _TUPLE8, _TUPLE8, _TUPLE8, _TUPLE8))
+    for element in FLOAT_ELEMENTS
+}
 
-def _vec_reduce_signature(kind: Any, element: ElementKind) -> tuple[types.Type, ...]:
+
+def _vec_reduce_signature(kind: Any, element: ElementKind) -> tuple[types.Type,...]:
     spec = ELEMENTS[element]
     out = int64 if KIND_OPS[kind].arg else spec.storage
     return (flat(spec.storage), flat(uint64), flat(out), flat(spec.acc), flat(int64),
@@ -3400,14 +3420,14 @@ def _vec_reduce_signature(kind: Any, element: ElementKind) -> tuple[types.Type, 
             int64, int64, float64, int64)
 
 
-def _vec_cols_signature(kind: Any, element: ElementKind) -> tuple[types.Type, ...]:
+def _vec_cols_signature(kind: Any, element: ElementKind) -> tuple[types.Type,...]:
     spec = ELEMENTS[element]
     out = int64 if KIND_OPS[kind].arg else spec.storage
     return (flat(uint64), flat(out), flat(spec.acc), flat(int64), flat(spec.storage), int64,
             int64, int64, int64, int64, int64, int64, int64, int64, float64)
 
 
-def _vec_backward_rows_signature(element: ElementKind) -> tuple[types.Type, ...]:
+def _vec_backward_rows_signature(element: ElementKind) -> tuple[types.Type,...]:
     spec = ELEMENTS[element]
     arr = flat(spec.storage)
     words = flat(uint64)
@@ -3415,7 +3435,7 @@ def _vec_backward_rows_signature(element: ElementKind) -> tuple[types.Type, ...]
             _TUPLE8, _TUPLE8, _TUPLE8, _TUPLE8, _TUPLE8, int64, int64, float64, int64, int64)
 
 
-def _vec_backward_cols_signature(element: ElementKind) -> tuple[types.Type, ...]:
+def _vec_backward_cols_signature(element: ElementKind) -> tuple[types.Type,...]:
     spec = ELEMENTS[element]
     arr = flat(spec.storage)
     words = flat(uint64)
@@ -3456,14 +3476,8 @@ REDUCE_COLS_VEC_KERNELS: dict[tuple[Any, ElementKind], Kernel] = {
 
 #: Register caps of the contiguous-row gradient kernels, per kind (the others uncapped).
 #: Prod / Norm2 / LogSumExp use 77-80 registers uncapped (3 resident 256-thread blocks per
-#: SM) and 63-64 without spilling at 64 (4 blocks). H100, 2026-11-25, same buffers, µs
-#: uncapped -> 64 (scripts/probe_reduce_rows.py ``caps``): f32 [256, 1e6] axis 1 Prod 870
-#: -> 758, Norm2 760 -> 732, LogSumExp 788 -> 737; bf16 [4096, 4096] axis 1 LogSumExp 33.6
-#: -> 30.6, Norm2 31.7 -> 30.6; 16 of 18 (kind, shape, dtype) rows faster, f32 [4096,
-#: 4096] Norm2 / LogSumExp 0.5 / 2 % slower. Max / Var (106-127 registers) spill at 80 and
-#: were slower there (bf16 [256, 1e6] Max 469 -> 554 µs).
-#: Max (Min's kernel) is held at 128, 2 blocks per SM as before: the batched tie-mask loads
-#: of its rewrite pass left ptxas at 128-136 uncapped, 128 without spilling.
+#: SM) and 63-64 without spilling at 64 (4 blocks).
+#: (Measurements: docs/design/reduce.md, "Measured constants".)
 GRAD_ROWS_MAX_REGISTERS = {ReduceKind.PROD: 64, ReduceKind.NORM2: 64,
                            ReduceKind.LOG_SUM_EXP: 64, ReduceKind.MAX: 128}
 
@@ -3502,8 +3516,8 @@ REDUCE_BACKWARD_BROADCAST_KERNELS: dict[tuple[ReduceKind, ElementKind], Kernel] 
 
 #: (kind, element) -> the rewrite pass (mode 3) of the column tie count after dx, Max/Min.
 #: Held at 128 registers (f16/bf16 take 154 uncapped in ``ptxas``, with its 8 masks in
-#: flight; under the cap Numba's build on the H100 gives bf16 116, f32 128): 2 resident blocks
-#: per SM for its _TIE_REWRITE_BLOCKS blocks.
+#: flight.
+#: (Measurements: docs/design/reduce.md, "Measured constants".)
 REDUCE_BACKWARD_COLS_REWRITE_KERNELS: dict[tuple[ReduceKind, ElementKind], Kernel] = {
     (kind, element): Kernel(
         f"reduce_backward_cols_rewrite[{_kind_name(kind)},{element.name.lower()}]",
@@ -3513,7 +3527,7 @@ REDUCE_BACKWARD_COLS_REWRITE_KERNELS: dict[tuple[ReduceKind, ElementKind], Kerne
 }
 
 
-def _reg_backward_signature(element: ElementKind) -> tuple[types.Type, ...]:
+def _reg_backward_signature(element: ElementKind) -> tuple[types.Type,...]:
     spec = ELEMENTS[element]
     arr = flat(spec.storage)
     words = flat(uint64)
@@ -3529,10 +3543,7 @@ STREAM_GRAD_KINDS = tuple(kind for kind, ops in GRAD_OPS.items()
 #: Register caps of the register-resident row gradient, per (kind, element) (the others
 #: uncapped): at most 48 registers keep 5 resident 256-thread blocks per SM. Max (Min's
 #: kernel) takes 51 uncapped (4 blocks) and spills 4-8 bytes at 48; the others take 40-48.
-#: H100, 2026-11-26, alternating runs, µs uncapped -> 48: bf16 [1e6, 64] axis 1 Max
-#: 104.6-104.8 -> 102.8-102.9, Min 103.7-104.0 -> 101.9-102.1; bf16 [4096, 4096] axis 1
-#: 28.4 / 27.4-27.5 either way; f32 slower ([1e6, 64] Max 183.9-184.0 -> 188.1-188.4), so
-#: f32 stays uncapped.
+#: (Measurements: docs/design/reduce.md, "Measured constants".)
 REG_ROWS_MAX_REGISTERS = {(ReduceKind.MAX, ElementKind.F16): 48,
                           (ReduceKind.MAX, ElementKind.BF16): 48}
 
@@ -3551,14 +3562,8 @@ REG_ROWS_PAIR_WORDS = 4
 #: (kind, element) -> the same gradient for rows of at most a warp's lanes, a thread
 #: holding REG_ROWS_PAIR rows (REG_ROWS_PAIR_WORDS words of each) at once: Max/Min,
 #: f32 Var/Std and the kinds without a statistic that read x (the plan takes them where
-#: they exist; the latter from 8 lanes a row). H200, 2026-11-29, along axis 1, alternating
-#: runs, µs one row a thread -> two: [1e6, 64] Max bf16 80.2-80.5 -> 77.1-77.3, f32
-#: 137.0-137.4 -> 128.9-129.4; f32 Var 132.2-132.3 -> 129.8-130.9, Std 132.8-133.7 ->
-#: 130.0-130.6; bf16 Max [131072, 512] (32 lanes) 78.2-78.4 -> 69.7-69.9, [262144, 256]
-#: 79.6 -> 70.6-70.7; f32 Max [262144, 256] 140.4-141.6 -> 135.2-136.2, Var 135.6-136.3
-#: -> 133.6-134.9; slower or even for bf16 Var [1e6, 64] 72.8-73.6 -> 78.2-78.7, Std
-#: 79.5-79.7 -> 78.7-78.8. Uncapped (Max takes 57 registers on the GPU: 4 resident
-#: blocks of 256; the others 48: 5).
+#: they exist; the latter from 8 lanes a row).
+#: (Measurements: docs/design/reduce.md, "Measured constants".)
 REDUCE_BACKWARD_ROWS_REG_PAIR_KERNELS: dict[tuple[ReduceKind, ElementKind], Kernel] = {
     (kind, element): Kernel(
         f"reduce_backward_rows_reg_pair[{_kind_name(kind)},{element.name.lower()}]",
@@ -3569,7 +3574,7 @@ REDUCE_BACKWARD_ROWS_REG_PAIR_KERNELS: dict[tuple[ReduceKind, ElementKind], Kern
 }
 
 
-def _sync_backward_signature(element: ElementKind) -> tuple[types.Type, ...]:
+def _sync_backward_signature(element: ElementKind) -> tuple[types.Type,...]:
     spec = ELEMENTS[element]
     arr = flat(spec.storage)
     words = flat(uint64)
@@ -3627,10 +3632,8 @@ REDUCE_BACKWARD_COLS_REG_KERNELS = _cols_reg_kernels("reduce_backward_cols_reg",
 #: SM; 80 x 1024 do not).
 REG_COLS_SMALL_BLOCK = 512
 #: The same kernels for blocks of at most REG_COLS_SMALL_BLOCK threads (short columns):
-#: 80 registers. (H100, 2026-11-23, gradients of [256, 1e6] along axis 0, 128-thread
-#: blocks for bf16, 256 for f32, µs at caps 64 / 80 / 96 / uncapped: bf16 Max 595 / 487
-#: / 449 / 453, Var 470 / 447 / 496 / 541, Std 531 / 482 / 547 / 474; f32 Max 793 / 780
-#: / 993 / 772, Var 778 / 796 / 982 / 774, Std 787 / 778 / 978 / 773.)
+#: 80 registers.
+#: (Measurements: docs/design/reduce.md, "Measured constants".)
 REDUCE_BACKWARD_COLS_REG_SMALL_KERNELS = _cols_reg_kernels("reduce_backward_cols_reg_small", 80,
                                                            wide_words=16)
 # the plan gives strips of more than 32 pairs only to blocks of these kernels
@@ -3640,13 +3643,8 @@ assert REG_COLS_WIDE_BLOCK <= REG_COLS_SMALL_BLOCK
 #: (REG_COL_STRIP_WORDS column words) of columns of at most REG_COL_STRIP_HELD *
 #: REG_COLS_STRIP_BLOCK / REG_COL_STRIP_WORDS rows, REG_COL_STRIP_HELD rows a thread:
 #: 128 registers (two 256-thread blocks an SM). A copy with this memory work reaches 92-93
-#: % of copy at [256, 2^20] against 83-84 % in 128-byte strips (H200, 2026-11-29,
-#: ``scripts/probe_strip_width.py 2 short``). (H200, 2026-11-29, [256, 1e6] along axis 0,
-#: µs, 128-byte strips of 16 rows a thread (cap 80) -> 256-byte strips of 32 rows a thread
-#: at caps 96 / 128, or of 16 rows in 512-thread blocks at caps 64 / 80: f32 Var 609-610
-#: -> 535-537 / 537-538 / 536-537 / 604-605, Std 610 -> 534-535 / 538 / 537-538 / 624;
-#: bf16 Var 300-301 -> 286-287 / 285-286 / 335 / 410, Std 301-302 -> 289 / 290 / 339 /
-#: 424-426, Max 304 -> 293 / 287-288 / 356-357 / 440.)
+#: % of copy at [256, 2^20] against 83-84 % in 128-byte strips.
+#: (Measurements: docs/design/reduce.md, "Measured constants".)
 REDUCE_BACKWARD_COLS_STRIP_KERNELS = _cols_reg_kernels(
     "reduce_backward_cols_strip", 128, wide_words=REG_COL_STRIP_WORDS,
     held=REG_COL_STRIP_HELD)
@@ -3657,8 +3655,7 @@ REDUCE_BACKWARD_COLS_STRIP_KERNELS = _cols_reg_kernels(
 REG_COL_STASH = REG_COL_WORDS
 REG_COLS_STASH_BYTES = REG_COL_STASH * REG_COLS_BLOCK * 8
 #: (kind, element) -> the column register-resident gradient with a shared-memory stash:
-#: strips of twice the width in REG_COLS_BLOCK-thread blocks. (H200, 2026-11-26, [4096,
-#: 4096] along axis 0, µs without / with the stash: f32 Max 58.0 / 48.1, Var 59.2 /
-#: 47.3, Std 57.6 / 48.4; bf16 Max 37.4 / 31.4, Var 33.7 / 25.9, Std 35.6 / 32.0.)
+#: strips of twice the width in REG_COLS_BLOCK-thread blocks.
+#: (Measurements: docs/design/reduce.md, "Measured constants".)
 REDUCE_BACKWARD_COLS_STASH_KERNELS = _cols_reg_kernels("reduce_backward_cols_stash", 64,
                                                        REG_COL_STASH)

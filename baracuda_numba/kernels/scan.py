@@ -25,10 +25,10 @@ non-trivial gradients are one affine recurrence ``q -> m[u] * (q + dy[u])`` (sta
 ``prev`` is the forward-previous position (the next one in backward order: a one-element
 halo). For Cumprod this is the exact gradient with zeros in ``x`` (no division); for
 LogCumsumExp every exponent is <= 0 (``y`` is non-decreasing), so nothing overflows. A
-*record* is a position where the running winner changes under the first-occurrence rule;
-its 0/1 flag is written to ``dx`` by a forward pre-pass (``*_first_flag`` kinds), which the
-backward kernel then reads and overwrites position by position. Cumsum backward is the
-forward Cumsum of ``dy`` with the direction flipped.
+*record* is a position where the running winner's index changes (torch's rule: the last of
+equal winners, every NaN); its 0/1 flag is written to ``dx`` by a forward pre-pass
+(``*_RECORD_FLAG`` codes), which the backward kernel then reads and overwrites position by
+position. Cumsum backward is the forward Cumsum of ``dy`` with the direction flipped.
 
 Algorithms (both handle any strides; the plan picks by layout):
 
@@ -136,8 +136,8 @@ CODE_CUMPROD = int(ScanKind.CUMPROD)
 CODE_CUMMAX = int(ScanKind.CUMMAX)
 CODE_CUMMIN = int(ScanKind.CUMMIN)
 CODE_LOG_CUMSUM_EXP = int(ScanKind.LOG_CUMSUM_EXP)
-CODE_CUMMAX_FIRST_FLAG = 5
-CODE_CUMMIN_FIRST_FLAG = 6
+CODE_CUMMAX_RECORD_FLAG = 5
+CODE_CUMMIN_RECORD_FLAG = 6
 #: Backward codes: CODE_CUMPROD, CODE_LOG_CUMSUM_EXP, and this one for Cummax and Cummin.
 CODE_EXTREMUM_BACKWARD = 2
 
@@ -195,8 +195,8 @@ def _make_logaddexp(acc: types.Type):
 
 def _forward_ops(acc: types.Type):
     """Forward kinds; state (value, index). Cummax/Cummin: NaN dominates; ties go to the
-    later index (torch.cummax), or for the first-flag pre-passes to the earlier one, whose
-    ``emit`` writes 1 where the element is the running winner (a record) and 0 elsewhere.
+    later index (torch.cummax), the record-flag pre-passes too, whose ``emit`` writes 1
+    where the element is the running winner (a record) and 0 elsewhere.
     LogCumsumExp: logaddexp with -inf as the identity (never exp(-inf - -inf)) and +inf
     absorbing."""
     zero, one, lowest, highest = _constants(acc)
@@ -208,7 +208,7 @@ def _forward_ops(acc: types.Type):
             return (zero, no_index)
         if code == CODE_CUMPROD:
             return (one, no_index)
-        if code == CODE_CUMMAX or code == CODE_CUMMAX_FIRST_FLAG or \
+        if code == CODE_CUMMAX or code == CODE_CUMMAX_RECORD_FLAG or \
                 code == CODE_LOG_CUMSUM_EXP:
             return (lowest, no_index)
         return (highest, no_index)
@@ -227,27 +227,19 @@ def _forward_ops(acc: types.Type):
             return (acc(a[0] * b[0]), b[1])
         if code == CODE_LOG_CUMSUM_EXP:
             return (logaddexp(a[0], b[0]), b[1])
-        if code >= CODE_CUMMAX_FIRST_FLAG:
-            if a[1] < 0:  # the identity: the first element is always a record
-                return b
-            if a[0] != a[0]:  # the first NaN stays the winner
-                return a
-            if b[0] != b[0]:
-                return b
-            if code == CODE_CUMMAX_FIRST_FLAG:
-                return b if b[0] > a[0] else a
-            return b if b[0] < a[0] else a
+        # the record-flag pre-passes follow the same rule: a record is where the index
+        # output changes, so the gradient goes where torch's does
         if b[0] != b[0]:  # a later NaN wins (torch: the index of the last NaN)
             return b
         if a[0] != a[0]:
             return a
-        if code == CODE_CUMMAX:
+        if code == CODE_CUMMAX or code == CODE_CUMMAX_RECORD_FLAG:
             return b if b[0] >= a[0] else a
         return b if b[0] <= a[0] else a
 
     @cuda.jit(device=True, inline=True)
     def emit(excl, incl, v0, v1, v2, v2n, has_next, pos, code):
-        if code >= CODE_CUMMAX_FIRST_FLAG:
+        if code >= CODE_CUMMAX_RECORD_FLAG:
             return (one if incl[1] == pos else zero), int64(0)
         return incl[0], incl[1]
 
@@ -641,21 +633,16 @@ FAST_ROWS_BLOCK = 32 if SIMULATOR else 128
 FAST_COLS_CHUNKS = 2 if SIMULATOR else 8
 _FAST_COLS_VALUES = 4 if SIMULATOR else 16  # values per thread per tile (rows x V)
 #: fused Cummax/Cummin backward on the GPU: (rows words per lane, cols values per thread)
-#: and chunks per cols block. Measured (H100, 2026-11-22, Cummax f32 [4096²]): rows
-#: blocked, words 4 / 2: 147.7 / 182.1 µs (striped words 4: 256.2: one warp scan per
-#: word group); cols, 8 chunks, values 4 / 8 / 16: 453.6 / 282.0 / 208.0 µs (values 8 /
-#: no register cap: 317.6). Values 16 is the default since the lead's final GPU run
-#: (tests and the Cummax/Cummin backward rows, docs/notes/scan.md).
+#: and chunks per cols block: blocked rows of 4 words (one warp scan per tile each way),
+#: 16 cols values (fewer leave the chunk loops dominant). Measurements: docs/design/scan.md.
 _EXTREMUM_BACKWARD_SIZES = (4, 16)
 _EXTREMUM_COLS_CHUNKS = FAST_COLS_CHUNKS
 #: family -> (rows_fast words, cols_fast values per thread by element size: 8, 4, 2
 #: bytes) on the GPU: fewer for the families with large combines, whose unrolled loops
 #: otherwise stay loops and put the per-thread values in local memory (PTX of compute 9.0
 #: checked for ld.local/st.local). 2-byte elements of the packed cols body (every family
-#: but lse) take 8 rows (32 values). Measured (H100, 2026-11-22, bf16 Cumsum axis 0, 64
-#: registers, before the paired conversion): [64, 1e6] 148.3 µs vs 191.5 at 4 rows,
-#: [4096²] 68.4 vs 92.3 (the unpacked body at 4 rows: 206.2 / 103.9); with it, 8 rows:
-#: 121.7 / 59.1.
+#: but lse) take 8 rows (32 values): twice the bytes in flight per thread of 4 rows
+#: under the same register cap (docs/design/scan.md).
 _FAST_COLS_BY_SIZE = (16, 16, 32)
 _FAST_SIZES = {"sum": (FAST_WORDS, _FAST_COLS_BY_SIZE), "prod": (FAST_WORDS, _FAST_COLS_BY_SIZE),
                "lse": (4, (8, 8, 8)), "extremum": (FAST_WORDS, _FAST_COLS_BY_SIZE)}
@@ -1205,10 +1192,9 @@ def _make_cols_fast_packed(fmt: FastFormat, rows: int, chunks_max: int):
 
     The unpacked body took 137 registers for bf16 at 4 rows (capped at 64: 32 bytes in
     flight per thread, 41% of copy on [64, 1e6] axis 0); this one holds 8 rows (64 bytes)
-    under the same cap. Wider elements keep ``_make_cols_fast`` (f32 [4096²] axis 0:
-    88.2 µs there vs 89.6 packed), and so does LogCumsumExp, whose ~50-instruction
-    combine is better off independent (``prefix + scanned[r]``) than in the rescan's
-    dependent chain: bf16 [4096²] axis 0 444.5 µs packed vs 439.0 (H100, 2026-11-22)."""
+    under the same cap. Wider elements keep ``_make_cols_fast`` (no gain packed), and so
+    does LogCumsumExp, whose ~50-instruction combine is better off independent
+    (``prefix + scanned[r]``) than in the rescan's dependent chain (docs/design/scan.md)."""
     acc = fmt.acc
     per_word = fmt.per_word
     bits = 64 // per_word
@@ -1294,14 +1280,10 @@ def _c_flat(array_type: types.Type) -> types.Array:
 #: Register cap (64: 4 blocks of 256 threads per SM) of cols_fast for 2- and 4-byte
 #: elements and of the indexed rows kernel for 2-byte ones. Uncapped, cols_fast took 137
 #: registers for bf16 (one block per SM) and 96 for f32, the indexed kernel 95 for bf16;
-#: capped, ptxas spills 36-80 bytes (loop invariants). Measured (H100, 2026-11-22):
-#: cols_fast [4096²] axis 0 bf16 103.8 µs vs 206.1 uncapped, f32 88.5 vs 100.7;
-#: [64, 1e6] axis 0 bf16 206.3 vs 469.6, f32 194.4 vs 239.8; indexed Cummax [4096²] bf16
-#: 161.5 vs 174.8 (f32 at 56 registers: 135.1 vs 133.6 at its own 64, so not capped).
-#: The packed 2-byte cols body (96 registers uncapped, 84 bytes spilled at 64) and the
-#: indexed kernel with staged indices (98 / 76): bf16 [64, 1e6] axis 0 120.9 µs vs 130.4
-#: at 80 registers and 147.4 uncapped, [4096²] 59.3 vs 65.7 / 67.8; Cummax bf16 115.2 vs
-#: 132.6 / 135.1.
+#: capped, ptxas spills 36-80 bytes (loop invariants), and every capped kernel is faster
+#: than uncapped or at 80 registers; f32 indexed is not capped (no gain). The packed
+#: 2-byte cols body (96 registers uncapped, 84 bytes spilled at 64) and the indexed kernel
+#: with staged indices (98 / 76) keep the cap too. Measurements: docs/design/scan.md.
 _MAX_REGISTERS = 64
 
 
@@ -1346,34 +1328,26 @@ class FastKernels:
 
 def _indexed_ops(acc: types.Type):
     """identity / combine of Cummax/Cummin with the winner's position, and of their
-    first-occurrence record-flag pre-passes: ``_forward_ops`` restricted to these four
+    record-flag pre-passes: ``_forward_ops`` restricted to these four
     codes (the same NaN and tie rules), so the kernel stays small."""
     _, _, lowest, highest = _constants(acc)
     no_index = int64(-1)
 
     @cuda.jit(device=True, inline=True)
     def identity(code):
-        if code == CODE_CUMMAX or code == CODE_CUMMAX_FIRST_FLAG:
+        if code == CODE_CUMMAX or code == CODE_CUMMAX_RECORD_FLAG:
             return (lowest, no_index)
         return (highest, no_index)
 
     @cuda.jit(device=True, inline=True)
     def combine(a, b, code):
-        if code >= CODE_CUMMAX_FIRST_FLAG:
-            if a[1] < 0:  # the identity: the first element is always a record
-                return b
-            if a[0] != a[0]:  # the first NaN stays the winner
-                return a
-            if b[0] != b[0]:
-                return b
-            if code == CODE_CUMMAX_FIRST_FLAG:
-                return b if b[0] > a[0] else a
-            return b if b[0] < a[0] else a
+        # the record-flag pre-passes follow the same rule: a record is where the index
+        # output changes, so the gradient goes where torch's does
         if b[0] != b[0]:  # a later NaN wins (torch: the index of the last NaN)
             return b
         if a[0] != a[0]:
             return a
-        if code == CODE_CUMMAX:
+        if code == CODE_CUMMAX or code == CODE_CUMMAX_RECORD_FLAG:
             return b if b[0] >= a[0] else a
         return b if b[0] <= a[0] else a
 
@@ -1399,7 +1373,7 @@ else:
 _INDEXED_WORDS = 2 if SIMULATOR else 1
 #: Codes of the indexed rows kernel: Cummax/Cummin with an index output, and the record
 #: flags of their backward (a 1 where the element is the running winner, else 0).
-INDEXED_CODES = (CODE_CUMMAX, CODE_CUMMIN, CODE_CUMMAX_FIRST_FLAG, CODE_CUMMIN_FIRST_FLAG)
+INDEXED_CODES = (CODE_CUMMAX, CODE_CUMMIN, CODE_CUMMAX_RECORD_FLAG, CODE_CUMMIN_RECORD_FLAG)
 
 
 def _make_rows_indexed(fmt: FastFormat, words: int):
@@ -1411,10 +1385,9 @@ def _make_rows_indexed(fmt: FastFormat, words: int):
     bytes at a 32-byte stride across the warp, each touching 32 sectors in part (L2
     throughput 79% vs DRAM 33% for bf16 [4096²], Nsight Compute); staged, each store
     instruction writes 256 consecutive bytes. One padding slot per 16 indices keeps the
-    staging free of bank conflicts (8-byte accesses, both orders). Measured (H100,
-    2026-11-22, Cummax with indices [4096²] last axis): bf16 115.2 µs vs 160.3 direct;
-    f32 (2 per lane, 16-byte stride) 141.2 µs staged vs 133.3 direct, so 4-byte
-    elements store directly."""
+    staging free of bank conflicts (8-byte accesses, both orders). Staging pays for
+    2-byte elements only; f32 (2 per lane, 16-byte stride) is slower staged, so 4-byte
+    elements store directly (docs/design/scan.md)."""
     acc = fmt.acc
     per_word = fmt.per_word
     per_lane = words * per_word
@@ -1453,7 +1426,7 @@ def _make_rows_indexed(fmt: FastFormat, words: int):
         step = int64(cuda.gridDim.x) * warps
         slice_at = int64(cuda.threadIdx.x // 32) * warp_slots
         extent_words = extent // per_word
-        flags = code >= CODE_CUMMAX_FIRST_FLAG
+        flags = code >= CODE_CUMMAX_RECORD_FLAG
         while item < lines * nseg:
             line = item // nseg
             seg = item - line * nseg
@@ -1594,14 +1567,15 @@ class IndexedKernels:
 
 # -- Cummax/Cummin backward, fused ---------------------------------------------------------
 #
-# dx[j] = sum of dy[i] over the run of positions i whose running winner (first-occurrence
-# rule) is j: nonzero only at *records*, where a record is the line's first element or an
-# element that strictly beats the running winner before it (a NaN beats anything that is
-# not NaN; nothing beats a NaN). A record test needs only the running winner's *value*,
-# so the forward part is the extremum family's value scan; the gradient is the reversed
-# segmented sum T(i) = 0 at a record, else dy[i] + T(i + 1), with dx = dy + T(i + 1) at a
-# record (state (A, B), A in {0, 1}: a zero A cuts the chain exactly, so a NaN in dy beyond
-# a record reaches no earlier record). One pass over x, dy and dx (3 tensor passes):
+# dx[j] = sum of dy[i] over the run of positions i whose running winner (the index output's
+# rule: the last of equal winners) is j: nonzero only at *records*, where a record is the
+# line's first element or an element that beats or ties the running winner before it (a NaN
+# is always a record: torch's index is the last NaN). A record test needs only the running
+# winner's *value*, so the forward part is the extremum family's value scan; the gradient is
+# the reversed segmented sum T(i) = 0 at a record, else dy[i] + T(i + 1), with
+# dx = dy + T(i + 1) at a record (state (A, B), A in {0, 1}: a zero A cuts the chain
+# exactly, so a NaN in dy beyond a record reaches no earlier record). One pass over x, dy
+# and dx (3 tensor passes):
 #
 #     tile t (scan order):  x --value scan + carry--> record flags
 #                           dy --reversed segmented scan, 0 entering the tile end--> dx
@@ -1619,19 +1593,20 @@ class IndexedKernels:
 
 def _extremum_backward_ops(acc: types.Type):
     """beats(v, p, code): whether ``v`` is a record after the running winner value ``p``
-    (first-occurrence rule); seg_combine(right, left): the segmented-sum state of the
-    positions ``left`` then ``right`` (``left`` earlier in scan order, applied last)."""
+    (the index output's rule: ties and NaNs go to the later position); seg_combine(right,
+    left): the segmented-sum state of the positions ``left`` then ``right`` (``left``
+    earlier in scan order, applied last)."""
     zero = _constants(acc)[0]
 
     @cuda.jit(device=True, inline=True)
     def beats(v, p, code):
+        if v != v:  # every NaN: torch's index is the last NaN
+            return True
         if p != p:
             return False
-        if v != v:
-            return True
         if code == CODE_CUMMAX:
-            return v > p
-        return v < p
+            return v >= p  # ties: the later index, as torch's
+        return v <= p
 
     @cuda.jit(device=True, inline=True)
     def seg_combine(right, left):

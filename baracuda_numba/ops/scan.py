@@ -14,7 +14,7 @@ from ..plans.scan import (
 )
 from ..streams import stream_handle
 from ..types import ElementKind, ScanKind
-from ._core import call_site, fast_launch, normalize_dim, plan_for
+from ._core import call_site, fast_launch, normalize_dim, plan_for, workspace_spec
 
 __all__ = ["cummax", "cummin", "cumprod", "cumsum", "logcumsumexp", "scan_backward"]
 
@@ -25,14 +25,17 @@ def _scan(kind: ScanKind, x: Any, dim: int, reverse: bool, stream: Any,
         axis = normalize_dim(dim, len(shape), kind.name.lower())
         plan = plan_for(("scan", kind, shape, axis, reverse, element), lambda: ScanPlan.select(
             ScanDescriptor(kind, shape, axis, reverse, element=element)))
-        return plan, ((shape, element), (shape, ElementKind.I64) if with_indices else None), \
-            axis
+        return plan, ((shape, element), (shape, ElementKind.I64) if with_indices else None,
+                      workspace_spec(plan)), axis
 
-    plan, (alloc_y, alloc_indices), current, _, launches = call_site(
+    plan, (alloc_y, alloc_indices, alloc_workspace), current, _, launches = call_site(
         x, ("scan", kind, dim, reverse, with_indices), make)
     y = alloc_y(x)
     indices = None if alloc_indices is None else alloc_indices(x)
     handle = current() if stream is None else stream_handle(stream)
+    if alloc_workspace is not None:  # the plan's split path: its workspace, every call
+        plan.run(ScanArgs(x, y, indices), stream=handle, workspace=alloc_workspace(x))
+        return (y, indices) if with_indices else y
     if launches is not None:  # torch: the input's layout picks the launch (_fast_launch)
         pointers = (x.data_ptr(), y.data_ptr(), 0 if indices is None else indices.data_ptr())
         layout = (x.stride(), pointers[0] & 15, pointers[1] & 15, pointers[2] & 15)
@@ -78,12 +81,14 @@ def scan_backward(kind: ScanKind, dy: Any, dim: int, *, x: Any = None, y: Any = 
     (Cumsum: none; Cumprod and LogCumsumExp: x and y; Cummax/Cummin: x)."""
     def make(shape: tuple[int, ...], element: ElementKind) -> tuple[Any, tuple, int]:
         axis = normalize_dim(dim, len(shape), "scan_backward")
-        return plan_for(("scan_bw", kind, shape, axis, reverse, element),
+        plan = plan_for(("scan_bw", kind, shape, axis, reverse, element),
                         lambda: ScanBackwardPlan.select(ScanBackwardDescriptor(
-                            kind, shape, axis, reverse, element=element))), \
-            ((shape, element),), axis
+                            kind, shape, axis, reverse, element=element)))
+        return plan, ((shape, element), workspace_spec(plan)), axis
 
-    plan, (alloc_dx,), current, *_ = call_site(dy, ("scan_bw", kind, dim, reverse), make)
+    plan, (alloc_dx, alloc_workspace), current, *_ = call_site(
+        dy, ("scan_bw", kind, dim, reverse), make)
     dx = alloc_dx(dy)
-    plan.run(ScanBackwardArgs(dy, dx, x, y), stream=current() if stream is None else stream)
+    plan.run(ScanBackwardArgs(dy, dx, x, y), stream=current() if stream is None else stream,
+             workspace=None if alloc_workspace is None else alloc_workspace(dy))
     return dx

@@ -10,7 +10,9 @@ torch). The gradient plan writes ``dx`` for every kind from ``dy`` (keepdim) and
 Sum / Mean  ``dx = dy`` / ``dy / n``
 Max / Min   ``dx = dy / count * (x == y)``: split equally across ties (torch amax, JAX);
             a NaN maximum (no position equals it) gives NaN, as torch
-Prod        ``dx = dy * y / x`` (the seed's formula: inf/NaN at zeros)
+Prod        ``dx = dy * y / x``; lines with ``y == 0`` are then rewritten exactly
+            (torch): one zero gets ``dy * prod(others)`` there and 0 elsewhere, two or
+            more zeros 0 everywhere (one fix-up kernel for every layout)
 Norm2       ``dx = dy * x / y``, 0 where ``y == 0`` (torch)
 LogSumExp   ``dx = dy * exp(x - y)``
 Var         ``dx = dy * 2 (x - mean) / (n - correction)`` (torch: inf/NaN at n == corr)
@@ -35,10 +37,13 @@ is a multiple of 16 bytes, and columns of at least 1 KiB with nothing before the
 Prod / Norm2 / LogSumExp: rows longer than 2048 words, and such columns of f16 / bf16);
 everything else runs the word, register-resident or generic kernels below.
 
-Workspace: a reduction with few outputs splits the axis across blocks and merges the
-partial states in a second launch (deterministic, no atomics); ``workspace_size`` is
-what the largest split needs. ``run(..., workspace=None)`` is always accepted for the
-forward plans and falls back to a single pass (one block per output group). The Max,
+Workspace (upstream's contract): a reduction with few outputs splits the axis across
+blocks and merges the partial states in a second launch (deterministic, no atomics);
+``select`` sizes ``workspace_size`` for what the largest split needs within
+``PlanPreference.max_workspace_bytes`` (None: unlimited), and ``run`` with a missing or
+smaller workspace raises ``WorkspaceTooSmall(needed, got)`` before anything is launched;
+``max_workspace_bytes=0`` selects the single-pass paths (one block per output group, the
+fused statistics below) and ``workspace_size`` 0. The Max,
 Min, Var and Std gradients need a per-output statistic (tie count / mean): where each
 line fits in one block's registers (word-aligned rows of up to 2048 words, or strips of
 at least 4 column words over at most 4096 rows) a register-resident kernel reads ``x``
@@ -54,6 +59,7 @@ the workspace (few long lines: 3 passes over memory).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -85,6 +91,7 @@ from ..kernels.reduce import (
     REDUCE_BACKWARD_COLS_STRIP_KERNELS,
     REDUCE_BACKWARD_COLS_VEC_KERNELS,
     REDUCE_BACKWARD_KERNELS,
+    REDUCE_BACKWARD_PROD_ZEROS_KERNELS,
     REDUCE_BACKWARD_ROWS_HOLD_KERNELS,
     REDUCE_BACKWARD_ROWS_HOLD_STASH_KERNELS,
     REDUCE_BACKWARD_ROWS_REG_KERNELS,
@@ -155,14 +162,14 @@ _INTEGER_KINDS = (ReduceKind.SUM, ReduceKind.PROD, ReduceKind.MAX, ReduceKind.MI
                   ReduceKind.ARGMAX, ReduceKind.ARGMIN)
 
 
-def _elements_for(kind: ReduceKind) -> tuple[ElementKind, ...]:
+def _elements_for(kind: ReduceKind) -> tuple[ElementKind,...]:
     kernel_kind = FORWARD_KERNEL_KIND.get(kind, kind)
     return tuple(e for e, kinds in FORWARD_KINDS.items() if kernel_kind in kinds
                  and (kind in _INTEGER_KINDS or e in FLOAT_ELEMENTS))
 
 
 #: Element kinds per forward kind, from the kernel table.
-REDUCE_ELEMENTS: dict[ReduceKind, tuple[ElementKind, ...]] = {
+REDUCE_ELEMENTS: dict[ReduceKind, tuple[ElementKind,...]] = {
     kind: _elements_for(kind) for kind in REDUCE_KINDS + ARG_REDUCE_KINDS}
 #: Gradients exist for the float kinds.
 REDUCE_BACKWARD_ELEMENTS = FLOAT_ELEMENTS
@@ -170,8 +177,8 @@ REDUCE_BACKWARD_ELEMENTS = FLOAT_ELEMENTS
 # Launch geometry. Block of 256 threads: the kernels' shared arrays hold 256 slots. The
 # simulator runs one Python thread per CUDA thread, so it gets 64-thread blocks.
 _BLOCK = 64 if SIMULATOR else 256
-# Blocks that fill an H100 (132 SMs x 8 resident 256-thread blocks); fewer output groups
-# than this split the axis.
+# Blocks that fill the GPU (8 resident 256-thread blocks on each of 132 SMs); fewer output
+# groups than this split the axis.
 _TARGET_BLOCKS = 4 if SIMULATOR else 1056
 # Each thread of a split still walks at least this many elements (4 chunks of 8 loads).
 _MIN_PER_THREAD = 4 if SIMULATOR else 32
@@ -184,9 +191,8 @@ _MIN_ROW_LANES = 4
 _MAX_GRID_X = 2 if SIMULATOR else 132 * 8 * 4
 #: Grid cap of the forward's short-row path where it parks the next group's rows
 #: (``kernels.reduce.PARK_MIN_LANES``): one wave of resident blocks (4 per SM at the word
-#: kernels' 64 registers) that walk their groups. (H200, 2026-11-28, probe_reduce_ab.py,
-#: µs, parked with a grid of 528 / 1056 / 4224 blocks: Sum f32 [4096, 4096] axis 1 20.0 /
-#: 20.1 / 26.3, bf16 12.1 / 13.6 / 15.7; f32 [1e6, 64] 73.5 / 73.5 / 77.6.)
+#: kernels' 64 registers) that walk their groups.
+#: (Measurements: docs/design/reduce.md, "Measured constants".)
 _SHORT_GRID_X = 2 if SIMULATOR else 132 * 4
 # Merge of split states: each lane merges about this many states before the lanes combine.
 _STATES_PER_LANE = 4
@@ -194,9 +200,8 @@ _STATES_PER_LANE = 4
 
 # Word-access kernels (8-byte words, ``kernels.reduce.VECTOR``, capped at 64 registers: 4
 # resident 256-thread blocks per SM): fewer row groups than one wave of blocks (132 SMs x
-# 4) split the axis into at most that many blocks, so the splits run in one wave. (H100,
-# 2026-11-22: splitting up to 8448 blocks cost a merge launch and a partial second wave:
-# Sum f32 [4096, 4096] axis 1 36.5 µs, f32 [256, 1e6] axis 0 395 µs vs 357 unsplit.)
+# 4) split the axis into at most that many blocks, so the splits run in one wave.
+# (Measurements: docs/design/reduce.md, "Measured constants".)
 _VEC_TARGET_BLOCKS = 4 if SIMULATOR else 132 * 4
 _VEC_MIN_BATCHES = 1 if SIMULATOR else 4
 # Row words per lane aimed at (8 batches), before more lanes (up to the block) share a row;
@@ -205,10 +210,8 @@ _VEC_MIN_BATCHES = 1 if SIMULATOR else 4
 _VEC_WORDS_PER_LANE = VEC_LOADS * 8
 _VEC_WARP_ROW_WORDS = 512
 
-# Register-resident gradient: words per lane of rows that fit in a warp. (H100,
-# 2026-11-22, Max/Var gradients: f32 [1e6, 64] (32 words) 8 lanes x 4 words 182 µs vs 4 x 8
-# 196-210; bf16 [1e6, 64] (16 words) 4 x 4 97-105 µs vs 8 x 2 116-150; bf16 [4096, 4096]
-# (1024 words) 128 x 8 28.5-30.1 µs vs 256 x 4 32.4-37.8.)
+# Register-resident gradient: words per lane of rows that fit in a warp.
+# (Measurements: docs/design/reduce.md, "Measured constants".)
 _REG_SHORT_WORDS = 4
 #: The forward kinds whose short rows include rows of lanes x VEC_LOADS words (a module
 #: name, so a probe can set it to () for the row loop).
@@ -230,30 +233,14 @@ SYNC = "sync"
 BROADCAST = "broadcast"
 
 # The broadcast's blocks: rows one-shot, BROADCAST_UNITS units a thread; columns one wave
-# of resident blocks (its threads rounded down to whole rows of units) walking dx. H200,
-# 2026-11-28, µs against the word kernels (scripts/probe_reduce_broadcast.py, the Mean
-# gradient, same rounds): rows with 16-byte units, 2 a thread, blocks of 128 (of 1 / 2 /
-# 4 a thread, blocks 128 / 256; 8-byte units 20-50 % slower): bf16 [1e6, 64] axis 1
-# 37.0 against 42.8-43.7, f32 70.4 against 75-76, bf16 / f32 [256, 1e6] axis 1 112.5 /
-# 221.4 against 128.5 / 245.4, f32 / bf16 [4096, 4096] 18.2 / 11.2 against 18.6-19.4 /
-# 11.7-12.4; columns, 8 blocks of 256 a SM (of 4 / 8 / 16, unrolled 1 or 4; the probe's
-# kernel had every one resident, a full wave): bf16
-# [256, 1e6] axis 0 127.9 against 146.7, f32 248.4 against 253.6, f32 / bf16 [4096,
-# 4096] 18.8-19.1 / 11.7-12.0 against 19.4-19.5 / 12.7-12.8, but [1e6, 64] (rows of 8 /
-# 16 units) bf16 33.0-33.5 against 32.5, f32 61.6-62.8 against 61.0: columns narrower
-# than _BROADCAST_MIN_COL_BYTES keep the column word kernel.
+# of resident blocks (its threads rounded down to whole rows of units) walking dx.
+# (Measurements: docs/design/reduce.md, "Measured constants".)
 _BROADCAST_BLOCK = 64 if SIMULATOR else 128
 _BROADCAST_COL_BLOCK = 64 if SIMULATOR else 256
 _BROADCAST_MIN_COL_BYTES = 1024
 # The kinds that read x (Prod / Norm2 / LogSumExp), same rounds against the word and
-# register-resident kernels (H200, 2026-11-28, scripts/probe_reduce_ab.py, µs): rows of
-# 1e6 faster (bf16 [256, 1e6] axis 1 Prod 290 -> 265, Norm2 281 -> 249; f32 536 -> 501,
-# 525 -> 489), rows of 64 and 4096 slower (bf16 [1e6, 64] Norm2 75 -> 83, [4096, 4096]
-# 20-21 -> 24-25; f32 140-141 -> 144-149 and 36 -> 41): rows longer than
-# _BROADCAST_MIN_X_ROW_BYTES (the register-resident kernel's 2048 words) only, the lengths
-# between not measured. Columns: bf16 faster ([256, 1e6] axis 0 Prod 301 -> 282, Norm2
-# 292 -> 281; [4096, 4096] 22.4-22.8 -> 21.5-22.3), f32 slower ([256, 1e6] 524-533 ->
-# 550) or even: 2-byte elements only.
+# register-resident kernels.
+# (Measurements: docs/design/reduce.md, "Measured constants".)
 _BROADCAST_MIN_X_ROW_BYTES = 2048 * 8
 _BROADCAST_X_COL_BYTES = (2,)
 
@@ -261,29 +248,16 @@ _BROADCAST_X_COL_BYTES = (2,)
 # _SYNC_BATCHES * SYNC_BLOCK * VEC_LOADS words) and its grid (work items are handed out by
 # ticket, so blocks beyond the resident ones only start later). The statistic runs a row
 # and a grid of chunks ahead of the gradient (the lead): a shorter lead makes gradient
-# items wait. Measured, [256, 1e6] axis 1, µs (2026-11-26):
-# - batches 1 / 2 / 4: H200 f32 Var 909 / 729 / 716; H100 - / 1010 / 1028;
-# - grid 264 / 396 / 528 / 1056 (H200): 1163 / 792 / 729 / 714-946;
-# - a lead of 12 / 8 / 4 MB instead of a grid of chunks (H200): 937 / 1304 / 2487.
-# At the lead that does not wait, the times fit x's second read coming from DRAM (f32: 3
-# GB at about the copy rate): a 3-pass gradient in one launch. Against the statistic pass
-# + split gradient: H200 f32 Var 716-729 vs 765-769, bf16 366-370 vs 444-446; H100 f32
-# 1010 vs 1077, bf16 510 vs 591.
+# items wait.
+# (Measurements: docs/design/reduce.md, "Measured constants".)
 _SYNC_BATCHES = 1 if SIMULATOR else 2
 # the hold kernels cut rows into the same chunks (their partials are the same sums)
 assert _SYNC_BATCHES * VEC_LOADS == HOLD_WORDS
 #: The long Var/Std rows hold their chunks in registers (x read once:
 #: ``reduce_backward_rows_hold``) where the device holds this many rows' chunks at once
 #: (resident blocks / chunks a row); a row's first chunks wait for its last, so the
-#: fewer rows in flight, the longer the waits. H100, 2026-11-27, µs hold / row-sync
-#: kernel (x read twice), by rows in flight (528 resident blocks / parts):
-#: - f32 Var: 2.2 ([128, 2e6]) 1298-1311 / 1015; 4.3 ([256, 1e6]) 982 / 1009-1010 (Std
-#:   992-993); 8.5 ([512, 5e5]) 885-886 / 1014 (Std 895);
-#: - bf16 Var (Std): 3.2 ([96, 2666664]) 516 (537) / 512-515; 4.3 ([128, 2e6]) 429-430
-#:   (447) / 508-509; 8.5 ([256, 1e6]) 377-378 (375) / 509; 17 ([512, 5e5]) 365 (367-369)
-#:   / 512.
-#: (Before the kernel's 32-bit word bounds, which ended its spills, the break-even was
-#: about 5 rows: f32 4.3 rows 1004 / 1012, bf16 2.2 rows 654-657 / 510.)
+#: fewer rows in flight, the longer the waits.
+#: (Measurements: docs/design/reduce.md, "Measured constants".)
 _HOLD_ROWS_IN_FLIGHT = 4
 #: The same for the Max/Min gradient of long rows (its tie count summed the same way),
 #: whose other way is the tie count after dx (x read once, dx written, then the tied
@@ -294,16 +268,7 @@ _HOLD_TIES_ROWS_IN_FLIGHT = 8
 #: one would hold fewer rows than this at once. Max/Min take the stash kernel instead of
 #: the register-only one wherever that fits (_HOLD_TIES_ROWS_IN_FLIGHT rows), and
 #: below it the tie count after dx, which measured faster than the stash kernel there.
-#: H100, 2026-11-27, axis 1, µs, stash / registers only / the other way (row-sync kernel
-#: or tie count after dx), rows in flight without the stash in brackets:
-#: - Var f32 [128, 2e6] (2.2) 904 / 1269 / 1013; [256, 1e6] (4.3) 746-749 / 826-829 /
-#:   1012 (Std 758 / 835-837); [512, 5e5] (8.5) 713-715 / 705-707;
-#: - Var bf16 [128, 2e6] (4.3) 387-391 / 422-424 / 510; [256, 1e6] (8.5) 366-367 /
-#:   367; [512, 5e5] (17) 361 / 362;
-#: - Max f32 [256, 1e6] (4.3) 769 / 824 / 757; [512, 5e5] (8.5) 717 / 715 / 1128;
-#: - Max bf16 [256, 1e6] (8.5) 370 / 398 / 428; [512, 5e5] (17) 362 / 378 / 576;
-#:   [128, 2e6] (4.3; before the stash's two totals shared their barriers, which gained
-#:   Var f32 [256, 1e6] 765 -> 747) 409-412 / 449-450 / 403.
+#: (Measurements: docs/design/reduce.md, "Measured constants".)
 _HOLD_STASH_ROWS = 8
 _SYNC_GRID = 2 if SIMULATOR else 132 * 4
 
@@ -352,20 +317,12 @@ def _rows_vec_geometry(out_numel: int, extent: int, width: int, max_splits: int,
     lane, at least 4 lanes = a 32-byte sector per row and load), split only when there are
     too few row groups; a split is a whole number of batches. ``store_only`` (the Sum/Mean
     gradient, which writes rows and reads one dy value each) of f32: 8 lanes for rows of
-    _STORE_ONLY_WORDS words when there are at least _STORE_ONLY_ROWS rows, unsplit
-    (H100, 2026-11-22, Sum f32 [4096, 4096] along rows: 26.2 µs with 8 lanes against 28.8
-    with 32, 26.4 in the bench; [65536, 256]: 27.5 against 33.0 with 4). 2-byte elements
-    keep the shared geometry: bf16 [4096, 4096] took 14.3-14.5 µs with 8-32 lanes in the
-    probe and 14.78 (8 lanes) against 14.43 in the bench (docs/notes/reduce.md, session 6).
+    _STORE_ONLY_WORDS words when there are at least _STORE_ONLY_ROWS rows, unsplit.
+    2-byte elements keep the shared geometry (measured even).
 
     ``warp_rows`` (the forward kernel of f16/bf16 for the kinds with little work per
     element; see ``_warp_rows``): long rows that split anyway, at least a block of them, get a warp
-    each (8 rows per block) and more splits, instead of up to a block per row. (H100,
-    2026-11-25, scripts/probe_reduce_rows.py, Sum of bf16 [256, 1e6] along rows on the
-    same buffers: 32 lanes x 16 splits 179.3 µs, 256 lanes x 2 splits 184.1, torch
-    182.6. In separate processes, bf16 Sum / Max / Norm2 / Argmax 1.9-2.4 % faster, Var
-    1.7 % slower; in the benchmark bf16 LogSumExp 335 -> 345 µs; f32 Sum 341-343 µs
-    either way on the same buffers, 0.8-2 % slower across processes.)
+    each (8 rows per block) and more splits, instead of up to a block per row.
 
     ``target`` / ``min_batches`` (0: _VEC_TARGET_BLOCKS / _VEC_MIN_BATCHES): the blocks a
     split aims at and the batches each split keeps at least (``_split_aim``)."""
@@ -405,28 +362,22 @@ def _warp_rows(element: ElementKind, kernel_kind: Any) -> bool:
     return element.byte_width == 2 and kernel_kind not in _HEAVY_KINDS
 
 
-def _short_rows_geometry(out_numel: int, extent: int, width: int, out_shape: tuple[int, ...],
-                         x_out_strides: tuple[int, ...], shift: int,
+def _short_rows_geometry(out_numel: int, extent: int, width: int, out_shape: tuple[int,...],
+                         x_out_strides: tuple[int,...], shift: int,
                          longer: bool = False) -> _Geometry | None:
     """The short-row path of ``reduce_rows_vec`` (``chunk_len`` 0): rows of exactly
     ``lanes * SHORT_LOADS`` words with lanes 4 or 8 (f32 rows of 32 or 64 elements, f16/bf16
     of 64 or 128), word aligned (``shift`` 0, row stride a whole number of words), over one
     collapsed output dim; never split. These are the rows the generic geometry gives at
     most one batch per lane (4 lanes, <= VEC_LOADS words each), i.e. its one-word-at-a-time
-    remainder path. (H100, 2026-11-22, Sum f32 [1e6, 64] axis 1: see
-    ``kernels.reduce.SHORT_LOADS``.)
+    remainder path.
 
     ``longer`` (the forward kernels of ``kernels.reduce.LONG_SHORT_KINDS`` and the
     store-only Sum / Mean gradient) also takes rows of ``lanes * VEC_LOADS`` words, lanes a
     power of two from 4 to a block (64 to 2048 words): the whole row in flight at once,
     where the row loop gives a warp the row in batches of VEC_LOADS words (the gradient:
     the row's stores without the loop; it precedes ``_rows_vec_geometry``'s 8-lane f32
-    rule for these rows). (H100, 2026-11-26, scripts/probe_reduce_read.py, row loop
-    -> short rows, µs: Sum f32 [4096, 4096] 28.6 -> 26.4, [16384, 1024] 30.6 -> 26.0; bf16
-    [4096, 4096] 18.5 -> 17.0, [65536, 256] 20.1 -> 15.8. SHORT_LOADS words for these rows,
-    with twice the lanes, took 23.1 for bf16 [4096, 4096]. Store-only gradient, row
-    geometry -> short rows: f32 [4096, 4096] Sum 25.1-25.9 -> 23.3-24.1, bf16 14.7-15.5 ->
-    12.5-13.3, bf16 [16384, 1024] 19.1-19.9 -> 12.5-13.3.) None where it does not
+    rule for these rows). None where it does not
     apply."""
     if shift or extent % width or len(out_shape) != 1 or x_out_strides[0] < 0 \
             or x_out_strides[0] % width:
@@ -446,9 +397,7 @@ def _short_rows_geometry(out_numel: int, extent: int, width: int, out_shape: tup
 def _fused_rows_vec_geometry(out_numel: int, extent: int, width: int) -> _Geometry:
     """The fused Max/Min/Var/Std gradient reads each row twice (statistic, then dx): one
     batch of words per lane (up to a row per block) keeps a block's rows small enough for
-    the second read to hit L1/L2. (H100, 2026-11-22: a warp per row, 8 rows of 16 KB per
-    block, took 95 µs for the Max gradient of f32 [4096, 4096] vs 68 with one row per
-    block.)"""
+    the second read to hit L1/L2."""
     words = max(extent // width, 1)
     lanes = min(_BLOCK, max(_pow2_at_least(-(-words // VEC_LOADS)), _MIN_ROW_LANES))
     groups = max(1, -(-out_numel // (_BLOCK // lanes)))
@@ -469,39 +418,23 @@ def _reg_lanes(extent: int, width: int) -> int:
 #: The gradients without a statistic that read x (``STREAM_GRAD_KINDS``: Prod, Norm2,
 #: LogSumExp) take the register-resident row kernel (every load of a row in flight, then
 #: every store) where a row spans at least _REG_STREAM_MIN_LANES lanes; shorter rows keep
-#: the word row kernel's short-row path. (H100, 2026-11-26,
-#: [4096, 4096] along axis 1, alternating runs, µs word row kernel -> register-resident:
-#: f32 Prod 55.4-56.0 -> 48.2-48.5, Norm2 53.0-53.1 -> 47.2-47.5, LogSumExp 53.5-53.7 ->
-#: 47.3-47.9; bf16 Prod 32.5-32.7 -> 26.2-26.5, Norm2 29.0 -> 24.3-24.4, LogSumExp
-#: 29.5-30.5 -> 25.2-25.3. With 4 lanes or more, [1e6, 64] along axis 1 took 184.6 µs
-#: against 183.1 (f32 Prod) and 97.0 against 92.6 (bf16 LogSumExp).)
+#: the word row kernel's short-row path.
+#: (Measurements: docs/design/reduce.md, "Measured constants".)
 _REG_STREAM_MIN_LANES = 32
-#: ... or, two rows a thread (``REDUCE_BACKWARD_ROWS_REG_PAIR_KERNELS``), rows of at least
-#: _PAIR_STREAM_MIN_LANES lanes (32 words). (H200, 2026-11-29, alternating runs, µs word
-#: row kernel -> two rows a thread: [1e6, 64] along axis 1 f32 (8 lanes) Prod
-#: 140.5-141.1 -> 133.8-134.1, Norm2 137.6-137.7 -> 132.0-132.3, LogSumExp 131.9-132.9 ->
-#: 132.6-133.3; bf16 [262144, 256] (16 lanes) Prod 95.0-96.5 -> 70.2; bf16 [1e6, 64] (4
-#: lanes) slower: Prod 74.3-74.4 -> 81.6-81.7, Norm2 73.5-74.3 -> 78.7-79.7, LogSumExp
-#: 71.5-71.6 -> 80.5-80.8. Rows of 32 lanes and at most 128 words, one row a thread
-#: before: bf16 Prod [131072, 512] 72.5-72.7 -> 69.2-69.3.)
+#:... or, two rows a thread (``REDUCE_BACKWARD_ROWS_REG_PAIR_KERNELS``), rows of at least
+#: _PAIR_STREAM_MIN_LANES lanes (32 words).
+#: (Measurements: docs/design/reduce.md, "Measured constants".)
 _PAIR_STREAM_MIN_LANES = 8
 #: The word-kernel gradients without a statistic (Sum, Mean, Prod, Norm2, LogSumExp)
 #: whose lines split anyway (``_split_aim``): the blocks a split aims at and the batches
 #: a split keeps at least. Nothing merges their splits, so they split until a thread has
 #: one batch: every load of a thread in flight, then every store, and more blocks to
-#: overlap one block's stores with another's loads. (H100, 2026-11-26, alternating runs,
-#: µs before -> after: f32 [4096, 4096] axis 0 Prod 53.4-53.5 -> 48.8-49.7, Norm2
-#: 51.5-51.7 -> 48.2-48.4, Sum 26.8 -> 24.7; [1e6, 64] axis 0 Prod 190.5-191.3 -> 180.7-
-#: 180.8; [256, 1e6] axis 1 Prod 741 -> 727-728; bf16 [1e6, 64] axis 0 Prod 99.0-99.6 ->
-#: 95.0-95.1, [256, 1e6] axis 1 Prod 404.8 -> 392.8-393.7; bf16 [4096, 4096] axis 0 Prod
-#: 29.7-29.8 -> 30.9-31.0 (slower), Norm2 26.7-26.9 -> 26.0-26.2. bf16 [4096, 4096]
-#: axis 1 Sum / Mean, 512 row groups, took 8 splits without the "anyway": 14.4 / 16.0 ->
-#: 18.2-18.5 / 18.4-19.0.)
+#: overlap one block's stores with another's loads.
+#: (Measurements: docs/design/reduce.md, "Measured constants".)
 _STREAM_TARGET_BLOCKS = 8 * _VEC_TARGET_BLOCKS
 _STREAM_MIN_BATCHES = 1
 #: The blocks and batches of the column tie count's first pass (``_tie_cols_geometry``).
-#: (H100, 2026-11-27, f32 / bf16 Max [1e6, 64] along axis 0, µs: the merge's bound on the
-#: splits 199 / 124; 4 x _VEC_TARGET_BLOCKS and 1 batch 192 / 117; 8 x 216 / 138.)
+#: (Measurements: docs/design/reduce.md, "Measured constants".)
 _TIE_COLS_TARGET = 4 * _VEC_TARGET_BLOCKS
 _TIE_COLS_MIN_BATCHES = 1
 
@@ -516,21 +449,18 @@ def _cols_reg_layout(extent: int, width: int, stash: bool = True,
     columns keep the statistic pass). The block is as small as the column allows (whole
     warps, at most REG_COLS_BLOCK): short columns get more resident blocks per SM, so one
     block's stores overlap another's loads, and columns of a few hundred rows fit at all.
-    (H100, 2026-11-23: the Max/Var gradients of [256, 1e6] along axis 0 read x twice with
-    the 1024-thread block only, 63% of copy for f32; see docs/notes/reduce.md.)
+
 
     Where the strip fills a REG_COLS_BLOCK-thread block and the stash (REG_COL_STASH more
     words per thread, in shared memory) would widen it, the stash kernel takes the wider
     strip (``stash`` True in the result; the argument ``stash`` False, as on a device
     without the shared memory, or _COLS_STASH False rule it out): 32-byte strips of 4096
-    rows become 64-byte ones (H100 / H200, 2026-11-26: 9-23 % faster; see the thirteenth
-    pass of docs/notes/reduce.md).
+    rows become 64-byte ones.
 
     Columns that fill the largest block of the strip kernel (REG_COLS_STRIP_BLOCK
     threads: 129-256 rows on the GPU, REG_COL_STRIP_HELD rows a thread) take it (``strip``
     True) where there are ``out_words`` >= REG_COL_STRIP_WORDS output words: 256-byte
-    strips instead of 128-byte ones (H200, 2026-11-29: [256, 1e6] along axis 0 3-11 %
-    faster; see the thirty-sixth pass of docs/notes/reduce.md)."""
+    strips instead of 128-byte ones."""
     if out_words >= REG_COL_STRIP_WORDS and _COLS_STRIP:
         lanes = REG_COLS_STRIP_BLOCK // REG_COL_STRIP_WORDS
         if lanes // 2 * REG_COL_STRIP_HELD < extent <= lanes * REG_COL_STRIP_HELD:
@@ -568,12 +498,8 @@ def _unsplit_col_slots(slots: int, units: int, extent: int, min_slots: int,
     """Slots of a column block that may not split the axis (no workspace): halved (its
     lanes along the axis doubled) while the grid of ``units / slots`` blocks stays within
     ``target``, the slots at least ``min_slots`` (a 32-byte run of each row) and the lanes
-    at most ``extent``. (Without it a wide column reduction ran in a handful of blocks.
-    H100, 2026-11-26, along axis 0 without a workspace, µs: f32 Sum [4096, 4096] 252.0 ->
-    30.9 (8 -> 512 blocks), bf16 Max 222.9 -> 15.1, f64 Sum 260.7 -> 52.8, f32 Sum [1e6,
-    64] 7728 -> 1017 (one block -> 8: 64 columns cannot fill the GPU unsplit); gradients
-    with the fused statistic: f64 Std [4096, 4096] 925.9 -> 155.6, f64 Var [8192, 4096]
-    1815 -> 337.)"""
+    at most ``extent``. (Without it a wide column reduction ran in a handful of blocks,
+    several times slower: docs/design/reduce.md, "Measured constants".)"""
     while slots > min_slots and -(-units // (slots // 2)) <= target \
             and _BLOCK // (slots // 2) <= extent:
         slots //= 2
@@ -588,9 +514,7 @@ _LANES_FIRST_BLOCKS = _VEC_TARGET_BLOCKS // 4
 def _lanes_first(kernel_kind: Any, element: ElementKind) -> bool:
     """Whether the forward word columns take ``_cols_vec_geometry``'s ``lanes_first``:
     every kind but the LogSumExp of 2-byte elements, whose lane combine (an exp per merge,
-    for each of a word's 4 elements) outweighs the split it saves (H100, 2026-11-26, bf16
-    [4096, 4096] along axis 0: 45.6-45.9 µs split, 53.0-53.2 lanes first; f32 44.7-45.0
-    -> 41.6-41.7)."""
+    for each of a word's 4 elements) outweighs the split it saves."""
     return kernel_kind is not ReduceKind.LOG_SUM_EXP or element.byte_width > 2
 
 
@@ -603,12 +527,7 @@ def _cols_vec_geometry(out_numel: int, extent: int, width: int, max_splits: int,
     it may not split, give the block fewer slots and more lanes). ``lanes_first`` (the
     forward): fewer slots and more lanes instead of a split wherever that alone gives at
     least _LANES_FIRST_BLOCKS blocks, which saves the merge launch and the workspace
-    round trip. Few columns ([1e6, 64]) keep whole rows per block and split. (H100,
-    2026-11-26, [4096, 4096] along axis 0, benchmark rows of two alternating runs, µs
-    split -> lanes first: bf16 Sum 23.5 -> 20.7-20.9, Max 23.2-23.4 -> 20.0-20.1, Var
-    40.5-40.8 -> 30.2-30.4, Argmax 31.6 -> 30.6-30.7; f32 Sum 32.6 -> 32.1, Max 33.0-33.2
-    either way, Var 37.3-37.5 -> 36.3, Argmax 36.8-36.9 -> 34.5-34.7, LogSumExp 44.7-45.0
-    -> 41.6-41.7; [1e6, 64] unchanged.)
+    round trip. Few columns ([1e6, 64]) keep whole rows per block and split.
 
     ``target`` / ``min_batches`` (0: _VEC_TARGET_BLOCKS / _VEC_MIN_BATCHES): the blocks a
     split aims at and the batches each split keeps at least (``_split_aim``)."""
@@ -703,8 +622,8 @@ def _max_workspace(kind: Any, element: ElementKind, out_numel: int, extent: int,
     return splits, _state_bytes(kind, element, out_numel, splits)[1]
 
 
-def _collapse(shape: tuple[int, ...], axis: int,
-              strides: list[tuple[int, ...]]) -> tuple[tuple[int, ...], list[tuple[int, ...]]]:
+def _collapse(shape: tuple[int,...], axis: int,
+              strides: list[tuple[int,...]]) -> tuple[tuple[int,...], list[tuple[int,...]]]:
     """Output dims (the axis removed, size-1 dims dropped, and a dim merged into its
     outer neighbour wherever every operand has ``stride[outer] == stride[d] * shape[d]``:
     the output position then unravels over fewer dims) and each operand's strides."""
@@ -735,10 +654,10 @@ def _guarantee(element: ElementKind) -> PrecisionGuarantee:
     return PrecisionGuarantee(MathPrecision.F32, ElementKind.F32, True, True)
 
 
-def _check_common(plan: type[Plan], kind: Any, kinds: tuple[ReduceKind, ...],
-                  shape: tuple[int, ...], axis: Any, element: Any,
-                  elements: dict[ReduceKind, tuple[ElementKind, ...]]
-                  | tuple[ElementKind, ...]) -> None:
+def _check_common(plan: type[Plan], kind: Any, kinds: tuple[ReduceKind,...],
+                  shape: tuple[int,...], axis: Any, element: Any,
+                  elements: dict[ReduceKind, tuple[ElementKind,...]]
+                  | tuple[ElementKind,...]) -> None:
     """Descriptor checks shared by the three plans (kind, rank, axis, element)."""
     name = plan.name
     if not isinstance(kind, ReduceKind):
@@ -753,12 +672,20 @@ def _check_common(plan: type[Plan], kind: Any, kinds: tuple[ReduceKind, ...],
     plan.check_element(element, elements[kind] if isinstance(elements, dict) else elements)
 
 
+def _check_correction(plan: type[Plan], correction: Any) -> None:
+    """``correction``: a finite int or float (torch takes both), never a bool."""
+    if not isinstance(correction, (int, float)) or isinstance(correction, bool) \
+            or not math.isfinite(correction):
+        fail(plan.name, InvalidProblem, "correction",
+             f"= {correction!r} must be a finite int or float")
+
+
 @dataclass(frozen=True, slots=True)
 class _Problem:
     """Concrete per-call layout: collapsed output shape, strides and the geometry."""
 
-    out_shape: tuple[int, ...]
-    strides: list[tuple[int, ...]]
+    out_shape: tuple[int,...]
+    strides: list[tuple[int,...]]
     geometry: _Geometry
     axis: int
     access: str = GENERIC
@@ -775,15 +702,15 @@ class ReduceDescriptor:
     subtracted from the count in the divisor (1 = sample variance, 0 = population)."""
 
     kind: ReduceKind
-    input_shape: tuple[int, ...]
+    input_shape: tuple[int,...]
     reduce_axis: int
     element: ElementKind
-    correction: int = 1
+    correction: float = 1
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "input_shape", tuple(self.input_shape))
 
-    def output_shape(self) -> tuple[int, ...]:
+    def output_shape(self) -> tuple[int,...]:
         """The keepdim output shape: ``input_shape`` with the axis set to 1."""
         return _keepdim(self.input_shape, self.reduce_axis)
 
@@ -801,15 +728,15 @@ class ReduceBackwardDescriptor:
     """Gradient of the ``kind`` reduction of ``input_shape`` over ``reduce_axis``."""
 
     kind: ReduceKind
-    input_shape: tuple[int, ...]
+    input_shape: tuple[int,...]
     reduce_axis: int
     element: ElementKind
-    correction: int = 1
+    correction: float = 1
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "input_shape", tuple(self.input_shape))
 
-    def dy_shape(self) -> tuple[int, ...]:
+    def dy_shape(self) -> tuple[int,...]:
         """The keepdim shape of ``dy`` and the saved ``y``."""
         return _keepdim(self.input_shape, self.reduce_axis)
 
@@ -830,14 +757,14 @@ class ArgReduceDescriptor:
     """Index (int64) of the first maximum (ARGMAX) or minimum (ARGMIN) along the axis."""
 
     kind: ReduceKind
-    input_shape: tuple[int, ...]
+    input_shape: tuple[int,...]
     reduce_axis: int
     element: ElementKind
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "input_shape", tuple(self.input_shape))
 
-    def output_shape(self) -> tuple[int, ...]:
+    def output_shape(self) -> tuple[int,...]:
         return _keepdim(self.input_shape, self.reduce_axis)
 
 
@@ -849,7 +776,7 @@ class ArgReduceArgs:
     y: Any
 
 
-def _keepdim(shape: tuple[int, ...], axis: int) -> tuple[int, ...]:
+def _keepdim(shape: tuple[int,...], axis: int) -> tuple[int,...]:
     return shape[:axis] + (1,) + shape[axis + 1:]
 
 
@@ -907,20 +834,21 @@ class _ForwardPlan(Plan):
         return None if hit is None else hit[0]
 
     def run(self, args: Any, stream: Any = None, workspace: Any = None) -> None:
-        """Reduce ``args.x`` into ``args.y`` on ``stream`` (no host sync). ``workspace``:
-        ``None`` (single pass) or a contiguous buffer of ``workspace_size`` bytes.
+        """Reduce ``args.x`` into ``args.y`` on ``stream`` (no host sync). ``workspace``: a
+        contiguous buffer of at least ``workspace_size`` bytes where that is not 0 (else
+        ``WorkspaceTooSmall(needed, got)`` before anything is launched).
 
         Torch or CuPy arrays of a layout seen before (and no workspace) skip the array checks
         (``LayoutMemo``)."""
-        memo_key = self._memo.launch(stream, None, args.x, args.y) if workspace is None \
-            else None
+        ws_ptr = self.check_workspace(workspace)  # WorkspaceTooSmall before anything runs
+        memo_key = self._memo.launch(stream, None, args.x, args.y) if ws_ptr == 0 else None
         if memo_key is LAUNCHED:
             return
         x, y = self.can_implement(args)
         handle = stream_handle(stream)
         if self._out_numel == 0:
             return
-        with_workspace = workspace is not None and self.workspace_size > 0
+        with_workspace = ws_ptr != 0
         key = (x.strides, y.strides, with_workspace, x.ptr & 7)
         launch = self._launches.get(key)
         if launch is None:
@@ -935,16 +863,14 @@ class _ForwardPlan(Plan):
             if len(self._launches) >= _CACHE_LIMIT:
                 self._launches.clear()
             self._launches[key] = launch
-        # the workspace is checked (and used) only by layouts that split the axis
-        ws_ptr = self.check_workspace(workspace) if len(launch.launches) > 1 else 0
         if not with_workspace:
             self._memo.store(memo_key, launch.without_workspace(), (0, 0))
         launch(handle, x.ptr, y.ptr, ws_ptr, 0)
 
 
 def _word_access(element: ElementKind, kernel_kind: Any, extent: int, row_layout: bool,
-                 out_shape: tuple[int, ...], strides: list[tuple[int, ...]], axis_stride: int,
-                 pointers: tuple[int, ...]) -> str:
+                 out_shape: tuple[int,...], strides: list[tuple[int,...]], axis_stride: int,
+                 pointers: tuple[int,...]) -> str:
     """ROWS, COLS or GENERIC for operands whose first stride list and pointer are the one
     read with words (x, or x and dx with the same strides for a gradient). ROWS: the
     reduce axis is contiguous and rows hold >= 4 words (any pointer phase: each row peels
@@ -965,7 +891,7 @@ def _word_access(element: ElementKind, kernel_kind: Any, extent: int, row_layout
     return GENERIC
 
 
-def _problem(shape: tuple[int, ...], axis: int, strides: list[tuple[int, ...]],
+def _problem(shape: tuple[int,...], axis: int, strides: list[tuple[int,...]],
              row_layout: bool, max_splits: int, element: ElementKind | None = None,
              kernel_kind: Any = None, x_ptr: int = 0, lanes_first: bool = False) -> _Problem:
     """The layout of a reduction pass over ``x`` (``lanes_first``: the forward's word
@@ -1001,7 +927,7 @@ class _ReduceLaunch:
     """Bound launches (their ``fast`` launchers) of one reduction layout; pointers are
     passed per call."""
 
-    launches: tuple[Any, ...]
+    launches: tuple[Any,...]
     acc_bytes: int
     uses_acc: bool
     uses_k: bool
@@ -1085,7 +1011,7 @@ def _bind_reduce(kernel: Any, kernel_kind: Any, element: ElementKind, x: TensorR
                          problem.access)
 
 
-def _bind_merge(kernel: Any, common: tuple[Any, ...], out_numel: int, splits: int,
+def _bind_merge(kernel: Any, common: tuple[Any,...], out_numel: int, splits: int,
                 final: bool, param: float) -> Any:
     """The launch of ``kernel`` that merges the ``splits`` partial states of each output
     (mode 2: into ``y``; 3, not ``final``: into workspace slot 0); ``common`` as the
@@ -1100,17 +1026,16 @@ def _bind_merge(kernel: Any, common: tuple[Any, ...], out_numel: int, splits: in
 
 #: Elements whose Max/Min gradient takes the tie count after dx over the column
 #: register-resident kernel (with a workspace), except where the stash kernel takes the
-#: strip. (H200, 2026-11-23, Max gradient, µs register-resident / tie count: f32 [4096,
-#: 4096] axis 0 56.8 / 51.3, [256, 1e6] axis 0 631.6 / 582.4; bf16 38.4 / 40.6 and 383.1 /
-#: 399.7. 2026-11-26: f32 [4096, 4096] axis 0 with the stash 48.1, tie count 52.2.)
-_TIES_OVER_REG_COLS: tuple[ElementKind, ...] = (ElementKind.F32,)
+#: strip.
+#: (Measurements: docs/design/reduce.md, "Measured constants".)
+_TIES_OVER_REG_COLS: tuple[ElementKind,...] = (ElementKind.F32,)
 
 _CACHE_LIMIT = 64
 #: The statistic pass of the Var/Std gradients (split or column word layouts, with a
 #: workspace): the Sum kernel's per-output sum, which the gradient divides by the extent
 #: for the mean. It replaced the Welford kernel, which also reduces the squared deviations
-#: the gradient never reads (H100, 2026-11-26, Var gradient of [1e6, 64] along axis 0,
-#: alternating runs: bf16 168.3-168.7 -> 147.9-148.3 µs, f32 283.2-283.3 -> 279.3-279.7).
+#: the gradient never reads.
+#: (Measurements: docs/design/reduce.md, "Measured constants".)
 MEAN_STAT = ReduceKind.SUM
 
 
@@ -1123,8 +1048,7 @@ class ReducePlan(_ForwardPlan):
     def select(cls, desc: ReduceDescriptor, pref: PlanPreference | None = None) -> ReducePlan:
         _check_common(cls, desc.kind, REDUCE_KINDS, desc.input_shape, desc.reduce_axis,
                       desc.element, REDUCE_ELEMENTS)
-        if not isinstance(desc.correction, int) or isinstance(desc.correction, bool):
-            fail(cls.name, InvalidProblem, "correction", f"= {desc.correction!r} must be an int")
+        _check_correction(cls, desc.correction)
         extent = desc.input_shape[desc.reduce_axis]
         if extent == 0 and desc.kind in (ReduceKind.MAX, ReduceKind.MIN):
             fail(cls.name, InvalidProblem, "input_shape",
@@ -1177,14 +1101,7 @@ class ArgReducePlan(_ForwardPlan):
 
 #: Blocks of the column tie count's rewrite pass (two in the simulator: each block walks
 #: every other split there, so the tests take the GPU's split step, not only its loop). Half
-#: a wave: H100, 2026-11-28, the benchmark's data, each setting against 528 in the same
-#: process (scripts/probe_reduce_ab.py), µs, Max along axis 0 of bf16 [1e6, 64] / f32 [1e6,
-#: 64] / f32 [2e6, 32]: 2112 blocks 124.2 / 255-330 / 204.1 against 115.7 / 197.6-349.5 /
-#: 196.8; 1056 118.4 / 192.8 / 192.3 against 116.0 / 189.7 / 190.4; 264 113.8-114.0 /
-#: 195.2-195.8 / 194.8-195.3 against 115.5-115.8 / 196.3-196.9 / 196.8-197.4; 132 120.3 /
-#: 200.9 / 200.5 against 115.7 / 196.7 / 197.0; 66 135.4 / 212.0 / 212.5 against 115.5 /
-#: 196.3 / 197.0. Normal data, 264 against 528: bf16 110.1-110.4 against 111.4-111.5, f32
-#: 188.4 against 190.0.
+#: a wave of blocks. (Measurements: docs/design/reduce.md, "Measured constants".)
 _TIE_REWRITE_BLOCKS = 2 if SIMULATOR else _VEC_TARGET_BLOCKS // 2
 
 
@@ -1277,6 +1194,14 @@ def _gradient_runner(launch: tuple[Any, Any], ws_ptr: int) -> Any:
     return runner
 
 
+def _with_zero_fixup(runner: Any, fixup: Any) -> Any:
+    """``runner`` followed by the Prod gradient's fix-up of the lines whose product is 0."""
+    def prod_runner(handle: int, dy_ptr: int, dx_ptr: int, x_ptr: int, y_ptr: int) -> None:
+        runner(handle, dy_ptr, dx_ptr, x_ptr, y_ptr)
+        fixup(handle, dy_ptr, x_ptr, y_ptr, dx_ptr)
+    return prod_runner
+
+
 def _dx_words(view: tuple[int, int]) -> tuple[int, int]:
     """The word view of ``dx``. The simulator copies every kernel array in and back out on
     its own, so a second writable view of ``dx`` would write stale data back over the
@@ -1295,8 +1220,7 @@ class ReduceBackwardPlan(Plan):
                pref: PlanPreference | None = None) -> ReduceBackwardPlan:
         _check_common(cls, desc.kind, REDUCE_KINDS, desc.input_shape, desc.reduce_axis,
                       desc.element, REDUCE_BACKWARD_ELEMENTS)
-        if not isinstance(desc.correction, int) or isinstance(desc.correction, bool):
-            fail(cls.name, InvalidProblem, "correction", f"= {desc.correction!r} must be an int")
+        _check_correction(cls, desc.correction)
         extent = desc.input_shape[desc.reduce_axis]
         if extent == 0 and desc.kind in (ReduceKind.MAX, ReduceKind.MIN):
             fail(cls.name, InvalidProblem, "input_shape",
@@ -1344,6 +1268,10 @@ class ReduceBackwardPlan(Plan):
                     limit *= 2
             self._max_splits, workspace = _max_workspace(self._stat_kind, desc.element,
                                                          self._out_numel, extent, limit)
+            if pref is not None and pref.max_workspace_bytes is not None \
+                    and workspace > pref.max_workspace_bytes:
+                # no room for the statistic pass: the fused single-pass gradient
+                self._max_splits, workspace = 1, 0
         # the tie count after dx (Max/Min word layouts): split counts and tie masks
         self._tie_slots = 0
         if self._stat_kind is TIES and self._numel and desc.element in VECTOR:
@@ -1355,8 +1283,8 @@ class ReduceBackwardPlan(Plan):
                 workspace = max(workspace, slots * 8)
         # the row-sync gradient of long Var/Std rows and the hold kernel of long Var/Std
         # and Max/Min rows (their ticket and chunk partials; Max/Min have no row-sync
-        # kernel: the tie count after dx measured faster, H200, 2026-11-26, [256, 1e6]
-        # axis 1, f32 553-558 µs against 716-730, bf16 352-354 against 366-380)
+        # kernel: the tie count after dx measured faster).
+        # (Measurements: docs/design/reduce.md, "Measured constants".)
         self._sync: tuple[int, int, int, int] | None = None
         #: the row-sync gradient's chunks held in registers (x read once): None = where
         #: the device holds _HOLD_ROWS_IN_FLIGHT (Max/Min: _HOLD_TIES_ROWS_IN_FLIGHT)
@@ -1382,10 +1310,20 @@ class ReduceBackwardPlan(Plan):
         sku = KernelSku(OpCategory.REDUCTION, int(kind), desc.element, None, None, None,
                         ArchSku.SM80, BackendKind.BESPOKE, _guarantee(desc.element))
         super().__init__(desc, sku, pref, workspace)
+        #: Prod: the exact gradient of lines holding zeros (``_bind_prod_zeros``)
+        self._zero_fixup = REDUCE_BACKWARD_PROD_ZEROS_KERNELS[desc.element] \
+            if kind is ReduceKind.PROD and self._numel else None
+        self._zero_fixups: dict[Any, Any] = {}
+        #: the layout of the last run's gradient launch (GENERIC, ROWS, COLS, REG,
+        #: REG_COLS, SYNC or BROADCAST; None before the first run): what tests and
+        #: benchmarks read, never set
+        self.choice: str | None = None
         if self._numel:
             self._kernel.prepare()
             if self._stat_kind is not None:
                 self._stat_kernel.prepare()
+            if self._zero_fixup is not None:
+                self._zero_fixup.prepare()
 
     def can_implement(self, args: ReduceBackwardArgs) -> tuple[TensorRef, TensorMut,
                                                                TensorRef | None,
@@ -1408,11 +1346,14 @@ class ReduceBackwardPlan(Plan):
         return dy, dx, x, y
 
     def run(self, args: ReduceBackwardArgs, stream: Any = None, workspace: Any = None) -> None:
-        """Write ``args.dx`` on ``stream`` (no host sync).
+        """Write ``args.dx`` on ``stream`` (no host sync). ``workspace``: a contiguous
+        buffer of at least ``workspace_size`` bytes where that is not 0 (else
+        ``WorkspaceTooSmall(needed, got)`` before anything is launched).
 
         Torch or CuPy arrays of a layout seen before (and no workspace) skip the array checks
         (``LayoutMemo``)."""
-        if workspace is not None:
+        ws_ptr = self.check_workspace(workspace)  # WorkspaceTooSmall before anything runs
+        if ws_ptr:
             memo_key = None
         elif self._needs_saved:  # as can_implement
             memo_key = self._memo.launch(stream, None, args.dy, args.dx, args.x, args.y)
@@ -1422,9 +1363,6 @@ class ReduceBackwardPlan(Plan):
             return
         dy, dx, x, y = self.can_implement(args)
         handle = stream_handle(stream)
-        ws_ptr = 0
-        if self.workspace_size and workspace is not None:
-            ws_ptr = self.check_workspace(workspace)
         if self._numel == 0:
             return
         key = (dy.strides, dx.strides, x.strides if x is not None else None,
@@ -1435,8 +1373,15 @@ class ReduceBackwardPlan(Plan):
             launch = self._bind(dy, dx, x, y, ws_ptr != 0)
             if len(self._launches) >= _CACHE_LIMIT:
                 self._launches.clear()
+                self._zero_fixups.clear()
             self._launches[key] = launch
+            if self._zero_fixup is not None:
+                assert x is not None and y is not None
+                self._zero_fixups[key] = self._bind_prod_zeros(dy, dx, x, y)
+        self.choice = launch[1][0]
         runner = _gradient_runner(launch, ws_ptr)
+        if self._zero_fixup is not None:
+            runner = _with_zero_fixup(runner, self._zero_fixups[key])
         if ws_ptr == 0:
             self._memo.store(memo_key, runner, (0, 0, 0, 0))
         runner(handle, dy.ptr, dx.ptr, x.ptr if x is not None else 0,
@@ -1521,10 +1466,8 @@ class ReduceBackwardPlan(Plan):
             geometry = _cols_vec_geometry(self._out_numel, extent, VECTOR[element].width,
                                           1 << 16, **self._stream_split)
         else:
-            # stores: at least one full 32-byte sector of a row per warp instruction. (H100,
-            # 2026-11-22: Sum's gradient of f32 [1e6, 64] took 230 µs with 8 lanes and 267
-            # µs with 4 lanes = 16-byte half sectors, the grid cap changing too; this
-            # setting was not re-measured.)
+            # stores: at least one full 32-byte sector of a row per warp instruction.
+            # (Measurements: docs/design/reduce.md, "Measured constants".)
             min_lanes = max(_MIN_ROW_LANES, 32 // element.byte_width)
             geometry = _geometry(self._out_numel, extent, row_layout, 1 << 16, min_lanes)
         stat: _ReduceLaunch | _TieCount | None = None
@@ -1594,8 +1537,24 @@ class ReduceBackwardPlan(Plan):
              mode))
         return stat, (GENERIC, gradient)
 
+    def _bind_prod_zeros(self, dy: TensorRef, dx: TensorMut, x: TensorRef,
+                         y: TensorRef) -> Any:
+        """The Prod fix-up's launch (``kernels.reduce.reduce_backward_prod_zeros``, fast
+        launcher: stream, dy, x, y, dx): a warp per 32 lines, in any layout."""
+        axis = self._axis
+        out_shape, out_strides = _collapse(self._shape, axis, [dx.strides, x.strides,
+                                                               y.strides, dy.strides])
+        dx_s, x_s, y_s, dy_s = [pad8(s, 0) for s in out_strides]
+        warps = _BLOCK // 32
+        grid = min(-(-self._out_numel // (32 * warps)), _MAX_GRID_X)
+        views = [(0, flat_span(a.shape, a.strides)) for a in (dy, x, y, dx)]
+        assert self._zero_fixup is not None
+        return self._zero_fixup.bind(grid, _BLOCK, (
+            *views, self._out_numel, self._extent, x.strides[axis], dx.strides[axis],
+            pad8(out_shape, 1), dy_s, x_s, y_s, dx_s)).fast
+
     def _bind_broadcast(self, dy: TensorRef, dx: TensorMut, x: TensorRef | None,
-                        y: TensorRef | None, out_strides: list[tuple[int, ...]]) -> Any:
+                        y: TensorRef | None, out_strides: list[tuple[int,...]]) -> Any:
         """The broadcast kernel's launch (gradients without a statistic) for a C-contiguous,
         16-byte aligned ``dx`` (and ``x``, where read) whose units (16 bytes, K elements)
         each lie in one line: rows (the reduced axis last, its extent a multiple of K) or
@@ -1635,15 +1594,15 @@ class ReduceBackwardPlan(Plan):
             return None
         line_units = inner // per_unit
         # one wave: 8 blocks of 256 a SM where 1056 were launched but only 6 resident (34
-        # registers, before the cap) left a third of a wave as a tail: bf16 [256, 1e6]
-        # axis 0 147.6 µs against the word kernel's 144.7-145.7 (H200, 2026-11-28)
+        # registers, before the cap) left a third of a wave as a tail.
+        # (Measurements: docs/design/reduce.md, "Measured constants".)
         wave = kernel.resident_blocks(_BROADCAST_COL_BLOCK) * _BROADCAST_COL_BLOCK
         threads = max(wave // line_units, 1) * line_units
         return kernel.bind(-(-threads // _BROADCAST_COL_BLOCK), _BROADCAST_COL_BLOCK,
                            (*arrays, units, line_units, 1.0 / line_units, threads,
                             dy_stride, y_stride, self._param))
 
-    def _tie_count(self, kernel: Any, grid: tuple[int, int], args: tuple[Any, ...],
+    def _tie_count(self, kernel: Any, grid: tuple[int, int], args: tuple[Any,...],
                    splits: int) -> _TieCount:
         """The tie count after dx of word rows: the merge of the ``splits`` tie counts per
         output and the rewrite pass (``args`` of the first pass with its mode, ``fused``,
@@ -1659,21 +1618,19 @@ class ReduceBackwardPlan(Plan):
         merge = _bind_merge(self._stat_kernel, common, out_numel, splits, False, 0.0)
         return _TieCount(merge.fast, kernel.bind(grid, _BLOCK, tuple(rewrite)).fast)
 
-    def _col_tie_count(self, kernel: Any, grid: tuple[int, int], args: tuple[Any, ...],
+    def _col_tie_count(self, kernel: Any, grid: tuple[int, int], args: tuple[Any,...],
                        splits: int) -> _TieCount:
         """The tie count after dx of the column word kernel: the first pass adds its counts
         up itself (no merge launch; its ``out_numel`` count slots zeroed before it), and the
         rewrite pass (``kernel``, the rewrite kernel, with the first pass's ``args`` and
         the mode, the last, = 3) takes about _TIE_REWRITE_BLOCKS blocks whatever the first
-        pass's ``splits`` (its blocks loop over them). (Before, H100, 2026-11-27, ncu, f32
-        Max [4096, 4096] along axis 0 through this path: the merge took 10.3 µs and a
-        rewrite block per (group, split), each finding its counts at 1, 10.2 µs.)"""
+        pass's ``splits`` (its blocks loop over them)."""
         grid_y = max(1, min(splits, _TIE_REWRITE_BLOCKS // grid[0]))
         rewrite = kernel.bind((grid[0], grid_y), _BLOCK, (*args[:-1], 3))
         return _TieCount(None, rewrite.fast, self._out_numel * 8)
 
     def _word_arrays(self, dy: TensorRef, dx: TensorMut, y: TensorRef | None,
-                     out_strides: list[tuple[int, ...]]) -> tuple[tuple[Any, ...], int, int,
+                     out_strides: list[tuple[int,...]]) -> tuple[tuple[Any,...], int, int,
                                                                    int]:
         """The leading array arguments ``(dy, xv, y, dx, dxv)`` of the register-resident
         and row-sync gradients (x and dx in the same layout: x's words span dx's), and
@@ -1724,7 +1681,7 @@ class ReduceBackwardPlan(Plan):
         return None
 
     def _bind_sync(self, dy: TensorRef, dx: TensorMut, y: TensorRef | None,
-                   out_strides: list[tuple[int, ...]], row_sync: bool) -> _SyncLaunch | None:
+                   out_strides: list[tuple[int,...]], row_sync: bool) -> _SyncLaunch | None:
         """The gradient of word-aligned rows longer than the register-resident kernel's
         (at most one collapsed output dim, x and dx in the same layout) through the
         workspace: the hold kernel where the device holds enough rows' chunks at once,
@@ -1763,7 +1720,7 @@ class ReduceBackwardPlan(Plan):
         return pair if pair is not None and self.reg_rows_pair and fits else None
 
     def _bind_reg(self, dy: TensorRef, dx: TensorMut, y: TensorRef | None,
-                  out_strides: list[tuple[int, ...]], log2_lanes: int, block: int,
+                  out_strides: list[tuple[int,...]], log2_lanes: int, block: int,
                   axis_stride: int | None, stash: bool = False,
                   strip: bool = False) -> Any:
         """The register-resident gradient in ``block``-thread blocks: rows (``axis_stride``

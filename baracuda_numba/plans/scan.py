@@ -13,9 +13,8 @@ output (int64) holds torch.cummax's index choice (the last index among equal win
 the last NaN once a NaN is seen); LogCumsumExp of an all -inf prefix is -inf and +inf
 absorbs. Backward: Cumsum is a reversed Cumsum of ``dy``; Cumprod is the exact gradient
 with zeros in ``x`` (no division by ``x``); LogCumsumExp is computed with exponents <= 0
-(``dx = 0`` where ``x = -inf``); Cummax/Cummin send each ``dy[i]`` to the *first*
-occurrence of the running winner at ``i`` (the seed's rule; torch's autograd uses the
-last, so the two differ on ties only).
+(``dx = 0`` where ``x = -inf``); Cummax/Cummin send each ``dy[i]`` to the index the
+forward returns at ``i`` (the last of equal winners, the last NaN: torch's autograd).
 
 Saved tensors for ``ScanBackwardArgs``: Cumsum none; Cumprod ``x`` and ``y``;
 Cummax/Cummin ``x``; LogCumsumExp ``x`` and ``y``. ``dx`` must not overlap ``dy``, ``x``
@@ -34,8 +33,9 @@ kernel). Otherwise the generic kernels: *rows* when the output's scan axis is
 contiguous (block-level tile scan), else *lines* (one thread per line, consecutive
 threads on the output's smallest-stride outer axis). Problems with few, long lines are
 split over warps or blocks in two phases through a workspace of ``workspace_size``
-bytes; pass one to ``run`` to enable the split (with ``workspace=None`` ``run`` takes
-the unsplit path: same result up to the order of the f32/f64 additions). Results are
+bytes, which ``run`` then requires (``WorkspaceTooSmall`` before any launch otherwise;
+``PlanPreference(max_workspace_bytes=0)`` selects the unsplit path, the same result up
+to the order of the f32/f64 additions). Results are
 deterministic and bit-stable for a given layout, alignment and workspace choice.
 """
 
@@ -50,8 +50,8 @@ from ..arrays import TensorRef, as_mut, as_ref, flat_span
 from ..errors import InvalidProblem
 from ..kernels.common import pad8
 from ..kernels.scan import (
-    CODE_CUMMAX_FIRST_FLAG,
-    CODE_CUMMIN_FIRST_FLAG,
+    CODE_CUMMAX_RECORD_FLAG,
+    CODE_CUMMIN_RECORD_FLAG,
     CODE_CUMSUM,
     CODE_EXTREMUM_BACKWARD,
     EXTREMUM_BACKWARD_KERNELS,
@@ -92,26 +92,24 @@ __all__ = [
     "ScanPlan",
 ]
 
-# Work sizing. The H100 holds 132 SMs x 2048 threads = 270K resident threads.
+# Work sizing: a large GPU holds about 132 SMs x 2048 threads = 270K resident threads.
 _TARGET_THREADS = 1 << 18  # lines kernel: split lines into chunks until this many threads
 _TARGET_BLOCKS = 2048  # rows kernel: split few long lines until this many blocks
 _MIN_CHUNK = 16  # lines kernel: elements per thread chunk at least this
 # lines kernel threads per block: 1024 ran out of registers (CUDA_ERROR_LAUNCH_OUT_OF_
-# RESOURCES, H100, 2026-11); 256 always launches (255 registers x 256 = 65K)
+# RESOURCES); 256 always launches (255 registers x 256 = 65K)
 _LINES_BLOCK = 256
 _MAX_GRID = 1 << 20
 _ROWS_MIN_EXTENT = 64  # shorter contiguous lines go to the lines kernel
 _SIM_GRID = 2  # simulator: every kernel loops over its work with a grid-stride loop
 # Fast kernels (uniform-pitch layouts). rows_fast: one warp per (line, segment); lines are
 # split into segments (two phases, 3 passes over the data instead of 2) only when there
-# are fewer lines than this, until about _FAST_TARGET_WARPS warps.
-# [64, 1e6] f32: 8192 warps (128 segments) 291 µs, 16384 (256) 278 µs, 2048 (32) 327 µs;
-# [4096, 4096] split in 2: 81 µs vs 58 unsplit (H100, 2026-11-22)
+# are fewer lines than this, until about _FAST_TARGET_WARPS warps (more warps pay on few
+# long lines; a split of many lines only adds a pass: docs/design/scan.md).
 _FAST_SPLIT_LINES = 2048
 _FAST_TARGET_WARPS = 16384
-# cols_fast: blocks of 32 x FAST_COLS_CHUNKS threads; split until about this many blocks.
-# [4096, 4096] f32 axis 0: 8 segments (512 blocks) 101.5 µs, 16 (1024) 113 µs, 32 (2048)
-# 163 µs (H100, 2026-11-22)
+# cols_fast: blocks of 32 x FAST_COLS_CHUNKS threads; split until about this many blocks
+# (more segments lose to the extra pass: docs/design/scan.md).
 _FAST_TARGET_BLOCKS = 512
 _FAST_MIN_INNER = 32  # cols_fast needs at least one warp-row of columns
 
@@ -438,14 +436,16 @@ class _ScanLauncher(Plan):
 
     @property
     def workspace_size(self) -> int:
-        """Bytes of scratch that enable the split path for few long lines (0: never
-        split). Optional: ``run(..., workspace=None)`` takes the unsplit path."""
+        """Bytes of scratch the split path for few long lines needs, sized by ``select``
+        within ``PlanPreference.max_workspace_bytes`` (0: never split); ``run`` requires
+        a workspace of at least this size."""
         return self._workspace_size
 
     def _workspace_ptr(self, workspace: Any) -> int | None:
-        """The workspace pointer, or None for the unsplit path (no workspace given or
-        none needed); a given workspace is checked as every plan checks it."""
-        if workspace is None or self._workspace_size == 0:
+        """The workspace pointer, or None where the plan needs none (``workspace_size``
+        0: ``max_workspace_bytes=0`` asks for that path). A missing or smaller workspace
+        raises ``WorkspaceTooSmall(needed, got)`` before anything is launched."""
+        if self._workspace_size == 0:
             return None
         return self.check_workspace(workspace)
 
@@ -881,9 +881,9 @@ class ScanBackwardPlan(_ScanLauncher):
                 if calls:
                     return calls
             # other layouts: a pre-pass writes dx <- 1 at records of the forward scan
-            # (first occurrence), else 0
-            flag = CODE_CUMMAX_FIRST_FLAG if kind is ScanKind.CUMMAX \
-                else CODE_CUMMIN_FIRST_FLAG
+            # (where the index output changes), else 0
+            flag = CODE_CUMMAX_RECORD_FLAG if kind is ScanKind.CUMMAX \
+                else CODE_CUMMIN_RECORD_FLAG
             return (self._calls(self._forward, flag, desc.reverse, (x,), dx, None, ws)
                     + self._calls(self._backward, CODE_EXTREMUM_BACKWARD, backward_reverse,
                                   (dy, dx, dx), dx, None, ws))

@@ -6,6 +6,7 @@ import torch
 from torch import Tensor
 
 from .. import ops
+from ..errors import InvalidProblem
 from ..ops.scan import _scan as _scan_call
 from ..types import ScanKind
 from ._core import LIB, compiling, needs_grad, no_indices
@@ -88,6 +89,12 @@ def _scan_impl(x: Tensor, kind: int, dim: int, reverse: bool) -> tuple[Tensor, T
 
 
 def _scan(x: Tensor, kind: ScanKind, dim: int, reverse: bool) -> tuple[Tensor, Tensor]:
+    if x.dim() == 0:  # torch: a 0-d tensor scans as one element along dim 0 or -1
+        if dim not in (0, -1):
+            raise InvalidProblem(f"{kind.name.lower()}: dim = {dim} is out of range for a "
+                                 "0-d tensor")
+        values, indices = _scan(x.reshape(1), kind, 0, reverse)
+        return values.reshape(()), indices.reshape(()) if indices.numel() else indices
     if compiling():
         return _scan_op(x, int(kind), dim, reverse)
     if not needs_grad(x):
@@ -95,14 +102,28 @@ def _scan(x: Tensor, kind: ScanKind, dim: int, reverse: bool) -> tuple[Tensor, T
     return _ScanFunction.apply(x, int(kind), dim, reverse)
 
 
-def cumsum(x: Tensor, dim: int, *, reverse: bool = False) -> Tensor:
-    """``torch.cumsum`` (f32 accumulation for halves); ``reverse`` scans from the end."""
-    return _scan(x, ScanKind.CUMSUM, dim, reverse)[0]
+def _promoted(x: Tensor, dtype: torch.dtype | None) -> Tensor:
+    """torch's promotion of cumsum / cumprod: ``dtype`` casts first; bool and integer
+    inputs accumulate in int64."""
+    if dtype is not None:
+        return x.to(dtype)
+    return x.to(torch.int64) if x.dtype in _INT64_SCANS else x
 
 
-def cumprod(x: Tensor, dim: int, *, reverse: bool = False) -> Tensor:
+_INT64_SCANS = (torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32)
+
+
+def cumsum(x: Tensor, dim: int, *, dtype: torch.dtype | None = None,
+           reverse: bool = False) -> Tensor:
+    """``torch.cumsum`` (f32 accumulation for halves; bool and integers in int64);
+    ``reverse`` scans from the end."""
+    return _scan(_promoted(x, dtype), ScanKind.CUMSUM, dim, reverse)[0]
+
+
+def cumprod(x: Tensor, dim: int, *, dtype: torch.dtype | None = None,
+            reverse: bool = False) -> Tensor:
     """``torch.cumprod``; the gradient is exact when ``x`` has zeros."""
-    return _scan(x, ScanKind.CUMPROD, dim, reverse)[0]
+    return _scan(_promoted(x, dtype), ScanKind.CUMPROD, dim, reverse)[0]
 
 
 def logcumsumexp(x: Tensor, dim: int, *, reverse: bool = False) -> Tensor:
