@@ -16,17 +16,25 @@ __all__ = [
     "ArchSku",
     "AttentionKind",
     "BackendKind",
+    "CrossEntropyTargetKind",
     "ElementKind",
+    "GatedActivationKind",
     "KernelSku",
+    "LossKind",
+    "LossReduction",
     "MathPrecision",
+    "NormalizationKind",
     "OpCategory",
     "PlanPreference",
     "PoolKind",
     "PrecisionGuarantee",
     "ReduceKind",
+    "RopeAngleSource",
+    "RopeLayout",
     "RopePairing",
     "ScanKind",
     "ShapeLayoutKind",
+    "SoftmaxKind",
 ]
 
 
@@ -342,3 +350,100 @@ for _enum in (ElementKind, MathPrecision, OpCategory, BackendKind, ArchSku, Rope
 for _enum in (ScanKind, ReduceKind, PoolKind, AttentionKind, ShapeLayoutKind):
     _enum.__hash__ = int.__hash__  # type: ignore[method-assign]
 del _enum
+
+
+class NormalizationKind(enum.IntEnum):
+    """Upstream's ``NormalizationKind`` (``ops.rs``): the ``op`` of a normalization SKU."""
+
+    RMS_NORM = 0
+    LAYER_NORM = 1
+    GROUP_NORM = 2
+    BATCH_NORM = 3
+    INSTANCE_NORM = 4
+
+
+class GatedActivationKind(enum.IntEnum):
+    """Upstream's ``GatedActivationKind`` (``ops.rs``): ``y = act(gate) · up`` with act
+    sigmoid (``GLU``, ``F.glu``), relu (``REGLU``), silu (``SWIGLU``) or gelu (``GEGLU``)."""
+
+    GLU = 0
+    REGLU = 1
+    SWIGLU = 2
+    GEGLU = 3
+
+
+GatedActivationKind.__hash__ = int.__hash__  # type: ignore[method-assign]  (see above)
+
+
+class SoftmaxKind(enum.IntEnum):
+    """Upstream's ``SoftmaxKind`` (``ops.rs``): the ``op`` of a softmax SKU.
+    ``GUMBEL_SOFTMAX`` and ``SPARSEMAX`` are reserved (``SoftmaxPlan``: Unsupported)."""
+
+    SOFTMAX = 0
+    LOG_SOFTMAX = 1
+    GUMBEL_SOFTMAX = 2
+    SPARSEMAX = 3
+
+
+SoftmaxKind.__hash__ = int.__hash__  # type: ignore[method-assign]  (see above)
+
+
+class RopeLayout(enum.IntEnum):
+    """Axis order of RoPE's q/k tensors: ``[B, H, S, D]``, ``[B, S, H, D]`` (HF) or packed
+    ``[T, H, D]`` tokens (varlen, with ``cu_seqlens`` or per-token positions)."""
+
+    BHSD = 0
+    BSHD = 1
+    THD = 2
+
+
+class RopeAngleSource(enum.IntEnum):
+    """Where RoPE's angles come from: ``base`` (``θ = pos·base^(−2i/R)``), an ``inv_freq``
+    vector ``[R/2]`` (any scaling rule), cos/sin caches ``[S_max, R | R/2]`` indexed by
+    position (flash-attn, vLLM), or cos/sin already gathered per token ``[1 | B, S, R | R/2]``
+    (HF's rotary embedding output, Liger)."""
+
+    BASE = 0
+    INV_FREQ = 1
+    COS_SIN_CACHE = 2
+    COS_SIN_GATHERED = 3
+
+
+class LossKind(enum.IntEnum):
+    """Upstream's loss kinds (``ops.rs``); the SKU ``op`` of a loss plan."""
+
+    MSE = 0
+    NLL = 1
+    CROSS_ENTROPY = 2
+    BCE = 3
+    KL_DIV = 4
+    L1 = 5
+    SMOOTH_L1 = 6
+    HINGE_EMBEDDING = 7
+    MARGIN_RANKING = 8
+    TRIPLET_MARGIN = 9
+    CTC = 10
+    POISSON_NLL = 11
+    HUBER = 12
+    BCE_WITH_LOGITS = 13
+    GAUSSIAN_NLL = 14
+    COSINE_EMBEDDING = 15
+    MULTI_MARGIN = 16
+    MULTILABEL_MARGIN = 17
+    MULTILABEL_SOFT_MARGIN = 18
+    FUSED_LINEAR_CROSS_ENTROPY = 19
+
+
+class LossReduction(enum.IntEnum):
+    """How a loss over rows is reduced (upstream's ``reduction_mode``)."""
+
+    NONE = 0
+    MEAN = 1
+    SUM = 2
+
+
+class CrossEntropyTargetKind(enum.IntEnum):
+    """Class indices ``[N]`` or soft probabilities ``[N, V]`` (only the former here)."""
+
+    CLASS_INDEX = 0
+    SOFT_PROB = 1

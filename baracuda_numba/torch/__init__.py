@@ -18,14 +18,22 @@ alone does not.
 
 from __future__ import annotations
 
+from . import nn  # noqa: F401  (bt.nn; not in __all__: a star import must keep torch.nn)
+from .cross_entropy import cross_entropy, fused_linear_cross_entropy
 from .fractional_max_pool import fractional_max_pool2d, fractional_max_pool3d
+from .gated_activation import geglu, glu, reglu, swiglu
+from .normalization import layer_norm, rms_norm
 from .reduce import amax, amin, argmax, argmin, logsumexp, mean, norm, prod, std, sum, var
 from .rope import rope
 from .scan import cummax, cummin, cumprod, cumsum, logcumsumexp
+from .softmax import log_softmax, softmax
 from .write_slice import write_slice_
 
 __all__ = [
-    "amax", "amin", "argmax", "argmin", "cummax", "cummin", "cumprod", "cumsum",
-    "fractional_max_pool2d", "fractional_max_pool3d", "logcumsumexp", "logsumexp", "mean",
-    "norm", "prod", "rope", "std", "sum", "var", "write_slice_",
+    "log_softmax", "softmax",
+    "amax", "amin", "argmax", "argmin", "cross_entropy", "cummax", "cummin", "cumprod", "cumsum",
+    "fractional_max_pool2d", "fractional_max_pool3d", "fused_linear_cross_entropy",
+    "geglu", "glu", "reglu", "swiglu",
+    "layer_norm", "logcumsumexp", "logsumexp",
+    "mean", "norm", "prod", "rms_norm", "rope", "std", "sum", "var", "write_slice_",
 ]
