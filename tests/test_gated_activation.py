@@ -245,6 +245,30 @@ def test_units_and_elements_same_bits(element, rng):
         assert np.array_equal(units.view(np.uint8), elements.view(np.uint8))
 
 
+@IEEE_SPECIALS
+@pytest.mark.parametrize("element", (E.F16, E.BF16))
+@pytest.mark.parametrize("kind,approximate", ((K.SWIGLU, "none"), (K.GEGLU, "none"),
+                                              (K.GEGLU, "tanh")))
+def test_fast_math_tails(element, kind, approximate, rng):
+    """f16/bf16 outputs take the fast f32 math (ex2.approx exponentials, the erfcc fit for
+    Φ): still within the dtype's tolerance far out in both tails."""
+    g = to_storage(np.linspace(-12.0, 12.0, 48), element)
+    u = to_storage(np.linspace(1.5, -1.5, 48), element)
+    check_forward(kind, approximate, element, (48,), None, rng, values=(g, u))
+    check_forward(kind, approximate, element, (48,), None, rng, layout="elements",
+                  values=(g, u))
+    dy = to_storage(np.full(48, 0.75), element)
+    dgate, dup, magnitude, cond = reference_backward(
+        kind, approximate, from_storage(dy, element), from_storage(g, element),
+        from_storage(u, element))
+    got_dgate, got_dup = run_backward(_descriptor(kind, approximate, (48,), None, element),
+                                      dy, (g, u))
+    assert_within(from_storage(got_dgate, element), dgate, _bound(element, magnitude, cond),
+                  "dgate")
+    assert_within(from_storage(got_dup, element), dup, _bound(element, np.abs(dup), cond),
+                  "dup")
+
+
 # -- IEEE specials: NaN and inf where torch's formula puts them -------------------------------
 
 _SPECIAL_G = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 1.0, -1.0, 4.0, -4.0, 0.5,
@@ -410,6 +434,26 @@ def test_choose_kernel_falls_back_to_elements(why, args):
     c = choose_kernel(E.F32, *args)
     assert (c.layout, c.unit) == ("elements", 1), why
     assert c.total == 4 * 64 - (4 if why == "odd width" else 0)
+
+
+def test_kernel_per_activation():
+    """16-byte f16/bf16/f32 kernels compile the activation in; f64 and the element layout
+    take it at run time (40 signatures, under the family budget of 60)."""
+    from baracuda_numba.kernels.gated_activation import (
+        ACT_GEGLU_TANH,
+        GATED_KERNELS,
+        gated_kernel,
+    )
+
+    assert len(GATED_KERNELS) == 40
+    assert gated_kernel(E.BF16, "units16", True, ACT_GEGLU_TANH).name == \
+        "gated_activation[BF16,units16,bw,act4]"
+    assert gated_kernel(E.F64, "units16", False, ACT_GEGLU_TANH).name == \
+        "gated_activation[F64,units16,fw]"
+    assert gated_kernel(E.F32, "elements", False, 0).name == "gated_activation[F32,elements,fw]"
+    c = choose_kernel(E.BF16, (4, 1024), ((1024, 1),) * 3, (0, 0, 0), (0, 0, 0),
+                      per_thread=2)
+    assert (c.total, c.per_thread, c.grid) == (512, 2, 1)
 
 
 def test_choose_kernel_option_and_grid_limit():
@@ -580,6 +624,10 @@ def test_gpu_over_2_31_elements():
 
 
 @pytest.mark.gpu
+# torch.compile's machinery warns about its own internals (torch.jit deprecations inside
+# inductor, fallbacks): not ours, and not failures of this test
+@pytest.mark.filterwarnings("ignore::DeprecationWarning:torch.*")
+@pytest.mark.filterwarnings("ignore::UserWarning:torch.*")
 def test_gpu_custom_ops_compile():
     torch = torch_or_skip()
     import baracuda_numba.torch as bt

@@ -43,8 +43,9 @@ from ..kernels.gated_activation import (
     ACT_REGLU,
     ACT_SWIGLU,
     GATED_ELEMENTS,
-    GATED_KERNELS,
     GATED_LAYOUTS,
+    UNITS_PER_THREAD,
+    gated_kernel,
 )
 from ..launch import BoundLaunch
 from ..streams import stream_handle
@@ -134,7 +135,7 @@ class KernelChoice:
     """What :func:`choose_kernel` picked: the layout (``units16`` or ``elements``), the
     elements per access, the merged outer shape (padded to 8), per tensor its outer
     strides, inner stride and base offset (all in accesses), the accesses per row, the
-    total accesses and the grid."""
+    total accesses, the block, the grid and the accesses a thread takes per loop trip."""
 
     layout: str
     unit: int
@@ -146,6 +147,7 @@ class KernelChoice:
     total: int
     block: int
     grid: int
+    per_thread: int = 1
 
 
 def _merge(shape: tuple[int, ...], strides: tuple[tuple[int, ...], ...]
@@ -168,11 +170,12 @@ def _merge(shape: tuple[int, ...], strides: tuple[tuple[int, ...], ...]
 def choose_kernel(element: ElementKind, shape: tuple[int, ...],
                   strides: tuple[tuple[int, ...], ...], bases: tuple[int, ...],
                   residues: tuple[int, ...], layout: str | None = None,
-                  max_grid: int = _MAX_GRID) -> KernelChoice:
+                  max_grid: int = _MAX_GRID, per_thread: int = 1) -> KernelChoice:
     """The kernel for tensors of ``shape`` (non-empty) with per-tensor ``strides`` and base
     offsets ``bases`` (elements) at pointers whose residues mod 16 are ``residues``:
     ``units16`` where every row is unit-strided, whole 16-byte units long and every unit
-    is 16-byte aligned (``layout`` None or "units16"), else ``elements``."""
+    is 16-byte aligned (``layout`` None or "units16"), else ``elements``; the grid covers
+    ``total`` with ``per_thread`` accesses a thread (the kernel's loop trip)."""
     merged_shape, merged = _merge(shape, strides)
     row_len = merged_shape[-1]
     unit = 16 // element.byte_width
@@ -185,12 +188,12 @@ def choose_kernel(element: ElementKind, shape: tuple[int, ...],
     outer = merged_shape[:-1]
     row_units = row_len // unit
     total = product(outer) * row_units
-    grid = max(1, min(-(-total // _BLOCK), max_grid))
+    grid = max(1, min(-(-total // (_BLOCK * per_thread)), max_grid))
     return KernelChoice(
         "units16" if vector else "elements", unit, pad8(outer, 1),
         tuple(pad8(tuple(o // unit for o in m[:-1]), 0) for m in merged),
         tuple(1 if vector else m[-1] for m in merged), tuple(b // unit for b in bases),
-        row_units, total, _BLOCK, grid)
+        row_units, total, _BLOCK, grid, per_thread)
 
 
 class _GatedBase(Plan):
@@ -255,7 +258,7 @@ class _GatedBase(Plan):
         self.layout: str | None = None
         #: the last launch's :class:`KernelChoice` (None before the first run)
         self.choice: KernelChoice | None = None
-        self._kernels = {layout: GATED_KERNELS[element, layout, self._backward]
+        self._kernels = {layout: gated_kernel(element, layout, self._backward, self._act)
                          for layout in GATED_LAYOUTS}
         self._launches: dict[tuple[Any, ...], tuple[BoundLaunch, KernelChoice]] = {}
         tensors = 5 if self._backward else 3
@@ -312,7 +315,8 @@ class _GatedBase(Plan):
         found = self._launches.get(key)
         if found is None:
             choice = choose_kernel(self.descriptor.element, self._output_shape, strides,
-                                   bases, key[0], self.layout)
+                                   bases, key[0], self.layout,
+                                   per_thread=UNITS_PER_THREAD[self._backward])
             kernel = self._kernels[choice.layout]
             unit_bytes = choice.unit * self._itemsize
             extents = []
