@@ -3,7 +3,9 @@
 On a machine without a GPU the cases run in the Numba CUDA simulator with small shapes
 (and the first line says so); on a GPU the first line names the device. Prints one row
 per case (plan, dtype, shape, max error, tolerance, PASS/FAIL, time) and a summary;
-exits 1 if any case fails.
+exits 1 if any case fails. On a GPU it first compiles the kernels the cases need that the
+cache lacks, in parallel processes with a progress bar; ``--precompile-only`` stops there
+(for container images and job prologues).
 """
 
 from __future__ import annotations
@@ -27,6 +29,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=None,
                         help="processes compiling uncached kernels first (GPU; 1: compile "
                              "lazily in this process)")
+    parser.add_argument("--precompile-only", action="store_true",
+                        help="compile the kernels of the chosen families into the cache "
+                             "(GPU; a progress bar with the time left) and exit")
     options = parser.parse_args(argv)
 
     simulator = use_simulator_without_gpu()
@@ -51,6 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     if options.dtypes:
         dtypes = {d.upper() for d in options.dtypes}
         cases = [c for c in cases if c.dtype in dtypes]
+    if options.precompile_only:
+        return _precompile_only(simulator, cases, options.jobs)
     if options.list:
         for case in cases:
             print(f"{case.plan:28s} {case.dtype:10s} {case.shape}")
@@ -62,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         # first (one by one, the first case of each kernel would compile it serially).
         from .launch import precompile
 
-        compiled = precompile(sorted({c.family for c in cases}), options.jobs)
+        compiled = precompile(_kernel_families(cases), options.jobs)
         if compiled:
             print(f"baracuda-check: compiled {compiled} kernels in "
                   f"{time.perf_counter() - started:.1f} s (cached for later runs)", flush=True)
@@ -98,6 +105,29 @@ def main(argv: list[str] | None = None) -> int:
         with open(options.json, "w") as handle:
             json.dump({"simulator": simulator, "results": results}, handle, indent=1)
     return 1 if failures else 0
+
+
+def _kernel_families(cases: list) -> list[str]:
+    """The kernel modules the cases' families use (a family without kernels of its own,
+    if any, is left out rather than rejected)."""
+    from .launch import kernel_family, registered_kernels
+
+    known = {kernel_family(k) for k in registered_kernels()}
+    return sorted({c.family for c in cases} & known)
+
+
+def _precompile_only(simulator: bool, cases: list, jobs: int | None) -> int:
+    if simulator:
+        print("baracuda-check: --precompile-only needs a GPU (the simulator compiles "
+              "nothing)")
+        return 0
+    from .precompile import warmup
+
+    started = time.perf_counter()
+    compiled = warmup(_kernel_families(cases), jobs=jobs)
+    print(f"baracuda-check: compiled {compiled} kernels in "
+          f"{time.perf_counter() - started:.1f} s (cached for later runs)")
+    return 0
 
 
 if __name__ == "__main__":

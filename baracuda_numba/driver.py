@@ -3,13 +3,10 @@
 Copies, memsets and module loads go straight to ``libcuda`` through ``ctypes`` with declared
 argument types. The hot path, a kernel launch with everything but the stream fixed, goes
 through a Cython binding when one is installed: CuPy's ``launchKernel`` (typed C
-arguments), else ``cuda.bindings``. Measured on the H100 machine (2026-11-22,
-``scripts/probe_launch.py``, empty kernel, 20,000-call loops) a ``cuda.bindings``
-``cuLaunchKernel`` costs 5.1 µs of host time where ctypes with declared argument types
-costs 7.7 µs (ctypes converts all eleven arguments on every call; 5.6 µs without argument
-types but then a 64-bit stream handle has to be boxed per call); CuPy's wrapper costs 0.8
-µs less than ``cuda.bindings`` (2026-11-23, ``scripts/probe_host.py``). Every non-zero
-``CUresult`` raises :class:`DriverError` with the driver's error name.
+arguments), else ``cuda.bindings``; ctypes with declared argument types is the slowest of
+the three (it converts all eleven arguments on every call), and ``cuda.bindings`` builds
+Python objects that CuPy's wrapper does not (docs/design/launch.md has the figures). Every
+non-zero ``CUresult`` raises :class:`DriverError` with the driver's error name.
 
 In the Numba CUDA simulator "device pointers" are host pointers, so the copies fall back
 to ``ctypes.memmove``/``memset`` and launches never come here.
@@ -30,6 +27,7 @@ from .errors import DriverError
 __all__ = [
     "CU_ERROR_INVALID_CONTEXT",
     "check",
+    "driver_version",
     "launch_kernel",
     "libcuda",
     "load_function",
@@ -153,6 +151,18 @@ def stream_synchronize(stream: int) -> None:
 _modules: list[int] = []  # loaded modules stay loaded for the life of the process
 
 
+@functools.cache
+def driver_version() -> int:
+    """The CUDA driver's version (``cuDriverGetVersion``: 12040 for 12.4); 0 where no driver
+    is found."""
+    try:
+        lib = libcuda()
+    except OSError:
+        return 0
+    version = ctypes.c_int()
+    return version.value if lib.cuDriverGetVersion(ctypes.byref(version)) == 0 else 0
+
+
 def load_function(cubin: bytes, name: bytes) -> int:
     """Load ``cubin`` into the current context and return its function ``name``."""
     lib = libcuda()
@@ -221,9 +231,8 @@ def _launcher() -> tuple[str, Any]:
     launchKernel)``, ``("bindings", cuda.bindings.driver)`` or ``("ctypes", libcuda())``.
 
     The default takes the first one installed, in that order: CuPy's Cython wrapper has
-    typed C integer arguments (measured on the H100 host, 2026-11-23, empty kernel,
-    20,000-call loops: 3.99 µs per launch against 4.82 µs for ``cuda.bindings``, which
-    builds Python objects for the stream, the parameters and the result).
+    typed C integer arguments, the cheapest call (``cuda.bindings`` builds Python objects
+    for the stream, the parameters and the result).
     ``$BARACUDA_LAUNCHER`` = ``cupy``, ``bindings`` or ``ctypes`` picks one (falling back
     down the list when it is not installed)."""
     choice = os.environ.get("BARACUDA_LAUNCHER", "").lower()
@@ -264,10 +273,9 @@ def pointer_launcher(function: int, grid: tuple[int, int, int], block: tuple[int
     them. ``cooperative``: ``cuLaunchCooperativeKernel`` through ctypes (``params``
     only), for kernels whose blocks wait on each other.
 
-    Measured on the H100 host (2026-11-22, 20,000-call loops): a bare
-    ``cuda.bindings`` ``cuLaunchKernel`` 4.0-4.4 µs, the previous method (a generic
-    ``__call__`` with a ``with lock`` block, a loop over the slots and a closure around
-    the driver call) 5.3 µs."""
+    Generated code rather than a generic ``__call__`` (a ``with lock`` block, a loop over
+    the slots and a closure around the driver call): close to the bare driver call's host
+    time (docs/design/launch.md)."""
     gx, gy, gz = grid
     bx, by, bz = block
     names = [f"p{i}" for i in range(len(slots))] if order is None else list(order)

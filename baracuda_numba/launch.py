@@ -3,9 +3,12 @@
 A :class:`Kernel` is one ``@cuda.jit`` function at one explicit Numba signature. Kernel
 modules create them at import (compiling nothing) and register them, so every
 signature of the package is known in one place (:func:`registered_kernels`,
-:func:`compile_all_ptx`). A plan's ``select`` calls :meth:`Kernel.prepare`, which compiles
-the signature once (or loads it from Numba's on-disk cache, ``cache=True``) and resolves
-the driver's ``CUfunction``. ``run`` then calls :meth:`Kernel.launch`:
+:func:`compile_all_ptx`). A kernel is loaded on first use (:meth:`Kernel.load`: its first
+bind, launch or device query): from the cubin cache (:mod:`baracuda_numba.cubin_cache`,
+one ``cuModuleLoadData``), else compiled by Numba and written there. So a plan's first
+``run`` compiles only the kernels it launches, not every variant its ``select`` might
+pick (:meth:`Kernel.prepare` only declares the intent). A compile that takes longer than
+:data:`COMPILE_NOTICE_S` logs one line on the ``baracuda_numba`` logger. Launches:
 
 * **direct** (default on a GPU): the arguments are packed with a precompiled
   ``struct.Struct`` into one reusable parameter buffer, in Numba's kernel ABI, and
@@ -29,10 +32,12 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
+import logging
 import os
 import pathlib
 import struct
 import threading
+import time
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -40,10 +45,12 @@ from typing import Any
 import numpy as np
 from numba import cuda, types
 
+from . import cubin_cache
 from ._runtime import SIMULATOR
 from .driver import (
     CU_ERROR_INVALID_CONTEXT,
     check,
+    driver_version,
     function_static_shared,
     launch_kernel,
     load_function,
@@ -108,42 +115,39 @@ def registered_kernels() -> list[Kernel]:
     return list(_REGISTRY)
 
 
-def _module_family(kernel: Kernel) -> str:
-    return (getattr(kernel.py_func, "__module__", "") or "").rsplit(".", 1)[-1]
+def kernel_family(kernel: Kernel) -> str:
+    """The family a kernel belongs to: its module under ``kernels/`` (``"scan"``), or the
+    subpackage there (``kernels/reduce/forward.py``: ``"reduce"``)."""
+    return _family_of(getattr(kernel.py_func, "__module__", "") or "")
 
 
-def _prepare_share(worker: int, workers: int, families: tuple[str, ...] | None) -> int:
-    kernels = [k for k in registered_kernels()
-               if families is None or _module_family(k) in families]
-    for kernel in kernels[worker::workers]:
-        kernel.prepare()
-    return len(kernels[worker::workers])
+def _family_of(module: str) -> str:
+    parts = module.split(".")
+    if "kernels" in parts[:-1]:
+        return parts[parts.index("kernels") + 1]
+    return parts[-1]
+
+
+def kernel_dtype(kernel: Kernel) -> str | None:
+    """The element token in a kernel's name (``"bf16"`` of ``reduce[sum,bf16]``, ``"2b"``
+    of ``write_slice_rows[2B]``), lower case; None where the name has none."""
+    _, _, rest = kernel.name.partition("[")
+    tokens = [t.lower() for t in rest.rstrip("]").split(",")]
+    return next((t for t in tokens if t in DTYPE_TOKENS), None)
+
+
+#: Element tokens of kernel names: element kinds and, for byte-moving kernels, unit widths.
+DTYPE_TOKENS = frozenset({"f16", "bf16", "f32", "f64", "i32", "i64", "u8", "i8",
+                          "1b", "2b", "4b", "8b", "16b"})
 
 
 def precompile(families: Sequence[str] | None = None, jobs: int | None = None) -> int:
     """Fill the cubin cache for every registered kernel (of the kernel modules named in
-    ``families``, e.g. ``("scan", "reduce")``) that is not in it yet, compiling in ``jobs``
-    spawned processes (default: one per CPU, at most 16). Returns how many kernels were
-    missing. A no-op in the simulator or without a writable cache."""
-    if SIMULATOR or _cache_dir() is None:
-        return 0
-    wanted = None if families is None else tuple(families)
-    cc = cuda.get_current_device().compute_capability
-    missing = [k for k in registered_kernels()
-               if (wanted is None or _module_family(k) in wanted)
-               and (path := _cubin_path(k, cc)) is not None and not path.exists()]
-    if not missing:
-        return 0
-    import concurrent.futures
-    import multiprocessing
+    ``families``) that is not in it yet; see :func:`baracuda_numba.precompile.warmup`.
+    Returns how many kernels were missing."""
+    from .precompile import warmup
 
-    jobs = max(1, min(jobs or min(16, os.cpu_count() or 1), len(missing)))
-    families_missing = tuple(sorted({_module_family(k) for k in missing}))
-    context = multiprocessing.get_context("spawn")  # never fork a process holding CUDA
-    with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=context) as pool:
-        list(pool.map(_prepare_share, range(jobs), [jobs] * jobs,
-                      [families_missing] * jobs))
-    return len(missing)
+    return warmup(families, jobs=jobs)
 
 
 def compile_all_ptx(cc: tuple[int, int] = (9, 0),
@@ -244,7 +248,7 @@ class Kernel:
                                                             for i in range(self._slots)])
         self._pointers_address = ctypes.addressof(self._pointers)
         self._lock = threading.Lock()
-        self._function: int | None = None
+        self._handle: int | None = None  # the CUfunction, once loaded
         self._dynamic_shared = 0  # bytes of dynamic shared memory opted in so far
         self._shared_limit: int | None = None  # dynamic_shared_limit, once read
         self._dispatcher_obj: Any = None
@@ -260,36 +264,69 @@ class Kernel:
             self._dispatcher_obj = _dispatcher(self.py_func, self.max_registers)
         return self._dispatcher_obj
 
-    def prepare(self) -> Kernel:
-        """Resolve the CUfunction once per process. Idempotent.
+    @property
+    def function(self) -> int:
+        """The driver's ``CUfunction`` of this kernel in the current context (loaded, and
+        compiled if it is not in the cache, on first access)."""
+        if self._handle is None:
+            self.load()
+        assert self._handle is not None
+        return self._handle
 
-        First from this package's cubin cache (one ``cuModuleLoadData``, about a
-        millisecond); otherwise Numba compiles the signature, and the linked cubin is
-        written to the cache for the next process. Loading through Numba's own disk cache
-        instead costs 150-300 ms per kernel in a fresh process (unpickling, target setup;
-        H100 machine, 2026-11-22)."""
-        if SIMULATOR or self._function is not None:
+    _function = function  # the name launchers and drivers used before
+
+    @property
+    def loaded(self) -> bool:
+        """Whether this process holds the kernel's CUfunction already (always False in
+        the simulator, which launches through Numba)."""
+        return self._handle is not None
+
+    def prepare(self) -> Kernel:
+        """Declare that a plan may launch this kernel; compiles nothing. The kernel loads
+        on first use (bind, launch, a device query), so a plan's first ``run`` compiles
+        only what it launches. :meth:`load` loads now."""
+        return self
+
+    def load(self) -> Kernel:
+        """Resolve the CUfunction now, once per process. Idempotent; a no-op in the
+        simulator.
+
+        First from the cubin cache (one ``cuModuleLoadData``); otherwise Numba compiles the
+        signature, and the linked cubin is written to the cache for the next process
+        (:func:`baracuda_numba.cubin_cache.lookup_or_fill`: one compile per kernel even
+        with several processes filling one cache)."""
+        if SIMULATOR or self._handle is not None:
             return self
         with _PREPARE_LOCK:
-            if self._function is not None:
+            if self._handle is not None:
                 return self
-            device = cuda.current_context().device
-            cc = device.compute_capability
-            path = _cubin_path(self, cc)
-            if path is not None and path.exists():
+            cc = cuda.current_context().device.compute_capability
+            path = cubin_path(self, cc)
+            entry, built = cubin_cache.lookup_or_fill(path, lambda: self._compile(cc, path))
+            if not built:
+                assert entry is not None
                 try:
-                    name, cubin = path.read_bytes().split(b"\0", 1)
-                    self._function = load_function(cubin, name)
-                    return self
+                    self._handle = load_function(entry[1], entry[0])
                 except (OSError, ValueError, RuntimeError):
-                    pass  # unreadable or stale entry: compile below and rewrite it
+                    # intact but not loadable here: compile and replace it
+                    rebuilt = self._compile(cc, path)
+                    if rebuilt is not None and path is not None:
+                        cubin_cache.write_entry(path, *rebuilt)
+        return self
+
+    def _compile(self, cc: tuple[int, int], path: pathlib.Path | None
+                 ) -> tuple[bytes, bytes] | None:
+        """Compile with Numba and keep its CUfunction; returns ``(entry name, cubin)`` for
+        the cache (None if Numba gave no cubin bytes)."""
+        with compile_notice(self.name, path):
             compiled = self.dispatcher.compile(self.signature)
             library = compiled._codelibrary
-            handle = library.get_cufunc().handle
-            self._function = _as_cufunction(handle)
-            if path is not None:
-                _write_cubin(path, library, cc)
-        return self
+            self._handle = _as_cufunction(library.get_cufunc().handle)
+        cubin = library.get_cubin(cc=cc)
+        image = getattr(cubin, "code", cubin)  # cuda.core ObjectCode or raw bytes
+        if not isinstance(image, (bytes, bytearray)):
+            return None
+        return library._entry_name.encode(), bytes(image)
 
     def dynamic_shared_limit(self) -> int:
         """Bytes of dynamic shared memory one block of this kernel can take on the current
@@ -299,9 +336,8 @@ class Kernel:
         if SIMULATOR:
             return 1 << 30
         if self._shared_limit is None:
-            self.prepare()
             optin = int(cuda.current_context().device.MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
-            self._shared_limit = optin - function_static_shared(self._function)
+            self._shared_limit = optin - function_static_shared(self.function)
         return self._shared_limit
 
     def resident_blocks(self, block: int, dynamic_shared: int = 0) -> int:
@@ -310,9 +346,8 @@ class Kernel:
         runs one block at a time: 1."""
         if SIMULATOR:
             return 1
-        self.prepare()
         sms = int(cuda.current_context().device.MULTIPROCESSOR_COUNT)
-        return sms * max_active_blocks(self._function, block, dynamic_shared)
+        return sms * max_active_blocks(self.function, block, dynamic_shared)
 
     def allow_dynamic_shared(self, nbytes: int) -> Kernel:
         """Opt this kernel in to ``nbytes`` of dynamic shared memory per block
@@ -325,10 +360,9 @@ class Kernel:
         if SIMULATOR or nbytes <= self._dynamic_shared:
             return self
         nbytes = min(nbytes, self.dynamic_shared_limit())
-        self.prepare()
         with _PREPARE_LOCK:
             if nbytes > self._dynamic_shared:
-                set_max_dynamic_shared(self._function, nbytes)
+                set_max_dynamic_shared(self.function, nbytes)
                 self._dynamic_shared = nbytes
         return self
 
@@ -354,8 +388,7 @@ class Kernel:
         if SIMULATOR or _mode == "dispatcher":
             self._launch_dispatcher(grid3, block3, stream, args, shared_bytes)
             return
-        if self._function is None:
-            self.prepare()
+        function = self.function
         values: list[Any] = []
         for (kind, info), value in zip(self._kinds, args):
             if kind == "array":
@@ -368,11 +401,11 @@ class Kernel:
                 values.append(value)
         with self._lock:
             self._struct.pack_into(self._params, 0, *values)
-            code = launch_kernel(self._function, grid3, block3, shared_bytes, stream,
+            code = launch_kernel(function, grid3, block3, shared_bytes, stream,
                                  self._pointers_address)
             if code == CU_ERROR_INVALID_CONTEXT:  # first launch from a new thread
                 cuda.current_context()
-                code = launch_kernel(self._function, grid3, block3, shared_bytes, stream,
+                code = launch_kernel(function, grid3, block3, shared_bytes, stream,
                                      self._pointers_address)
         check(code, f"cuLaunchKernel({self.name})")
 
@@ -442,8 +475,7 @@ class BoundLaunch:
         self.fast: Callable[..., None] = self._dispatch
         if SIMULATOR:
             return
-        kernel.prepare()
-        assert kernel._function is not None
+        function = kernel.function
         values: list[Any] = []
         for (kind, info), value in zip(kernel._kinds, args):
             if kind == "array":
@@ -484,7 +516,7 @@ class BoundLaunch:
             self._keepalive = (buffer, pointers)
         self._pointer_slots = [ctypes.c_uint64.from_buffer(buffer, offset)
                                for offset in offsets]
-        self.fast = pointer_launcher(kernel._function, grid, block, shared_bytes,
+        self.fast = pointer_launcher(function, grid, block, shared_bytes,
                                      self._params_address, self._extra, self._pointer_slots,
                                      self._lock, _DIRECT, self._dispatch, self._failed,
                                      cooperative=cooperative)
@@ -499,7 +531,7 @@ class BoundLaunch:
         dispatcher path (simulator)."""
         if SIMULATOR:
             return None
-        return pointer_launcher(self._kernel._function, self._grid, self._block,
+        return pointer_launcher(self._kernel.function, self._grid, self._block,
                                 self._shared, self._params_address, self._extra,
                                 self._pointer_slots, self._lock, _DIRECT, self._dispatch,
                                 self._failed, order, arity, self._cooperative)
@@ -519,7 +551,7 @@ class BoundLaunch:
             with self._lock:
                 for slot, pointer in zip(self._pointer_slots, pointers):
                     slot.value = pointer
-                code = launch_kernel(self._kernel._function, self._grid, self._block,
+                code = launch_kernel(self._kernel.function, self._grid, self._block,
                                      self._shared, stream, self._params_address or None,
                                      self._extra or None, self._cooperative)
         call = "cuLaunchCooperativeKernel" if self._cooperative else "cuLaunchKernel"
@@ -529,74 +561,130 @@ class BoundLaunch:
 _PREPARE_LOCK = threading.RLock()
 
 
-@functools.cache
-def _cache_dir() -> pathlib.Path | None:
-    """``$BARACUDA_CACHE_DIR`` or ``~/.cache/baracuda_numba``; None if not writable."""
-    root = os.environ.get("BARACUDA_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "baracuda_numba")
-    try:
-        path = pathlib.Path(root)
-        path.mkdir(parents=True, exist_ok=True)
-        return path if os.access(path, os.W_OK) else None
-    except OSError:
-        return None
-
-
 #: Bump when a change outside ``kernels/`` changes generated code (compile options).
-_CACHE_VERSION = 2
+_CACHE_VERSION = 3
 
 
 @functools.cache
-def _source_digest(module: str) -> str:
-    """Hash of the kernel's own module, ``kernels/common.py`` and the compiler versions:
-    a change to one family's device code invalidates only that family's cubins."""
+def source_digest(module: str) -> str:
+    """Hash of a kernel's family sources (``kernels/<family>.py``, or every file of the
+    subpackage ``kernels/<family>/``; another module's own file), of
+    ``kernels/common.py`` and of the Numba version: a change to one family's device code
+    invalidates only that family's cubins."""
     import importlib
 
     import numba
-    import numba_cuda
 
-    digest = hashlib.sha256(f"{_CACHE_VERSION}/{numba.__version__}/"
-                            f"{numba_cuda.__version__}".encode())
     from . import kernels
 
-    sources = {pathlib.Path(kernels.__path__[0]) / "common.py"}
-    try:
-        file = importlib.import_module(module).__file__
-    except ImportError:
-        file = None
-    if file:
-        sources.add(pathlib.Path(file))
-    else:  # unknown origin: every kernel source
-        sources.update(pathlib.Path(kernels.__path__[0]).glob("*.py"))
-    for source in sorted(sources):
-        digest.update(source.name.encode())
+    digest = hashlib.sha256(f"{_CACHE_VERSION}/{numba.__version__}".encode())
+    root = pathlib.Path(kernels.__path__[0])
+    sources = {root / "common.py"}
+    family = root / _family_of(module)
+    if module.startswith(f"{kernels.__name__}.") and family.is_dir():
+        sources.update(family.rglob("*.py"))
+    else:
+        try:
+            file = importlib.import_module(module).__file__
+        except ImportError:
+            file = None
+        if file:
+            sources.add(pathlib.Path(file))
+        else:  # unknown origin: every kernel source
+            sources.update(root.rglob("*.py"))
+    for source in sorted(s for s in sources if s.exists()):
+        digest.update(str(source.relative_to(root) if source.is_relative_to(root)
+                          else source.name).encode())
         digest.update(source.read_bytes())
     return digest.hexdigest()
 
 
-def _cubin_path(kernel: Kernel, cc: tuple[int, int]) -> pathlib.Path | None:
-    root = _cache_dir()
+@functools.cache
+def _versions() -> tuple[str, str, int]:
+    """(package, numba-cuda, CUDA driver) versions, for the cache key."""
+    import numba_cuda
+
+    from . import __version__
+
+    return __version__, numba_cuda.__version__, driver_version()
+
+
+def cubin_path(kernel: Kernel, cc: tuple[int, int]) -> pathlib.Path | None:
+    """The cache file of ``kernel`` for compute capability ``cc`` (None: no cache folder);
+    its name is :func:`baracuda_numba.cubin_cache.entry_key` of everything that changes
+    the binary."""
+    root = cubin_cache.cache_dir()
     if root is None:
         return None
-    module = getattr(kernel.py_func, "__module__", "") or ""
-    key = hashlib.sha256(f"{_source_digest(module)}|{kernel.name}|{kernel.signature}|"
-                         f"{kernel.max_registers}|{cc}".encode()).hexdigest()[:32]
-    return root / f"{key}.cubin"
+    package, numba_cuda_version, driver = _versions()
+    key = cubin_cache.entry_key(
+        source_digest=source_digest(getattr(kernel.py_func, "__module__", "") or ""),
+        name=kernel.name, signature=str(kernel.signature), max_registers=kernel.max_registers,
+        cc=cc, package_version=package, numba_cuda_version=numba_cuda_version,
+        driver_version=driver)
+    return root / f"{key}{cubin_cache.SUFFIX}"
 
 
-def _write_cubin(path: pathlib.Path, library: Any, cc: tuple[int, int]) -> None:
-    """Atomic write of ``entry name NUL cubin`` (a concurrent reader sees all or nothing).
-    A cache that cannot be written only costs the next process a compile."""
-    temporary = path.with_suffix(f".{os.getpid()}.tmp")
+#: Seconds a compile runs before it says so on the ``baracuda_numba`` logger (a first call
+#: that waits longer than this without a word reads as a hang).
+COMPILE_NOTICE_S = 1.0
+
+LOG = logging.getLogger("baracuda_numba")
+
+
+class _Fallback(logging.StreamHandler):
+    """Prints the package's INFO lines on stderr while the application has configured no
+    logging (Python's own last-resort handler shows warnings only); once the root logger
+    has a handler, the records go there alone."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if not logging.getLogger().handlers:
+            super().emit(record)
+
+
+if LOG.level == logging.NOTSET:
+    LOG.setLevel(logging.INFO)  # silence: logging.getLogger("baracuda_numba").setLevel(...)
+if not any(isinstance(h, _Fallback) for h in LOG.handlers):
+    _handler = _Fallback()
+    _handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
+    LOG.addHandler(_handler)
+
+
+class compile_notice:  # noqa: N801 (used as a context manager, like a function)
+    """``with compile_notice(name, path):`` around a compile: after ``after`` seconds (while
+    it still runs) one INFO line says what is compiling and where it will be cached; at
+    the end one DEBUG line gives the time."""
+
+    def __init__(self, name: str, path: pathlib.Path | None,
+                 after: float | None = None) -> None:
+        self.name = name
+        where = f"cached in {_home(path.parent)}" if path is not None \
+            else "not cached: no writable cache folder"
+        self.message = f"compiling {name} (first use; {where})"
+        self.after = COMPILE_NOTICE_S if after is None else after
+        self._timer: threading.Timer | None = None
+
+    def __enter__(self) -> compile_notice:
+        self._start = time.perf_counter()
+        if LOG.isEnabledFor(logging.INFO):
+            self._timer = threading.Timer(self.after, LOG.info, (self.message,))
+            self._timer.daemon = True
+            self._timer.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        LOG.debug("compiled %s in %.2f s", self.name, time.perf_counter() - self._start)
+
+
+def _home(path: pathlib.Path) -> str:
+    """``path`` with the home folder written ``~``."""
+    home = pathlib.Path.home()
     try:
-        cubin = library.get_cubin(cc=cc)
-        image = getattr(cubin, "code", cubin)  # cuda.core ObjectCode or raw bytes
-        if not isinstance(image, (bytes, bytearray)):
-            return
-        temporary.write_bytes(library._entry_name.encode() + b"\0" + bytes(image))
-        os.replace(temporary, path)
-    except Exception:  # noqa: BLE001
-        temporary.unlink(missing_ok=True)
+        return f"~/{path.relative_to(home)}"
+    except ValueError:
+        return str(path)
 
 
 def _dim3(dim: int | tuple[int, ...]) -> tuple[int, int, int]:

@@ -6,6 +6,7 @@ The simulator is chosen before Numba is imported: with no GPU, ``NUMBA_ENABLE_CU
 
 from __future__ import annotations
 
+import os
 import sys
 
 from baracuda_numba._detect import use_simulator_without_gpu
@@ -24,6 +25,17 @@ FLOAT_ELEMENTS = (ElementKind.F16, ElementKind.BF16, ElementKind.F32, ElementKin
 #: Lengths around the usual block sizes (n-1, n, n+1 of 32 and 256) and one odd length; the
 #: simulator (about 0.2 ms per thread) gets the warp edges only.
 EDGE_LENGTHS = (31, 32, 33, 7) if SIMULATOR else (31, 32, 33, 255, 256, 257, 1000)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--ptx-all", action="store_true",
+                     help="test_ptx: compile every kernel signature for sm_90, not CI's "
+                          "sample (same as BARACUDA_PTX_ALL=1)")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if config.getoption("--ptx-all"):
+        os.environ["BARACUDA_PTX_ALL"] = "1"  # read by test_ptx.start and its processes
 
 
 @pytest.hookimpl(trylast=True)  # after -k / -m deselection
