@@ -166,8 +166,8 @@ else:
     _cvt_bf16x2 = _cvt_x2("bf16x2")
     #: ``cvt.rn.f16x2.f32``: the same for f16 (the rounding of ``float16(f32)``). Packing
     #: two ``cvt.rn.f16.f32`` results with shifts let LLVM emit ``bfi.b64 ..., 16, 48``
-    #: in the reduce gradients, which came out with the top element missing on the H100
-    #: (driver 580, 2026-11-23); one packed conversion leaves nothing to insert.
+    #: in the reduce gradients, which came out with the top element missing on the GPU;
+    #: one packed conversion leaves nothing to insert.
     _cvt_f16x2 = _cvt_x2("f16x2")
 
     @cuda.jit(device=True, inline=True)
@@ -713,8 +713,8 @@ else:
 
     #: ``ld.global.v4.u32``: words ``index .. index+3`` of a uint32 array in one 16-byte
     #: access (the address must be 16-byte aligned). Numba has no 16-byte scalar type; its
-    #: 8-byte accesses reached 97 % of torch's copy_ on 537 MB where 16-byte ones reach
-    #: 100 % (H100, 2026-11-22, scripts/probe_rope_f32.py).
+    #: 8-byte accesses fall a few percent short of torch's ``copy_`` on large tensors where
+    #: 16-byte ones match it (docs/design/rope.md).
     load16 = _load16_asm("ld.global.v4.u32 {$0, $1, $2, $3}, [$4];")
     #: ``load16`` with an L2 ``evict_last`` policy (``createpolicy.fractional`` +
     #: ``.L2::cache_hint``, what Triton emits for ``eviction_policy="evict_last"``): for

