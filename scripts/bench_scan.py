@@ -317,7 +317,7 @@ def _prepare(key: tuple[bool, str, str]) -> str:
 
     backward, element, algorithm = key
     kernels = SCAN_KERNELS[(backward, ElementKind[element])]
-    getattr(kernels, algorithm).prepare()
+    getattr(kernels, algorithm).load()
     return f"{'backward' if backward else 'forward'} {algorithm} {element}"
 
 
