@@ -96,6 +96,8 @@ def _note(ctx: Any, text: str) -> None:
 
 
 def bench(ctx: Any) -> None:
+    import rope_qk_rows  # scripts/: the q+k and KV-cache rows
+
     torch = ctx.torch
     compiled = {}
     for pairing, fn in EAGER.items():
@@ -106,7 +108,10 @@ def bench(ctx: Any) -> None:
     parts = {"large": lambda: _large(ctx, torch, compiled),
              "decode": lambda: _decode(ctx, torch, compiled),
              "host": lambda: _host_breakdown(ctx, torch),
-             "tuning": lambda: _tuning(ctx, torch)}
+             "tuning": lambda: _tuning(ctx, torch),
+             # q and k in one call, and the fused KV-cache append (issue 55)
+             "qk": lambda: rope_qk_rows.qk(ctx, _row, _note),
+             "cache": lambda: rope_qk_rows.cache(ctx, _row, _note)}
     # e.g. "decode" or "decode,large": those parts, in that order
     only = os.environ.get("ROPE_BENCH_ONLY", "")
     default = [part for part in parts if ctx.sweep or part != "tuning"]

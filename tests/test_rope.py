@@ -1,10 +1,10 @@
 """RopePlan / RopeBackwardPlan against a plain NumPy float64 reference (and, on a GPU,
 against PyTorch implementations of both pairings and torch.autograd).
 
-The reference rounds exactly what the contract says the kernel rounds: for f16/bf16/f32
-``inv_freq = f32(base^(-2i/R))`` (computed in f64) and ``θ = f32(f32(pos) · inv_freq)``;
-cos/sin of that θ are then taken in f64 and rounded to f32. What remains is the kernel's
-sincosf error (2 ulp), the f32 rotation and one rounding to the storage type.
+The reference is exact (float64 θ = pos · base^(-2i/R), cos and sin in float64): the
+kernel reduces θ modulo 2π in f64 and rounds the reduced angle once to f32 (at most half an
+ulp of π: 1.2e-7 rad at any position), then sincosf (2 ulp), the f32 rotation and one
+rounding to the storage type remain.
 
 Tolerances: ``TOLERANCE[element]`` with ``atol`` scaled by ``max|x|``: a rotation's error
 is relative to the pair's norm, not to each output (an output near zero is the difference
@@ -30,6 +30,11 @@ from baracuda_numba.plans.rope import (
     RopeDescriptor,
     RopePlan,
 )
+from baracuda_numba.plans.rope_kv_cache import (
+    RopeKvCacheAppendArgs,
+    RopeKvCacheAppendDescriptor,
+    RopeKvCacheAppendPlan,
+)
 from baracuda_numba.testing import (
     assert_close,
     from_storage,
@@ -44,6 +49,8 @@ from baracuda_numba.types import (
     ElementKind,
     OpCategory,
     PlanPreference,
+    RopeAngleSource,
+    RopeLayout,
     RopePairing,
 )
 
@@ -61,7 +68,7 @@ SHAPE16 = (2, 5, 3, 32) if SIMULATOR else (3, 13, 37, 144)
 
 
 def rope_reference(x, positions, base, rotary_dim, pairing, inverse, element):
-    """float64 RoPE of float64 ``x`` [B, H, S, D], rounding θ as the contract says."""
+    """float64 RoPE of float64 ``x`` [B, H, S, D] (θ exact; ``element`` unused)."""
     batch, _, seq, _ = x.shape
     pairs = np.arange(rotary_dim // 2)
     inv_freq = np.float64(base) ** (-(2.0 * pairs) / rotary_dim)
@@ -69,14 +76,8 @@ def rope_reference(x, positions, base, rotary_dim, pairing, inverse, element):
         pos = np.broadcast_to(np.arange(seq), (batch, seq))
     else:
         pos = np.broadcast_to(np.asarray(positions), (batch, seq))
-    if element is F64:
-        theta = pos[:, :, None].astype(np.float64) * inv_freq
-        cos, sin = np.cos(theta), np.sin(theta)
-    else:
-        theta = pos[:, :, None].astype(np.float32) * inv_freq.astype(np.float32)
-        theta = theta.astype(np.float32).astype(np.float64)
-        cos = np.cos(theta).astype(np.float32).astype(np.float64)
-        sin = np.sin(theta).astype(np.float32).astype(np.float64)
+    theta = pos[:, :, None].astype(np.float64) * inv_freq
+    cos, sin = np.cos(theta), np.sin(theta)
     cos, sin = cos[:, None], sin[:, None]  # broadcast over heads
     if inverse:
         sin = -sin
@@ -514,10 +515,10 @@ def test_angle_table_is_built_once():
     plan.run(RopeArgs(x, x))
     assert plan._table is table
     cos_sin = to_host(table).reshape(3, 4, 2)
-    theta = np.arange(3)[:, None].astype(np.float32) * (
-        10000.0 ** (-(2.0 * np.arange(4)) / 8)).astype(np.float32)
-    np.testing.assert_allclose(cos_sin[..., 0], np.cos(theta.astype(np.float64)), atol=2e-7)
-    np.testing.assert_allclose(cos_sin[..., 1], np.sin(theta.astype(np.float64)), atol=2e-7)
+    theta = np.arange(3)[:, None] * 10000.0 ** (-(2.0 * np.arange(4)) / 8)
+    # the reduced angle rounded once to f32 (<= 1.2e-7 rad) and sincosf's 2 ulp
+    np.testing.assert_allclose(cos_sin[..., 0], np.cos(theta), atol=2e-7)
+    np.testing.assert_allclose(cos_sin[..., 1], np.sin(theta), atol=2e-7)
 
 
 def test_16_byte_units_choice():
@@ -806,10 +807,10 @@ def test_rejects_wrong_positions_shape_and_dtype():
     for positions in bad:
         _rejects(lambda x, y, p=positions: RopeArgs(x, y, to_device(p)), InvalidProblem,
                  "RopePlan: positions has shape")
-    _rejects(lambda x, y: RopeArgs(x, y, to_device(np.zeros(3, np.int32))), InvalidProblem,
-             "RopePlan: positions has typestr")
+    _rejects(lambda x, y: RopeArgs(x, y, to_device(np.zeros(3, np.int16))), InvalidProblem,
+             "RopePlan: positions has dtype")
     _rejects(lambda x, y: RopeBackwardArgs(x, y, to_device(np.zeros(3, np.float64))),
-             InvalidProblem, "RopeBackwardPlan: positions has typestr", inverse=True)
+             InvalidProblem, "RopeBackwardPlan: positions has dtype", inverse=True)
 
 
 def test_rejects_shape_rank_and_dtype_mismatch():
@@ -849,19 +850,411 @@ def test_rejects_wrong_descriptor_type():
         RopePlan.select(RopeBackwardDescriptor.of(desc))
 
 
+# -- angles at long positions (issue 53) ---------------------------------------------------
+
+
+def storage_ulp(values, element):
+    """One unit in the last place of the storage type at each value (f16: 10 mantissa
+    bits, bf16: 7; subnormal floors)."""
+    bits, floor = {F16: (10, -14), BF16: (7, -126)}[element]
+    exponent = np.floor(np.log2(np.maximum(np.abs(values), 2.0 ** floor)))
+    return 2.0 ** (exponent - bits)
+
+
+@pytest.mark.parametrize("element", [F16, BF16, F32], ids=lambda e: e.name)
+@pytest.mark.parametrize("pairing", [INTERLEAVED, HALF_SPLIT], ids=lambda p: p.name)
+@pytest.mark.parametrize("path", [None, "rows"], ids=["auto", "rows"])
+def test_long_positions_against_exact_angles(rng, element, pairing, path):
+    """Positions up to 2^20 against the float64 θ: f32 within 4e-6 absolute for unit-normal
+    x, f16/bf16 within one rounding (1 ulp) of the exact result; forward and backward."""
+    shape = (1, 2, 4, 16)
+    positions = np.array([999_999, 1 << 20, 65_535, (1 << 20) - 1], dtype=np.int64)
+    x_host = to_storage(rng.standard_normal(shape), element)
+    x64 = from_storage(x_host, element)
+    for inverse in (False, True):
+        desc = RopeDescriptor(*shape, element=element, pairing=pairing)
+        got = from_storage(run_plan(desc, x_host, positions, inverse, path=path), element)
+        y64, _ = rope_reference(x64, positions, 10000.0, 16, pairing, inverse, element)
+        if element is F32:
+            assert_close(got, y64, 0.0, 4e-6, f"f32 {pairing.name} inverse={inverse}")
+        else:
+            error = np.abs(got - y64)
+            bad = error > storage_ulp(y64, element)
+            assert not bad.any(), (element.name, np.argwhere(bad)[:4], got[bad][:4],
+                                   y64[bad][:4])
+
+
+# -- inv_freq, cos/sin, q and k, BSHD / THD, int32 positions, cu_seqlens (issue 55) --------
+
+LAYOUTS = {"BHSD": RopeLayout.BHSD, "BSHD": RopeLayout.BSHD, "THD": RopeLayout.THD}
+
+
+def to_layout(x_bhsd, layout):
+    """[B, H, S, D] as ``layout`` (THD: B must be 1)."""
+    if layout is RopeLayout.BSHD:
+        return np.ascontiguousarray(x_bhsd.transpose(0, 2, 1, 3))
+    if layout is RopeLayout.THD:
+        return np.ascontiguousarray(x_bhsd[0].transpose(1, 0, 2))
+    return x_bhsd
+
+
+def from_layout(x, layout):
+    if layout is RopeLayout.BSHD:
+        return x.transpose(0, 2, 1, 3)
+    if layout is RopeLayout.THD:
+        return x.transpose(1, 0, 2)[None]
+    return x
+
+
+def table_reference(x64, cos, sin, pairing, rotary, inverse):
+    """RoPE of [B, H, S, D] with per-(b, s) tables ``cos``/``sin`` [B, S, R/2] (float64)."""
+    cos, sin = cos[:, None], (-sin if inverse else sin)[:, None]
+    y = x64.copy()
+    if pairing is INTERLEAVED:
+        first, second = slice(0, rotary, 2), slice(1, rotary, 2)
+    else:
+        first, second = slice(0, rotary // 2), slice(rotary // 2, rotary)
+    a, b = x64[..., first], x64[..., second]
+    y[..., first] = a * cos - b * sin
+    y[..., second] = b * cos + a * sin
+    return y
+
+
+# (layout, angles, table width (R or R/2) and dtype, positions dtype, kv heads, element)
+GENERAL_CASES = [
+    ("BHSD", "inv_freq", None, np.int32, 2, F32),
+    ("BSHD", "inv_freq", None, np.int64, 1, BF16),
+    ("BSHD", "gathered", ("R", BF16), None, 2, F16),
+    ("BHSD", "gathered", ("R/2", F32), np.int64, 0, F64),
+    ("THD", "cache", ("R/2", F16), np.int32, 2, BF16),
+    ("BSHD", "cache", ("R", F64), np.int64, 2, F32),
+]
+
+
+@pytest.mark.parametrize("case", GENERAL_CASES, ids=lambda c: "-".join(map(str, c[:3])))
+@pytest.mark.parametrize("pairing", [INTERLEAVED, HALF_SPLIT], ids=lambda p: p.name)
+def test_general_path_matches_reference(rng, case, pairing):
+    """q and k (GQA) in one run against the float64 reference, for each angle source,
+    layout and positions dtype; forward and backward; poisoned outputs."""
+    layout_name, angles, table, pos_dtype, kv_heads, element = case
+    layout = LAYOUTS[layout_name]
+    batch, heads, seq, dim, rotary = (1 if layout is RopeLayout.THD else 2), 4, 3, 12, 8
+    base = 500.0
+    q_host = random_values((batch, heads, seq, dim), element, rng)
+    k_host = random_values((batch, kv_heads, seq, dim), element, rng)
+    positions = rng.integers(0, 40, size=(seq,) if layout is RopeLayout.THD else (batch, seq))
+    inv64 = base ** (-(2.0 * np.arange(rotary // 2)) / rotary)
+    run_args, kind = {}, RopeAngleSource.BASE
+    pos_arg = None if pos_dtype is None else positions.astype(pos_dtype)
+    pos_bs = np.broadcast_to(np.arange(seq) if pos_dtype is None else positions, (batch, seq))
+    if angles == "inv_freq":
+        kind = RopeAngleSource.INV_FREQ
+        inv32 = inv64.astype(np.float32)
+        run_args["inv_freq"] = to_device(inv32)
+        theta = pos_bs[..., None] * inv32.astype(np.float64)
+        cos64, sin64 = np.cos(theta), np.sin(theta)
+    else:
+        width, table_element = table
+        rows = 48
+        if angles == "cache":
+            kind = RopeAngleSource.COS_SIN_CACHE
+            theta = np.arange(rows)[:, None] * inv64
+        else:
+            kind = RopeAngleSource.COS_SIN_GATHERED
+            theta = pos_bs[..., None] * inv64  # [B, S, R/2]
+        cos_t, sin_t = np.cos(theta), np.sin(theta)
+        if width == "R":
+            widen = (lambda t: np.concatenate([t, t], -1)) if pairing is HALF_SPLIT \
+                else (lambda t: np.repeat(t, 2, -1))
+            cos_t, sin_t = widen(cos_t), widen(sin_t)
+        cos_s, sin_s = to_storage(cos_t, table_element), to_storage(sin_t, table_element)
+        run_args.update(cos=to_device(cos_s), sin=to_device(sin_s))
+        cos_v, sin_v = from_storage(cos_s, table_element), from_storage(sin_s, table_element)
+        if width == "R":
+            cos_v, sin_v = (cos_v[..., : rotary // 2], sin_v[..., : rotary // 2]) \
+                if pairing is HALF_SPLIT else (cos_v[..., 0::2], sin_v[..., 0::2])
+        if angles == "cache":
+            cos64, sin64 = cos_v[pos_bs], sin_v[pos_bs]
+        else:
+            cos64, sin64 = np.broadcast_to(cos_v, (batch, seq, rotary // 2)), \
+                np.broadcast_to(sin_v, (batch, seq, rotary // 2))
+    for inverse in (False, True):
+        desc = RopeDescriptor(batch, heads, seq, dim, element=element, pairing=pairing,
+                              rotary_dim=rotary, base=base, num_kv_heads=kv_heads,
+                              layout=layout, angles=kind)
+        plan = (RopeBackwardPlan.select(RopeBackwardDescriptor.of(desc)) if inverse
+                else RopePlan.select(desc))
+        q = to_device(to_layout(q_host, layout))
+        q_out = to_device(poisoned(to_layout(q_host, layout).shape, element))
+        extra = {}
+        if kv_heads:
+            k_out = to_device(poisoned(to_layout(k_host, layout).shape, element))
+            extra = {"dk" if inverse else "k": to_device(to_layout(k_host, layout)),
+                     "dk_out" if inverse else "k_out": k_out}
+        cls = RopeBackwardArgs if inverse else RopeArgs
+        plan.run(cls(q, q_out, None if pos_arg is None else to_device(pos_arg),
+                     **extra, **run_args))
+        outs = [(q_out, q_host)] + ([(k_out, k_host)] if kv_heads else [])
+        for out, source in outs:
+            got = from_storage(from_layout(to_host(out), layout), element)
+            x64 = from_storage(source, element)
+            want = table_reference(x64, cos64, sin64, pairing, rotary, inverse)
+            rtol, atol = tolerance(element, x64, 0.0)
+            assert_close(got, expected_storage_values(want, element), rtol, atol,
+                         f"{case} {pairing.name} inverse={inverse}")
+
+
+@pytest.mark.parametrize("pos_dtype", [np.int32, np.int64])
+def test_packed_sequences_with_cu_seqlens(rng, pos_dtype):
+    """THD with cu_seqlens: positions restart per sequence (plus per-sequence offsets when
+    given); an empty sequence in the middle; q and k."""
+    tokens, heads, dim = 6, 2, 8
+    cu = np.array([0, 2, 2, 6], dtype=pos_dtype)
+    offsets = np.array([7, 0, 1000], dtype=pos_dtype)
+    x_host = random_values((1, heads, tokens, dim), F32, rng)
+    k_host = random_values((1, 1, tokens, dim), F32, rng)
+    desc = RopeDescriptor(3, heads, tokens, dim, element=F32, pairing=HALF_SPLIT,
+                          num_kv_heads=1, layout=RopeLayout.THD)
+    plan = RopePlan.select(desc)
+    for given in (None, offsets):
+        y = to_device(poisoned((tokens, heads, dim), F32))
+        k_out = to_device(poisoned((tokens, 1, dim), F32))
+        plan.run(RopeArgs(to_device(to_layout(x_host, RopeLayout.THD)), y,
+                          None if given is None else to_device(given),
+                          k=to_device(to_layout(k_host, RopeLayout.THD)), k_out=k_out,
+                          cu_seqlens=to_device(cu)))
+        pos = np.array([0, 1, 0, 1, 2, 3]) + (0 if given is None else np.array(
+            [7, 7, 1000, 1000, 1000, 1000]))
+        for out, source in ((y, x_host), (k_out, k_host)):
+            want, _ = rope_reference(source, pos, 10000.0, dim, HALF_SPLIT, False, F32)
+            assert_close(from_layout(to_host(out), RopeLayout.THD), want, *TOLERANCE[F32],
+                         f"cu_seqlens offsets={given is not None}")
+
+
+def test_general_rejections():
+    """Bad input raises before any launch and leaves the output untouched."""
+    shape = (2, 4, 3, 8)
+    x = to_device(np.ones(shape, np.float32))
+
+    def rejects(desc_kwargs, args_kwargs, text, positions=None):
+        desc = RopeDescriptor(*shape, element=F32, **desc_kwargs)
+        y_host = poisoned(shape, F32)
+        y = to_device(y_host)
+        with pytest.raises(InvalidProblem, match=text):
+            RopePlan.select(desc).run(RopeArgs(x, y, positions, **args_kwargs))
+        np.testing.assert_array_equal(to_host(y).view(np.uint32), y_host.view(np.uint32))
+
+    cache = RopeAngleSource.COS_SIN_CACHE
+    short = to_device(np.ones((2, 4), np.float32))  # 2 rows < seq_len 3
+    rejects({"angles": cache}, {"cos": short, "sin": short}, "cos has 2 rows")
+    wide = to_device(np.ones((8, 6), np.float32))
+    rejects({"angles": cache}, {"cos": wide, "sin": wide}, "last axis must be rotary_dim")
+    rejects({"angles": cache}, {"cos": to_device(np.ones((8, 4), np.float32))}, "cos and sin")
+    rejects({"angles": RopeAngleSource.INV_FREQ}, {}, "inv_freq is required")
+    rejects({}, {"inv_freq": to_device(np.ones(4, np.float32))}, "desc.angles = BASE")
+    rejects({}, {"cu_seqlens": to_device(np.zeros(3, np.int32))}, "only for desc.layout")
+    rejects({"num_kv_heads": 2}, {}, "k and k_out are required")
+    rejects({}, {"k": x, "k_out": x}, "num_kv_heads = 0")
+    rejects({"layout": RopeLayout.BSHD}, {}, "x has shape")
+    rejects({}, {}, "positions has dtype", to_device(np.zeros(3, np.float32)))
+    with pytest.raises(InvalidProblem, match="must divide num_heads"):
+        RopePlan.select(RopeDescriptor(*shape, element=F32, num_kv_heads=3))
+    thd = RopeDescriptor(2, 4, 3, 8, element=F32, layout=RopeLayout.THD)
+    with pytest.raises(InvalidProblem, match="cu_seqlens has shape"):
+        RopePlan.select(thd).run(RopeArgs(to_device(np.ones((3, 4, 8), np.float32)),
+                                          to_device(np.ones((3, 4, 8), np.float32)),
+                                          cu_seqlens=to_device(np.zeros(2, np.int32))))
+
+
+def test_rotary_dim_zero_copies():
+    """rotary_dim = 0 rotates nothing: the output is x, bit for bit."""
+    shape = (1, 2, 3, 8)
+    x_host = random_values(shape, F32, np.random.default_rng(1))
+    got = run_plan(RopeDescriptor(*shape, element=F32, rotary_dim=0), x_host,
+                   np.array([5, 6, 7]))
+    np.testing.assert_array_equal(got.view(np.uint32), x_host.view(np.uint32))
+
+
+# -- fused rotate-and-append to a KV cache -----------------------------------------------
+
+
+def _cache_case(rng, element, pairing, paged, layout=RopeLayout.BHSD):
+    batch, heads, kv, length, dim = 2, 4, 2, 2, 8
+    q = random_values((batch, heads, length, dim), element, rng)
+    k = random_values((batch, kv, length, dim), element, rng)
+    v = random_values((batch, kv, length, dim), element, rng)
+    if paged:
+        pages, page = 3, 2
+        caches = [random_values((pages, page, kv, dim), element, rng) for _ in range(2)]
+        slots = np.array([[5, 0], [-1, 3]], dtype=np.int64)  # -1: a padding token
+        positions = np.array([[9, 10], [3, 4]], dtype=np.int64)
+        extra = dict(slot_mapping=slots, positions=positions)
+        desc_extra = dict(page_size=page, num_pages=pages)
+    else:
+        caches = [random_values((batch, kv, 6, dim), element, rng) for _ in range(2)]
+        offsets = np.array([1, 4], dtype=np.int32)
+        positions = offsets[:, None].astype(np.int64) + np.arange(length)
+        extra = dict(cache_offsets=offsets)
+        desc_extra = dict(max_cache_len=6)
+    desc = RopeKvCacheAppendDescriptor(batch, heads, kv, length, dim, element=element,
+                                       pairing=pairing, layout=layout, **desc_extra)
+    return desc, (q, k, v), caches, positions, extra
+
+
+def _expected_cache(element, pairing, tensors, caches, positions, extra, paged):
+    """RopePlan on q and k at ``positions``, then the rows placed as WriteSlicePlan would."""
+    q, k, v = tensors
+    rotated = []
+    for x in (q, k):
+        desc = RopeDescriptor(*x.shape, element=element, pairing=pairing)
+        rotated.append(run_plan(desc, x, positions))
+    k_cache, v_cache = (c.copy() for c in caches)
+    for b in range(q.shape[0]):
+        for l_ in range(q.shape[2]):
+            if paged:
+                slot = extra["slot_mapping"][b, l_]
+                if slot >= 0:
+                    page, row = divmod(int(slot), k_cache.shape[1])
+                    k_cache[page, row] = rotated[1][b, :, l_]
+                    v_cache[page, row] = v[b, :, l_]
+            else:
+                at = extra["cache_offsets"][b] + l_
+                k_cache[b, :, at] = rotated[1][b, :, l_]
+                v_cache[b, :, at] = v[b, :, l_]
+    return rotated[0], k_cache, v_cache
+
+
+@pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
+@pytest.mark.parametrize("pairing", [INTERLEAVED, HALF_SPLIT], ids=lambda p: p.name)
+def test_kv_cache_append_is_rope_then_write(rng, paged, pairing):
+    """Bit-identical to RopePlan followed by the cache write, q returned rotated; a
+    negative slot is skipped."""
+    element = BF16
+    desc, tensors, caches, positions, extra = _cache_case(rng, element, pairing, paged)
+    q_out = to_device(poisoned(tensors[0].shape, element))
+    k_cache, v_cache = (to_device(c) for c in caches)
+    RopeKvCacheAppendPlan.select(desc).run(RopeKvCacheAppendArgs(
+        *(to_device(t) for t in (tensors[0],)), q_out, *(to_device(t) for t in tensors[1:]),
+        k_cache, v_cache, **{name: to_device(a) for name, a in extra.items()}))
+    q_want, k_want, v_want = _expected_cache(element, pairing, tensors, caches, positions,
+                                             extra, paged)
+    np.testing.assert_array_equal(to_host(q_out), q_want)
+    np.testing.assert_array_equal(to_host(k_cache), k_want)
+    np.testing.assert_array_equal(to_host(v_cache), v_want)
+
+
+def test_kv_cache_append_rejections_and_debug_switch(rng, monkeypatch):
+    from baracuda_numba import _debug
+
+    desc, tensors, caches, _, extra = _cache_case(rng, F16, HALF_SPLIT, False)
+    plan = RopeKvCacheAppendPlan.select(desc)
+    q, k, v = (to_device(t) for t in tensors)
+    k_cache, v_cache = (to_device(c) for c in caches)
+    with pytest.raises(InvalidProblem, match="cache_offsets is required"):
+        plan.run(RopeKvCacheAppendArgs(q, q, k, v, k_cache, v_cache))
+    with pytest.raises(InvalidProblem, match="k_cache has shape"):
+        plan.run(RopeKvCacheAppendArgs(q, q, k, v, q, v_cache,
+                                       cache_offsets=to_device(extra["cache_offsets"])))
+    with pytest.raises(InvalidProblem, match="THD needs a paged cache"):
+        RopeKvCacheAppendPlan.select(RopeKvCacheAppendDescriptor(
+            1, 4, 2, 2, 8, element=F16, max_cache_len=6, layout=RopeLayout.THD))
+    with pytest.raises(InvalidProblem, match="must divide num_heads"):
+        RopeKvCacheAppendPlan.select(RopeKvCacheAppendDescriptor(
+            1, 4, 3, 2, 8, element=F16, max_cache_len=6))
+    # an offset whose run of L positions leaves the cache: skipped, or raised under debug
+    late = to_device(np.array([1, 5], dtype=np.int32))  # 5 + 1 = 6 = max_cache_len
+    before = to_host(k_cache).copy()
+    plan.run(RopeKvCacheAppendArgs(q, to_device(poisoned(tensors[0].shape, F16)), k, v,
+                                   k_cache, v_cache, cache_offsets=late))
+    after = to_host(k_cache)
+    # position 6 of (b=1, h=0) would be position 0 of (b=1, h=1): left alone
+    np.testing.assert_array_equal(after[1, 1, 0], before[1, 1, 0])
+    np.testing.assert_array_equal(after[1, :, :5], before[1, :, :5])
+    assert not np.array_equal(after[1, :, 5], before[1, :, 5])
+    monkeypatch.setattr(_debug, "_DEBUG", [True])
+    snapshot = to_host(k_cache).copy()
+    with pytest.raises(InvalidProblem, match="cache_offsets holds 5"):
+        plan.run(RopeKvCacheAppendArgs(q, q, k, v, k_cache, v_cache, cache_offsets=late))
+    np.testing.assert_array_equal(to_host(k_cache), snapshot)
+
+
+# -- scaling helpers -------------------------------------------------------------------------
+
+
+def test_scaling_helpers_follow_their_formulas():
+    from baracuda_numba import rope_scaling as rs
+
+    default = 10000.0 ** (-np.arange(0, 64, 2) / 64)
+    np.testing.assert_allclose(rs.default_inv_freq(64), default, rtol=6e-8)
+    np.testing.assert_allclose(rs.linear_inv_freq(64, 10000.0, 4.0), default / 4, rtol=6e-8)
+    # dynamic NTK: unchanged up to the trained length; base grows past it
+    np.testing.assert_array_equal(rs.dynamic_ntk_inv_freq(64, 10000.0, 2.0, 4096, 1000),
+                                  rs.default_inv_freq(64))
+    grown = 10000.0 * (2.0 * 8192 / 4096 - 1) ** (64 / 62)
+    np.testing.assert_allclose(rs.dynamic_ntk_inv_freq(64, 10000.0, 2.0, 4096, 8192),
+                               grown ** (-np.arange(0, 64, 2) / 64), rtol=6e-8)
+    # llama3: high frequencies kept, low ones divided by the factor, a blend between
+    llama = rs.llama3_inv_freq(128, 500000.0, 8.0, 1.0, 4.0, 8192)
+    base = rs.default_inv_freq(128, 500000.0)
+    wavelength = 2 * np.pi / base.astype(np.float64)
+    np.testing.assert_array_equal(llama[wavelength < 8192 / 4], base[wavelength < 8192 / 4])
+    np.testing.assert_allclose(llama[wavelength > 8192], base[wavelength > 8192] / 8, rtol=1e-7)
+    middle = (wavelength >= 2048) & (wavelength <= 8192)
+    assert middle.any() and np.all(llama[middle] <= base[middle])
+    # YaRN at factor 1 is the default schedule with attention factor 1
+    inv, factor = rs.yarn_inv_freq(64, 10000.0, 1.0, 4096)
+    np.testing.assert_allclose(inv, rs.default_inv_freq(64), rtol=6e-8)
+    assert factor == 1.0
+    inv, factor = rs.yarn_inv_freq(64, 10000.0, 4.0, 4096)
+    assert factor == pytest.approx(0.1 * np.log(4.0) + 1)
+    assert inv[0] == rs.default_inv_freq(64)[0] and inv[-1] == pytest.approx(
+        rs.default_inv_freq(64)[-1] / 4, rel=1e-6)
+    with pytest.raises(InvalidProblem, match="rotary_dim"):
+        rs.default_inv_freq(7)
+    with pytest.raises(InvalidProblem, match="high_freq_factor"):
+        rs.llama3_inv_freq(64, 10000.0, 8.0, 4.0, 1.0, 8192)
+
+
+def test_functional_layer_q_and_k_and_cache_write(rng):
+    """``ops.rope(x, k=...)`` returns both, ``rotary_dim=0`` returns x's values,
+    ``ops.rope_backward`` inverts, ``ops.rope_cache_write`` appends."""
+    import baracuda_numba.ops as ops
+
+    q = rng.standard_normal((2, 3, 4, 8)).astype(np.float32)  # [B, S, H, D]
+    k = rng.standard_normal((2, 3, 1, 8)).astype(np.float32)
+    inv = (10000.0 ** (-np.arange(0, 8, 2) / 8)).astype(np.float32)
+    q_out, k_out = ops.rope(to_device(q), k=to_device(k), inv_freq=to_device(inv),
+                            layout="BSHD", pairing="half_split")
+    dq, dk = ops.rope_backward(q_out, dk=k_out, inv_freq=to_device(inv), layout="BSHD",
+                               pairing="half_split")
+    assert_close(to_host(dq), q, 0.0, 1e-6, "q round trip")
+    assert_close(to_host(dk), k, 0.0, 1e-6, "k round trip")
+    np.testing.assert_array_equal(to_host(ops.rope(to_device(q), rotary_dim=0)), q)
+    with pytest.raises(InvalidProblem, match="layout"):
+        ops.rope(to_device(q), layout="SBHD")
+    k_cache, v_cache = to_device(np.zeros((2, 1, 8, 8), np.float32)), \
+        to_device(np.zeros((2, 1, 8, 8), np.float32))
+    k_bhsd = np.ascontiguousarray(k.transpose(0, 2, 1, 3))
+    ops.rope_cache_write(to_device(np.ascontiguousarray(q.transpose(0, 2, 1, 3))),
+                         to_device(k_bhsd), to_device(k_bhsd), k_cache, v_cache,
+                         cache_offsets=to_device(np.array([0, 4])))
+    np.testing.assert_array_equal(to_host(v_cache)[1, 0, 4:7], k_bhsd[1, 0])
+
+
 # -- GPU: PyTorch, autograd, torch views, > 2^31 elements --------------------------------
 
 
 def torch_rope(torch, x, positions, base, rotary_dim, pairing):
-    """PyTorch RoPE (f32 math, like HF/NeoX with a correctly rounded inv_freq)."""
+    """PyTorch RoPE: θ, cos and sin in f64 (exact, as the plans' contract), rounded to f32,
+    then the rotation in f32 as HF/NeoX."""
     batch, _, seq, _ = x.shape
     pairs = torch.arange(rotary_dim // 2, device=x.device, dtype=torch.float64)
-    inv_freq = (base ** (-(2.0 * pairs) / rotary_dim)).float()
+    inv_freq = base ** (-(2.0 * pairs) / rotary_dim)
     if positions is None:
         positions = torch.arange(seq, device=x.device)
-    pos = positions.expand(batch, seq).float()
+    pos = positions.expand(batch, seq).double()
     theta = pos[:, :, None] * inv_freq  # [B, S, R/2]
-    cos, sin = theta.cos()[:, None], theta.sin()[:, None]
+    cos, sin = theta.cos().float()[:, None], theta.sin().float()[:, None]
     xf = x.float()
     rot, rest = xf[..., :rotary_dim], xf[..., rotary_dim:]
     if pairing is INTERLEAVED:
@@ -1071,3 +1464,240 @@ def test_first_run_in_a_cuda_graph_capture_leaves_the_table_for_later():
     torch.cuda.synchronize()
     assert plan._table is not None
     assert torch.equal(z, y)
+
+
+# -- GPU: the general path against HF, flash-attn's formula and Liger's shapes ------------
+
+
+def hf_cos_sin(torch, positions, inv_freq, dtype, scaling=1.0):
+    """HF's rotary embedding output: cos/sin ``[B, S, R]`` = cat(freqs, freqs), in f32 from
+    an f64 θ (so both sides see the same angles), then cast to ``dtype``."""
+    freqs = positions.double()[..., None] * inv_freq.double()
+    emb = torch.cat([freqs, freqs], dim=-1)
+    return (emb.cos() * scaling).to(dtype), (emb.sin() * scaling).to(dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype_name", ["bfloat16", "float16", "float32"])
+@pytest.mark.parametrize("heads", [(32, 8), (8, 8), (6, 2)], ids=str)
+def test_q_and_k_against_hf_apply_rotary_pos_emb(dtype_name, heads):
+    """``bt.rope(q, k=k, cos=, sin=)`` (HF-gathered tables, half-split) equals HF's
+    ``apply_rotary_pos_emb`` up to one rounding each; gradients through both match."""
+    torch = torch_or_skip()
+    llama = pytest.importorskip("transformers.models.llama.modeling_llama")
+    import baracuda_numba.torch as bt
+
+    dtype = getattr(torch, dtype_name)
+    (hq, hk), batch, seq, dim = heads, 2, 77, 128
+    q = torch.randn(batch, hq, seq, dim, device="cuda", dtype=dtype, requires_grad=True)
+    k = torch.randn(batch, hk, seq, dim, device="cuda", dtype=dtype, requires_grad=True)
+    positions = torch.randint(0, 1 << 17, (batch, seq), device="cuda")
+    inv_freq = torch.tensor(10000.0 ** (-np.arange(0, dim, 2) / dim), device="cuda")
+    cos, sin = hf_cos_sin(torch, positions, inv_freq, dtype)
+    q_ref, k_ref = llama.apply_rotary_pos_emb(q, k, cos, sin)
+    q_out, k_out = bt.rope(q, k=k, cos=cos, sin=sin, pairing="half_split")
+    element = {torch.bfloat16: BF16, torch.float16: F16, torch.float32: F32}[dtype]
+    rtol, atol = TOLERANCE[element]
+    for got, want, x in ((q_out, q_ref, q), (k_out, k_ref, k)):
+        torch.testing.assert_close(got.float(), want.float(), rtol=2 * rtol,
+                                   atol=2 * atol * float(x.detach().abs().max()))
+    grad_q, grad_k = torch.randn_like(q_out), torch.randn_like(k_out)
+    ours = torch.autograd.grad((q_out, k_out), (q, k), (grad_q, grad_k))
+    theirs = torch.autograd.grad((q_ref, k_ref), (q, k), (grad_q, grad_k))
+    for got, want in zip(ours, theirs):
+        torch.testing.assert_close(got.float(), want.float(), rtol=2 * rtol,
+                                   atol=2 * atol * 4.0 * float(want.abs().max()))
+
+
+def flash_attn_rotary_reference(torch, x, cos, sin, interleaved):
+    """flash-attn's ``apply_rotary_emb_torch``, reimplemented: x ``[..., S, H, D]``, cos/sin
+    ``[S, R/2]``; the first R features rotated, the rest passed through."""
+    rotary = cos.shape[-1] * 2
+    rot, rest = x[..., :rotary].float(), x[..., rotary:]
+    if interleaved:
+        cos_r = cos.float().repeat_interleave(2, dim=-1)[:, None]
+        sin_r = sin.float().repeat_interleave(2, dim=-1)[:, None]
+        a, b = rot[..., 0::2], rot[..., 1::2]
+        rotated = torch.stack((-b, a), dim=-1).flatten(-2)
+    else:
+        cos_r = torch.cat([cos, cos], -1).float()[:, None]
+        sin_r = torch.cat([sin, sin], -1).float()[:, None]
+        a, b = rot[..., : rotary // 2], rot[..., rotary // 2:]
+        rotated = torch.cat((-b, a), dim=-1)
+    return torch.cat([(rot * cos_r + rotated * sin_r).to(x.dtype), rest], dim=-1)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("interleaved", [False, True], ids=["half_split", "interleaved"])
+@pytest.mark.parametrize("rotary_dim", [64, 32], ids=["full", "partial"])
+def test_varlen_against_flash_attn_formula(interleaved, rotary_dim):
+    """Packed [T, H, D] with cu_seqlens and a [S_max, R/2] cache, partial rotary, both
+    pairings: flash-attn's reference formula per sequence."""
+    torch = torch_or_skip()
+    import baracuda_numba.ops as bops
+
+    lengths = [5, 0, 300, 1, 129]
+    cu = torch.tensor(np.concatenate([[0], np.cumsum(lengths)]), device="cuda",
+                      dtype=torch.int32)
+    tokens, heads, dim = int(cu[-1]), 6, 64
+    x = torch.randn(tokens, heads, dim, device="cuda", dtype=torch.float16)
+    k = torch.randn(tokens, 2, dim, device="cuda", dtype=torch.float16)
+    theta = torch.arange(512, device="cuda", dtype=torch.float64)[:, None] * (
+        10000.0 ** (-torch.arange(0, rotary_dim, 2, device="cuda").double() / rotary_dim))
+    cos, sin = theta.cos().float(), theta.sin().float()
+    pairing = "interleaved" if interleaved else "half_split"
+    got, got_k = bops.rope(x, k=k, cos=cos, sin=sin, layout="THD", cu_seqlens=cu,
+                           pairing=pairing, rotary_dim=rotary_dim)
+    for t_in, t_out in ((x, got), (k, got_k)):
+        for i, length in enumerate(lengths):
+            start = int(cu[i])
+            part = t_in[start:start + length]
+            want = flash_attn_rotary_reference(torch, part, cos[:length], sin[:length],
+                                               interleaved)
+            torch.testing.assert_close(t_out[start:start + length].float(), want.float(),
+                                       rtol=2e-3, atol=2e-3 * float(part.abs().max() + 1))
+
+
+LIGER_SHAPES = [(1, 128, 32, 32, 64), (2, 128, 32, 32, 64), (1, 128, 32, 8, 64),
+                (2, 128, 32, 8, 64), (3, 423, 73, 213, 92), (3, 423, 73, 155, 92)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", LIGER_SHAPES, ids=str)
+@pytest.mark.parametrize("dtype_name", ["bfloat16", "float32"])
+def test_liger_shapes(shape, dtype_name):
+    """Liger-Kernel's rope test shapes (batch, seq, q heads, kv heads, head dim), HF
+    tables; kv heads that do not divide q's are rotated in a call of their own."""
+    torch = torch_or_skip()
+    llama = pytest.importorskip("transformers.models.llama.modeling_llama")
+    import baracuda_numba.torch as bt
+
+    batch, seq, hq, hk, dim = shape
+    dtype = getattr(torch, dtype_name)
+    q = torch.randn(batch, seq, hq, dim, device="cuda", dtype=dtype).transpose(1, 2)
+    k = torch.randn(batch, seq, hk, dim, device="cuda", dtype=dtype).transpose(1, 2)
+    positions = torch.arange(seq, device="cuda")[None].expand(batch, seq)
+    inv_freq = torch.tensor(10000.0 ** (-np.arange(0, dim, 2) / dim), device="cuda")
+    cos, sin = hf_cos_sin(torch, positions, inv_freq, dtype)
+    q_ref, k_ref = llama.apply_rotary_pos_emb(q, k, cos, sin)
+    if hq % hk == 0:
+        q_out, k_out = bt.rope(q, k=k, cos=cos, sin=sin, pairing="half_split")
+    else:
+        q_out = bt.rope(q, cos=cos, sin=sin, pairing="half_split")
+        k_out = bt.rope(k, cos=cos, sin=sin, pairing="half_split")
+    tol = 1.6e-2 if dtype is torch.bfloat16 else 2e-6
+    for got, want, x in ((q_out, q_ref, q), (k_out, k_ref, k)):
+        torch.testing.assert_close(got.float(), want.float(), rtol=tol,
+                                   atol=tol * float(x.abs().max()))
+
+
+@pytest.mark.gpu
+def test_torch_rope_under_compile_and_rotary_dim_zero():
+    torch = torch_or_skip()
+    import baracuda_numba.torch as bt
+
+    q = torch.randn(2, 8, 33, 64, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(2, 2, 33, 64, device="cuda", dtype=torch.bfloat16)
+    inv = torch.tensor(10000.0 ** (-np.arange(0, 64, 2) / 64), device="cuda",
+                       dtype=torch.float32)
+
+    def f(q, k):
+        return bt.rope(q, k=k, inv_freq=inv, pairing="half_split")
+
+    eager = f(q, k)
+    compiled = torch.compile(f, fullgraph=True)(q, k)
+    for a, b in zip(eager, compiled):
+        assert torch.equal(a, b)
+    assert torch.equal(bt.rope(q, rotary_dim=0), q)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
+@pytest.mark.parametrize("length", [1, 37], ids=["decode", "prefill"])
+def test_kv_cache_append_bit_identical_to_rope_then_write_slice(paged, length):
+    """Llama-3-8B heads: the fused plan against RopePlan followed by WriteSlicePlan (one
+    window per sequence), bit for bit."""
+    torch = torch_or_skip()
+    import baracuda_numba.ops as bops
+
+    batch, hq, hk, dim, max_len = 8, 32, 8, 128, 256
+    dtype = torch.bfloat16
+    q = torch.randn(batch, hq, length, dim, device="cuda", dtype=dtype)
+    k = torch.randn(batch, hk, length, dim, device="cuda", dtype=dtype)
+    v = torch.randn(batch, hk, length, dim, device="cuda", dtype=dtype)
+    offsets = torch.randint(0, max_len - length + 1, (batch,), device="cuda")
+    positions = offsets[:, None] + torch.arange(length, device="cuda")
+    q_want = bops.rope(q, positions=positions, pairing="half_split")
+    k_rot = bops.rope(k, positions=positions, pairing="half_split")
+    if paged:
+        page = 16
+        pages = batch * max_len // page
+        k_cache = torch.randn(pages, page, hk, dim, device="cuda", dtype=dtype)
+        v_cache = torch.randn_like(k_cache)
+        perm = torch.randperm(pages, device="cuda").view(batch, max_len // page)
+        slots = perm.gather(1, (positions // page)) * page + positions % page
+        k_want, v_want = k_cache.clone(), v_cache.clone()
+        k_want.view(-1, hk, dim)[slots.flatten()] = k_rot.transpose(1, 2).reshape(-1, hk, dim)
+        v_want.view(-1, hk, dim)[slots.flatten()] = v.transpose(1, 2).reshape(-1, hk, dim)
+        q_out = bops.rope_cache_write(q, k, v, k_cache, v_cache, slot_mapping=slots,
+                                      positions=positions, pairing="half_split")
+    else:
+        from baracuda_numba.plans.write_slice import (
+            WriteSliceArgs,
+            WriteSliceDescriptor,
+            WriteSlicePlan,
+        )
+
+        k_cache = torch.randn(batch, hk, max_len, dim, device="cuda", dtype=dtype)
+        v_cache = torch.randn_like(k_cache)
+        k_want, v_want = k_cache.clone(), v_cache.clone()
+        for b in range(batch):
+            at = int(offsets[b])
+            for src, dst in ((k_rot, k_want), (v, v_want)):
+                desc = WriteSliceDescriptor((batch, hk, max_len, dim), (1, hk, length, dim),
+                                            ((b, b + 1), (0, hk), (at, at + length), (0, dim)),
+                                            element=BF16)
+                WriteSlicePlan.select(desc).run(WriteSliceArgs(dst, src[b:b + 1]))
+        q_out = bops.rope_cache_write(q, k, v, k_cache, v_cache, cache_offsets=offsets,
+                                      pairing="half_split")
+    torch.cuda.synchronize()
+    assert torch.equal(q_out.view(torch.int16), q_want.view(torch.int16))
+    assert torch.equal(k_cache.view(torch.int16), k_want.view(torch.int16))
+    assert torch.equal(v_cache.view(torch.int16), v_want.view(torch.int16))
+
+
+@pytest.mark.gpu
+def test_scaling_helpers_against_transformers():
+    """Each helper against HF transformers' ROPE_INIT_FUNCTIONS (f32 there: rtol 1e-6)."""
+    torch_or_skip()
+    utils = pytest.importorskip("transformers.modeling_rope_utils")
+    from transformers import LlamaConfig
+
+    from baracuda_numba import rope_scaling as rs
+
+    cases = [
+        ("linear", {"factor": 4.0}, lambda: rs.linear_inv_freq(128, 500000.0, 4.0)),
+        ("dynamic", {"factor": 2.0}, lambda: rs.dynamic_ntk_inv_freq(128, 500000.0, 2.0,
+                                                                     8192, 8192)),
+        ("llama3", {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                    "original_max_position_embeddings": 8192},
+         lambda: rs.llama3_inv_freq(128, 500000.0, 8.0, 1.0, 4.0, 8192)),
+        ("yarn", {"factor": 4.0, "original_max_position_embeddings": 8192},
+         lambda: rs.yarn_inv_freq(128, 500000.0, 4.0, 8192)),
+    ]
+    for kind, params, ours in cases:
+        scaling = {"rope_type": kind, **params}
+        try:
+            config = LlamaConfig(head_dim=128, hidden_size=4096, num_attention_heads=32,
+                                 rope_theta=500000.0, max_position_embeddings=8192,
+                                 rope_scaling=scaling)
+            inv, factor = utils.ROPE_INIT_FUNCTIONS[kind](config, "cpu")
+        except Exception as error:  # transformers' config API moves between versions
+            pytest.skip(f"transformers' {kind} helper not callable here: {error}")
+        got = ours()
+        got_inv, got_factor = got if isinstance(got, tuple) else (got, 1.0)
+        # HF forms base^(2i/R) in f32: the exponent's rounding times ln(base) (13 for
+        # 500000) is about 1.3e-6 relative, plus f32 pow and the ramp's arithmetic
+        np.testing.assert_allclose(got_inv, inv.double().cpu().numpy(), rtol=1e-5,
+                                   err_msg=kind)
+        assert got_factor == pytest.approx(float(factor), rel=1e-6), kind

@@ -66,7 +66,9 @@ from ..launch import Kernel
 from ..types import ElementKind
 from .common import (
     bf16_to_f32,
+    bitcast,
     div_mod,
+    f16_from_bits,
     f32_from_bits,
     f32_to_bf16,
     f32_to_bits,
@@ -86,7 +88,7 @@ from .common import (
 )
 
 #: Heads a thread loads before storing any (memory-level parallelism; registers bound it:
-#: see docs/notes/rope.md for the sweep).
+#: see docs/design/rope.md for the sweep).
 HEAD_BATCH = 8
 
 # -- accurate trig (simulator: the math module) -------------------------------------------
@@ -106,6 +108,10 @@ if SIMULATOR:
     def _exp2_64(value):
         return math.pow(2.0, value)
 
+    @cuda.jit(device=True, inline=True)
+    def _rint64(value):
+        return np.rint(value)
+
 else:
     from numba.cuda import libdevice
 
@@ -122,6 +128,10 @@ else:
     @cuda.jit(device=True, inline=True)
     def _exp2_64(value):
         return libdevice.exp2(value)
+
+    @cuda.jit(device=True, inline=True)
+    def _rint64(value):
+        return libdevice.rint(value)
 
 
 # -- per element kind: how a unit of two elements is unpacked and packed -----------------
@@ -153,17 +163,39 @@ def _f64_load(value):
 @cuda.jit(device=True, inline=True)
 def rope_inv_freq(pair, freq_exponent):
     """``base^(−2·pair/R) = 2^(pair · freq_exponent)`` in f64, with ``freq_exponent =
-    −2·log2(base)/R`` from the host (the plan): relative error about 1e-15, far below the
-    f32 rounding that follows. One multiply and libdevice's ``exp2``:
-    an f64 division here (``div.rn.f64``) made the decode shape 0.4 µs slower (H100,
-    2026-11-25, ``scripts/probe_rope_paths.py diag``)."""
+    −2·log2(base)/R`` from the host (the plan): relative error about 1e-15. One multiply
+    and libdevice's ``exp2`` (an f64 division here measured slower at decode shapes)."""
     return _exp2_64(float64(pair) * freq_exponent)
+
+
+#: 2π as an f64 head and tail (Cody–Waite): ``TWO_PI_HI + TWO_PI_LO`` = 2π to ~1e-32.
+TWO_PI_HI = 6.283185307179586
+TWO_PI_LO = 2.4492935982947064e-16
+INV_TWO_PI = 0.15915494309189535
+
+
+@cuda.jit(device=True, inline=True)
+def reduce_angle(pos, inv_freq):
+    """``θ = pos · inv_freq`` reduced to ``[−π, π]`` in f64, rounded once to f32.
+
+    ``θ`` is one f64 product (relative error 2^-53: 1e-10 absolute at θ = 10^6), the turn
+    count ``k = rint(θ / 2π)`` and ``θ − k·2π`` a two-step Cody–Waite reduction with fused
+    multiply-adds (each step exact up to one rounding of a value below 2π), so the f32
+    angle handed to ``sincosf`` is within half an ulp of π of the true one at any
+    position below 2^40. A handful of f64 operations per (row, pair), amortised over the
+    heads a thread rotates; the f32 alternative (θ rounded in f32 before sincos) was off
+    by 0.03 at position 10^6."""
+    theta = float64(pos) * float64(inv_freq)
+    turns = _rint64(theta * INV_TWO_PI)
+    reduced = cuda.fma(-turns, TWO_PI_HI, theta)
+    return float32(cuda.fma(-turns, TWO_PI_LO, reduced))
 
 
 @cuda.jit(device=True, inline=True)
 def rope_sincos32(pos, inv_freq, inverse):
-    """(sin, cos) of ``θ = f32(pos) ⊗ f32(inv_freq)``; sin negated for the backward."""
-    sin_t, cos_t = _sincos32(float32(pos) * float32(inv_freq))
+    """(sin, cos) in f32 of ``θ = pos · inv_freq`` (:func:`reduce_angle`); sin negated for
+    the backward."""
+    sin_t, cos_t = _sincos32(reduce_angle(pos, inv_freq))
     if inverse:
         sin_t = -sin_t
     return sin_t, cos_t
@@ -186,6 +218,79 @@ def rotate_pair(a, b, sin_t, cos_t):
     return cuda.fma(a, cos_t, -(b * sin_t)), cuda.fma(b, cos_t, a * sin_t)
 
 
+# -- where positions, angles and destination rows come from (``rope_rows``) --------------
+
+#: ``ROPE_SOURCES.angle_source``: θ from ``base`` (``exp2``), from an ``inv_freq`` vector,
+#: or cos/sin read from tables.
+ANGLES_BASE, ANGLES_INV_FREQ, ANGLES_TABLE = 0, 1, 2
+
+#: ``ROPE_SOURCES.cs_kind``: the cos/sin tables' element type, read from 16-bit words.
+TABLE_KINDS = {ElementKind.F16: 0, ElementKind.BF16: 1, ElementKind.F32: 2,
+               ElementKind.F64: 3}
+
+
+@cuda.jit(device=True, inline=True)
+def load_index(words, index, wide):
+    """Element ``index`` of an int64 (``wide``) or int32 array seen as 32-bit words."""
+    if wide:
+        low = uint64(words[uint64(2 * index)])
+        return int64(low | (uint64(words[uint64(2 * index + 1)]) << uint64(32)))
+    return int64(int32(words[uint64(index)]))
+
+
+@cuda.jit(device=True, inline=True)
+def load_real(halves, index, kind):
+    """Element ``index`` of an f16 / bf16 / f32 / f64 array (``TABLE_KINDS``) seen as
+    16-bit words, in f64 (exact for every kind): one signature serves every table type."""
+    if kind == 0:
+        return float64(float32(f16_from_bits(halves[uint64(index)])))
+    if kind == 1:
+        return float64(bf16_to_f32(halves[uint64(index)]))
+    if kind == 2:
+        word = uint64(2 * index)
+        return float64(f32_from_bits(uint32(halves[word])
+                                     | (uint32(halves[word + 1]) << uint32(16))))
+    word = uint64(4 * index)
+    bits = (uint64(halves[word]) | (uint64(halves[word + 1]) << uint64(16))
+            | (uint64(halves[word + 2]) << uint64(32)) | (uint64(halves[word + 3]) << uint64(48)))
+    return bitcast(bits, float64)
+
+
+@cuda.jit(device=True, inline=True)
+def find_sequence(cu_seqlens, count, wide, token):
+    """The sequence ``i < count`` with ``cu_seqlens[i] <= token`` (the last such: binary
+    search over the increasing offsets)."""
+    low = int64(0)
+    high = count - 1
+    while low < high:
+        middle = (low + high + 1) // 2
+        if load_index(cu_seqlens, middle, wide) <= token:
+            low = middle
+        else:
+            high = middle - 1
+    return low
+
+
+@cuda.jit(device=True, inline=True)
+def row_position(positions, cu_seqlens, b, s, pos_b, pos_s, has_positions, pos_wide,
+                 pos_plus_s, cu_count, cu_wide):
+    """The position of row (b, s): with ``cu_seqlens`` (packed ``[T, H, D]``, b = 0, s = the
+    token) ``s − cu[i]`` plus ``positions[i]`` (per-sequence offsets) if given; else
+    ``positions[b, s]`` (plus ``s`` where ``pos_plus_s``: per-sequence starts) or ``s``."""
+    if cu_count > 0:
+        sequence = find_sequence(cu_seqlens, cu_count, cu_wide, s)
+        pos = s - load_index(cu_seqlens, sequence, cu_wide)
+        if has_positions:
+            pos += load_index(positions, sequence * pos_s, pos_wide)
+        return pos
+    if has_positions:
+        pos = load_index(positions, b * pos_b + s * pos_s, pos_wide)
+        if pos_plus_s:
+            pos += s
+        return pos
+    return s
+
+
 # -- the kernel skeleton, specialised per element kind and layout ------------------------
 
 #: layout -> (elements per memory unit, pairs per item); see the module docstring.
@@ -203,6 +308,20 @@ ROPE_PARAMS = ("rows", "seq_len", "num_heads", "heads_per_thread", "items_per_ro
                "rot_items", "pair_step", "partner", "copy_offset", "x_b", "x_h", "x_s",
                "y_b", "y_h", "y_s", "pos_b", "pos_s", "has_positions", "rotary_dim",
                "inverse")
+
+#: Named fields of ``rope_rows``' second int64 tuple: positions int64 (``pos_wide``) or
+#: int32 words, ``pos_plus_s`` (positions are per-sequence starts), ``cu_count`` sequences
+#: of packed tokens (0: none), the angle source (``ANGLES_*``), the cos/sin tables' kind and
+#: strides (batch, sequence, position, pair column), and an optional destination row index
+#: per (b, s) (``dest``, int32/int64: ``y`` row (``has_dest`` 1; 2: ``y_k`` row)
+#: ``+= dest[b·dest_b + s·dest_s] · y_dest``;
+#: the row is skipped unless ``0 <= dest[..] + s·dest_plus_s < dest_limit``, as upstream's
+#: ``KvCacheAppendPlan`` skips targets outside the cache); ``k_heads`` heads of k (0: none)
+#: rotated in the same launch, with k's outer strides.
+ROPE_SOURCES = ("pos_wide", "pos_plus_s", "cu_count", "cu_wide", "angle_source", "cs_kind",
+                "cs_b", "cs_s", "cs_pos", "cs_col", "has_dest", "dest_wide", "dest_b",
+                "dest_s", "y_dest", "dest_plus_s", "dest_limit", "k_heads", "xk_b", "xk_h",
+                "xk_s", "yk_b", "yk_h", "yk_s")
 
 
 def _make_rope_kernel(layout: str, storage, unpack, pack, to_compute, from_compute, sincos,
@@ -323,13 +442,20 @@ def _make_rope_kernel(layout: str, storage, unpack, pack, to_compute, from_compu
                 copy_store(y, y_offset + min(h + k, last) * y_head, first[k], second[k])
             h += batch
 
-    def rope_rows(x, y, positions, params, freq_exponent):
+    def rope_rows(x, y, positions, cu_seqlens, inv_freq, cos_table, sin_table, dest, x_k,
+                  y_k, params, sources, freq_exponent):
         """Items along x (grid-stride), rows (b, s) along y, block.y consecutive rows per
-        block (grid-stride); ``params`` holds the ``ROPE_PARAMS`` fields."""
+        block (grid-stride); ``params`` holds the ``ROPE_PARAMS`` fields, ``sources`` the
+        ``ROPE_SOURCES`` ones (where positions, angles and destination rows come from, and
+        k: head groups past q's rotate ``x_k`` into ``y_k`` with the same angles)."""
         (rows, seq_len, num_heads, heads_per_thread, items_per_row, rot_items, pair_step,
          partner, copy_offset, x_b, x_h, x_s, y_b, y_h, y_s, pos_b, pos_s, has_positions,
          rotary_dim, inverse) = params
-        groups = (num_heads + heads_per_thread - 1) // heads_per_thread
+        (pos_wide, pos_plus_s, cu_count, cu_wide, angle_source, cs_kind, cs_b, cs_s, cs_pos,
+         cs_col, has_dest, dest_wide, dest_b, dest_s, y_dest, dest_plus_s, dest_limit,
+         k_heads, xk_b, xk_h, xk_s, yk_b, yk_h, yk_s) = sources
+        q_groups = (num_heads + heads_per_thread - 1) // heads_per_thread
+        groups = q_groups + (k_heads + heads_per_thread - 1) // heads_per_thread
         work = items_per_row * groups
         row_first = int64(cuda.threadIdx.y) + int64(cuda.blockIdx.y) * int64(cuda.blockDim.y)
         row_step = int64(cuda.blockDim.y) * int64(cuda.gridDim.y)
@@ -341,31 +467,60 @@ def _make_rope_kernel(layout: str, storage, unpack, pack, to_compute, from_compu
         while r < work:
             group = r // items_per_row
             item = r - group * items_per_row
-            head0 = group * heads_per_thread
-            heads = min(num_heads - head0, heads_per_thread)
-            row = row_first
-            if item < rot_items:
+            is_k = group >= q_groups
+            if is_k:  # a group of k's heads: k's arrays and strides
+                head0 = (group - q_groups) * heads_per_thread
+                heads = min(k_heads - head0, heads_per_thread)
+                in_b, in_h, in_s, out_b, out_h, out_s = xk_b, xk_h, xk_s, yk_b, yk_h, yk_s
+            else:
+                head0 = group * heads_per_thread
+                heads = min(num_heads - head0, heads_per_thread)
+                in_b, in_h, in_s, out_b, out_h, out_s = x_b, x_h, x_s, y_b, y_h, y_s
+            source = x_k if is_k else x
+            target = y_k if is_k else y
+            rotating = item < rot_items
+            if rotating:
                 offset = item * pair_step
                 for p in range(pairs_per_item):
-                    invs[p] = rope_inv_freq(item * pairs_per_item + p, freq_exponent)
-                while row < rows:
-                    b = row // seq_len
-                    s = row - b * seq_len
-                    pos = positions[uint64(b * pos_b + s * pos_s)] if has_positions else s
-                    for p in range(pairs_per_item):
-                        sins[p], coss[p] = sincos(pos, invs[p], inverse)
-                    rotate_heads(x, y, b * x_b + s * x_s + head0 * x_h + offset,
-                                 b * y_b + s * y_s + head0 * y_h + offset, x_h, y_h, heads,
-                                 partner, sins, coss)
-                    row += row_step
+                    pair = item * pairs_per_item + p
+                    if angle_source == ANGLES_INV_FREQ:
+                        invs[p] = float64(inv_freq[uint64(pair)])
+                    else:
+                        invs[p] = rope_inv_freq(pair, freq_exponent)
             else:
                 offset = copy_offset + (item - rot_items) * copy_step
-                while row < rows:
-                    b = row // seq_len
-                    s = row - b * seq_len
-                    copy_heads(x, y, b * x_b + s * x_s + head0 * x_h + offset,
-                               b * y_b + s * y_s + head0 * y_h + offset, x_h, y_h, heads)
-                    row += row_step
+            row = row_first
+            while row < rows:
+                b = row // seq_len
+                s = row - b * seq_len
+                y_row = b * out_b + s * out_s
+                inside = True
+                # the index places y's rows (has_dest 1) or k's (2, k fused with q)
+                if has_dest == (2 if is_k else 1):  # outside [0, dest_limit): skipped
+                    slot = load_index(dest, b * dest_b + s * dest_s, dest_wide)
+                    y_row += slot * y_dest
+                    at = slot + s * dest_plus_s
+                    inside = at >= 0 and at < dest_limit
+                x_row = b * in_b + s * in_s + head0 * in_h + offset
+                y_row += head0 * out_h + offset
+                if inside and rotating:
+                    pos = row_position(positions, cu_seqlens, b, s, pos_b, pos_s,
+                                       has_positions, pos_wide, pos_plus_s, cu_count, cu_wide)
+                    if angle_source == ANGLES_TABLE:
+                        table_row = b * cs_b + s * cs_s + pos * cs_pos
+                        for p in range(pairs_per_item):
+                            column = table_row + (item * pairs_per_item + p) * cs_col
+                            coss[p] = compute_type(load_real(cos_table, column, cs_kind))
+                            sin_t = compute_type(load_real(sin_table, column, cs_kind))
+                            sins[p] = -sin_t if inverse else sin_t
+                    else:
+                        for p in range(pairs_per_item):
+                            sins[p], coss[p] = sincos(pos, invs[p], inverse)
+                    rotate_heads(source, target, x_row, y_row, in_h, out_h, heads, partner,
+                                 sins, coss)
+                elif inside:
+                    copy_heads(source, target, x_row, y_row, in_h, out_h, heads)
+                row += row_step
             r += r_step
 
     return rope_rows
@@ -397,14 +552,16 @@ def _flat_c(storage: types.Type) -> types.Array:
 
 
 def _signature(storage: types.Type) -> tuple[types.Type, ...]:
-    return (_flat_c(storage), _flat_c(storage), _flat_c(int64),
-            types.UniTuple(int64, len(ROPE_PARAMS)), float64)
+    words, halves = _flat_c(uint32), _flat_c(uint16)
+    return (_flat_c(storage), _flat_c(storage), words, words, _flat_c(float32), halves,
+            halves, words, _flat_c(storage), _flat_c(storage),
+            types.UniTuple(int64, len(ROPE_PARAMS)),
+            types.UniTuple(int64, len(ROPE_SOURCES)), float64)
 
 
-#: Batches other than HEAD_BATCH, from the sweep in ``scripts/bench_rope.py`` (H100,
-#: [8,32,2048,128] forward, 16 heads per thread, 2048 row blocks, 2026-11-22): f16/bf16
-#: interleaved4 95.9/95.6 µs at 16 vs 98.1/98.3 at 8; bf16 half_split4 97.7 at 4 vs 97.3
-#: at 8 (with the hardware bf16x2 narrowing: 132 registers at 8 before it).
+#: Batches other than HEAD_BATCH, from the benchmark's sweep: 16 for the 4-element
+#: interleaved units (more loads in flight), 4 for bf16 half_split4 (registers); figures
+#: in docs/design/rope.md.
 ROPE_BATCH = {(ElementKind.F16, "interleaved4"): 16, (ElementKind.BF16, "interleaved4"): 16,
               (ElementKind.BF16, "half_split4"): 4}
 
@@ -803,7 +960,7 @@ def _make_rope_table_kernel(half: bool, elements: int, unpack, pack, planes_per_
             group = int64(cuda.blockIdx.y)
             # Two straight paths, each issuing all its loads before it uses any: a value
             # loaded in one branch and merged after it would be waited for at the merge
-            # (measured: half-split 105.7 µs vs 91.0, f16 [8,32,2048,128], H100).
+            # (measured slower: docs/design/rope.md).
             if item < rot_items:
                 while group < groups:
                     for k in range(per_thread):
@@ -862,10 +1019,8 @@ ROPE_ANGLES_KERNEL = Kernel("rope_angles", rope_angles,
 
 
 #: (b, h) planes per ``rope_table`` thread, per layout: interleaved threads load one unit
-#: per plane, so two planes keep as many loads in flight as a half-split item (H100,
-#: 2026-11-25, [8,32,2048,128] forward, µs for 1/2/4 planes per thread: f32 interleaved
-#: 193.3/182.8/184.0, half-split 181.6/183.2/184.7; f16 interleaved 100.2/93.4/95.8,
-#: half-split 91.3/92.5/94.4).
+#: per plane, so two planes keep as many loads in flight as a half-split item (the sweep
+#: of 1/2/4 planes: docs/design/rope.md).
 TABLE_PLANES_PER_THREAD = {"interleaved_16B": 2, "half_split_16B": 1}
 
 
@@ -897,29 +1052,21 @@ ROPE_TABLE_KERNELS = {(element, layout): build_rope_table_kernel(element, layout
 # its pairs' (cos, sin) from the table (L2, loaded with an evict_last policy as Triton's
 # eviction_policy="evict_last"; f32 loads x so too, FLAT_X_EVICT_LAST) and stores the unit;
 # 32-bit unit indices (the plan takes it below 2^32 units) and no loop (the grid covers
-# the units). H100, 2026-11-26,
-# [8, 32, 2048, 128] forward, µs, old and new code alternately in the benchmark
-# (rope_table with two planes per thread -> rope_flat; torch.compile): f32 182.7 -> 179.0
-# (179.9), bf16 94.6 -> 92.5 (125), f16 94.2 -> 92.0 (125). Without the hint rope_flat
-# gained only 0.5-1 %; on rope_table (half-split, planes = 1) the hint cost 0.3-0.6 %
-# for f16/bf16, so that kernel keeps plain loads.
+# the units). The L2 hint is what makes it faster than ``rope_table`` on the same table;
+# on ``rope_table`` (half-split) the hint measured slower for f16/bf16, so that kernel
+# keeps plain loads (figures: docs/design/rope.md).
 ROPE_FLAT_PARAMS = ("threads", "items_per_row", "items_log", "rot_items", "seq_len",
                     "half_rotary", "in_place", "inverse", "plane_log", "planes")
 
 #: (b, h) planes per ``rope_flat`` thread, per element kind (the registered kernels'; a
 #: plan's ``flat_planes_per_thread`` picks another variant): two units' loads in flight
-#: per thread and one table read for both. (H200, 2026-11-28, [8, 32, 2048, 128] forward,
-#: benchmark tuning rows, µs for 1 / 2 / 4 planes: f32 135.5 / 130.0 / 130.7, bf16 71.3 /
-#: 67.6 / 68.3, f16 71.2 / 67.4 / 68.2, 1 plane by the one-unit body that the planes body
-#: replaced (6a3f651); see also ``plans.rope._FLAT_BLOCK``.)
+#: per thread and one table read for both (the benchmark's 1 / 2 / 4 planes rows:
+#: docs/design/rope.md; see also ``plans.rope._FLAT_BLOCK``).
 FLAT_PLANES_PER_THREAD = {ElementKind.F16: 2, ElementKind.BF16: 2, ElementKind.F32: 2}
 
 #: Whether ``rope_flat`` loads x with the L2 ``evict_last`` policy too (as Triton's
-#: kernel for torch.compile does), per element kind. (H200, 2026-11-29,
-#: ``scripts/probe_rope_flat_planes.py policies``, [8, 32, 2048, 128] forward, two rounds,
-#: µs, x plain -> evict_last: f32 128.9 -> 127.4-127.6 (torch.compile 128.8-128.9, torch
-#: ``copy_`` of the bytes 127.5-127.8), bf16 65.4-66.0 -> 65.3-66.1; H100, 2026-11-26,
-#: f32 179.6-180.1 -> 179.0-179.1, bf16 89.3 -> 90.5: f32 only.)
+#: kernel for torch.compile does), per element kind: it helped f32 only (up to the copy
+#: floor), not f16/bf16 (docs/design/rope.md).
 FLAT_X_EVICT_LAST = {ElementKind.F16: False, ElementKind.BF16: False, ElementKind.F32: True}
 
 
@@ -1048,9 +1195,8 @@ def _make_rope_tile_kernel(half: bool, elements: int, unpack, pack):
 
         Decode-sized launches have about one block per SM, so the instructions each thread
         runs before its load, and the chain behind the barrier, are the kernel's time. So
-        no loop test comes before the load, and the offsets are 32-bit. H100, [64, 32, 1,
-        128] with positions: 4.26-4.45 µs with grid-stride loops and 64-bit offsets,
-        4.00-4.06 µs without (docs/notes/rope.md, session 12)."""
+        no loop test comes before the load, and the offsets are 32-bit (grid-stride loops
+        and 64-bit offsets measured slower at decode: docs/design/rope.md)."""
         (num_heads, heads_per_block, rot_items, partner, copy_offset, x_b, x_h, x_s, y_b,
          y_h, y_s, pos_b, pos_s, has_positions, rotary_dim, inverse) = params
         shared_sin = cuda.shared.array(TILE_MAX_PAIRS, float32)

@@ -54,11 +54,15 @@ from typing import Any
 import numpy as np
 from numba import cuda
 
+from .._debug import debug_enabled
 from .._runtime import SIMULATOR
 from ..arrays import TensorMut, TensorRef, as_mut, as_ref, contiguous_strides, flat_span
 from ..driver import stream_capturing, stream_synchronize
 from ..errors import InvalidProblem
 from ..kernels.rope import (
+    ANGLES_BASE,
+    ANGLES_INV_FREQ,
+    ANGLES_TABLE,
     FLAT_PLANES_PER_THREAD,
     ROPE_ANGLES_KERNEL,
     ROPE_ELEMENTS,
@@ -66,6 +70,7 @@ from ..kernels.rope import (
     ROPE_KERNELS,
     ROPE_TABLE_KERNELS,
     ROPE_TILE_KERNELS,
+    TABLE_KINDS,
     TABLE_PLANES_PER_THREAD,
     TILE_MAX_PAIRS,
     build_rope_flat_kernel,
@@ -82,9 +87,23 @@ from ..types import (
     OpCategory,
     PlanPreference,
     PrecisionGuarantee,
+    RopeAngleSource,
+    RopeLayout,
     RopePairing,
 )
 from .base import LAUNCHED, LayoutMemo, Plan, fail, plan_args
+from .rope_sources import (
+    _SIDE_UNITS,
+    _TABLE_TYPESTRS,
+    _check_overlap,
+    _debug_check_offsets,
+    _debug_check_range,
+    _has_extras,
+    _index_view,
+    _plain_sources,
+    _wide,
+    _words,
+)
 
 __all__ = [
     "ROPE_DEFAULT_BASE",
@@ -102,20 +121,15 @@ ROPE_DEFAULT_BASE = 10000.0
 # Launch shape: blocks of 256 threads, the row's items along x and consecutive rows along y
 # (neighbouring rows are neighbours in memory); grid.y capped at _ROW_BLOCKS blocks so a
 # thread walks several rows and its inverse frequencies are amortised; each thread rotates
-# _HEADS_PER_THREAD heads per row, amortising one sincos. Measurements: docs/notes/rope.md.
-# H100, 2026-11-22, [8,32,2048,128] f16 forward (µs, harness timing): half_split4 117.0 at
-# 2048 row blocks vs 123.6 at 8192 (16 heads/thread); interleaved4 114.9 vs 113.5; f32 within
-# 2%; 32 heads/thread was up to 15% slower for half-split, 8 up to 13% slower for
-# interleaved.
+# _HEADS_PER_THREAD heads per row, amortising one sincos (32 or 8 heads a thread measured
+# slower; the sweep: docs/design/rope.md).
 _BLOCK = 256
 _ROW_BLOCKS = 2048
 _HEADS_PER_THREAD = 16
 # Small problems (decode: [64, 32, 1, 128] has 64 rows) would get a few thousand threads at
 # 16 heads per thread, each walking its heads serially: latency-bound. Heads per thread are
 # halved while fewer than about one wave of threads (132 SMs x 1024) exists, down to 4: below
-# that a thread repeats loads within its batch. Decode sweep (H100, 2026-11-22, device µs for
-# 1/2/4/8/16 heads per thread): f16 interleaved 7.58/6.30/6.27/6.27/6.50, bf16 half_split
-# 5.86/5.82/6.05/6.48/7.55, f32 interleaved 7.58/5.60/4.99/5.18/5.63.
+# that a thread repeats loads within its batch (the decode sweep: docs/design/rope.md).
 _MIN_THREADS = 1 << 17
 _MIN_HEADS_PER_THREAD = 4
 
@@ -123,12 +137,8 @@ _MIN_HEADS_PER_THREAD = 4
 # The 16-byte unit kernel (``rope_units``): threads numbered along (row, item) in memory
 # order, _UNIT_HEADS_PER_THREAD heads each, halved while fewer than _MIN_THREADS threads
 # would exist (decode: one head per thread, its load overlapping the angle computation).
-# H100, 2026-11-22, [8,32,2048,128] f32 forward, µs by heads per thread 1/2/4/8/16:
-# interleaved 360.8/247.1/184.4/183.7/186.1 (8-byte kernel 190.1), half-split
-# 293.4/213.4/190.4/186.5/187.3 (188.4). f16/bf16 large: 98.3-102.2 at 8-16 vs 95.6-97.9
-# for the 8-byte kernels, so f16/bf16 use it only for small interleaved problems (decode
-# [64,32,1,128], device µs: f16 5.44 vs 6.34, bf16 5.41 vs 6.08; half-split 6.53 vs
-# 6.53 / 5.89, not taken). Registers capped at 64 or 80: no gain (f32 hpt 4: 185.5 / 186.1).
+# f32 takes it at every size; f16/bf16 only for small interleaved problems, where it
+# measured faster than the 8-byte kernels (figures: docs/design/rope.md).
 _UNIT_HEADS_PER_THREAD = 8
 _UNITS16_MAX_HALF_ELEMENTS = 1 << 22
 
@@ -141,12 +151,8 @@ _TABLE_ELEMENTS = (ElementKind.F16, ElementKind.BF16, ElementKind.F32)
 _TABLE_BLOCK = 256
 # ``rope_flat``: the table over compact interleaved x and y, one unit of each of
 # ``FLAT_PLANES_PER_THREAD`` (b, h) planes per thread (``ROPE_FLAT_KERNELS``), fewer than
-# 2^32 units; blocks of _FLAT_BLOCK[element bytes] threads, the grid covering the units.
-# (H200, 2026-11-28, [8, 32, 2048, 128] forward, µs, one process, alternating with
-# torch.compile: f32 planes 1 / 2 / 4 with blocks of 256: 136.1-136.5 / 128.3-128.6 /
-# 130.0-130.2, planes 2 with blocks of 128 / 512 / 1024: 129.2-129.6 / 131.9-132.1 /
-# 131.5-132.0, torch.compile 128.4; bf16 planes 1 / 2 / 4 (256): 71.9-72.0 / 65.9-66.2 /
-# 67.3-67.7, planes 2 with blocks of 128: 64.7-65.2, torch.compile 125.0-125.4.)
+# 2^32 units; blocks of _FLAT_BLOCK[element bytes] threads, the grid covering the units
+# (the block and planes sweep: docs/design/rope.md).
 _FLAT_BLOCK = {2: 64, 4: 64} if SIMULATOR else {2: 128, 4: 256}
 
 # ``rope_tile`` (positions given, or no table): one row of several heads per block, the
@@ -193,7 +199,13 @@ def _positions_args(pos: TensorRef | None) -> tuple[int, int, int, int]:
 @dataclass(frozen=True, slots=True)
 class RopeDescriptor:
     """``[B, H, S, D]`` extents, rotary ``base``, element kind, pair layout and the number of
-    rotated features ``rotary_dim`` (None: all of ``head_dim``)."""
+    rotated features ``rotary_dim`` (None: all of ``head_dim``).
+
+    ``num_kv_heads`` > 0: the run also rotates ``k`` (``[B, num_kv_heads, S, D]``; it must
+    divide ``num_heads``, GQA). ``layout``: the axis order of x/y (and k): ``BHSD``,
+    ``BSHD``, or ``THD`` (packed ``[T, H, D]``, ``seq_len = T``, ``batch_size`` = the
+    sequences of ``cu_seqlens`` or 1). ``angles``: where θ comes from
+    (:class:`~baracuda_numba.types.RopeAngleSource`; the arrays are run arguments)."""
 
     batch_size: int
     num_heads: int
@@ -203,6 +215,9 @@ class RopeDescriptor:
     element: ElementKind = field(kw_only=True)
     pairing: RopePairing = field(default=RopePairing.INTERLEAVED, kw_only=True)
     rotary_dim: int | None = field(default=None, kw_only=True)
+    num_kv_heads: int = field(default=0, kw_only=True)
+    layout: RopeLayout = field(default=RopeLayout.BHSD, kw_only=True)
+    angles: RopeAngleSource = field(default=RopeAngleSource.BASE, kw_only=True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,6 +232,9 @@ class RopeBackwardDescriptor:
     element: ElementKind = field(kw_only=True)
     pairing: RopePairing = field(default=RopePairing.INTERLEAVED, kw_only=True)
     rotary_dim: int | None = field(default=None, kw_only=True)
+    num_kv_heads: int = field(default=0, kw_only=True)
+    layout: RopeLayout = field(default=RopeLayout.BHSD, kw_only=True)
+    angles: RopeAngleSource = field(default=RopeAngleSource.BASE, kw_only=True)
 
     @classmethod
     def of(cls, forward: RopeDescriptor) -> RopeBackwardDescriptor:
@@ -226,20 +244,36 @@ class RopeBackwardDescriptor:
 
 @plan_args
 class RopeArgs:
-    """``x`` is read, ``y`` written (may be ``x``); ``positions`` i64 ``[S]``/``[B, S]``."""
+    """``x`` is read, ``y`` written (may be ``x``); ``positions`` i64/i32 ``[S]``/``[B, S]``
+    (``THD``: ``[T]``, or per-sequence offsets ``[B]`` with ``cu_seqlens``); ``k``/``k_out``
+    when ``num_kv_heads`` > 0; ``inv_freq`` f32 ``[R/2]`` or ``cos``/``sin`` as the
+    descriptor's ``angles`` says; ``cu_seqlens`` i32/i64 ``[B + 1]`` (``THD``)."""
 
     x: Any
     y: Any
     positions: Any = None
+    k: Any = None
+    k_out: Any = None
+    inv_freq: Any = None
+    cos: Any = None
+    sin: Any = None
+    cu_seqlens: Any = None
 
 
 @plan_args
 class RopeBackwardArgs:
-    """``dy`` is read, ``dx`` written (may be ``dy``); ``positions`` as in the forward."""
+    """``dy`` is read, ``dx`` written (may be ``dy``); ``dk``/``dk_out`` and the rest as in
+    the forward's ``k``/``k_out``."""
 
     dy: Any
     dx: Any
     positions: Any = None
+    dk: Any = None
+    dk_out: Any = None
+    inv_freq: Any = None
+    cos: Any = None
+    sin: Any = None
+    cu_seqlens: Any = None
 
 
 class _RopeBase(Plan):
@@ -276,6 +310,21 @@ class _RopeBase(Plan):
                 fail(cls.name, InvalidProblem, "desc.rotary_dim",
                      f"= {rotary} must be even and 0 <= rotary_dim <= head_dim = "
                      f"{desc.head_dim}")
+        kv = desc.num_kv_heads
+        if not isinstance(kv, int) or isinstance(kv, bool) or kv < 0:
+            fail(cls.name, InvalidProblem, "desc.num_kv_heads",
+                 f"= {kv!r} must be a non-negative int")
+        if kv and desc.num_heads % kv:
+            fail(cls.name, InvalidProblem, "desc.num_kv_heads",
+                 f"= {kv} must divide num_heads = {desc.num_heads} (grouped-query heads)")
+        if not isinstance(desc.layout, RopeLayout):
+            fail(cls.name, InvalidProblem, "desc.layout", f"= {desc.layout!r} is not a RopeLayout")
+        if not isinstance(desc.angles, RopeAngleSource):
+            fail(cls.name, InvalidProblem, "desc.angles",
+                 f"= {desc.angles!r} is not a RopeAngleSource")
+        if desc.layout is RopeLayout.THD and desc.batch_size < 1 and desc.seq_len:
+            fail(cls.name, InvalidProblem, "desc.batch_size",
+                 f"= {desc.batch_size} must count the packed sequences (>= 1) for THD")
 
     def __init__(self, desc: Any, pref: PlanPreference | None) -> None:
         element = desc.element
@@ -288,6 +337,13 @@ class _RopeBase(Plan):
                         guarantee)
         super().__init__(desc, sku, pref)
         batch, heads, seq, dim = desc.batch_size, desc.num_heads, desc.seq_len, desc.head_dim
+        #: the run takes the general path (:meth:`_run_general`): k, another layout or
+        #: another angle source than ``base``
+        self._general = (desc.num_kv_heads > 0 or desc.layout is not RopeLayout.BHSD
+                         or desc.angles is not RopeAngleSource.BASE)
+        if desc.layout is RopeLayout.THD:
+            batch = 1  # the kernels see [1, H, T, D]; batch_size counts cu_seqlens' sequences
+        self._general_launches: dict[tuple, Any] = {}
         rotary = dim if desc.rotary_dim is None else desc.rotary_dim
         self._shape = (batch, heads, seq, dim)
         self._rotary = rotary
@@ -374,7 +430,10 @@ class _RopeBase(Plan):
                      "the same pointer and strides)")
         pos = None
         if positions is not None:
-            pos = as_ref(positions, name, "positions", ElementKind.I64)
+            pos = as_ref(positions, name, "positions")
+            if pos.typestr not in ("<i4", "<i8"):
+                fail(name, InvalidProblem, "positions",
+                     f"has dtype {pos.typestr}; it must be int32 or int64")
             if pos.shape != (shape[2],) and pos.shape != (shape[0], shape[2]):
                 fail(name, InvalidProblem, "positions",
                      f"has shape {pos.shape}; it must be [S] = ({shape[2]},) or [B, S] = "
@@ -407,6 +466,9 @@ class _RopeBase(Plan):
         does not overlap x runs per call. In place through two views of one address
         takes the checked path every time.
         """
+        if self._general or _has_extras(args):
+            self._run_general(args, stream)
+            return
         source, dest, positions = self._unpack_args(args)
         in_place = source is dest
         memo = self._memo_in_place if in_place else self._memo
@@ -414,6 +476,9 @@ class _RopeBase(Plan):
         if memo_key is LAUNCHED:
             return
         x, y, pos = self.can_implement(args)
+        if pos is not None and pos.typestr == "<i4":
+            self._run_general(args, stream)
+            return
         handle = stream_handle(stream)
         if self._empty:
             return
@@ -454,9 +519,9 @@ class _RopeBase(Plan):
             return width
         return 0
 
-    def _layout(self, x: TensorRef, y: TensorMut) -> tuple[str, int]:
+    def _layout(self, x: TensorRef, y: TensorMut, units16_ok: bool = True) -> tuple[str, int]:
         """The widest ``ROPE_KERNELS`` layout the arrays allow: (layout name, elements per
-        memory unit)."""
+        memory unit); ``rope_units`` only where ``units16_ok``."""
         kernels = self._kernels
         rotary, dim = self._rotary, self._shape[3]
         half = self._half_split
@@ -471,7 +536,7 @@ class _RopeBase(Plan):
                            or (not half
                                and math.prod(self._shape) <= _UNITS16_MAX_HALF_ELEMENTS))
             width = self._units16_width(x, y)
-            if units16 and width:
+            if units16 and width and units16_ok:
                 return ("half_split_16B" if half else "interleaved_16B"), width
             for width in (4, 2):
                 layout = ("half_split" if half else "interleaved") + ("4" if width == 4 else "")
@@ -567,14 +632,43 @@ class _RopeBase(Plan):
     def _configure_rows(self, x: TensorRef, y: TensorMut, pos: TensorRef | None) -> Any:
         """The bound launch of a ``ROPE_KERNELS`` kernel (kernel, launch shape and every
         argument but the pointers) for one layout of the arrays (cached per strides /
-        alignment / in-place / positions layout); None when there is nothing to do."""
-        batch, heads, seq, dim = self._shape
-        rotary = self._rotary
-        in_place = x.ptr == y.ptr and x.strides == y.strides
+        alignment / in-place / positions layout); None when there is nothing to do. The
+        returned launch takes ``(stream, x, y, positions)``."""
         layout, width = self._layout(x, y)
         kernel = self._kernels[layout]
         if layout.endswith("_16B"):
             return self._configure_units16(kernel, x, y, pos)
+        pos_extent, pos_b, pos_s, has_pos = _positions_args(pos)
+        sources = _plain_sources()
+        bound = self._bind_rows(x, y, self._shape, layout, width,
+                                (2 * pos_extent, pos_b, pos_s, has_pos), sources, ())
+        if bound is None:
+            return None
+        launch = bound.taking(("a0", "a1", "a2") + ("0",) * 7, 3)
+        if launch is None:  # the dispatcher path (simulator)
+            def launch(stream: int, x_ptr: int, y_ptr: int, pos_ptr: int) -> None:
+                bound(stream, x_ptr, y_ptr, pos_ptr, *(0,) * 7)
+        return launch
+
+    def _bind_rows(self, x: TensorRef, y: TensorMut, shape: tuple[int, int, int, int],
+                   layout: str, width: int, pos_args: tuple[int, int, int, int],
+                   sources: tuple[int, ...], extents: tuple[int, ...],
+                   y_span: int | None = None,
+                   k: tuple[Any, Any, int, int | None] | None = None) -> Any:
+        """``rope_rows`` of ``layout`` bound for x, y of logical ``shape`` [B, H, S, D];
+        ``pos_args`` = (positions extent in 32-bit words, batch stride, sequence stride,
+        present); ``sources`` the ``ROPE_SOURCES`` tuple with ``y_dest`` in elements;
+        ``extents`` those of (cu_seqlens words, inv_freq, cos halves, sin halves, dest
+        words); ``k``: (x_k, y_k, heads, y_k's span or None) rotated in the same launch.
+        It takes ``(stream, x,
+        y, positions, cu_seqlens, inv_freq, cos, sin, dest, x_k, y_k)``; None when in place
+        with nothing to rotate."""
+        batch, heads, seq, dim = shape
+        rotary = self._rotary
+        in_place = x.ptr == y.ptr and x.strides == y.strides
+        if k is not None:
+            in_place = in_place and k[0].ptr == k[1].ptr and k[0].strides == k[1].strides
+        kernel = self._kernels[layout]
         if width == 1:
             items, rot_items, copy_offset = dim // 2, rotary // 2, rotary
             pair_step, partner = (1, rotary // 2) if self._half_split else (2, 1)
@@ -589,22 +683,34 @@ class _RopeBase(Plan):
             items = rot_items  # the copied features are already there
             if items == 0:
                 return None
+        rows = batch * seq
         hpt = self.heads_per_thread
-        work = items * (-(-heads // hpt))
+        k_heads = 0 if k is None else k[2]
+        work = items * (-(-heads // hpt) - (-k_heads // hpt))
         block_x = min(_BLOCK, max(32, 1 << (items - 1).bit_length()))
-        block_y = max(1, min(_BLOCK // block_x, self._rows))
+        block_y = max(1, min(_BLOCK // block_x, rows))
         grid = (min(-(-work // block_x), 65535),
-                min(-(-self._rows // block_y), self.row_blocks, 65535))
-        pos_extent, pos_b, pos_s, has_pos = _positions_args(pos)
+                min(-(-rows // block_y), self.row_blocks, 65535))
+        pos_words, pos_b, pos_s, has_pos = pos_args
         x_extent = -(-flat_span(x.shape, x.strides) // width)
-        y_extent = -(-flat_span(y.shape, y.strides) // width)
+        y_extent = -(-(y_span or flat_span(y.shape, y.strides)) // width)
         xs = tuple(stride // width for stride in x.strides[:3])
         ys = tuple(stride // width for stride in y.strides[:3])
-        params = ((self._rows, seq, heads, hpt, items, rot_items, pair_step, partner,
+        params = ((rows, seq, heads, hpt, items, rot_items, pair_step, partner,
                    copy_offset) + xs + ys + (pos_b, pos_s, has_pos, rotary, self._inverse))
+        k_extents, k_strides = (0, 0), (0,) * 6
+        if k is not None:
+            k_extents = (-(-flat_span(k[0].shape, k[0].strides) // width),
+                         -(-(k[3] or flat_span(k[1].shape, k[1].strides)) // width))
+            k_strides = tuple(stride // width for a in k[:2] for stride in a.strides[:3])
+        sources = (sources[:14] + (sources[14] // width,) + sources[15:17] + (k_heads,)
+                   + k_strides)
+        cu_words, inv_extent, cos_halves, sin_halves, dest_words = extents or (0,) * 5
         return kernel.bind(grid, (block_x, block_y),
-                           ((0, x_extent), (0, y_extent), (0, pos_extent), params,
-                            self._freq_exponent))
+                           ((0, x_extent), (0, y_extent), (0, pos_words), (0, cu_words),
+                            (0, inv_extent), (0, cos_halves), (0, sin_halves),
+                            (0, dest_words), (0, k_extents[0]), (0, k_extents[1]), params,
+                            sources, self._freq_exponent))
 
     def _configure_units16(self, kernel: Any, x: TensorRef, y: TensorMut,
                            pos: TensorRef | None) -> Any:
@@ -713,6 +819,198 @@ class _RopeBase(Plan):
         return self._tile_kernels[layout].bind(
             (seq, batch, -(-heads // per_block)), (items, per_block),
             ((0, x_words), (0, y_words), (0, pos_extent), params, self._freq_exponent))
+
+    # -- the general path: k, BSHD / THD, inv_freq, cos/sin, int32 positions, cu_seqlens --
+
+    def _run_general(self, args: Any, stream: Any) -> None:
+        """Check every array, then one ``rope_rows`` launch for q and k together."""
+        tensors, arrays, sources = self._general_views(args)
+        handle = stream_handle(stream)
+        (x, y, shape), *rest = tensors
+        k = (rest[0][0], rest[0][1], rest[0][2][1], None) if rest else None
+        if not math.prod(shape) and (k is None or not math.prod(rest[0][2])):
+            return
+        launch = self._general_launch(x, y, shape, arrays, sources, k=k)
+        pointers = tuple(0 if a is None else a.ptr for a in arrays)
+        k_pointers = (0, 0) if k is None else (k[0].ptr, k[1].ptr)
+        launch(handle, x.ptr, y.ptr, *pointers, *k_pointers)
+
+    def _general_launch(self, x: TensorRef, y: TensorMut, shape: tuple[int, int, int, int],
+                        arrays: tuple[Any, ...], sources: tuple[int, ...],
+                        pos_args: tuple[int, int, int, int] | None = None,
+                        y_span: int | None = None,
+                        k: tuple[Any, Any, int, int | None] | None = None) -> Any:
+        """The cached ``rope_rows`` launch for one layout of (x, y) and the side arrays
+        (``pos_args``: the positions' (words, batch stride, sequence stride, present), by
+        default from ``arrays[0]``; ``y_span``: y's extent in elements where its rows are
+        placed by a destination index; ``k``: (x_k, y_k, heads, y_k's span or None) in the
+        same launch)."""
+        layout, width = self._layout(x, y, units16_ok=False)
+        k_key = None
+        if k is not None:  # the narrower of the two tensors' layouts
+            k_layout, k_width = self._layout(k[0], k[1], units16_ok=False)
+            if k_width < width:
+                layout, width = k_layout, k_width
+            k_key = (k[2], k[0].strides, k[1].strides, (k[0].ptr | k[1].ptr) & 15,
+                     k[0].ptr == k[1].ptr, k[3])
+        extents = tuple(0 if a is None else _words(a, unit)
+                        for a, unit in zip(arrays[1:], _SIDE_UNITS))
+        pos = arrays[0]
+        if pos_args is None:
+            pos_args = (0, 0, 0, 0) if pos is None else _general_positions(pos)
+        key = (shape, x.strides, y.strides, (x.ptr | y.ptr) & 15, x.ptr == y.ptr, layout,
+               pos_args, extents, sources, y_span, k_key)
+        launch = self._general_launches.get(key)
+        if launch is None:
+            bound = self._bind_rows(x, y, shape, layout, width, pos_args, sources, extents,
+                                    y_span, k)
+            launch = _nothing if bound is None else getattr(bound, "fast", bound)
+            if len(self._general_launches) > 64:
+                self._general_launches.clear()
+            self._general_launches[key] = launch
+        return launch
+
+    def _logical(self, array: Any, arg: str, heads: int, write: bool) -> Any:
+        """A view of q/k-shaped ``array`` as [B, H, S, D] (``desc.layout``'s axes
+        permuted; THD as [1, H, T, D]), after the shape, dtype and innermost-stride
+        checks."""
+        desc = self.descriptor
+        batch, _, seq, dim = desc.batch_size, heads, desc.seq_len, desc.head_dim
+        layout = desc.layout
+        shape = {RopeLayout.BHSD: (batch, heads, seq, dim),
+                 RopeLayout.BSHD: (batch, seq, heads, dim),
+                 RopeLayout.THD: (seq, heads, dim)}[layout]
+        view = (as_mut if write else as_ref)(array, self.name, arg, desc.element, shape)
+        if dim > 1 and view.numel and view.strides[-1] != 1:
+            fail(self.name, InvalidProblem, f"{arg}.strides[{len(shape) - 1}]",
+                 f"= {view.strides[-1]} must be 1 (pairs are read along the feature axis)")
+        st = view.strides
+        if layout is RopeLayout.BSHD:
+            shape, strides = (batch, heads, seq, dim), (st[0], st[2], st[1], st[3])
+        elif layout is RopeLayout.THD:
+            shape, strides = (1, heads, seq, dim), (0, st[1], st[0], st[2])
+        else:
+            strides = st
+        return type(view)(view.ptr, shape, strides, view.typestr, view.itemsize, view.owner)
+
+    def _general_views(self, args: Any) -> tuple[list, tuple, tuple[int, ...]]:
+        """((x, y, logical shape) per tensor; (positions, cu_seqlens, inv_freq, cos, sin,
+        destination index) views or None; the ``ROPE_SOURCES`` tuple), every check done."""
+        desc = self.descriptor
+        name = self.name
+        fields_ = tuple(getattr(args, f) for f in type(args).__slots__)
+        source, dest, positions, k_in, k_out, inv_freq, cos, sin, cu_seqlens = fields_
+        tensors = []
+        heads_k = desc.num_kv_heads
+        pairs = [(self._in_name, self._out_name, source, dest, desc.num_heads)]
+        k_name = "k" if self._inverse == 0 else "dk"
+        if heads_k:
+            if k_in is None or k_out is None:
+                fail(name, InvalidProblem, k_name, f"and {k_name}_out are required when "
+                     f"desc.num_kv_heads = {heads_k} > 0")
+            pairs.append((k_name, f"{k_name}_out", k_in, k_out, heads_k))
+        elif k_in is not None or k_out is not None:
+            fail(name, InvalidProblem, k_name, "is given but desc.num_kv_heads = 0")
+        for in_name, out_name, a, b, heads in pairs:
+            x = self._logical(a, in_name, heads, False)
+            y = self._logical(b, out_name, heads, True)
+            _check_overlap(name, x, y, in_name, out_name, self._itemsize)
+            tensors.append((x, y, x.shape))
+        seq = desc.seq_len
+        thd = desc.layout is RopeLayout.THD
+        cu = None
+        if cu_seqlens is not None:
+            if not thd:
+                fail(name, InvalidProblem, "cu_seqlens", "is only for desc.layout = THD")
+            cu = _index_view(name, "cu_seqlens", cu_seqlens, (desc.batch_size + 1,))
+            if desc.batch_size and cu.strides[0] != 1:
+                fail(name, InvalidProblem, "cu_seqlens.strides[0]",
+                     f"= {cu.strides[0]} must be 1")
+            if debug_enabled():
+                _debug_check_offsets(name, cu, seq)
+        pos = None
+        if positions is not None:
+            if cu is not None:
+                shapes = ((desc.batch_size,),)
+            elif thd:
+                shapes = ((seq,),)
+            else:
+                shapes = ((seq,), (desc.batch_size, seq))
+            pos = _index_view(name, "positions", positions, *shapes)
+        inv = cos_view = sin_view = None
+        angles = desc.angles
+        half = self._rotary // 2
+        if angles is RopeAngleSource.INV_FREQ:
+            if inv_freq is None:
+                fail(name, InvalidProblem, "inv_freq", "is required (desc.angles = INV_FREQ)")
+            inv = as_ref(inv_freq, name, "inv_freq", ElementKind.F32, (half,))
+            if half > 1 and inv.strides[0] != 1:
+                fail(name, InvalidProblem, "inv_freq.strides[0]", f"= {inv.strides[0]} must be 1")
+        elif inv_freq is not None:
+            fail(name, InvalidProblem, "inv_freq", f"is given but desc.angles = {angles.name}")
+        table = (0,) * 6
+        if angles in (RopeAngleSource.COS_SIN_CACHE, RopeAngleSource.COS_SIN_GATHERED):
+            cos_view, sin_view, table = self._cos_sin(cos, sin, pos, cu)
+        elif cos is not None or sin is not None:
+            fail(name, InvalidProblem, "cos", f"is given but desc.angles = {angles.name}")
+        source_kind = {RopeAngleSource.BASE: ANGLES_BASE,
+                       RopeAngleSource.INV_FREQ: ANGLES_INV_FREQ}.get(angles, ANGLES_TABLE)
+        sources = (_wide(pos), 0, 0 if cu is None else desc.batch_size, _wide(cu),
+                   source_kind) + table[:5] + (0,) * 14
+        return tensors, (pos, cu, inv, cos_view, sin_view, None), sources
+
+    def _cos_sin(self, cos: Any, sin: Any, pos: Any, cu: Any) -> tuple[Any, Any, tuple]:
+        """Views of the cos/sin tables and (kind, batch, sequence, position, column
+        strides) for ``ROPE_SOURCES``; a cache must cover every position the host knows."""
+        desc, name = self.descriptor, self.name
+        if cos is None or sin is None:
+            fail(name, InvalidProblem, "cos", f"and sin are required (desc.angles = "
+                 f"{desc.angles.name})")
+        cos_view = as_ref(cos, name, "cos")
+        sin_view = as_ref(sin, name, "sin")
+        kind = _TABLE_TYPESTRS.get(cos_view.typestr)
+        if kind is None:
+            fail(name, InvalidProblem, "cos", f"has dtype {cos_view.typestr}; it must be f16, "
+                 "bf16, f32 or f64")
+        if (sin_view.typestr != cos_view.typestr or sin_view.shape != cos_view.shape
+                or sin_view.strides != cos_view.strides):
+            fail(name, InvalidProblem, "sin", "must have cos's dtype, shape and strides")
+        shape, st = cos_view.shape, cos_view.strides
+        rotary = self._rotary
+        width = shape[-1] if shape else -1
+        if width not in (rotary, rotary // 2) or not shape:
+            fail(name, InvalidProblem, "cos", f"has shape {shape}; its last axis must be "
+                 f"rotary_dim = {rotary} or rotary_dim / 2 = {rotary // 2}")
+        column = st[-1] * (2 if width == rotary and not self._half_split else 1)
+        seq, batch = desc.seq_len, desc.batch_size
+        if desc.angles is RopeAngleSource.COS_SIN_CACHE:
+            if len(shape) != 2:
+                fail(name, InvalidProblem, "cos", f"has shape {shape}; a cache is [S_max, "
+                     f"{rotary} | {rotary // 2}]")
+            if pos is None and cu is None and shape[0] < seq:
+                fail(name, InvalidProblem, "cos", f"has {shape[0]} rows; positions up to "
+                     f"{seq - 1} need seq_len = {seq}")
+            if debug_enabled():
+                _debug_check_range(name, "positions", pos, 0, shape[0])
+            return cos_view, sin_view, (TABLE_KINDS[kind], 0, 0, st[0], column, 0)
+        thd = desc.layout is RopeLayout.THD
+        if thd and len(shape) == 2 and shape[0] == seq:
+            return cos_view, sin_view, (TABLE_KINDS[kind], 0, st[0], 0, column, 0)
+        if len(shape) == 2 and shape[0] == seq and not thd:
+            return cos_view, sin_view, (TABLE_KINDS[kind], 0, st[0], 0, column, 0)
+        if len(shape) == 3 and shape[1] == seq and shape[0] in (1, batch):
+            stride_b = st[0] if shape[0] == batch and batch > 1 else 0
+            return cos_view, sin_view, (TABLE_KINDS[kind], stride_b, st[1], 0, column, 0)
+        fail(name, InvalidProblem, "cos", f"has shape {shape}; gathered tables are "
+             f"[1 | B, S, {rotary} | {rotary // 2}] = [1 | {batch}, {seq}, ...]"
+             + (" or [T, ...]" if thd else ""))
+        raise AssertionError  # unreachable: fail raises
+
+
+def _general_positions(pos: Any) -> tuple[int, int, int, int]:
+    """(extent in 32-bit words, batch stride, sequence stride, present) of positions."""
+    extent, pos_b, pos_s, present = _positions_args(pos)
+    return extent * pos.itemsize // 4, pos_b, pos_s, present
 
 
 def _unit_views(x: TensorRef, y: TensorMut, width: int) -> tuple[int, int, tuple[int, ...],
