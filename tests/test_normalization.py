@@ -520,17 +520,20 @@ def test_torch_matches_functional(layer, dtype_name, weight_name, shape):
     w = torch.randn(n, device="cuda", dtype=wdtype, requires_grad=True)
     b = torch.randn(n, device="cuda", dtype=wdtype, requires_grad=True)
     dy = torch.randn(shape, device="cuda", dtype=dtype)
+    # the reference differentiates float64 leaves: its gradients stay float64 (through
+    # x.double() they would come back rounded to x's dtype)
+    xd, wd, bd = (t.detach().double().requires_grad_() for t in (x, w, b))
     if layer:
         ours = bt.layer_norm(x, (n,), w, b)
-        theirs = F.layer_norm(x.double(), (n,), w.double(), b.double())
-        params = (x, w, b)
+        theirs = F.layer_norm(xd, (n,), wd, bd)
+        params, leaves = (x, w, b), (xd, wd, bd)
     else:
         ours = bt.rms_norm(x, (n,), w)
         eps = torch.finfo(dtype).eps
-        theirs = F.rms_norm(x.double(), (n,), w.double(), eps)
-        params = (x, w)
+        theirs = F.rms_norm(xd, (n,), wd, eps)
+        params, leaves = (x, w), (xd, wd)
     got = torch.autograd.grad(ours, params, dy)
-    want = torch.autograd.grad(theirs, params, dy.double())
+    want = torch.autograd.grad(theirs, leaves, dy.double())
     rtol = {torch.bfloat16: 1.6e-2, torch.float16: 2e-3, torch.float32: 1e-5,
             torch.float64: 1e-12}[dtype]
     scale = max(1.0, n ** 0.5 / 8)
@@ -571,7 +574,8 @@ def test_torch_residual_gemma_and_compile(layer):
         torch.testing.assert_close(h.double(), eh, rtol=0, atol=0)
         torch.testing.assert_close(y.double(), ey, rtol=1.6e-2, atol=6e-2)
         got = torch.autograd.grad((y, h), (x, r, w), (dy, dh))
-        want = torch.autograd.grad(theirs(x, r, w), (x, r, w), (dy.double(), dh.double()))
+        leaves = tuple(t.detach().double().requires_grad_() for t in (x, r, w))
+        want = torch.autograd.grad(theirs(*leaves), leaves, (dy.double(), dh.double()))
         for g, e in zip(got, want):
             torch.testing.assert_close(g.double(), e, rtol=3e-2, atol=3e-2 * e.abs().max())
 

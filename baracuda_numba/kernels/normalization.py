@@ -269,28 +269,62 @@ def _backward_factory(element: ElementKind, weight_element: ElementKind, layer: 
     return norm_backward
 
 
+#: The finalize kernel's block: FINALIZE_LANES warps, each summing every FINALIZE_LANES-th
+#: chunk of the same 32 columns (coalesced 128-byte rows), then combined in warp order.
+FINALIZE_LANES = 8
+FINALIZE_BLOCK = 32 * FINALIZE_LANES
+
+
 @functools.cache
 def _finalize_factory(acc: Any, weight_element: ElementKind) -> Any:
     narrow_w = _STORAGE[weight_element][3]
 
     def norm_finalize(partials, dweight, dbias, chunks, n, flags):
-        """``dweight[j] = Σ_c partials[c, j]`` and ``dbias[j]`` from the second half, in
-        chunk order; thread ``j`` of the grid-stride walk over ``2n`` columns."""
-        column = int64(cuda.threadIdx.x + cuda.blockIdx.x * cuda.blockDim.x)
-        step = int64(cuda.gridDim.x * cuda.blockDim.x)
-        while column < 2 * n:
+        """``dweight[j] = Σ_c partials[c, j]`` and ``dbias[j]`` from the second half. A
+        block takes 32 of the ``2n`` columns (grid-stride); warp ``l`` sums chunks
+        ``l, l + L, ...`` in four interleaved running sums (independent loads in flight),
+        and lane 0's warp adds the ``L`` warp sums in warp order: a fixed order that
+        depends on ``chunks`` only (L = FINALIZE_LANES: launched with FINALIZE_BLOCK
+        threads; the simulator's single warp is the same sums in another order)."""
+        part = cuda.shared.array((FINALIZE_LANES, 32), acc)
+        lane = int64(cuda.threadIdx.x >> 5)
+        step = int64(cuda.blockDim.x >> 5)  # FINALIZE_LANES (fewer in the simulator)
+        inner = int64(cuda.threadIdx.x & 31)
+        start = int64(cuda.blockIdx.x) * 32
+        while start < 2 * n:  # uniform per block: the barriers below are safe
+            column = start + inner
             second = column >= n
             j = column - n if second else column
-            if (flags & FLAG_BIAS) if second else (flags & FLAG_WEIGHT):
+            active = column < 2 * n and ((flags & FLAG_BIAS) if second
+                                         else (flags & FLAG_WEIGHT)) != 0
+            base = chunks * n if second else int64(0)
+            t0 = acc(0)
+            t1 = acc(0)
+            t2 = acc(0)
+            t3 = acc(0)
+            if active:
+                c = lane
+                while c + 3 * step < chunks:
+                    t0 += partials[uint64(base + c * n + j)]
+                    t1 += partials[uint64(base + (c + step) * n + j)]
+                    t2 += partials[uint64(base + (c + 2 * step) * n + j)]
+                    t3 += partials[uint64(base + (c + 3 * step) * n + j)]
+                    c += 4 * step
+                while c < chunks:
+                    t0 += partials[uint64(base + c * n + j)]
+                    c += step
+            part[lane, inner] = (t0 + t1) + (t2 + t3)
+            cuda.syncthreads()
+            if lane == 0 and active:
                 total = acc(0)
-                base = chunks * n if second else int64(0)
-                for c in range(chunks):
-                    total += partials[uint64(base + c * n + j)]
+                for w in range(step):
+                    total += part[w, inner]
                 if second:
                     dbias[uint64(j)] = narrow_w(total)
                 else:
                     dweight[uint64(j)] = narrow_w(total)
-            column += step
+            cuda.syncthreads()
+            start += int64(cuda.gridDim.x) * 32
 
     return norm_finalize
 
@@ -304,10 +338,13 @@ def _finalize_factory(acc: Any, weight_element: ElementKind) -> Any:
 #: 16-byte units a thread holds at most (32 f32 values for 16-bit kinds; each unit adds
 #: generated code, and compile time grows faster than the code).
 VEC_MAX_UNITS = 4
-#: Threads per block at most for the register kernel: its registers (VEC_MAX_REGISTERS a
-#: thread) must fit 512 threads in the register file.
+#: Threads per block at most for the register kernel (with VEC_MAX_UNITS, rows of up to
+#: 16384 16-bit values).
 VEC_MAX_BLOCK = 512
-VEC_MAX_REGISTERS = 128
+#: Register cap of both register kernels: 64 a thread lets 1024 threads share an SM (the
+#: bytes in flight a memory-bound row needs); the held rows fit it without spills because
+#: only packed 16-byte words stay live across the block sums (see _LANES_INIT).
+VEC_MAX_REGISTERS = 64
 VEC_ELEMENTS = (ElementKind.F16, ElementKind.BF16, ElementKind.F32)
 
 _UNPACK = {ElementKind.F16: "unpack_f16x2", ElementKind.BF16: "unpack_bf16x2",
@@ -340,9 +377,17 @@ def _unit_values(element: ElementKind, k: int, vec: int) -> list[str]:
     r = [f"s{k}_{e}" for e in range(vec)]
     lines += ["    " + line for line in _decode(element, [f"r{k}[{i}]" for i in range(4)], r)]
     lines += [f"    w{k} = {_encode(element, [f'{a} + {b}' for a, b in zip(v, r)])}",
-              f"    store16(hw, uint64(h_row + u{k} * 4), w{k})"]
-    lines += ["    " + line for line in _decode(element, [f"w{k}[{i}]" for i in range(4)], v)]
+              f"    store16(hw, uint64(h_row + u{k} * 4), w{k})",
+              f"    x{k} = w{k}"]  # h's packed words are what the thread holds from here
+    lines += ["    " + line for line in _decode(element, [f"x{k}[{i}]" for i in range(4)], v)]
     return lines
+
+
+def _held_values(element: ElementKind, k: int, vec: int) -> list[str]:
+    """Decode unit ``k``'s held words ``x{k}`` again into ``v{k}_*``: only the packed words
+    stay live across the block sums (half the registers of f32 values for 16-bit kinds,
+    which is what lets the block run at 64 registers a thread without spills)."""
+    return _decode(element, [f"x{k}[{i}]" for i in range(4)], [f"v{k}_{e}" for e in range(vec)])
 
 
 def _weight_values(weight: ElementKind, k: int, vec: int, array: str,
@@ -361,7 +406,8 @@ def _weight_values(weight: ElementKind, k: int, vec: int, array: str,
 def _unit_store(element: ElementKind, weight: ElementKind, k: int, vec: int) -> list[str]:
     """Body of unit ``k``'s output: normalize, scale/shift, store 16 bytes of y."""
     o = [f"o{k}_{e}" for e in range(vec)]
-    lines = [f"{o[e]} = (v{k}_{e} - mean) * rstd" for e in range(vec)]
+    lines = _held_values(element, k, vec)
+    lines += [f"{o[e]} = (v{k}_{e} - mean) * rstd" for e in range(vec)]
     for flag, array in (("FLAG_WEIGHT", "weight"), ("FLAG_BIAS", "bias")):
         names = [f"c{k}{array[0]}_{e}" for e in range(vec)]
         lines.append(f"if flags & {flag}:")
@@ -372,13 +418,36 @@ def _unit_store(element: ElementKind, weight: ElementKind, k: int, vec: int) -> 
     return lines
 
 
+# The units' offsets ``u{k} = tid + k · block`` (and the shared slots ``e · units + u``)
+# are loop-invariant: hoisted out of the row loop they stay live as 64-bit values, one per
+# unit, array and element, and the kernel spills. Reading ``block`` and ``units`` from
+# shared memory after a barrier each row makes them row-local (cheap to recompute).
+# ``lanes[2]`` is a zero the compiler cannot see: the backward decodes its held words a
+# second time as ``word ^ blind`` after the block sums, so the first decode's f32 values
+# are not kept alive across the barrier (common-subexpression elimination would).
+_LANES_INIT = ("    lanes = cuda.shared.array(3, int64)\n"
+               "    if tid == 0:\n"
+               "        lanes[0] = block\n"
+               "        lanes[1] = units\n"
+               "        lanes[2] = 0\n"
+               "    cuda.syncthreads()\n")
+
+
+def _lanes(units: range) -> list[str]:
+    """Lines defining ``u{k}`` and ``p{k}`` from ``lanes`` (see _LANES_INIT)."""
+    lines = ["blk = lanes[0]"]
+    for k in units:
+        lines += [f"u{k} = tid + {k} * blk", f"p{k} = u{k} < units"]
+    return lines
+
+
 def _vec_forward_source(element: ElementKind, weight: ElementKind) -> str:
     vec = 16 // element.byte_width
     units = range(VEC_MAX_UNITS)
     zero = "(uint32(0), uint32(0), uint32(0), uint32(0))"
-    body = []
+    body = _lanes(units)
     for k in units:  # every load issued before any is used: the units' latencies overlap
-        body += [f"u{k} = tid + {k} * block", f"p{k} = u{k} < units", f"x{k} = {zero}",
+        body += [f"x{k} = {zero}",
                  f"r{k} = {zero}", f"if p{k}:", f"    x{k} = load16(xw, uint64(x_row + u{k} * 4))"]
     body.append("if has_residual:")
     body += [f"    if p{k}:\n        r{k} = load16(rw, uint64(r_row + u{k} * 4))" for k in units]
@@ -394,6 +463,7 @@ def _vec_forward_source(element: ElementKind, weight: ElementKind) -> str:
              "    mean = float32(_row_sums(total, float32(0), sums, tid, block)[0] / n)"]
     for k in units:  # LayerNorm's second pass, over the registers
         body += [f"    e{k} = float32(0)", f"    if p{k}:"]
+        body += ["        " + line for line in _held_values(element, k, vec)]
         body += [f"        d{k}_{e} = v{k}_{e} - mean" for e in range(vec)]
         body.append(f"        e{k} = " + " + ".join(f"d{k}_{e} * d{k}_{e}" for e in range(vec)))
     body.append(f"    total = {' + '.join(f'e{k}' for k in units)}")
@@ -412,6 +482,7 @@ def _vec_forward_source(element: ElementKind, weight: ElementKind) -> str:
             "    has_residual = flags & FLAG_RESIDUAL\n"
             "    is_layer = flags & FLAG_LAYER\n"
             "    offset32 = float32(offset)\n"
+            + _LANES_INIT +
             "    row = int64(cuda.blockIdx.x)\n"
             "    while row < rows:\n"
             "        x_row, r_row = strided_offset2(row, outer_shape, x_strides, r_strides)\n"
@@ -433,40 +504,55 @@ def _vec_forward_factory(element: ElementKind, weight: ElementKind) -> Any:
 # ``e · units + unit`` (``dw``) and ``(vec + e) · units + unit`` (``db``): only the owning
 # thread touches a slot, in row order, so the sums are the generic kernel's sums.
 
-#: 16-byte units a backward thread holds at most (x̂ and g: 64 f32 values for 16-bit).
-VEC_MAX_UNITS_BW = 4
+#: 16-byte units a backward thread holds at most, of x and of dy (four spill under
+#: VEC_MAX_REGISTERS; two, with 1024-thread blocks, cover rows of 16384 16-bit values).
+VEC_MAX_UNITS_BW = 2
+#: Threads per block at most for the backward register kernel (64 registers each: one
+#: block of 1024 fills the register file).
+VEC_MAX_BLOCK_BW = 1024
 #: Dynamic shared memory the backward's running sums may take (2 · n f32).
 VEC_MAX_SHARED_BW = 128 * 1024
 
 
-def _backward_unit(element: ElementKind, weight: ElementKind, k: int, vec: int) -> list[str]:
-    """Under ``if p{k}:``, with ``x{k}``/``d{k}`` loaded: x̂ and g of unit ``k``, the row
-    sums, and the running sums of dw/db in shared memory."""
+def _backward_values(element: ElementKind, weight: ElementKind, k: int, vec: int,
+                     blind: str = "") -> list[str]:
+    """Under ``if p{k}:``, from the held words ``x{k}``/``d{k}``: dy (``b{k}_*``), x̂
+    (``n{k}_*``) and g = dy · (offset + w) (``g{k}_*``) of unit ``k``. Run once for the
+    sums and once more for dx, so only the packed words stay live across the block sums
+    (the weight's second load hits L1)."""
     xs = [f"a{k}_{e}" for e in range(vec)]
     ds = [f"b{k}_{e}" for e in range(vec)]
-    lines = _decode(element, [f"x{k}[{i}]" for i in range(4)], xs)
-    lines += _decode(element, [f"d{k}[{i}]" for i in range(4)], ds)
+    lines = _decode(element, [f"x{k}[{i}]{blind}" for i in range(4)], xs)
+    lines += _decode(element, [f"d{k}[{i}]{blind}" for i in range(4)], ds)
     lines += [f"n{k}_{e} = (a{k}_{e} - mean) * rstd" for e in range(vec)]
     lines += [f"g{k}_{e} = b{k}_{e}" for e in range(vec)]
     names = [f"c{k}_{e}" for e in range(vec)]
     lines.append("if flags & FLAG_WEIGHT:")
     lines += ["    " + line for line in _weight_values(weight, k, vec, "weight", names)]
     lines += [f"    g{k}_{e} = b{k}_{e} * (offset32 + c{k}_{e})" for e in range(vec)]
-    lines.append(f"sg{k} = " + " + ".join(f"g{k}_{e}" for e in range(vec)))
-    lines.append(f"sgx{k} = " + " + ".join(f"g{k}_{e} * n{k}_{e}" for e in range(vec)))
-    lines.append("if has_w:")
-    lines += [f"    running[{e} * units + u{k}] += b{k}_{e} * n{k}_{e}" for e in range(vec)]
-    lines.append("if has_b:")
-    lines += [f"    running[{vec + e} * units + u{k}] += b{k}_{e}" for e in range(vec)]
     return lines
 
 
-def _backward_store(element: ElementKind, k: int, vec: int) -> list[str]:
-    """Under ``if p{k}:``: dx of unit ``k`` (plus dh) stored as 16 bytes."""
+def _backward_unit(element: ElementKind, weight: ElementKind, k: int, vec: int) -> list[str]:
+    """Under ``if p{k}:``, with ``x{k}``/``d{k}`` loaded: the row sums of unit ``k``."""
+    lines = _backward_values(element, weight, k, vec)
+    lines.append(f"sg{k} = " + " + ".join(f"g{k}_{e}" for e in range(vec)))
+    lines.append(f"sgx{k} = " + " + ".join(f"g{k}_{e} * n{k}_{e}" for e in range(vec)))
+    return lines
+
+
+def _backward_store(element: ElementKind, weight: ElementKind, k: int, vec: int) -> list[str]:
+    """Under ``if p{k}:``: dx of unit ``k`` (plus dh) stored as 16 bytes, and the running
+    sums of dw/db in shared memory (``stride``: ``units`` read per row, see _LANES)."""
     o = [f"o{k}_{e}" for e in range(vec)]
-    lines = [f"{o[e]} = rstd * (g{k}_{e} - mean_g - n{k}_{e} * mean_gx)" for e in range(vec)]
-    lines += ["if has_dh:", f"    w{k} = load16(dhw, uint64(dh_row + u{k} * 4))"]
-    lines += ["    " + line for line in _decode(element, [f"w{k}[{i}]" for i in range(4)],
+    lines = _backward_values(element, weight, k, vec, " ^ blind")
+    lines.append("if has_w:")
+    lines += [f"    running[{e} * stride + u{k}] += b{k}_{e} * n{k}_{e}" for e in range(vec)]
+    lines.append("if has_b:")
+    lines += [f"    running[{vec + e} * stride + u{k}] += b{k}_{e}" for e in range(vec)]
+    lines += [f"{o[e]} = rstd * (g{k}_{e} - mean_g - n{k}_{e} * mean_gx)" for e in range(vec)]
+    lines += ["if has_dh:"]
+    lines += ["    " + line for line in _decode(element, [f"h{k}[{i}]" for i in range(4)],
                                                 [f"s{k}_{e}" for e in range(vec)])]
     lines += [f"    {o[e]} += s{k}_{e}" for e in range(vec)]
     lines.append(f"store16(dxw, uint64(dx_row + u{k} * 4), {_encode(element, o)})")
@@ -477,15 +563,14 @@ def _vec_backward_source(element: ElementKind, weight: ElementKind) -> str:
     vec = 16 // element.byte_width
     units = range(VEC_MAX_UNITS_BW)
     zero = "(uint32(0), uint32(0), uint32(0), uint32(0))"
-    body = ["rstd = rstd_in[row]", "mean = float32(0)", "if is_layer:",
-            "    mean = mean_in[row]"]
-    for k in units:  # all loads first
-        body += [f"x{k} = {zero}", f"d{k} = {zero}", f"if p{k}:",
+    body = _lanes(units) + ["rstd = rstd_in[row]", "mean = float32(0)", "if is_layer:",
+                            "    mean = mean_in[row]"]
+    for k in units:  # all loads first (dh's too: one round trip a row)
+        body += [f"x{k} = {zero}", f"d{k} = {zero}", f"h{k} = {zero}", f"if p{k}:",
                  f"    x{k} = load16(xw, uint64(x_row + u{k} * 4))",
-                 f"    d{k} = load16(dyw, uint64(dy_row + u{k} * 4))"]
+                 f"    d{k} = load16(dyw, uint64(dy_row + u{k} * 4))",
+                 "    if has_dh:", f"        h{k} = load16(dhw, uint64(dh_row + u{k} * 4))"]
     for k in units:
-        body += [f"n{k}_{e} = float32(0)" for e in range(vec)]
-        body += [f"g{k}_{e} = float32(0)" for e in range(vec)]
         body += [f"sg{k} = float32(0)", f"sgx{k} = float32(0)"]
         body += [f"if p{k}:"] + ["    " + line for line in _backward_unit(element, weight, k,
                                                                           vec)]
@@ -496,16 +581,19 @@ def _vec_backward_source(element: ElementKind, weight: ElementKind) -> str:
              "    mean_g = float32(total_g / n)", "else:",
              "    total_g, total_gx = _row_sums(float32(0), sum_gx, sums, tid, block)",
              "    mean_g = float32(0)"]
-    body.append("mean_gx = float32(total_gx / n)")
+    body += ["mean_gx = float32(total_gx / n)", "stride = lanes[1]",
+             "blind = uint32(lanes[2])"]
     for k in units:
-        body += [f"if p{k}:"] + ["    " + line for line in _backward_store(element, k, vec)]
-    zeroing = [f"if p{k}:\n    for e in range({2 * vec}):\n"
-               f"        running[e * units + u{k}] = float32(0)" for k in units]
-    publish = [f"if p{k}:\n    for e in range({vec}):\n        if has_w:\n"
+        body += [f"if p{k}:"] + ["    " + line
+                                 for line in _backward_store(element, weight, k, vec)]
+    held = _lanes(units) + ["stride = lanes[1]"]
+    zeroing = held + [f"if p{k}:\n    for e in range({2 * vec}):\n"
+               f"        running[e * stride + u{k}] = float32(0)" for k in units]
+    publish = held + [f"if p{k}:\n    for e in range({vec}):\n        if has_w:\n"
                f"            partials[uint64(chunk * n + u{k} * {vec} + e)] = "
-               f"running[e * units + u{k}]\n        if has_b:\n"
+               f"running[e * stride + u{k}]\n        if has_b:\n"
                f"            partials[uint64((chunks + chunk) * n + u{k} * {vec} + e)] = "
-               f"running[({vec} + e) * units + u{k}]" for k in units]
+               f"running[({vec} + e) * stride + u{k}]" for k in units]
     head = ("def norm_backward_vec(dyw, xw, dhw, dxw, weight, rstd_in, mean_in, partials,\n"
             "                      outer_shape, dy_strides, x_strides, dh_strides, dx_strides,\n"
             "                      rows, units, n, rows_per_chunk, chunks, offset, flags):\n"
@@ -519,7 +607,7 @@ def _vec_backward_source(element: ElementKind, weight: ElementKind) -> str:
             "    has_w = flags & FLAG_WEIGHT\n"
             "    has_b = flags & FLAG_BIAS\n"
             "    offset32 = float32(offset)\n"
-            + "".join(f"    u{k} = tid + {k} * block\n    p{k} = u{k} < units\n" for k in units)
+            + _LANES_INIT
             + "    chunk = int64(cuda.blockIdx.x)\n"
             "    while chunk < chunks:\n"
             "        if with_partials:\n"
@@ -638,13 +726,15 @@ def _vec_backward_kernel(element: ElementKind, weight: ElementKind) -> Kernel:
 NORM_VEC_BACKWARD_KERNELS = {(e, w): _vec_backward_kernel(e, w)
                              for e in VEC_ELEMENTS for w in NORM_WEIGHT_ELEMENTS[e]}
 #: (statistics type name, weight) -> kernel
-NORM_FINALIZE_KERNELS = {(str(stats_type(e)), w): _finalize_kernel(stats_type(e), w)
-                         for e, weights in NORM_WEIGHT_ELEMENTS.items() for w in weights}
+_FINALIZE_KEYS = {(str(stats_type(e)), w): (stats_type(e), w)  # each pair once (registry)
+                  for e, weights in NORM_WEIGHT_ELEMENTS.items() for w in weights}
+NORM_FINALIZE_KERNELS = {key: _finalize_kernel(*kinds) for key, kinds in _FINALIZE_KEYS.items()}
 
 __all__ = ["FLAG_BIAS", "FLAG_LAYER", "FLAG_RESIDUAL", "FLAG_WEIGHT", "MAX_BLOCK",
-           "MAX_COLUMNS_PER_THREAD",
+           "FINALIZE_BLOCK", "MAX_COLUMNS_PER_THREAD",
            "NORM_BACKWARD_KERNELS", "NORM_ELEMENTS", "NORM_FINALIZE_KERNELS",
            "NORM_FORWARD_KERNELS", "NORM_VEC_BACKWARD_KERNELS", "NORM_VEC_FORWARD_KERNELS",
            "NORM_WEIGHT_ELEMENTS",
-           "VEC_ELEMENTS", "VEC_MAX_BLOCK", "VEC_MAX_SHARED_BW", "VEC_MAX_UNITS",
+           "VEC_ELEMENTS", "VEC_MAX_BLOCK", "VEC_MAX_BLOCK_BW", "VEC_MAX_SHARED_BW",
+           "VEC_MAX_UNITS",
            "VEC_MAX_UNITS_BW", "stats_type"]

@@ -35,6 +35,7 @@ from ..arrays import TensorRef, as_mut, as_ref, flat_span
 from ..errors import InvalidProblem, Unsupported
 from ..kernels.common import pad8
 from ..kernels.normalization import (
+    FINALIZE_BLOCK,
     FLAG_BIAS,
     FLAG_LAYER,
     FLAG_RESIDUAL,
@@ -50,6 +51,7 @@ from ..kernels.normalization import (
     NORM_WEIGHT_ELEMENTS,
     VEC_ELEMENTS,
     VEC_MAX_BLOCK,
+    VEC_MAX_BLOCK_BW,
     VEC_MAX_SHARED_BW,
     VEC_MAX_UNITS,
     VEC_MAX_UNITS_BW,
@@ -89,11 +91,14 @@ _FORWARD_ITEMS = 4
 _BACKWARD_ITEMS = 8
 # Forward grid cap: a grid-stride loop takes the rest (launch overhead of huge grids).
 _MAX_FORWARD_GRID = 1 << 16
-# Row chunks of the weight gradients: one block each, so enough to give every SM of a
-# large GPU two; each chunk's partial row costs 4n bytes written and read again (per
-# weight and bias), so not more. The partials ([chunks, n] twice) stay under
+# Row chunks of the weight gradients: one block each, a block's rows run one after the
+# other (latency bound), so enough chunks for about four resident blocks an SM on a large
+# GPU; each chunk's partial row costs 4n bytes written and read again (per weight and
+# bias), so beyond half the target at least _MIN_CHUNK_ROWS rows a chunk (partials under
+# ~10 % of the traffic of 16-bit rows). The partials ([chunks, n] twice) stay under
 # _MAX_PARTIALS elements (workspace bound).
-_TARGET_CHUNKS = 256
+_TARGET_CHUNKS = 512
+_MIN_CHUNK_ROWS = 16
 _MAX_PARTIALS = 1 << 23
 
 
@@ -133,12 +138,13 @@ def choose_launch(rows: int, n: int, backward: bool, block: int | None = None, *
     count; the chunks never depend on it."""
     units = n // vec if vec and n % vec == 0 else 0
     held = VEC_MAX_UNITS_BW if backward else VEC_MAX_UNITS
-    use_vec = (kernel != "rows" and 0 < units <= held * VEC_MAX_BLOCK
+    vec_block = VEC_MAX_BLOCK_BW if backward else VEC_MAX_BLOCK
+    use_vec = (kernel != "rows" and 0 < units <= held * vec_block
                and (not backward or 8 * n <= VEC_MAX_SHARED_BW))
     if kernel == "rows_vec" and not use_vec:
         raise ValueError(f"kernel = 'rows_vec' does not take this problem (n = {n})")
     if use_vec:
-        least, most = _round32(-(-units // held)), VEC_MAX_BLOCK
+        least, most = _round32(-(-units // held)), vec_block
         preferred = _round32(-(-units // (_VEC_UNITS_BW if backward else _VEC_UNITS)))
     else:
         least = _round32(-(-n // MAX_COLUMNS_PER_THREAD)) if backward else 32
@@ -152,7 +158,8 @@ def choose_launch(rows: int, n: int, backward: bool, block: int | None = None, *
     if not backward:
         return NormLaunch("rows_vec" if use_vec else "rows", block,
                           min(rows, _MAX_FORWARD_GRID), 0, 0, units if use_vec else 0)
-    chunks = min(rows, _TARGET_CHUNKS, max(1, _MAX_PARTIALS // max(2 * n, 1)))
+    chunks = min(rows, _TARGET_CHUNKS, max(_TARGET_CHUNKS // 2, rows // _MIN_CHUNK_ROWS),
+                 max(1, _MAX_PARTIALS // max(2 * n, 1)))
     rows_per_chunk = -(-rows // chunks) if chunks else 0
     chunks = -(-rows // rows_per_chunk) if rows_per_chunk else 0
     return NormLaunch("rows_vec" if use_vec else "rows", block, chunks, rows_per_chunk, chunks,
@@ -588,9 +595,8 @@ class _NormBackward(_NormPlan):
                 self.rows, self.n, generic.rows_per_chunk, generic.chunks, self.offset,
                 self.flags))
         if self.n and self.flags & (FLAG_WEIGHT | FLAG_BIAS):
-            block = 256  # one thread per column: coalesced partial reads
-            grid = max(1, min(-(-2 * self.n // block), 4096))
-            self._finalize.launch(grid, block, handle, (
+            grid = max(1, min(-(-2 * self.n // 32), 4096))  # 32 columns a block
+            self._finalize.launch(grid, FINALIZE_BLOCK, handle, (
                 partials, p(v["dweight"]), p(v["dbias"]), choice.chunks, self.n, self.flags))
 
 
