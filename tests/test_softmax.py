@@ -11,7 +11,7 @@ import pytest
 from conftest import EDGE_LENGTHS, FLOAT_ELEMENTS, SIMULATOR, torch_or_skip
 
 from baracuda_numba.errors import BufferTooSmall, InvalidProblem, Unsupported, WorkspaceTooSmall
-from baracuda_numba.kernels.softmax import HELD, MAX_PART
+from baracuda_numba.kernels.softmax import HELD, MAX_PART, row_vec_held
 from baracuda_numba.plans.softmax import (
     DeviceLimits,
     SoftmaxArgs,
@@ -180,19 +180,30 @@ GPU_LIMITS = DeviceLimits(256, 50 << 20)
 
 def test_dispatch_short_rows_share_a_block():
     choice = choose_kernel(33, 1000, 1, True, 2, GPU_LIMITS)
-    assert (choice.layout, choice.lanes, choice.threads, choice.parts) == ("rows", 2, 256, 1)
-    assert choose_kernel(33, 1000, 1, True, 2, GPU_LIMITS, held=HELD[True]).lanes == 4
+    lanes = 1 << (-(-33 // HELD[False]) - 1).bit_length()
+    assert (choice.layout, choice.lanes, choice.threads, choice.parts) == ("rows", lanes, 256, 1)
+    assert choose_kernel(33, 1000, 1, True, 2, GPU_LIMITS, held=HELD[True]).lanes == (
+        1 << (-(-33 // HELD[True]) - 1).bit_length())
     assert choose_kernel(2, 10, 1, True, 2, GPU_LIMITS).lanes == 1
 
 
 def test_dispatch_medium_rows_one_block_each():
     choice = choose_kernel(4096, 8192, 1, True, 2, GPU_LIMITS)
-    assert (choice.lanes, choice.threads, choice.parts) == (128, 256, 1)
+    assert (choice.lanes, choice.threads, choice.parts) == (4096 // HELD[False], 256, 1)
     for backward in (False, True):
         choice = choose_kernel(MAX_PART[backward], 10, 1, True, 4, GPU_LIMITS,
                                held=HELD[backward])
         assert (choice.lanes, choice.parts) == (1024, 1)
-    assert choose_kernel(32768, 10, 1, True, 4, GPU_LIMITS, held=HELD[True]).parts == 2
+    assert choose_kernel(32768, 10, 1, True, 4, GPU_LIMITS, held=HELD[True]).parts == (
+        32768 // MAX_PART[True])
+    # 16-byte units hold 16-bit elements two a register: a bf16 row of 32768 in one block
+    vec = choose_kernel(32768, 10, 1, True, 2, GPU_LIMITS, unit=8, held=HELD[False],
+                        vec_held=row_vec_held(ElementKind.BF16, False))
+    assert (vec.vec, vec.parts, vec.lanes) == (True, 1, 1024)
+    # a forced part that is not a whole number of units falls back to elements
+    odd = choose_kernel(32768, 10, 1, True, 2, GPU_LIMITS, SoftmaxForce(part_elements=1001),
+                        unit=8, held=HELD[False], vec_held=row_vec_held(ElementKind.BF16, False))
+    assert not odd.vec and odd.lanes * HELD[False] >= odd.part_len
 
 
 def test_dispatch_long_rows_split_by_problem():
@@ -431,7 +442,7 @@ def _torch_check(torch, shape, dim, kind, dtype):
                                                                           torch.softmax)
     y, ref = fn(x, dim), ref_fn(x64, dim)
     if kind is LOG:
-        terms = 2 * float(x64.abs().max()) + math.log(n) + math.sqrt(n)
+        terms = 2 * float(x64.detach().abs().max()) + math.log(n) + math.sqrt(n)
         torch.testing.assert_close(y.double(), ref.detach(), rtol=rtol, atol=u * terms)
     else:
         torch.testing.assert_close(y.double(), ref.detach(), rtol=rtol + u * math.sqrt(n),

@@ -16,11 +16,13 @@ or a +inf, and a row of all -inf (``-inf - -inf``), comes out NaN everywhere, as
 f16 / bf16 / f32 accumulate in f32, f64 in f64.
 
 Two kernel bodies, one factory each, with ``backward`` a compile-time argument (the
-forward passes ``x`` as both inputs ``a`` and ``b``; the backward ``dy`` and ``y``)::
+forward passes ``x`` as both inputs ``a`` and ``b``; the backward ``dy`` and ``y``), and
+the row factory's path (``units``) another (kernels ``rows`` and ``rows_vec``)::
 
     rows    (the axis has stride 1): a group of L lanes (L a power of two) takes one
             row part of at most HELD * L elements and holds it in registers; lane l
-            holds elements l, l + L, ... (with ``vec``: 16-byte units l, l + L, ...).
+            holds elements l, l + L, ... (``rows_vec``: the raw 16-byte units l, l + L,
+            ..., VEC_WORDS words a lane, unpacked on each use).
             Groups of L <= 32 lanes reduce with warp shuffles (several rows per warp
             for short rows), longer groups (a whole block) add a shared-memory step
             across warps.
@@ -44,6 +46,7 @@ FINISH on batches of rows whose bytes fit in L2, so FINISH reads its input from 
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -66,24 +69,36 @@ from .common import (
 )
 from .rope import ROPE_UNIT_TABLE
 
-#: Elements a lane holds in registers, by direction (``backward``): 32 x (forward) or 16
-#: dy and 16 y (backward) registers leave room under the 64-register cap that 1024-thread
-#: blocks need (``ROW_REGISTERS``). f64 holds half as many (two registers each):
-#: :func:`row_held`.
-HELD = {False: 32, True: 16}
+#: Elements a lane holds in registers, by direction (``backward``): 16 x (forward) or 8
+#: dy and 8 y (backward) registers fit, with the addressing and the reductions, under the
+#: 64-register cap that 1024-thread blocks need (``ROW_REGISTERS``) without spilling
+#: (twice as many spill: see docs/design/softmax.md). f64 holds half as many (two
+#: registers each): :func:`row_held`.
+HELD = {False: 16, True: 8}
 #: Lanes of the largest group: one 1024-thread block (the CUDA limit).
 MAX_LANES = 1024
 #: Elements of the longest row part one group holds, by direction (f32 accumulation).
 MAX_PART = {backward: held * MAX_LANES for backward, held in HELD.items()}
+#: Words (uint32) a lane of the 16-byte-unit row path holds per input, by direction: the
+#: raw units, unpacked on each use, so 16-bit elements take half a register each (twice
+#: the elements, and bytes in flight, of ``HELD`` for the same registers).
+VEC_WORDS = {False: 16, True: 8}
 #: Register cap of the row kernels: 65536 registers / 1024 threads.
 ROW_REGISTERS = 64
-#: Rows a column thread loads before folding them (loads in flight per thread).
-COLUMN_UNROLL = 4
+#: Rows a column thread loads before folding them (loads in flight per thread): 8 keep
+#: the forward under 64 registers; 16 need twice the registers for no more bytes in
+#: flight an SM.
+COLUMN_UNROLL = 8
 
 
 def row_held(element: ElementKind, backward: bool) -> int:
     """Elements a lane of the row kernel holds for ``element`` and direction."""
     return HELD[backward] // (2 if element is ElementKind.F64 else 1)
+
+
+def row_vec_held(element: ElementKind, backward: bool) -> int:
+    """Elements a lane of the row kernel's 16-byte-unit path holds (``VEC_WORDS``)."""
+    return VEC_WORDS[backward] // 4 * SOFTMAX_UNITS[element][2]
 
 
 MODE_FULL = 0
@@ -263,36 +278,194 @@ def _finisher(acc: types.Type, backward: bool) -> Any:
     return factor, finish
 
 
-def _slot_index(per_unit: int) -> Any:
-    """``index(u, lane, lanes, vec)``: the row element held in slot ``u`` of ``lane``:
-    every ``lanes``-th element, or with ``vec`` every ``lanes``-th 16-byte unit of
-    ``per_unit`` elements."""
-
-    @cuda.jit(device=True, inline=True)
-    def index(u, lane, lanes, vec):
-        if vec:
-            return (lane + (u // per_unit) * lanes) * per_unit + u % per_unit
-        return lane + u * lanes
-
-    return index
-
-
 # -- rows -------------------------------------------------------------------------------------
 
 
-def _make_rows(element: ElementKind, backward: bool) -> Any:
+def _vec_pieces(element: ElementKind, backward: bool) -> Any:
+    """Device helpers of the ``vec`` row path, which holds the raw 16-byte units (uint32
+    words: two 16-bit elements a register) and unpacks them on each use:
+    ``(load, local_max, local_sum, write)``."""
     spec = SOFTMAX_ELEMENTS[element]
-    acc, load, store, maximum = spec.acc, spec.load, spec.store, spec.max
+    acc, maximum = spec.acc, spec.max
     unpack16, pack16, per_unit = SOFTMAX_UNITS[element]
-    elem_bytes = 16 // per_unit
+    units = VEC_WORDS[backward] // 4
+    _, finish = _finisher(acc, backward)
+
+    @cuda.jit(device=True, inline=True)
+    def unit(words, w):
+        return unpack16((words[4 * w], words[4 * w + 1], words[4 * w + 2], words[4 * w + 3]))
+
+    @cuda.jit(device=True, inline=True)
+    def load(words_a, words_b, a_words, b_words, a0, b0, a_step, b_step, valid, scale):
+        for w in range(units):
+            if w < valid:
+                ua = load16(a_words, a0 + w * a_step)
+                for j in range(4):
+                    words_a[4 * w + j] = ua[j]
+                if backward:
+                    ub = load16(b_words, b0 + w * b_step)
+                    for j in range(4):
+                        words_b[4 * w + j] = ub[j]
+
+    @cuda.jit(device=True, inline=True)
+    def local_max(words_a, valid, scale):
+        m = acc(-_INF)  # padding: none (invalid units are skipped)
+        for w in range(units):
+            if w < valid:
+                va = unit(words_a, w)
+                for k in range(per_unit):
+                    m = maximum(m, acc(va[k]) * scale)
+        return m
+
+    @cuda.jit(device=True, inline=True)
+    def local_sum(words_a, words_b, valid, shift, scale, log):
+        s = acc(0)
+        for w in range(units):
+            if w < valid:
+                va = unit(words_a, w)
+                vb = unit(words_b, w) if backward else va
+                for k in range(per_unit):
+                    if not backward:
+                        s += math.exp(acc(va[k]) * scale - shift)
+                    elif log:
+                        s += acc(va[k])
+                    else:
+                        s += acc(va[k]) * acc(vb[k])
+        return s
+
+    @cuda.jit(device=True, inline=True)
+    def write(words_a, words_b, out_words, o0, o_step, valid, m, r, log, scale, result):
+        for w in range(units):
+            if w < valid:
+                va = unit(words_a, w)
+                vb = unit(words_b, w) if backward else va
+                for k in range(per_unit):
+                    x = acc(va[k]) if backward else acc(va[k]) * scale
+                    result[k] = finish(x, acc(vb[k]), m, r, log, scale)
+                store16(out_words, o0 + w * o_step, pack16(result))
+
+    return load, local_max, local_sum, write
+
+
+def _elem_pieces(element: ElementKind, backward: bool) -> Any:
+    """Device helpers of the element row path (any axis stride), which holds ``held``
+    accumulator values a lane (padding: -inf forward, 0 backward, which add nothing):
+    ``(load, local_max, local_sum, write)``."""
+    spec = SOFTMAX_ELEMENTS[element]
+    acc, load_one, store, maximum = spec.acc, spec.load, spec.store, spec.max
     held = row_held(element, backward)
-    units = held // per_unit
+    pad = acc(0) if backward else acc(-_INF)
+    _, finish = _finisher(acc, backward)
+
+    @cuda.jit(device=True, inline=True)
+    def load(held_a, held_b, a, b, a0, b0, a_step, b_step, valid, scale):
+        for u in range(held):
+            va = pad
+            vb = acc(0)
+            if u < valid:
+                va = load_one(a, a0 + u * a_step)
+                if backward:
+                    vb = load_one(b, b0 + u * b_step)
+                else:
+                    va *= scale
+            held_a[u] = va
+            held_b[u] = vb
+
+    @cuda.jit(device=True, inline=True)
+    def local_max(held_a, valid, scale):
+        m = held_a[0]
+        for u in range(1, held):
+            m = maximum(m, held_a[u])
+        return m
+
+    @cuda.jit(device=True, inline=True)
+    def local_sum(held_a, held_b, valid, shift, scale, log):
+        s = acc(0)
+        for u in range(held):
+            if not backward:
+                s += math.exp(held_a[u] - shift)
+            elif log:
+                s += held_a[u]
+            else:
+                s += held_a[u] * held_b[u]
+        return s
+
+    @cuda.jit(device=True, inline=True)
+    def write(held_a, held_b, out, o0, o_step, valid, m, r, log, scale, result):
+        for u in range(held):
+            if u < valid:
+                out[o0 + u * o_step] = store(finish(held_a[u], held_b[u], m, r, log, scale))
+
+    return load, local_max, local_sum, write
+
+
+def _part_body(element: ElementKind, backward: bool, units: bool, pieces: Any) -> Any:
+    """``body(...)``: load one row part into the caller's holding arrays, reduce it (or
+    fold the workspace), write its statistic or its output, with ``pieces`` =
+    ``(load, local_max, local_sum, write)`` of one path. Each path runs a whole body of
+    its own, so the two paths' held values are never live together."""
+    spec = SOFTMAX_ELEMENTS[element]
+    acc, maximum = spec.acc, spec.max
+    per_unit = SOFTMAX_UNITS[element][2]
+    elem_bytes = 16 // per_unit
     group_max = _group_reducer(maximum)
     group_sum = _group_reducer(_add)
     fold = _fold_parts(acc, maximum, backward)
-    factor, finish = _finisher(acc, backward)
-    pad = acc(0) if backward else acc(-_INF)
-    index = _slot_index(per_unit)
+    factor, _ = _finisher(acc, backward)
+    load, local_max, local_sum, write = pieces
+
+    @cuda.jit(device=True, inline=True)
+    def out_start(row, shape, out_strides, out_axis, start, lane, lanes, vec):
+        out_off = strided_offset(row, shape, out_strides)
+        if units:  # compile time (``vec`` is 1 exactly then)
+            return (out_off + start + lane * per_unit) * elem_bytes >> 2, lanes * 4
+        return out_off + (start + lane) * out_axis, lanes * out_axis
+
+    @cuda.jit(device=True, inline=True)
+    def body(hold_a, hold_b, a, b, out, a0, b0, a_step, b_step, valid, count, active, item,
+             row, start, lane, lanes, shape, out_strides, out_axis, ws, parts, shared, vec,
+             mode, log, scale, result):
+        # the output address: forward before the loads (the shape and strides are then
+        # dead while the row is held), backward after them (fewer registers, by ptxas)
+        o0, o_step = int64(0), int64(0)
+        if not backward:
+            o0, o_step = out_start(row, shape, out_strides, out_axis, start, lane, lanes, vec)
+        load(hold_a, hold_b, a, b, a0, b0, a_step, b_step, valid, scale)
+        m = acc(0)
+        s = acc(0)
+        if mode != MODE_FINISH:
+            if not backward:
+                m = group_max(local_max(hold_a, valid, scale), lanes, shared)
+            # an all -inf part (or an idle group) sums against 0 rather than -inf
+            shift = m if m != acc(-_INF) else acc(0)
+            s = group_sum(local_sum(hold_a, hold_b, valid, shift, scale, log), lanes, shared)
+            if not backward and m == acc(-_INF):
+                s = acc(0)  # an all -inf part: exp(-inf - -inf) is NaN, its sum is 0
+        if mode == MODE_STATS:
+            if active and lane == 0:
+                ws[item * 2] = s if backward else m
+                ws[item * 2 + 1] = s
+            return
+        if mode == MODE_FINISH and active:
+            m, s = fold(ws, row, parts)
+        if backward:
+            o0, o_step = out_start(row, shape, out_strides, out_axis, start, lane, lanes, vec)
+        r = factor(s, log) if count > 0 else acc(0)  # idle groups: no 1 / 0
+        write(hold_a, hold_b, out, o0, o_step, valid, m, r, log, scale, result)
+
+    return body
+
+
+def _make_rows(element: ElementKind, backward: bool, units: bool = False) -> Any:
+    """The row kernel; ``units`` (compile time): the 16-byte-unit path alone, else the
+    element path alone (one path a kernel: sharing one, their held values spill)."""
+    acc = SOFTMAX_ELEMENTS[element].acc
+    per_unit = SOFTMAX_UNITS[element][2]
+    elem_bytes = 16 // per_unit
+    held = row_held(element, backward)
+    words = VEC_WORDS[backward]
+    vec_body = _part_body(element, backward, True, _vec_pieces(element, backward))
+    elem_body = _part_body(element, backward, False, _elem_pieces(element, backward))
 
     def softmax_rows(a, b, out, a_words, b_words, out_words, ws, row_begin, row_end, n, parts,
                      part_len, lanes, shape, a_strides, b_strides, out_strides, a_axis, b_axis,
@@ -302,8 +475,6 @@ def _make_rows(element: ElementKind, backward: bool) -> Any:
         inputs and output move as 16-byte units (``*_words``: the same memory as uint32;
         the plan checks stride 1 along the axis and 16-byte aligned row parts)."""
         shared = cuda.shared.array(32, acc)
-        held_a = cuda.local.array(held, acc)
-        held_b = cuda.local.array(held, acc)
         result = cuda.local.array(per_unit, acc)
         tid = cuda.threadIdx.x
         groups = cuda.blockDim.x // lanes
@@ -321,78 +492,24 @@ def _make_rows(element: ElementKind, backward: bool) -> Any:
             if not active:
                 count = 0
             a_off, b_off = strided_offset2(row, shape, a_strides, b_strides)
-            if vec:
-                for w in range(units):
-                    first_elem = (lane + w * lanes) * per_unit
-                    if first_elem < count:
-                        va_unit = unpack16(load16(a_words, (a_off + start + first_elem)
-                                                  * elem_bytes // 4))
-                        vb_unit = va_unit
-                        if backward:
-                            vb_unit = unpack16(load16(b_words, (b_off + start + first_elem)
-                                                      * elem_bytes // 4))
-                        for k in range(per_unit):
-                            held_a[w * per_unit + k] = (acc(va_unit[k]) if backward
-                                                        else acc(va_unit[k]) * scale)
-                            held_b[w * per_unit + k] = acc(vb_unit[k])
-                    else:
-                        for k in range(per_unit):
-                            held_a[w * per_unit + k] = pad
-                            held_b[w * per_unit + k] = acc(0)
+            # slots this lane holds: every ``lanes``-th element (``vec``: 16-byte unit) of
+            # the part, below ``count``; one number, so no per-slot index stays live
+            step = per_unit if units else 1
+            valid = (count // step - lane + lanes - 1) // lanes if count > lane * step else 0
+            if units:  # first word of the lane's first unit, 4 words (16 bytes) a unit
+                vec_body(cuda.local.array(words, uint32), cuda.local.array(words, uint32),
+                         a_words, b_words, out_words,
+                         (a_off + start + lane * step) * elem_bytes >> 2,
+                         (b_off + start + lane * step) * elem_bytes >> 2, lanes * 4, lanes * 4,
+                         valid, count, active, item, row, start, lane, lanes, shape,
+                         out_strides, out_axis, ws, parts, shared, vec, mode, log, scale,
+                         result)
             else:
-                for u in range(held):
-                    i = lane + u * lanes
-                    va = pad
-                    vb = acc(0)
-                    if i < count:
-                        va = load(a, a_off + (start + i) * a_axis)
-                        if backward:
-                            vb = load(b, b_off + (start + i) * b_axis)
-                        else:
-                            va *= scale
-                    held_a[u] = va
-                    held_b[u] = vb
-            m = acc(0)
-            s = acc(0)
-            if mode != MODE_FINISH:
-                if not backward:
-                    m = held_a[0]
-                    for u in range(1, held):
-                        m = maximum(m, held_a[u])
-                    m = group_max(m, lanes, shared)
-                for u in range(held):
-                    if index(u, lane, lanes, vec) < count:
-                        if backward:
-                            s += held_a[u] * held_b[u] if not log else held_a[u]
-                        else:
-                            s += math.exp(held_a[u] - m)
-                s = group_sum(s, lanes, shared)
-                if not backward and m == acc(-_INF):
-                    s = acc(0)  # an all -inf part: exp(-inf - -inf) is NaN, its sum is 0
-            if mode == MODE_STATS:
-                if active and lane == 0:
-                    ws[item * 2] = s if backward else m
-                    ws[item * 2 + 1] = s
-            else:
-                if mode == MODE_FINISH and active:
-                    m, s = fold(ws, row, parts)
-                out_off = strided_offset(row, shape, out_strides)
-                r = factor(s, log) if count > 0 else acc(0)  # idle groups: no 1 / 0
-                if vec:
-                    for w in range(units):
-                        first_elem = (lane + w * lanes) * per_unit
-                        if first_elem < count:
-                            for k in range(per_unit):
-                                u = w * per_unit + k
-                                result[k] = finish(held_a[u], held_b[u], m, r, log, scale)
-                            store16(out_words, (out_off + start + first_elem) * elem_bytes // 4,
-                                    pack16(result))
-                else:
-                    for u in range(held):
-                        i = lane + u * lanes
-                        if i < count:
-                            out[out_off + (start + i) * out_axis] = store(
-                                finish(held_a[u], held_b[u], m, r, log, scale))
+                elem_body(cuda.local.array(held, acc), cuda.local.array(held, acc), a, b, out,
+                          a_off + (start + lane) * a_axis, b_off + (start + lane) * b_axis,
+                          lanes * a_axis, lanes * b_axis, valid, count, active, item, row,
+                          start, lane, lanes, shape, out_strides, out_axis, ws, parts, shared,
+                          vec, mode, log, scale, result)
             base += int64(cuda.gridDim.x) * groups
 
     return softmax_rows
@@ -488,14 +605,16 @@ def _signature(element: ElementKind) -> tuple[types.Type, ...]:
 
 
 #: Layouts -> kernel factory: ``rows`` (axis of stride 1), ``cols`` (axis strided).
-SOFTMAX_LAYOUTS = {"rows": _make_rows, "cols": _make_cols}
+SOFTMAX_LAYOUTS = {"rows": _make_rows, "cols": _make_cols,
+                   "rows_vec": functools.partial(_make_rows, units=True)}
 
-#: ``(layout, element, backward) -> Kernel``: 2 layouts x 4 elements x 2 directions.
+#: ``(layout, element, backward) -> Kernel``: 3 layouts x 4 elements x 2 directions
+#: (``rows_vec``: the row kernel of ``KernelChoice.vec``).
 SOFTMAX_KERNELS: dict[tuple[str, ElementKind, bool], Kernel] = {
     (layout, element, backward): Kernel(
         f"softmax_{layout}{'_backward' if backward else ''}[{element.name}]",
         factory(element, backward), _signature(element),
-        max_registers=ROW_REGISTERS if layout == "rows" else None)
+        max_registers=ROW_REGISTERS if layout != "cols" else None)
     for layout, factory in SOFTMAX_LAYOUTS.items()
     for element in SOFTMAX_ELEMENTS
     for backward in (False, True)

@@ -44,6 +44,7 @@ from ..kernels.softmax import (
     SOFTMAX_KERNELS,
     SOFTMAX_UNITS,
     row_held,
+    row_vec_held,
 )
 from ..launch import BoundLaunch
 from ..streams import stream_handle
@@ -183,7 +184,7 @@ def _next_pow2(value: int) -> int:
 def choose_kernel(extent: int, rows: int, axis_stride: int, other_unit_stride: bool,
                   input_bytes: int, limits: DeviceLimits,
                   force: SoftmaxForce | None = None, unit: int = 0,
-                  held: int = HELD[False]) -> KernelChoice:
+                  held: int = HELD[False], vec_held: int = 0) -> KernelChoice:
     """The kernel for ``rows`` rows of ``extent`` elements: the row kernel when the axis
     has stride 1 (or one element), the column kernel when another axis has stride 1
     (consecutive threads then read consecutive elements), else rows. ``input_bytes``:
@@ -192,7 +193,8 @@ def choose_kernel(extent: int, rows: int, axis_stride: int, other_unit_stride: b
     every row part can move as 16-byte units (aligned, stride 1; 0 otherwise): the row
     kernel then does, with parts a whole number of units. ``held``: elements a lane of
     the row kernel holds (``kernels.softmax.row_held``: fewer for the backward, which
-    holds two inputs, and for f64)."""
+    holds two inputs, and for f64); ``vec_held``: what it holds when rows move as 16-byte
+    units (``kernels.softmax.row_vec_held``; 0: ``held``)."""
     force = force or SoftmaxForce()
     layout = force.layout
     if layout is None:
@@ -200,14 +202,21 @@ def choose_kernel(extent: int, rows: int, axis_stride: int, other_unit_stride: b
     rows = max(rows, 1)
     extent = max(extent, 1)
     if layout == "rows":
-        longest = min(force.part_elements or held * MAX_LANES, held * MAX_LANES)
-        vec = unit > 0 and extent % unit == 0 and longest % unit == 0
+        def longest_for(per_lane: int) -> int:
+            return min(force.part_elements or per_lane * MAX_LANES, per_lane * MAX_LANES)
+
+        units_ok = unit > 0 and extent % unit == 0
+        per_lane = max(vec_held, held)
+        if not (units_ok and longest_for(per_lane) % unit == 0):
+            per_lane = held
+        longest = longest_for(per_lane)
+        vec = units_ok and longest % unit == 0
         parts = -(-extent // longest)
         part_len = -(-extent // parts)
         if vec:
             part_len = -(-part_len // unit) * unit
             parts = -(-extent // part_len)
-        lanes = _next_pow2(-(-part_len // held))
+        lanes = _next_pow2(-(-part_len // per_lane))
         threads = max(lanes, limits.threads)
     else:
         vec = False
@@ -271,7 +280,7 @@ class _SoftmaxBase(Plan):
         self._input_bytes = desc.element.byte_width * (2 if self._backward else 1)
         self._held = row_held(desc.element, self._backward)
         self._kernels = {layout: SOFTMAX_KERNELS[(layout, desc.element, self._backward)]
-                         for layout in ("rows", "cols")}
+                         for layout in ("rows", "cols", "rows_vec")}
         limits = device_limits()
         contiguous = contiguous_strides(shape)
         self.choice = self.choice_for(contiguous)
@@ -291,7 +300,11 @@ class _SoftmaxBase(Plan):
         super().__init__(desc, sku, pref, workspace)
         self._launches: dict[Any, Callable[..., None]] = {}
         if self._numel:
-            self._kernels[self.choice.layout].prepare()
+            self._kernels[self._kernel_key(self.choice)].prepare()
+
+    @staticmethod
+    def _kernel_key(choice: KernelChoice) -> str:
+        return "rows_vec" if choice.vec else choice.layout
 
     def choice_for(self, strides: tuple[int, ...], aligned: bool = True) -> KernelChoice:
         """The kernel choice for a first input of these strides (elements); ``aligned``:
@@ -307,7 +320,8 @@ class _SoftmaxBase(Plan):
                          for d, (e, s) in enumerate(zip(shape, strides)) if d != axis))
         return choose_kernel(self._extent, self._rows, strides[axis], unit_stride,
                              self._input_bytes, device_limits(), self._force,
-                             per_unit if dense else 0, self._held)
+                             per_unit if dense else 0, self._held,
+                             row_vec_held(self.descriptor.element, self._backward))
 
     def workspace_size_for(self, strides: tuple[int, ...], aligned: bool = False) -> int:
         """Bytes of workspace a first input of these strides needs: 0 when its choice
@@ -333,7 +347,7 @@ class _SoftmaxBase(Plan):
         strides = views[0].strides
         aligned = all(v.strides == strides and v.ptr % 16 == 0 for v in views)
         choice = self.choice_for(strides, aligned)
-        kernel = self._kernels[choice.layout].prepare()
+        kernel = self._kernels[self._kernel_key(choice)].prepare()
         # rows in the order of the first input's strides (largest first): consecutive
         # rows are then neighbours in memory where any layout allows it
         others = [d for d in range(len(desc.input_shape)) if d != axis]
