@@ -85,18 +85,54 @@ else:
         return math.log(value)
 
 
+if SIMULATOR:
+
+    @cuda.jit(device=True)
+    def _exp32(value):
+        """e^value in f32 (the simulator has no libdevice ``fast_expf``)."""
+        return float32(math.exp(value))
+
+else:
+    from numba.cuda import libdevice
+
+    @cuda.jit(device=True, inline=True)
+    def _exp32(value):
+        """e^value as ``ex2.approx(value * log2 e)``: one multiply and one MUFU.EX2
+        instead of ``expf``'s ~10-instruction reduction, which made the row loops
+        issue-bound; relative error ~2 ulp + |value| * 2^-23, and the arguments here are
+        <= 0, where a term's error is scaled by the term itself."""
+        return libdevice.fast_expf(float32(value))
+
+
 # -- online max-and-sum ------------------------------------------------------------------
 
 
-@cuda.jit(device=True, inline=True)
-def _fold(m, s, y):
-    """Running (max, sum of exp(y - max)) with ``y`` added. ``+inf`` gives NaN (as torch's
-    log_softmax), NaN gives NaN, ``-inf`` adds nothing."""
-    if y > m:
-        return y, s * math.exp(m - y) + math.exp(y - y)
-    if y != -math.inf:
-        return m, s + math.exp(y - m)
-    return m, s
+def _fold_ops(acc: Any) -> tuple[Any, Any]:
+    """``fold(m, s, y)``: the running (max, sum of exp(y - max)) with ``y`` added (``+inf``
+    gives NaN as torch's log_softmax, NaN gives NaN, ``-inf`` adds nothing), and
+    ``rebase(m, s, top)``: the state moved to max ``max(m, top)`` before a group of values
+    <= ``top`` is added as ``exp(y - base)`` (``base`` is returned: the max, or 0 while it
+    is still -inf, so -inf values add exp(-inf) = 0, never exp(NaN))."""
+    exp = _exp32 if acc is float32 else math.exp
+
+    @cuda.jit(device=True, inline=True)
+    def fold(m, s, y):
+        if y > m:
+            return y, s * exp(m - y) + exp(y - y)
+        if y != -math.inf:
+            return m, s + exp(y - m)
+        return m, s
+
+    @cuda.jit(device=True, inline=True)
+    def rebase(m, s, top):
+        if top > m:
+            if m != -math.inf:
+                s = s * exp(m - top)
+            m = top
+        base = m if m != -math.inf else acc(0.0)
+        return m, s, base
+
+    return fold, rebase
 
 
 @cuda.jit(device=True, inline=True)
@@ -264,10 +300,12 @@ def _span_ops(element: ElementKind) -> tuple[Any, Any]:
     of a row (``lo`` a multiple of the unit when ``vec``): the block's threads stride over
     8-byte units, then over the scalar tail."""
     acc, per, load, store, unpack, pack = _element_ops(element)
+    fold, rebase = _fold_ops(acc)
+    exp = _exp32 if acc is float32 else math.exp
 
     @cuda.jit(device=True, inline=True)
     def fold_one(m, s, a, y, col, smooth, has_weight, weight):
-        m, s = _fold(m, s, y)
+        m, s = fold(m, s, y)
         if smooth:
             a += y * acc(weight[col]) if has_weight else y
         return m, s, a
@@ -275,6 +313,16 @@ def _span_ops(element: ElementKind) -> tuple[Any, Any]:
     @cuda.jit(device=True, inline=True)
     def fold_unit(m, s, a, word, col, softcap, smooth, has_weight, weight):
         values = unpack(word)
+        if softcap == 0 and not smooth:
+            # The common case: one max and one rescale per unit, then a subtract, a
+            # multiply and one MUFU.EX2 per element (no per-element branch).
+            top = acc(values[0])
+            for k in range(1, per):
+                top = max(top, acc(values[k]))
+            m, s, base = rebase(m, s, top)
+            for k in range(per):
+                s += exp(acc(values[k]) - base)
+            return m, s, a
         for k in range(per):
             y = _capped(acc(values[k]), softcap)
             m, s, a = fold_one(m, s, a, y, col + k, smooth, has_weight, weight)
@@ -289,15 +337,17 @@ def _span_ops(element: ElementKind) -> tuple[Any, Any]:
         step = cuda.blockDim.x
         tail = lo
         if vec:
-            unit_lo = (row_off + lo) // per
+            # Unsigned indices: no wrap-around arithmetic per load.
+            unit_lo = uint64((row_off + lo) // per)
             units = (hi - lo) // per
             tail = lo + units * per
             u = int64(tid)
-            while u + 3 * step < units:  # UNITS_IN_FLIGHT loads issued before any math
-                w0 = x_units[unit_lo + u]
-                w1 = x_units[unit_lo + u + step]
-                w2 = x_units[unit_lo + u + 2 * step]
-                w3 = x_units[unit_lo + u + 3 * step]
+            while u + 3 * step < units:  # four loads issued before any math
+                at = unit_lo + uint64(u)
+                w0 = x_units[at]
+                w1 = x_units[at + uint64(step)]
+                w2 = x_units[at + uint64(2 * step)]
+                w3 = x_units[at + uint64(3 * step)]
                 m, s, a = fold_unit(m, s, a, w0, lo + u * per, softcap, smooth, has_weight,
                                     weight)
                 m, s, a = fold_unit(m, s, a, w1, lo + (u + step) * per, softcap, smooth,
@@ -308,8 +358,8 @@ def _span_ops(element: ElementKind) -> tuple[Any, Any]:
                                     has_weight, weight)
                 u += 4 * step
             while u < units:
-                m, s, a = fold_unit(m, s, a, x_units[unit_lo + u], lo + u * per, softcap,
-                                    smooth, has_weight, weight)
+                m, s, a = fold_unit(m, s, a, x_units[unit_lo + uint64(u)], lo + u * per,
+                                    softcap, smooth, has_weight, weight)
                 u += step
         col = tail + tid
         while col < hi:
@@ -320,11 +370,12 @@ def _span_ops(element: ElementKind) -> tuple[Any, Any]:
 
     @cuda.jit(device=True, inline=True)
     def grad_one(value, col, target, coefs, has_weight, weight):
+        """One gradient element; ``coefs`` already carry the row's scale (dy, 1/D)."""
         lse, coef_p, coef_t, eps_w, softcap, scale = coefs
         if scale == 0:
             return acc(0.0)  # ignored row: exact zeros whatever the logits hold
         y = _capped(acc(value), softcap)
-        g = coef_p * math.exp(y - lse)
+        g = coef_p * exp(y - lse)
         if col == target:
             g -= coef_t
         if eps_w != 0:
@@ -332,7 +383,7 @@ def _span_ops(element: ElementKind) -> tuple[Any, Any]:
         if softcap != 0:
             r = y / softcap
             g *= acc(1.0) - r * r
-        return g * scale
+        return g
 
     if per == 4:
 
@@ -363,23 +414,32 @@ def _span_ops(element: ElementKind) -> tuple[Any, Any]:
         step = cuda.blockDim.x
         tail = lo
         if vec:
-            unit_lo = (row_off + lo) // per
-            grad_unit_lo = (grad_off + lo) // per
+            unit_lo = uint64((row_off + lo) // per)
+            grad_unit_lo = uint64((grad_off + lo) // per)
             units = (hi - lo) // per
             tail = lo + units * per
             u = int64(tid)
-            while u + step < units:  # two loads in flight, then their stores
-                w0 = x_units[unit_lo + u]
-                w1 = x_units[unit_lo + u + step]
-                grad_units[grad_unit_lo + u] = grad_unit(unpack(w0), lo + u * per, target,
-                                                         coefs, has_weight, weight)
-                grad_units[grad_unit_lo + u + step] = grad_unit(
-                    unpack(w1), lo + (u + step) * per, target, coefs, has_weight, weight)
-                u += 2 * step
+            while u + 3 * step < units:  # four loads in flight, then their stores
+                at = unit_lo + uint64(u)
+                w0 = x_units[at]
+                w1 = x_units[at + uint64(step)]
+                w2 = x_units[at + uint64(2 * step)]
+                w3 = x_units[at + uint64(3 * step)]
+                out = grad_unit_lo + uint64(u)
+                col = lo + u * per
+                grad_units[out] = grad_unit(unpack(w0), col, target, coefs, has_weight,
+                                            weight)
+                grad_units[out + uint64(step)] = grad_unit(
+                    unpack(w1), col + step * per, target, coefs, has_weight, weight)
+                grad_units[out + uint64(2 * step)] = grad_unit(
+                    unpack(w2), col + 2 * step * per, target, coefs, has_weight, weight)
+                grad_units[out + uint64(3 * step)] = grad_unit(
+                    unpack(w3), col + 3 * step * per, target, coefs, has_weight, weight)
+                u += 4 * step
             while u < units:
-                values = unpack(x_units[unit_lo + u])
-                grad_units[grad_unit_lo + u] = grad_unit(values, lo + u * per, target, coefs,
-                                                         has_weight, weight)
+                values = unpack(x_units[unit_lo + uint64(u)])
+                grad_units[grad_unit_lo + uint64(u)] = grad_unit(
+                    values, lo + u * per, target, coefs, has_weight, weight)
                 u += step
         col = tail + tid
         while col < hi:
@@ -436,9 +496,12 @@ def _row_terms(acc: Any) -> tuple[Any, Any]:
         wt = acc(w_t)
         eps_w = eps / acc(n_classes)
         coef_p = wt * (acc(1.0) - eps) + eps_w * weight_sum + acc(2.0) * wt * z * lse
-        if state == 0:
-            scale = acc(0.0)
-        return (lse, coef_p, wt * (acc(1.0) - eps), eps_w, softcap, scale)
+        # The row's scale folded into the coefficients (one multiply less per element),
+        # every coefficient in ``acc``: 1 / D arrives as f64, and an f64 coefficient made
+        # the per-element gradient math f64.
+        scale = acc(0.0) if state == 0 else acc(scale)
+        return (acc(lse), acc(coef_p * scale), acc(wt * (acc(1.0) - eps) * scale),
+                acc(eps_w * scale), acc(softcap), scale)
 
     return row_loss, row_coefs
 
@@ -689,20 +752,30 @@ def _grad_signature(element: ElementKind) -> tuple[Any, ...]:
             int64, int64, int32, float64, float64, float64, int32, int32, int64, int32)
 
 
+#: Registers per thread of the streaming kernels: 64 guarantees two 512-thread blocks per
+#: SM (65536 registers), i.e. 32 KB of loads in flight per SM, with no spill (ptxas,
+#: sm_90); above 64 only one block fits. f64 is left uncapped (it would spill at 64, and
+#: f64 logits are not a bandwidth case).
+CE_MAX_REGISTERS = 64
+
+
+def _cap(element: ElementKind) -> int | None:
+    return None if element is ElementKind.F64 else CE_MAX_REGISTERS
+
 #: (logits kind, with gradient) -> the one-block-per-row kernel.
 CE_ROWS_KERNELS = {
     (e, g): Kernel(f"cross_entropy_rows[{e.name}{',grad' if g else ''}]", _make_rows(e, g),
-                   _rows_signature(e), grid_stride=True)
+                   _rows_signature(e), grid_stride=True, max_registers=_cap(e))
     for e in CE_ELEMENTS for g in (False, True)
 }
 CE_PARTIAL_KERNELS = {
     e: Kernel(f"cross_entropy_partials[{e.name}]", _make_partials(e), _partials_signature(e),
-              grid_stride=True)
+              grid_stride=True, max_registers=_cap(e))
     for e in CE_ELEMENTS
 }
 CE_GRAD_KERNELS = {
     e: Kernel(f"cross_entropy_grad[{e.name}]", _make_grad(e), _grad_signature(e),
-              grid_stride=True)
+              grid_stride=True, max_registers=_cap(e))
     for e in CE_ELEMENTS
 }
 CE_COMBINE_KERNEL = Kernel(

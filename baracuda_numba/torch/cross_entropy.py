@@ -139,15 +139,20 @@ def cross_entropy(logits: Tensor, target: Tensor, weight: Tensor | None = None,
 _MIN_CHUNK_ROWS = 1024
 #: Rows at most: the chunk's logits stay a small fraction of the full [N, V].
 _MAX_CHUNK_ROWS = 4096
+#: The chunk's logits at most this fraction of the weight's size (rows <= fraction * H):
+#: the peak extra memory (grad_weight, the chunk, grad_hidden) then stays within 1.4x
+#: the weight, a quarter of the unfused path's for an LLM head.
+_CHUNK_OF_WEIGHT = 0.4
+#: Chunk rows are a multiple of this (whole GEMM tiles).
+_CHUNK_ALIGN = 256
 
 
 def _chunk_rows(n: int, hidden: int, vocab: int) -> int:
-    """Rows per chunk: the chunk's logits about the size of ``hidden`` ``[N, H]``
-    (Liger's rule), as a power of two in [_MIN_CHUNK_ROWS, _MAX_CHUNK_ROWS]."""
-    wanted = max(1, -(-n * hidden // vocab))
-    rows = _MIN_CHUNK_ROWS
-    while rows < wanted and rows < _MAX_CHUNK_ROWS:
-        rows *= 2
+    """Rows per chunk: as many as ``_CHUNK_OF_WEIGHT * hidden`` (so few chunks, few
+    re-reads of grad_weight), rounded to ``_CHUNK_ALIGN``, within
+    [_MIN_CHUNK_ROWS, _MAX_CHUNK_ROWS]."""
+    rows = int(_CHUNK_OF_WEIGHT * hidden) // _CHUNK_ALIGN * _CHUNK_ALIGN
+    rows = max(_MIN_CHUNK_ROWS, min(rows, _MAX_CHUNK_ROWS))
     return min(rows, max(n, 1))
 
 
@@ -157,17 +162,18 @@ def _flce_forward(hidden, weight, target, bias, class_weight, ignore_index, redu
     ``need_grads``."""
     n, h = hidden.shape
     v = weight.shape[0]
-    valid = target != ignore_index
+    denom, scale = None, 1.0
     if reduction == "mean":
+        valid = target != ignore_index
         if class_weight is None:
             denom = valid.sum()
         else:
             denom = class_weight.float()[target.clamp(0, v - 1)].masked_fill(~valid, 0).sum()
-        # one host synchronisation: the gradient GEMMs take 1 / D as their alpha
-        denom_host = float(denom.item())
-        scale = 1.0 / denom_host if denom_host else 0.0
-    else:
-        denom, scale = None, 1.0
+        if any(need_grads):
+            # One host synchronisation per call (none per chunk): the gradient GEMMs take
+            # 1 / D as their f32 alpha (a bf16 multiply afterwards would round 1 / D).
+            denom_host = float(denom.item())
+            scale = 1.0 / denom_host if denom_host else 0.0
     rows_loss = torch.empty(n, device=hidden.device, dtype=torch.float32)
     grad_hidden = torch.empty_like(hidden) if need_grads[0] else None
     grad_weight = torch.empty_like(weight) if need_grads[1] else None
@@ -180,10 +186,12 @@ def _flce_forward(hidden, weight, target, bias, class_weight, ignore_index, redu
         stop = min(start + chunk, n)
         part = hidden[start:stop]
         logits = buffer[:stop - start]
+        # bf16/f16 GEMMs with f32 accumulation (torch's matmul), straight into the buffer.
         if bias is None:
             torch.mm(part, weight.t(), out=logits)
         else:
             torch.addmm(bias, part, weight.t(), out=logits)
+        # The loss rows and the gradient of their sum, written over the chunk's logits.
         rows_loss[start:stop] = _ops_cross_entropy(
             logits, target[start:stop], ignore_index, "none", label_smoothing, z_loss,
             softcap, class_weight, grad_out=logits if any_grad else None)
@@ -222,6 +230,45 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
         return (grads[0], grads[1], None, grads[2], None) + (None,) * 6
 
 
+@torch.library.custom_op(f"{LIB}::fused_linear_cross_entropy", mutates_args=())
+def _flce_op(hidden: Tensor, weight: Tensor, target: Tensor, bias: Tensor | None,
+             class_weight: Tensor | None, ignore_index: int, reduction: str,
+             label_smoothing: float, z_loss: float, softcap: float | None,
+             chunk_rows: int | None, need_hidden: bool, need_weight: bool,
+             need_bias: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The custom op twin (torch.compile): (loss, grad_hidden, grad_weight, grad_bias)
+    for dloss = 1, an absent gradient as an empty tensor of its own."""
+    loss, *grads = _flce_forward(
+        hidden, weight, target, bias, class_weight, ignore_index, reduction,
+        label_smoothing, z_loss, softcap, chunk_rows, (need_hidden, need_weight, need_bias))
+    return (loss, *(g if g is not None else hidden.new_empty((0,)) for g in grads))
+
+
+@_flce_op.register_fake
+def _(hidden, weight, target, bias, class_weight, ignore_index, reduction, label_smoothing,
+      z_loss, softcap, chunk_rows, need_hidden, need_weight, need_bias):
+    n = hidden.shape[0]
+    loss = hidden.new_empty((n,) if reduction == "none" else (), dtype=torch.float32)
+    return (loss, torch.empty_like(hidden) if need_hidden else hidden.new_empty((0,)),
+            torch.empty_like(weight) if need_weight else hidden.new_empty((0,)),
+            torch.empty_like(bias) if need_bias else hidden.new_empty((0,)))
+
+
+def _flce_setup(ctx, inputs, output) -> None:
+    ctx.present = tuple(inputs[11:14])
+    ctx.save_for_backward(*output[1:])
+
+
+def _flce_backward(ctx, dloss, *_unused):
+    grad_hidden, grad_weight, grad_bias = ctx.saved_tensors
+    grads = [g * dloss.to(g.dtype) if present else None
+             for g, present in zip((grad_hidden, grad_weight, grad_bias), ctx.present)]
+    return (grads[0], grads[1], None, grads[2]) + (None,) * 10
+
+
+_flce_op.register_autograd(_flce_backward, setup_context=_flce_setup)
+
+
 def fused_linear_cross_entropy(hidden: Tensor, weight: Tensor, target: Tensor,
                                bias: Tensor | None = None, ignore_index: int = -100,
                                reduction: str = "mean", label_smoothing: float = 0.0,
@@ -229,11 +276,13 @@ def fused_linear_cross_entropy(hidden: Tensor, weight: Tensor, target: Tensor,
                                class_weight: Tensor | None = None, *,
                                chunk_rows: int | None = None) -> Tensor:
     """``cross_entropy(hidden @ weight.T + bias, target, ...)`` without the ``[N, V]``
-    logits: chunks of ``chunk_rows`` tokens (default: a chunk's logits about the size of
-    ``hidden``, 1024-4096 rows) go through torch's matmul and the cross-entropy plan with
-    the gradient written in place, and the gradients for ``hidden``, ``weight`` and
-    ``bias`` are accumulated during the forward (dloss = 1; the backward scales them by
-    the upstream gradient). ``mean`` costs one host synchronisation (the denominator).
+    logits: chunks of ``chunk_rows`` tokens (default: about 0.4 x H rows, within
+    1024-4096) go through torch's matmul and the cross-entropy plan with the gradient
+    written in place, and the gradients for ``hidden``, ``weight`` and ``bias`` are
+    accumulated during the forward (the backward scales them by the upstream gradient).
+    ``mean`` with gradients costs one host synchronisation per call (the denominator).
+    Under ``torch.compile`` it is the ``baracuda::fused_linear_cross_entropy`` custom op
+    (no graph break).
     ``reduction="none"`` is forward-only (its gradient needs per-row dy)."""
     fn = "fused_linear_cross_entropy"
     _reduction_code(reduction, fn)
@@ -249,15 +298,18 @@ def fused_linear_cross_entropy(hidden: Tensor, weight: Tensor, target: Tensor,
     weight = weight.contiguous()
     if class_weight is not None:
         class_weight = class_weight.float().contiguous()
-    options = (int(ignore_index), reduction, float(label_smoothing), float(z_loss), softcap,
-               chunk_rows)
-    needs = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad or (
-        bias is not None and bias.requires_grad))
-    if not needs:
-        return _flce_forward(hidden, weight, target, bias, class_weight, *options,
-                             need_grads=(False, False, False))[0]
-    if reduction == "none":
+    options = (int(ignore_index), reduction, float(label_smoothing), float(z_loss),
+               None if softcap is None else float(softcap), chunk_rows)
+    grad_on = torch.is_grad_enabled()
+    need = (grad_on and hidden.requires_grad, grad_on and weight.requires_grad,
+            grad_on and bias is not None and bias.requires_grad)
+    if any(need) and reduction == "none":
         raise Unsupported(f"{fn}: reduction = 'none' with gradients is not supported (the "
                           "gradient is formed in the forward, for one upstream scalar)")
+    if compiling():
+        return _flce_op(hidden, weight, target, bias, class_weight, *options, *need)[0]
+    if not any(need):
+        return _flce_forward(hidden, weight, target, bias, class_weight, *options,
+                             need_grads=(False, False, False))[0]
     return _FusedLinearCrossEntropy.apply(hidden, weight, target, bias, class_weight,
                                           *options)
