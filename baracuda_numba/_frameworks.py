@@ -69,7 +69,8 @@ def _torch_dtype(element: ElementKind) -> Any:
     return _TORCH_DTYPES[element]
 
 
-def allocator(like: Any, shape: tuple[int, ...], element: ElementKind) -> Callable[[Any], Any]:
+def allocator(like: Any, shape: tuple[int, ...], element: ElementKind, *,
+              contiguous: bool = False) -> Callable[[Any], Any]:
     """A function ``alloc(like)`` that allocates an uninitialised array of ``shape`` /
     ``element`` in ``like``'s framework and on its device; everything but the allocation
     is resolved now, so the functional API builds it once per call site (and calls it with
@@ -81,13 +82,14 @@ def allocator(like: Any, shape: tuple[int, ...], element: ElementKind) -> Callab
     (zero strides make it overlapping, so the copy comes out contiguous; a template of at
     most one element has contiguous strides itself): the same tensor as
     ``torch.empty(*shape, dtype=, device=)`` without parsing the keywords (about half its
-    host time; ``like.new_empty(shape, dtype=)`` is slower still)."""
+    host time; ``like.new_empty(shape, dtype=)`` is slower still). ``contiguous=True``
+    always allocates row-major (never ``like``'s strides)."""
     kind = framework_of(like)
     if kind == "torch":
         import torch
 
         dtype, device = _torch_dtype(element), like.device
-        if tuple(like.shape) == tuple(shape) and like.dtype == dtype:
+        if tuple(like.shape) == tuple(shape) and like.dtype == dtype and not contiguous:
             return torch.empty_like
         numel = 1
         for extent in shape:

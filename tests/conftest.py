@@ -53,9 +53,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def _overlap_ptx_compile(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Run the PTX compile of ``test_ptx`` beside the other tests (it takes one core for
     most of the run): start its process now and move the test, which waits for it, last.
-    Not under xdist, whose workers each collect every test."""
+    Under xdist every worker collects every test in one order and the tests are handed
+    out in that order: there the compile test goes first instead, so the worker that gets
+    it starts the compile at once and waits while the other worker runs the tests."""
     ptx = [item for item in items if item.module.__name__.endswith("test_ptx")]
-    if not ptx or len(ptx) == len(items) or hasattr(config, "workerinput"):
+    if not ptx or len(ptx) == len(items):
+        return
+    if hasattr(config, "workerinput"):
+        items[:] = ptx + [item for item in items if item not in ptx]
         return
     ptx[0].module.start()
     items[:] = [item for item in items if item not in ptx] + ptx

@@ -4,10 +4,10 @@ The simulator ignores signatures, so this is what proves the real kernels type-c
 Runs in a subprocess without the simulator (NVVM comes from numba-cuda's cu12/cu13 extra).
 
 CI's time is a budget (CONTRIBUTING.md, "CI's time budget"), so CI compiles a sample that
-still reaches every kernel body: per *configuration* (the kernel name with the dtype
-tokens removed from its brackets, ``reduce_rows_vec[sum,bf16]`` -> ``reduce_rows_vec[sum]``)
-one f32 signature and one 16-bit signature (bf16, else f16) for sm_90, or the first
-signature where it has neither; for sm_80, the oldest architecture the plans target
+still reaches every kernel body: per body (the kernel name before ``[``; the configurations
+of one factory share its source, and the simulator tests run each of them) one f32
+signature and one 16-bit signature (bf16, else f16) for sm_90, or the first signature
+where it has neither; for sm_80, the oldest architecture the plans target
 (``ArchSku.SM80``), one signature of every kernel name (the part before ``[``): its bf16
 one where it has one (the conversions and inline PTX that need sm_80).
 ``BARACUDA_PTX_ALL=1`` or ``pytest --ptx-all`` compiles every signature for sm_90 instead;
@@ -16,7 +16,9 @@ the GPU-side ``precompile`` compiles every signature anyway.
 The compile runs beside the rest of the suite, in two processes that take the signatures
 from the two ends of one list, each claiming a signature (a file created exclusively in a
 shared folder) before compiling it: ``conftest.py`` starts them right after collection
-(:func:`start`) and moves this test to the end of the run, where it only waits for them.
+(:func:`start`) and moves this test to the end of the run, where it only waits for them;
+under xdist (CI runs ``-n 2``) it moves this test first instead, so one worker starts the
+processes at once and waits for them while the other runs the simulator tests.
 CI has 2 cores: the simulator tests take one and the first process the other; the second
 process runs at idle priority (``SCHED_IDLE``: only on a core nothing else is ready to
 use; the tests still ran somewhat slower beside it, where two processes at nice 10 slowed
@@ -72,11 +74,13 @@ def _split_name(name):
 
 
 def sm90_sample(kernels):
-    """Per configuration, one f32 and one 16-bit signature (else the first one)."""
+    """Per kernel body (the name before ``[``), one f32 and one 16-bit signature (else the
+    first one): configurations of one factory share their body's source, and the GPU-side
+    ``precompile`` compiles every signature."""
     groups = {}
     for kernel in kernels:
-        key, dtype = _split_name(kernel.name)
-        groups.setdefault(key, {}).setdefault(dtype, kernel)
+        (base, _), dtype = _split_name(kernel.name)
+        groups.setdefault(base, {}).setdefault(dtype, kernel)
     picked = []
     for by_dtype in groups.values():
         chosen = [next(by_dtype[d] for d in wanted if d in by_dtype)
@@ -173,17 +177,16 @@ class _Named:
         self.name = name
 
 
-def test_ci_sample_reaches_every_configuration():
-    """The sample rule on names: per configuration f32 + bf16 (else f16, else the first),
-    byte widths stand for dtypes, a name without brackets is its own configuration."""
+def test_ci_sample_reaches_every_body():
+    """The sample rule on names: per kernel body f32 + bf16 (else f16, else the first),
+    byte widths stand for dtypes, a name without brackets is its own body."""
     names = ["reduce[sum,f16]", "reduce[sum,bf16]", "reduce[sum,f32]", "reduce[sum,f64]",
              "reduce[max,f64]", "reduce[max,f16]", "scan[I64,sum,4]", "scan[I32,sum,2]",
              "scan[F64,sum,4]", "write[1B]", "write[2B]", "write[4B]", "write[8B]",
              "angles", "pool[F16,1x2x2]", "pool[F64,1x2x2]"]
     picked = [k.name for k in sm90_sample([_Named(n) for n in names])]
-    assert picked == ["reduce[sum,f32]", "reduce[sum,bf16]", "reduce[max,f16]",
-                      "scan[I64,sum,4]", "scan[I32,sum,2]", "write[4B]", "write[2B]",
-                      "angles", "pool[F16,1x2x2]"]
+    assert picked == ["reduce[sum,f32]", "reduce[sum,bf16]", "scan[I64,sum,4]", "write[4B]",
+                      "write[2B]", "angles", "pool[F16,1x2x2]"]
     old = [k.name for k in sm80_sample([_Named(n) for n in names])]
     assert old == ["reduce[sum,bf16]", "scan[I64,sum,4]", "write[1B]", "angles",
                    "pool[F16,1x2x2]"]

@@ -2361,6 +2361,8 @@ def test_prod_backward_zeros_exact(layout, element, rng):
     layout the plan picks for these shapes (``plan.choice``), with a NaN dy on a zero
     line, against float64; bit-identical on a rerun, padding untouched."""
     base_shape, index, axis, layouts = _prod_zero_layouts()[layout]
+    if element is E.F64:  # f64 has no word kernels: every layout takes the generic one
+        layouts = ("generic",)
     base = rng.uniform(0.8, 1.25, size=base_shape) * rng.choice([-1.0, 1.0], size=base_shape)
     view = base[index]
     lines = np.moveaxis(view, axis, -1).reshape(-1, view.shape[axis])

@@ -148,7 +148,7 @@ def permuted_copy(x: Any, perm: tuple[int, ...], stream: Any = None) -> Any:
     """A contiguous copy of ``x`` with its axes in the order ``perm`` (WriteSlicePlan)."""
     source = _permute(x, perm)
     shape = tuple(int(n) for n in source.shape)
-    dest = allocator(x, shape, element_of(x))(x)
+    dest = allocator(x, shape, element_of(x), contiguous=True)(x)
     if math.prod(shape) == 0:
         return dest
     return write_slice(dest, source, (0,) * len(shape), stream=stream)
