@@ -35,6 +35,7 @@ import hashlib
 import logging
 import os
 import pathlib
+import re
 import struct
 import threading
 import time
@@ -592,11 +593,29 @@ def source_digest(module: str) -> str:
             sources.add(pathlib.Path(file))
         else:  # unknown origin: every kernel source
             sources.update(root.rglob("*.py"))
+    sources |= _imported_kernel_sources(sources, root)
     for source in sorted(s for s in sources if s.exists()):
         digest.update(str(source.relative_to(root) if source.is_relative_to(root)
                           else source.name).encode())
         digest.update(source.read_bytes())
     return digest.hexdigest()
+
+
+def _imported_kernel_sources(sources: set[pathlib.Path], root: pathlib.Path
+                             ) -> set[pathlib.Path]:
+    """The ``kernels/*.py`` modules that ``sources`` import (``from .rope import ...``),
+    transitively: device code taken from another family's module is part of the kernel, so
+    a change there must invalidate this family's cubins too."""
+    found: set[pathlib.Path] = set()
+    pending = [s for s in sources if s.exists()]
+    while pending:
+        text = pending.pop().read_text()
+        for name in re.findall(r"^from \.(\w+) import", text, re.M):
+            path = root / f"{name}.py"
+            if path.exists() and path not in sources and path not in found:
+                found.add(path)
+                pending.append(path)
+    return found
 
 
 @functools.cache

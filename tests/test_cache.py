@@ -69,6 +69,21 @@ def test_source_digest_follows_the_kernel_source(tmp_path, monkeypatch):
     source_digest.cache_clear()
 
 
+def test_source_digest_follows_imported_kernel_modules():
+    """Device code a family takes from another family's module (softmax uses rope's 16-byte
+    unit codecs) is part of its digest, transitively, so a change there cannot leave a
+    stale cubin."""
+    import pathlib
+
+    from baracuda_numba import kernels
+    from baracuda_numba.launch import _imported_kernel_sources
+
+    root = pathlib.Path(kernels.__path__[0])
+    found = _imported_kernel_sources({root / "softmax.py"}, root)
+    assert root / "rope.py" in found and root / "softmax.py" not in found
+    assert _imported_kernel_sources({root / "write_slice.py"}, root) == {root / "common.py"}
+
+
 def test_entry_round_trip_and_damage_is_detected():
     data = cubin_cache.encode(b"_Z6kernel", b"\x7fELF" + bytes(range(256)))
     assert cubin_cache.decode(data) == (b"_Z6kernel", b"\x7fELF" + bytes(range(256)))

@@ -787,3 +787,43 @@ def div_f64(value, divisor, inverse):
     elif rest >= divisor:
         quotient += 1
     return quotient
+
+
+# -- element loads and stores ---------------------------------------------------------------
+# Compute values from storage and back: 16-bit kinds widen to f32 on load and round once on
+# store. Indices are non-negative: an unsigned index spares the negative-index wraparound.
+
+
+@cuda.jit(device=True, inline=True)
+def load_f16(x, i):
+    return float32(x[uint64(i)])
+
+
+@cuda.jit(device=True, inline=True)
+def load_bf16(x, i):
+    return bf16_to_f32(x[uint64(i)])
+
+
+@cuda.jit(device=True, inline=True)
+def load_same(x, i):
+    return x[uint64(i)]
+
+
+@cuda.jit(device=True, inline=True)
+def store_f16(v):
+    return types.float16(v)
+
+
+@cuda.jit(device=True, inline=True)
+def store_bf16(v):
+    return f32_to_bf16(float32(v))
+
+
+@cuda.jit(device=True, inline=True)
+def store_f32(v):
+    return float32(v)
+
+
+@cuda.jit(device=True, inline=True)
+def store_f64(v):
+    return float64(v)

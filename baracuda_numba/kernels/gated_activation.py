@@ -41,6 +41,7 @@ the bits are the same (bf16 NaN payloads aside: ``cvt`` writes the canonical NaN
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 from numba import cuda, float32, float64, int64, types, uint16, uint32, uint64
@@ -236,36 +237,28 @@ _MATH = {"f32": _activation_math(float32, rcp_approx_ftz_f32),
 # units16: ``array`` is a uint32 view and ``index`` counts 16-byte units.
 
 
-@cuda.jit(device=True, inline=True)
-def _load_units_f16(array, index, values, at):
-    w = load16(array, uint64(index * 4))
-    values[at], values[at + 1] = unpack_f16x2(w[0])
-    values[at + 2], values[at + 3] = unpack_f16x2(w[1])
-    values[at + 4], values[at + 5] = unpack_f16x2(w[2])
-    values[at + 6], values[at + 7] = unpack_f16x2(w[3])
+def _half_units(unpack_x2: Any, pack_x2: Any) -> tuple[Any, Any]:
+    """The 16-byte unit codecs of a 16-bit kind: four 32-bit words, two halves each."""
+
+    @cuda.jit(device=True, inline=True)
+    def load(array, index, values, at):
+        w = load16(array, uint64(index * 4))
+        values[at], values[at + 1] = unpack_x2(w[0])
+        values[at + 2], values[at + 3] = unpack_x2(w[1])
+        values[at + 4], values[at + 5] = unpack_x2(w[2])
+        values[at + 6], values[at + 7] = unpack_x2(w[3])
+
+    @cuda.jit(device=True, inline=True)
+    def store(array, index, values, at):
+        store16(array, uint64(index * 4), (
+            pack_x2(values[at], values[at + 1]), pack_x2(values[at + 2], values[at + 3]),
+            pack_x2(values[at + 4], values[at + 5]), pack_x2(values[at + 6], values[at + 7])))
+
+    return load, store
 
 
-@cuda.jit(device=True, inline=True)
-def _store_units_f16(array, index, values, at):
-    store16(array, uint64(index * 4), (
-        pack_f16x2(values[at], values[at + 1]), pack_f16x2(values[at + 2], values[at + 3]),
-        pack_f16x2(values[at + 4], values[at + 5]), pack_f16x2(values[at + 6], values[at + 7])))
-
-
-@cuda.jit(device=True, inline=True)
-def _load_units_bf16(array, index, values, at):
-    w = load16(array, uint64(index * 4))
-    values[at], values[at + 1] = unpack_bf16x2(w[0])
-    values[at + 2], values[at + 3] = unpack_bf16x2(w[1])
-    values[at + 4], values[at + 5] = unpack_bf16x2(w[2])
-    values[at + 6], values[at + 7] = unpack_bf16x2(w[3])
-
-
-@cuda.jit(device=True, inline=True)
-def _store_units_bf16(array, index, values, at):
-    store16(array, uint64(index * 4), (
-        pack_bf16x2(values[at], values[at + 1]), pack_bf16x2(values[at + 2], values[at + 3]),
-        pack_bf16x2(values[at + 4], values[at + 5]), pack_bf16x2(values[at + 6], values[at + 7])))
+_load_units_f16, _store_units_f16 = _half_units(unpack_f16x2, pack_f16x2)
+_load_units_bf16, _store_units_bf16 = _half_units(unpack_bf16x2, pack_bf16x2)
 
 
 @cuda.jit(device=True, inline=True)

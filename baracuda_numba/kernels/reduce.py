@@ -78,7 +78,6 @@ from ..launch import Kernel
 from ..types import ElementKind, ReduceKind
 from .common import (
     MAX_RANK,
-    bf16_to_f32,
     bitcast,
     compiled_for_sm90,
     copy_async8,
@@ -89,9 +88,11 @@ from .common import (
     eq_mask_bf16x4,
     eq_mask_f16x4,
     f32_from_bits,
-    f32_to_bf16,
     load16_words,
+    load_bf16,
+    load_f16,
     load_relaxed,
+    load_same,
     max_nan_f32,
     min_nan_f32,
     nan_max,
@@ -104,6 +105,10 @@ from .common import (
     shfl_idx,
     shfl_xor,
     store16_words,
+    store_bf16,
+    store_f16,
+    store_f32,
+    store_f64,
     unpack_f16x4,
     unpack_f32x2,
     wait_ns,
@@ -128,43 +133,8 @@ _INT64_MAX = (1 << 63) - 1
 
 
 @cuda.jit(device=True, inline=True)
-def _load_f16(x, i):
-    return float32(x[uint64(i)])
-
-
-@cuda.jit(device=True, inline=True)
-def _load_bf16(x, i):
-    return bf16_to_f32(x[uint64(i)])
-
-
-@cuda.jit(device=True, inline=True)
-def _load_same(x, i):
-    return x[uint64(i)]
-
-
-@cuda.jit(device=True, inline=True)
 def _load_i64(x, i):
     return int64(x[uint64(i)])
-
-
-@cuda.jit(device=True, inline=True)
-def _store_f16(v):
-    return types.float16(v)
-
-
-@cuda.jit(device=True, inline=True)
-def _store_bf16(v):
-    return f32_to_bf16(float32(v))
-
-
-@cuda.jit(device=True, inline=True)
-def _store_f32(v):
-    return float32(v)
-
-
-@cuda.jit(device=True, inline=True)
-def _store_f64(v):
-    return float64(v)
 
 
 @cuda.jit(device=True, inline=True)
@@ -195,10 +165,10 @@ class ElementSpec:
 
 #: The element table: every kernel, signature and supported-dtype message derives from it.
 ELEMENTS: dict[ElementKind, ElementSpec] = {
-    ElementKind.F16: ElementSpec(types.float16, float32, _load_f16, _store_f16, -_INF, _INF),
-    ElementKind.BF16: ElementSpec(uint16, float32, _load_bf16, _store_bf16, -_INF, _INF),
-    ElementKind.F32: ElementSpec(float32, float32, _load_same, _store_f32, -_INF, _INF),
-    ElementKind.F64: ElementSpec(float64, float64, _load_same, _store_f64, -_INF, _INF),
+    ElementKind.F16: ElementSpec(types.float16, float32, load_f16, store_f16, -_INF, _INF),
+    ElementKind.BF16: ElementSpec(uint16, float32, load_bf16, store_bf16, -_INF, _INF),
+    ElementKind.F32: ElementSpec(float32, float32, load_same, store_f32, -_INF, _INF),
+    ElementKind.F64: ElementSpec(float64, float64, load_same, store_f64, -_INF, _INF),
     ElementKind.I32: ElementSpec(int32, int64, _load_i64, _store_i32, _INT64_MIN, _INT64_MAX),
     ElementKind.I64: ElementSpec(int64, int64, _load_i64, _store_i64, _INT64_MIN, _INT64_MAX),
 }
@@ -2215,7 +2185,6 @@ def _make_backward_cols_vec(kind: ReduceKind, element: ElementKind,
             group += cuda.gridDim.x
 
     return reduce_backward_cols_vec
-
 
 
 # -- the gradients without a statistic over a contiguous dx, in dx's memory order ---------

@@ -56,14 +56,19 @@ from numba import cuda, float32, float64, int64, types, uint16, uint32, uint64
 from ..launch import Kernel, flat
 from ..types import ElementKind
 from .common import (
-    bf16_to_f32,
     bitcast,
-    f32_to_bf16,
     load16,
+    load_bf16,
+    load_f16,
+    load_same,
     max_nan_f32,
     nan_max,
     shfl_xor,
     store16,
+    store_bf16,
+    store_f16,
+    store_f32,
+    store_f64,
     strided_offset,
     strided_offset2,
 )
@@ -109,44 +114,6 @@ MODE_MERGE = 3
 _INF = float("inf")
 _TUPLE8 = types.UniTuple(int64, 8)
 
-# -- element loads / stores ---------------------------------------------------------------
-# Indices are non-negative: an unsigned index spares the negative-index wraparound.
-
-
-@cuda.jit(device=True, inline=True)
-def _load_f16(x, i):
-    return float32(x[uint64(i)])
-
-
-@cuda.jit(device=True, inline=True)
-def _load_bf16(x, i):
-    return bf16_to_f32(x[uint64(i)])
-
-
-@cuda.jit(device=True, inline=True)
-def _load_same(x, i):
-    return x[uint64(i)]
-
-
-@cuda.jit(device=True, inline=True)
-def _store_f16(v):
-    return types.float16(v)
-
-
-@cuda.jit(device=True, inline=True)
-def _store_bf16(v):
-    return f32_to_bf16(float32(v))
-
-
-@cuda.jit(device=True, inline=True)
-def _store_f32(v):
-    return float32(v)
-
-
-@cuda.jit(device=True, inline=True)
-def _store_f64(v):
-    return float64(v)
-
 
 @dataclass(frozen=True)
 class SoftmaxElement:
@@ -161,10 +128,10 @@ class SoftmaxElement:
 
 #: The element table: every kernel, signature and supported-dtype message derives from it.
 SOFTMAX_ELEMENTS: dict[ElementKind, SoftmaxElement] = {
-    ElementKind.F16: SoftmaxElement(types.float16, float32, _load_f16, _store_f16, max_nan_f32),
-    ElementKind.BF16: SoftmaxElement(uint16, float32, _load_bf16, _store_bf16, max_nan_f32),
-    ElementKind.F32: SoftmaxElement(float32, float32, _load_same, _store_f32, max_nan_f32),
-    ElementKind.F64: SoftmaxElement(float64, float64, _load_same, _store_f64, nan_max),
+    ElementKind.F16: SoftmaxElement(types.float16, float32, load_f16, store_f16, max_nan_f32),
+    ElementKind.BF16: SoftmaxElement(uint16, float32, load_bf16, store_bf16, max_nan_f32),
+    ElementKind.F32: SoftmaxElement(float32, float32, load_same, store_f32, max_nan_f32),
+    ElementKind.F64: SoftmaxElement(float64, float64, load_same, store_f64, nan_max),
 }
 
 
