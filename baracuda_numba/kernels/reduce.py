@@ -3425,7 +3425,7 @@ REDUCE_ROWS_VEC_KERNELS: dict[tuple[Any, ElementKind], Kernel] = {
 #: (kind, element) -> the same kernel whose short-row path parks each thread's next row
 #: (``park``; LONG_SHORT_KINDS, which the plans give it for rows of at least
 #: PARK_MIN_LANES lanes). A kernel of its own: with both short-row paths in one kernel,
-#: ptxas spilled more and 4-lane rows lost 6-7 % (docs/notes/reduce.md, twenty-ninth pass).
+#: ptxas spilled more and 4-lane rows were slower (docs/design/reduce.md).
 REDUCE_ROWS_PARK_KERNELS: dict[tuple[Any, ElementKind], Kernel] = {
     (kind, element): Kernel(f"reduce_rows_park[{_kind_name(kind)},{element.name.lower()}]",
                             _make_reduce_rows_vec(kind, element, park=True),

@@ -117,7 +117,7 @@ def fast_launch(launches: dict[Any, Any], layout: Any, plan: Any, args: Any) -> 
     decides everything ``run``'s checks look at, and a fresh output cannot overlap the
     input, which is all ``run``'s per-call aliasing checks would see. A repeated call
     then launches with the new pointers and skips the args object and ``run``'s reading
-    of every array's layout (H100 host: see docs/notes/host.md)."""
+    of every array's layout (the figures: docs/design/launch.md)."""
     launch = plan.layout_launch(args)
     if launch is not None:
         if len(launches) >= 64:
