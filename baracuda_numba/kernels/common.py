@@ -789,9 +789,10 @@ def div_f64(value, divisor, inverse):
     return quotient
 
 
-# -- element loads and stores ---------------------------------------------------------------
+# -- element loads, stores and value conversions ------------------------------------------
 # Compute values from storage and back: 16-bit kinds widen to f32 on load and round once on
-# store. Indices are non-negative: an unsigned index spares the negative-index wraparound.
+# store (``to_f16`` / ``to_f32`` / ``to_f64`` convert one value either way). Indices are
+# non-negative: an unsigned index spares the negative-index wraparound.
 
 
 @cuda.jit(device=True, inline=True)
@@ -810,7 +811,7 @@ def load_same(x, i):
 
 
 @cuda.jit(device=True, inline=True)
-def store_f16(v):
+def to_f16(v):
     return types.float16(v)
 
 
@@ -820,10 +821,10 @@ def store_bf16(v):
 
 
 @cuda.jit(device=True, inline=True)
-def store_f32(v):
+def to_f32(v):
     return float32(v)
 
 
 @cuda.jit(device=True, inline=True)
-def store_f64(v):
+def to_f64(v):
     return float64(v)

@@ -54,6 +54,9 @@ from .common import (
     shfl_down,
     store16,
     strided_offset2,
+    to_f16,
+    to_f32,
+    to_f64,
     unpack_bf16x2,
     unpack_f16x2,
 )
@@ -77,32 +80,12 @@ _TUPLE8 = types.UniTuple(int64, 8)
 # -- device helpers ----------------------------------------------------------------------
 
 
-@cuda.jit(device=True, inline=True)
-def _widen_f16(v):
-    return float32(v)
-
-
-@cuda.jit(device=True, inline=True)
-def _narrow_f16(v):
-    return float16(v)
-
-
-@cuda.jit(device=True, inline=True)
-def _as_f32(v):
-    return float32(v)
-
-
-@cuda.jit(device=True, inline=True)
-def _as_f64(v):
-    return float64(v)
-
-
 #: element kind -> (storage type, statistics type, widen to it, narrow from it)
 _STORAGE = {
-    ElementKind.F16: (float16, float32, _widen_f16, _narrow_f16),
+    ElementKind.F16: (float16, float32, to_f32, to_f16),
     ElementKind.BF16: (uint16, float32, bf16_to_f32, f32_to_bf16),
-    ElementKind.F32: (float32, float32, _as_f32, _as_f32),
-    ElementKind.F64: (float64, float64, _as_f64, _as_f64),
+    ElementKind.F32: (float32, float32, to_f32, to_f32),
+    ElementKind.F64: (float64, float64, to_f64, to_f64),
 }
 
 

@@ -106,9 +106,9 @@ from .common import (
     shfl_xor,
     store16_words,
     store_bf16,
-    store_f16,
-    store_f32,
-    store_f64,
+    to_f16,
+    to_f32,
+    to_f64,
     unpack_f16x4,
     unpack_f32x2,
     wait_ns,
@@ -165,10 +165,10 @@ class ElementSpec:
 
 #: The element table: every kernel, signature and supported-dtype message derives from it.
 ELEMENTS: dict[ElementKind, ElementSpec] = {
-    ElementKind.F16: ElementSpec(types.float16, float32, load_f16, store_f16, -_INF, _INF),
+    ElementKind.F16: ElementSpec(types.float16, float32, load_f16, to_f16, -_INF, _INF),
     ElementKind.BF16: ElementSpec(uint16, float32, load_bf16, store_bf16, -_INF, _INF),
-    ElementKind.F32: ElementSpec(float32, float32, load_same, store_f32, -_INF, _INF),
-    ElementKind.F64: ElementSpec(float64, float64, load_same, store_f64, -_INF, _INF),
+    ElementKind.F32: ElementSpec(float32, float32, load_same, to_f32, -_INF, _INF),
+    ElementKind.F64: ElementSpec(float64, float64, load_same, to_f64, -_INF, _INF),
     ElementKind.I32: ElementSpec(int32, int64, _load_i64, _store_i32, _INT64_MIN, _INT64_MAX),
     ElementKind.I64: ElementSpec(int64, int64, _load_i64, _store_i64, _INT64_MIN, _INT64_MAX),
 }

@@ -71,6 +71,9 @@ from .common import (
     shfl_idx,
     shfl_up,
     shfl_xor,
+    to_f16,
+    to_f32,
+    to_f64,
 )
 
 # Threads per block of the rows kernel and elements per thread per tile. Simulator: one
@@ -81,26 +84,6 @@ _ITEMS_8B = 2 if SIMULATOR else 4  # 8-byte accumulators: 8 KB/16 KB of smem per
 _UNROLL = 4  # lines kernel: loads in flight per thread per step
 
 # -- storage <-> accumulator -----------------------------------------------------------
-
-
-@cuda.jit(device=True, inline=True)
-def _f16_widen(v):
-    return float32(v)
-
-
-@cuda.jit(device=True, inline=True)
-def _f16_narrow(v):
-    return float16(v)
-
-
-@cuda.jit(device=True, inline=True)
-def _f32_same(v):
-    return float32(v)
-
-
-@cuda.jit(device=True, inline=True)
-def _f64_same(v):
-    return float64(v)
 
 
 @cuda.jit(device=True, inline=True)
@@ -115,10 +98,10 @@ def _i64_same(v):
 
 #: element kind -> (storage type, accumulator type, widen, narrow). Halves accumulate in f32.
 SCAN_STORAGE = {
-    ElementKind.F16: (float16, float32, _f16_widen, _f16_narrow),
+    ElementKind.F16: (float16, float32, to_f32, to_f16),
     ElementKind.BF16: (uint16, float32, bf16_to_f32, f32_to_bf16),
-    ElementKind.F32: (float32, float32, _f32_same, _f32_same),
-    ElementKind.F64: (float64, float64, _f64_same, _f64_same),
+    ElementKind.F32: (float32, float32, to_f32, to_f32),
+    ElementKind.F64: (float64, float64, to_f64, to_f64),
     ElementKind.I32: (int32, int32, _i32_same, _i32_same),
     ElementKind.I64: (int64, int64, _i64_same, _i64_same),
 }
@@ -320,7 +303,6 @@ def _line_offsets(line, outer_shape, st0, st1, st2, st_out, st_idx):
             oo += coord * st_out[axis]
             oi += coord * st_idx[axis]
     return o0, o1, o2, oo, oi
-
 
 
 def _make_rows(op: ScanOp):

@@ -66,11 +66,11 @@ from .common import (
     shfl_xor,
     store16,
     store_bf16,
-    store_f16,
-    store_f32,
-    store_f64,
     strided_offset,
     strided_offset2,
+    to_f16,
+    to_f32,
+    to_f64,
 )
 from .rope import ROPE_UNIT_TABLE
 
@@ -128,10 +128,10 @@ class SoftmaxElement:
 
 #: The element table: every kernel, signature and supported-dtype message derives from it.
 SOFTMAX_ELEMENTS: dict[ElementKind, SoftmaxElement] = {
-    ElementKind.F16: SoftmaxElement(types.float16, float32, load_f16, store_f16, max_nan_f32),
+    ElementKind.F16: SoftmaxElement(types.float16, float32, load_f16, to_f16, max_nan_f32),
     ElementKind.BF16: SoftmaxElement(uint16, float32, load_bf16, store_bf16, max_nan_f32),
-    ElementKind.F32: SoftmaxElement(float32, float32, load_same, store_f32, max_nan_f32),
-    ElementKind.F64: SoftmaxElement(float64, float64, load_same, store_f64, nan_max),
+    ElementKind.F32: SoftmaxElement(float32, float32, load_same, to_f32, max_nan_f32),
+    ElementKind.F64: SoftmaxElement(float64, float64, load_same, to_f64, nan_max),
 }
 
 
