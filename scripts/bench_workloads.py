@@ -132,6 +132,26 @@ def _activation_stats(ctx: Any, bt: Any, m: Model, dtype: Any) -> None:
          lambda x: bt.sum(x, -1), lambda x: torch.sum(x, -1), lambda i: (act,))
 
 
+def _multi_axis(ctx: Any, bt: Any) -> None:
+    """Reductions over several axes at once: a ResNet-style global average pool of an NCHW
+    activation (mean over (-2, -1)) and a bias gradient (sum over (0, 1) of [B, S, D])."""
+    torch = ctx.torch
+    for dtype in (torch.float32, torch.bfloat16):
+        name = str(dtype).removeprefix("torch.")
+        act = torch.randn(128, 256, 56, 56, device="cuda", dtype=dtype)
+        _row(ctx, "ResNet global average pool, mean over (-2, -1) of [128, 256, 56, 56]", name,
+             act.numel() * act.element_size(), lambda x: bt.mean(x, (-2, -1)),
+             lambda x: torch.mean(x, (-2, -1)), lambda i, a=act: (a,))
+        del act
+        m = MODELS["Llama-3-8B"]
+        grad = torch.randn(16, 4096, m.hidden, device="cuda", dtype=dtype)
+        _row(ctx, f"{m.name} bias gradient, sum over (0, 1) of [16, 4096, {m.hidden}]", name,
+             grad.numel() * grad.element_size(), lambda x: bt.sum(x, (0, 1)),
+             lambda x: torch.sum(x, (0, 1)), lambda i, g=grad: (g,))
+        del grad
+        torch.cuda.empty_cache()
+
+
 def _reductions(ctx: Any, bt: Any) -> None:
     m = MODELS["Llama-3-8B"]
     for batch in (1, 256):
@@ -258,9 +278,15 @@ def _new_families(ctx: Any, bt: Any) -> None:
 
 
 def bench(ctx: Any) -> None:
+    import os
+
     import baracuda_numba.torch as bt
 
-    for section in (_reductions, _rope, _kv_append, _new_families):
+    sections = (_reductions, _multi_axis, _rope, _kv_append, _new_families)
+    wanted = os.environ.get("WORKLOADS_SECTIONS")  # e.g. "_multi_axis,_rope": a subset
+    if wanted:
+        sections = tuple(s for s in sections if s.__name__ in wanted.split(","))
+    for section in sections:
         try:
             section(ctx, bt)
         except Exception as error:  # noqa: BLE001 - one broken section must not hide the rest

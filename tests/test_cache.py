@@ -24,6 +24,13 @@ from baracuda_numba.launch import compile_notice
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
+
+def _child_env(**extra: str) -> dict[str, str]:
+    """The environment of a child Python: this checkout first on its path, then whatever
+    the parent's path held (site folders a GPU machine adds, say)."""
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+    return dict(os.environ, PYTHONPATH=path, **extra)
+
 KEY = dict(source_digest="abc", name="scan_rows[BF16]", signature="(array(uint16, 1d, A),)",
            max_registers=None, cc=(9, 0), package_version="0.1.0",
            numba_cuda_version="0.30.4", driver_version=12080)
@@ -135,7 +142,7 @@ def test_concurrent_fillers_build_each_entry_once(tmp_path):
     root, log, go = tmp_path / "cache", tmp_path / "builds.log", tmp_path / "go"
     root.mkdir()
     processes, keys = 6, 4
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = _child_env()
     fillers = [subprocess.Popen([sys.executable, "-c", _FILLER, str(root), str(log),
                                  str(go), str(keys)], env=env, stderr=subprocess.PIPE,
                                 text=True) for _ in range(processes)]
@@ -252,7 +259,7 @@ def test_notice_shows_without_logging_configured():
         with compile_notice("scan_rows[BF16]", None, after=0.0):
             time.sleep(0.2)
     """)
-    env = dict(os.environ, PYTHONPATH=str(ROOT), NUMBA_ENABLE_CUDASIM="1")
+    env = _child_env(NUMBA_ENABLE_CUDASIM="1")
     done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 0, done.stderr
@@ -271,7 +278,7 @@ def test_import_stays_cheap():
         assert not heavy, heavy
     """)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=120)
+                          env=_child_env(), timeout=120)
     assert done.returncode == 0, done.stderr
 
 
@@ -354,7 +361,7 @@ _GPU_LOAD = textwrap.dedent("""
 def test_gpu_fillers_share_one_compile(tmp_path):
     """Four processes load one kernel on an empty cache folder at once: all succeed, one
     intact entry is left, and a fifth process finds it."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT), BARACUDA_CACHE_DIR=str(tmp_path))
+    env = _child_env(BARACUDA_CACHE_DIR=str(tmp_path))
     script = tmp_path / "load.py"
     script.write_text(_GPU_LOAD)
     runs = [subprocess.Popen([sys.executable, str(script)], env=env, text=True,

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from .._frameworks import allocator, element_of
+from .._runtime import SIMULATOR
 from ..arrays import as_ref, contiguous_strides
 from ..errors import InvalidProblem
 from ..plans.reduce import (
@@ -141,7 +142,17 @@ def axis_layout(shape: tuple[int, ...], strides: tuple[int, ...],
 
 
 def _permute(x: Any, perm: tuple[int, ...]) -> Any:
-    return x.permute(*perm) if hasattr(x, "permute") else x.transpose(perm)
+    """A view of ``x`` with its axes in the order ``perm``. Numba's device arrays transpose
+    only 2-d arrays, and by a copy on the default stream, so theirs is built from the
+    permuted shape and strides over the same memory."""
+    if hasattr(x, "permute"):
+        return x.permute(*perm)
+    if hasattr(x, "gpu_data") and not SIMULATOR:
+        from numba.cuda.cudadrv.devicearray import DeviceNDArray
+
+        return DeviceNDArray(tuple(x.shape[d] for d in perm), tuple(x.strides[d] for d in perm),
+                             x.dtype, stream=x.stream, gpu_data=x.gpu_data)
+    return x.transpose(perm)
 
 
 def permuted_copy(x: Any, perm: tuple[int, ...], stream: Any = None) -> Any:
