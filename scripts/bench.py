@@ -196,22 +196,45 @@ def _fmt(value: float | None, spec: str) -> str:
     return "" if value is None else format(value, spec)
 
 
-def render(ctx: Context, device: str, versions: str, date: str | None = None) -> str:
-    """The markdown section of ``ctx``'s published rows (tuning rows left out) and notes."""
+def render(ctx: Context, device: str, versions: str, date: str | None = None,
+           previous: tuple[dict[tuple[str, str], float], str] | None = None) -> str:
+    """The markdown section of ``ctx``'s published rows (tuning rows left out) and notes;
+    ``previous`` (µs by (case, dtype), and its date): the last earlier run on the same GPU
+    model, shown beside each row so that a regression is seen."""
     today = date or datetime.date.today().isoformat()
+    before, when = previous if previous and previous[0] else ({}, "")
     lines = [f"## {ctx.family}", "",
              f"{device}, {today}; {versions}; copy ceiling measured in the same run: "
              f"{ctx.copy_gbps:.0f} GB/s.", ""]
-    lines.append("| case | dtype | µs | GB/s | % copy | torch µs | speed vs torch | note |")
-    lines.append("|---|---|---:|---:|---:|---:|---:|---|")
+    extra = f" {when} µs |" if before else ""
+    lines.append(f"| case | dtype | µs |{extra} GB/s | % copy | torch µs | speed vs torch | note |")
+    lines.append("|---|---|---:|" + ("---:|" if before else "") + "---:|---:|---:|---:|---|")
     for r in ctx.rows:
         if r.get("tuning"):
             continue
-        lines.append(f"| {r['case']} | {r['dtype']} | {r['us']:.2f} | {_fmt(r['gbps'], '.0f')} | "
+        old = f" {_fmt(before.get((r['case'], r['dtype'])), '.2f')} |" if before else ""
+        lines.append(f"| {r['case']} | {r['dtype']} | {r['us']:.2f} |{old} "
+                     f"{_fmt(r['gbps'], '.0f')} | "
                      f"{_fmt(r['pct_copy'], '.0f')} | {_fmt(r['torch_us'], '.2f')} | "
                      f"{_fmt(r['speedup'], '.2f')}{'x' if r['speedup'] else ''} | {r['note']} |")
     lines += [""] + [f"- {n}" for n in ctx.notes] + [""]
     return "\n".join(lines)
+
+
+def previous_run(results: pathlib.Path, family: str, slug: str,
+                 before: str) -> tuple[dict[tuple[str, str], float], str]:
+    """µs by (case, dtype) of ``family``'s last run on GPU ``slug`` dated before ``before``
+    (empty if none), and that run's date."""
+    for path in sorted((results / slug).glob("*.csv"), key=lambda p: p.stem, reverse=True):
+        if path.stem >= before:
+            continue
+        with path.open(newline="") as handle:
+            rows = {(line["case"], line["dtype"]): float(line["us"])
+                    for line in csv.DictReader(handle)
+                    if line["family"] == family and line["kind"] == "row" and line["us"]}
+        if rows:
+            return rows, path.stem
+    return {}, ""
 
 
 def rebuild_index(docs: pathlib.Path) -> None:
@@ -296,7 +319,9 @@ def render_results(results: pathlib.Path, out: pathlib.Path,
     for family, (ctx, device, versions, date) in sorted(read_results(results).items()):
         if only and family not in only:
             continue
-        (out / "benchmarks" / f"{family}.md").write_text(render(ctx, device, versions, date))
+        previous = previous_run(results, family, gpu_slug(device), date)
+        (out / "benchmarks" / f"{family}.md").write_text(
+            render(ctx, device, versions, date, previous))
         done.append(family)
     rebuild_index(out)
     return done
@@ -309,6 +334,8 @@ def families() -> list[str]:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="*", default=None, help="families to run")
+    parser.add_argument("--workloads", action="store_true",
+                        help="the workloads section (real model shapes): --only workloads")
     parser.add_argument("--out", default=None,
                         help="docs folder to write (default: the repository's docs/)")
     parser.add_argument("--results", default=None,
@@ -319,6 +346,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--render", action="store_true",
                         help="no GPU: regenerate the tables from the CSV results and stop")
     options = parser.parse_args(argv)
+    if options.workloads:
+        options.only = [*(options.only or []), "workloads"]
     out = pathlib.Path(options.out) if options.out else ROOT / "docs"
     if options.results:
         results = pathlib.Path(options.results)
@@ -349,7 +378,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         ctx.copy_gbps = measure_copy_gbps(torch)
         print(f"[{family}] copy ceiling {ctx.copy_gbps:.0f} GB/s", flush=True)
         module.bench(ctx)
-        text = render(ctx, device, versions)
+        today = datetime.date.today().isoformat()
+        text = render(ctx, device, versions, today,
+                      previous_run(results, family, gpu_slug(device), today))
         print(text, flush=True)
         (out / "benchmarks" / f"{family}.md").write_text(text)
         print(f"[{family}] results: {write_csv(results, ctx, device, versions)}", flush=True)

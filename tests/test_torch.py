@@ -287,20 +287,24 @@ _MULTI_DIMS = [(-2, -1), (0, 1), (0, 2), (1, 3), None, (), 2, (-1,)]
 
 def _all_axes(x, dim):
     return tuple(range(x.dim())) if dim is None or dim == () else dim
+
+
 _MULTI_KINDS = {
     "sum": (lambda x, d, k: bt.sum(x, d, k), lambda x, d, k: torch.sum(x, d, k)),
     "mean": (lambda x, d, k: bt.mean(x, d, k), lambda x, d, k: torch.mean(x, d, k)),
     "amax": (lambda x, d, k: bt.amax(x, d, k), lambda x, d, k: torch.amax(x, d, k)),
     "amin": (lambda x, d, k: bt.amin(x, d, k), lambda x, d, k: torch.amin(x, d, k)),
-    # (): every axis here; torch's norm and logsumexp are given the axes explicitly
+    # (): every axis here; torch's norm and logsumexp are given the axes explicitly, and so
+    # are var and std: their forward reduces every axis for (), but their autograd formula
+    # (var_backward) takes n as the size of the listed axes, 1 for (), a wrong gradient
     "norm": (lambda x, d, k: bt.norm(x, d, k),
              lambda x, d, k: torch.linalg.vector_norm(x, 2, _all_axes(x, d), k)),
     "logsumexp": (lambda x, d, k: bt.logsumexp(x, d, k),
                   lambda x, d, k: torch.logsumexp(x, _all_axes(x, d), k)),
     "var": (lambda x, d, k: bt.var(x, d, correction=1.5, keepdim=k),
-            lambda x, d, k: torch.var(x, d, correction=1.5, keepdim=k)),
+            lambda x, d, k: torch.var(x, _all_axes(x, d), correction=1.5, keepdim=k)),
     "std": (lambda x, d, k: bt.std(x, d, correction=0, keepdim=k),
-            lambda x, d, k: torch.std(x, d, correction=0, keepdim=k)),
+            lambda x, d, k: torch.std(x, _all_axes(x, d), correction=0, keepdim=k)),
 }
 
 
