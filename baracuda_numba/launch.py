@@ -63,6 +63,7 @@ from .driver import (
 __all__ = [
     "BoundLaunch",
     "Kernel",
+    "LazyTable",
     "compile_all_ptx",
     "flat",
     "launch_mode",
@@ -72,6 +73,7 @@ __all__ = [
 ]
 
 _REGISTRY: list[Kernel] = []
+_LAZY_TABLES: list[LazyTable] = []
 _DISPATCHERS: dict[tuple[Callable[..., Any], int | None], Any] = {}
 _mode = os.environ.get("BARACUDA_LAUNCH", "direct").strip().lower()
 if _mode not in ("direct", "dispatcher"):
@@ -104,8 +106,57 @@ def set_launch_mode(mode: str) -> None:
     _DIRECT[0] = not SIMULATOR and mode == "direct"
 
 
+class LazyTable(dict):  # type: ignore[type-arg]
+    """A kernel table whose entries (their kernels and device functions) are built on first
+    lookup, so that importing a family's module creates no Numba dispatchers. It reads as
+    the whole table: its keys, ``len``, iteration and ``in`` cover every entry, ``get`` and
+    ``[]`` build the one asked for, ``values()`` / ``items()`` build all (as
+    :func:`registered_kernels` does for ``precompile`` and the PTX test). A built entry is
+    a plain dict hit."""
+
+    def __init__(self, keys: Any, build: Callable[[Any], Any]) -> None:
+        super().__init__()
+        self._keys = tuple(keys)
+        self._known = frozenset(self._keys)
+        self._build = build
+        self._lock = threading.RLock()
+        _LAZY_TABLES.append(self)
+
+    def __missing__(self, key: Any) -> Any:
+        if key not in self._known:
+            raise KeyError(key)
+        with self._lock:
+            if not dict.__contains__(self, key):
+                dict.__setitem__(self, key, self._build(key))
+        return dict.__getitem__(self, key)
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        return self[key] if key in self._known else default
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._known
+
+    def __iter__(self) -> Any:
+        return iter(self._keys)
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def keys(self) -> Any:  # type: ignore[override]
+        return list(self._keys)
+
+    def values(self) -> Any:  # type: ignore[override]
+        return [self[key] for key in self._keys]
+
+    def items(self) -> Any:  # type: ignore[override]
+        return [(key, self[key]) for key in self._keys]
+
+    def __repr__(self) -> str:
+        return f"LazyTable({len(self._keys)} entries, {dict.__len__(self)} built)"
+
+
 def registered_kernels() -> list[Kernel]:
-    """Every kernel signature of every imported kernel module."""
+    """Every kernel signature of every kernel module (lazy tables built), by name."""
     import importlib
     import pkgutil
 
@@ -113,7 +164,9 @@ def registered_kernels() -> list[Kernel]:
 
     for info in pkgutil.iter_modules(kernels.__path__):
         importlib.import_module(f"{kernels.__name__}.{info.name}")
-    return list(_REGISTRY)
+    for table in list(_LAZY_TABLES):
+        table.values()
+    return sorted(_REGISTRY, key=lambda kernel: kernel.name)
 
 
 def kernel_family(kernel: Kernel) -> str:

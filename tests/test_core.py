@@ -825,3 +825,19 @@ def test_simulator_barrier_counts_live_threads_and_raises():
     out[:] = -7.0
     kernel[grid](out, np.array([-1]))
     np.testing.assert_array_equal(out[:, 24:], expected)
+
+
+def test_lazy_table_builds_an_entry_on_first_lookup():
+    """A LazyTable reads as the whole table without building; a lookup builds one entry
+    once; values() builds the rest; an unknown key is a KeyError, get() gives None."""
+    from baracuda_numba.launch import LazyTable
+
+    built = []
+    table = LazyTable([("a", 1), ("b", 2)], lambda key: built.append(key) or key[1] * 10)
+    assert len(table) == 2 and list(table) == [("a", 1), ("b", 2)] and ("b", 2) in table
+    assert built == []
+    assert table["a", 1] == 10 and table["a", 1] == 10 and built == [("a", 1)]
+    assert table.get(("z", 0)) is None and ("z", 0) not in table
+    with pytest.raises(KeyError):
+        table["z", 0]
+    assert table.values() == [10, 20] and built == [("a", 1), ("b", 2)]

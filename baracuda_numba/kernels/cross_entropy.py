@@ -41,7 +41,7 @@ from numba import cuda, float32, float64, int32, int64, uint16, uint64
 from numba.types import float16
 
 from .._runtime import SIMULATOR
-from ..launch import Kernel, flat
+from ..launch import Kernel, LazyTable, flat
 from ..types import ElementKind
 from .common import (
     bf16_to_f32,
@@ -763,21 +763,19 @@ def _cap(element: ElementKind) -> int | None:
     return None if element is ElementKind.F64 else CE_MAX_REGISTERS
 
 #: (logits kind, with gradient) -> the one-block-per-row kernel.
-CE_ROWS_KERNELS = {
-    (e, g): Kernel(f"cross_entropy_rows[{e.name}{',grad' if g else ''}]", _make_rows(e, g),
-                   _rows_signature(e), grid_stride=True, max_registers=_cap(e))
-    for e in CE_ELEMENTS for g in (False, True)
-}
-CE_PARTIAL_KERNELS = {
-    e: Kernel(f"cross_entropy_partials[{e.name}]", _make_partials(e), _partials_signature(e),
-              grid_stride=True, max_registers=_cap(e))
-    for e in CE_ELEMENTS
-}
-CE_GRAD_KERNELS = {
-    e: Kernel(f"cross_entropy_grad[{e.name}]", _make_grad(e), _grad_signature(e),
-              grid_stride=True, max_registers=_cap(e))
-    for e in CE_ELEMENTS
-}
+CE_ROWS_KERNELS = LazyTable(
+    [(e, g) for e in CE_ELEMENTS for g in (False, True)],
+    lambda key: Kernel(f"cross_entropy_rows[{key[0].name}{',grad' if key[1] else ''}]",
+                       _make_rows(*key), _rows_signature(key[0]), grid_stride=True,
+                       max_registers=_cap(key[0])))
+CE_PARTIAL_KERNELS = LazyTable(
+    CE_ELEMENTS,
+    lambda e: Kernel(f"cross_entropy_partials[{e.name}]", _make_partials(e),
+                     _partials_signature(e), grid_stride=True, max_registers=_cap(e)))
+CE_GRAD_KERNELS = LazyTable(
+    CE_ELEMENTS,
+    lambda e: Kernel(f"cross_entropy_grad[{e.name}]", _make_grad(e), _grad_signature(e),
+                     grid_stride=True, max_registers=_cap(e)))
 CE_COMBINE_KERNEL = Kernel(
     "cross_entropy_combine", ce_combine,
     (_I32, _F32, _F32, _F32, _F32, _F32, int64, int64, int64, int64, int64, float64, float64,

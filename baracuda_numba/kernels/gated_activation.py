@@ -48,7 +48,7 @@ from numba import cuda, float32, float64, int64, types, uint16, uint32, uint64
 from numba.types import float16
 
 from .._runtime import SIMULATOR
-from ..launch import Kernel
+from ..launch import Kernel, LazyTable
 from ..types import ElementKind
 from .common import (
     MAX_RANK,
@@ -493,10 +493,11 @@ def build_gated_kernel(element: ElementKind, layout: str, backward: bool,
 
 #: (element, layout, backward, act) -> Kernel, act -1 for the runtime-activation kernels:
 #: 3 x 5 x 2 specialised + 5 x 2 runtime = 40 signatures.
-GATED_KERNELS = {
-    (element, layout, backward, act): build_gated_kernel(element, layout, backward, act)
-    for element, layout in GATED_TABLE for backward in (False, True)
-    for act in (ACTIVATIONS if (element, layout) in SPECIALISED else (-1,))}
+GATED_KERNELS = LazyTable(
+    [(element, layout, backward, act)
+     for element, layout in GATED_TABLE for backward in (False, True)
+     for act in (ACTIVATIONS if (element, layout) in SPECIALISED else (-1,))],
+    lambda key: build_gated_kernel(*key))
 
 
 def gated_kernel(element: ElementKind, layout: str, backward: bool, act: int) -> Kernel:
