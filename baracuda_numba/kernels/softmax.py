@@ -15,24 +15,35 @@ The max propagates NaN (one ``max.NaN``), and NaN / +inf enter the sum, so a row
 or a +inf, and a row of all -inf (``-inf - -inf``), comes out NaN everywhere, as torch's.
 f16 / bf16 / f32 accumulate in f32, f64 in f64.
 
-Two kernel bodies, one factory each, with ``backward`` a compile-time argument (the
-forward passes ``x`` as both inputs ``a`` and ``b``; the backward ``dy`` and ``y``), and
-the row factory's path (``units``) another (kernels ``rows`` and ``rows_vec``)::
+Three kernel bodies, ``backward`` a compile-time argument of each factory (the forward
+passes ``x`` as both inputs ``a`` and ``b``; the backward ``dy`` and ``y``)::
 
-    rows    (the axis has stride 1): a group of L lanes (L a power of two) takes one
-            row part of at most HELD * L elements and holds it in registers; lane l
-            holds elements l, l + L, ... (``rows_vec``: the raw 16-byte units l, l + L,
-            ..., VEC_WORDS words a lane, unpacked on each use).
-            Groups of L <= 32 lanes reduce with warp shuffles (several rows per warp
-            for short rows), longer groups (a whole block) add a shared-memory step
-            across warps.
-            block = 256 threads = (256 / L) groups   (L <= 256), or one group of L
+    rows_registers  (aligned rows of stride 1, a whole number of 16-byte units, at most
+            MAX_REGISTER_UNITS): a group of L lanes (a power of two) a row, lane l holding
+            the raw units l, l + L, ... (at most UNITS) in registers. One online (m, s)
+            pair a lane, combined by warp shuffles, plus one shared-memory exchange
+            across warps when L > 32 (then the block is one row)::
+
+                block of 256 = 8 rows x 32 lanes      block of L = 1 row (L = 64..1024)
+                load -> (m, s) -> xor butterfly -> [warp pairs in shared, 1 barrier]
+                     -> y = exp(x' - m) / s from the held units -> 16-byte stores
+
+    rows_stream  (the same rows, longer): a block of STREAM_THREADS per row part; pass 1
+            folds UNITS units a thread at a time into a running (m, s), one block
+            exchange, pass 2 reads the part again last unit first (the lines most
+            recently read, so likeliest in L2) and writes it.
+    rows    (any other layout, elements): a group of L lanes holds HELD elements a lane
+            of a row part (separate max and sum reductions).
     columns (the axis strided, another axis contiguous): consecutive threads take
             consecutive rows (coalesced) and walk their part of the axis with an online
             max-and-sum (COLUMN_UNROLL loads in flight), then read it again to write.
 
-A row longer than one group holds (or a column cut for parallelism) is split into
-``parts`` fixed by the problem alone. ``mode`` says what one launch does:
+Combining ``(m1, s1)`` and ``(m2, s2)`` gives ``m = max(m1, m2)``, ``s = s1 exp(m1 - m) +
+s2 exp(m2 - m)`` (a side with ``m = -inf`` adds 0), in a fixed tree order.
+
+A row too long for one launch's part (above ``STREAM_PART`` elements for the unit
+kernels, a group's registers for the element kernel) or a column cut for parallelism is
+split into ``parts`` fixed by the problem alone. ``mode`` says what one launch does:
 
     0  FULL    one part per row: reduce, then write out
     1  STATS   write each part's statistic (m, s) / (sum) to the workspace
@@ -57,12 +68,14 @@ from ..launch import Kernel, flat
 from ..types import ElementKind
 from .common import (
     bitcast,
+    div_mod,
     load16,
     load_bf16,
     load_f16,
     load_same,
     max_nan_f32,
     nan_max,
+    shfl_idx,
     shfl_xor,
     store16,
     store_bf16,
@@ -84,10 +97,20 @@ HELD = {False: 16, True: 8}
 MAX_LANES = 1024
 #: Elements of the longest row part one group holds, by direction (f32 accumulation).
 MAX_PART = {backward: held * MAX_LANES for backward, held in HELD.items()}
-#: Words (uint32) a lane of the 16-byte-unit row path holds per input, by direction: the
-#: raw units, unpacked on each use, so 16-bit elements take half a register each (twice
-#: the elements, and bytes in flight, of ``HELD`` for the same registers).
-VEC_WORDS = {False: 16, True: 8}
+#: 16-byte units a lane of the unit row kernels holds per input, by direction: the raw
+#: words, unpacked on each use (16-bit elements take half a register each). 4 units (64
+#: bytes) forward, 2 + 2 backward: 16 words of data under the 64-register cap, and 64 KB in
+#: flight an SM at 1024 resident threads.
+UNITS = {False: 4, True: 2}
+#: Units of the longest row the register kernel holds (one 1024-lane block), by direction.
+MAX_REGISTER_UNITS = {backward: units * 1024 for backward, units in UNITS.items()}
+#: Threads of a ``rows_stream`` block (one row part a block): two blocks an SM at the
+#: 64-register cap, so one block's loads overlap the other's reduction barrier.
+STREAM_THREADS = 512
+#: Longest row part of ``rows_stream`` (elements): rows up to this length are one part (one
+#: launch); longer rows split into parts of at most this (STATS + FINISH), so a few rows
+#: still fill the GPU.
+STREAM_PART = 1 << 20
 #: Register cap of the row kernels: 65536 registers / 1024 threads.
 ROW_REGISTERS = 64
 #: Rows a column thread loads before folding them (loads in flight per thread): 8 keep
@@ -99,11 +122,6 @@ COLUMN_UNROLL = 8
 def row_held(element: ElementKind, backward: bool) -> int:
     """Elements a lane of the row kernel holds for ``element`` and direction."""
     return HELD[backward] // (2 if element is ElementKind.F64 else 1)
-
-
-def row_vec_held(element: ElementKind, backward: bool) -> int:
-    """Elements a lane of the row kernel's 16-byte-unit path holds (``VEC_WORDS``)."""
-    return VEC_WORDS[backward] // 4 * SOFTMAX_UNITS[element][2]
 
 
 MODE_FULL = 0
@@ -150,7 +168,7 @@ def _pack16_f64(values):
             uint32(high & uint64(0xFFFFFFFF)), uint32(high >> uint64(32)))
 
 
-#: element kind -> (unpack, pack, elements per 16-byte unit) of the ``vec`` row path.
+#: element kind -> (unpack, pack, elements per 16-byte unit) of the unit row kernels.
 SOFTMAX_UNITS = {**ROPE_UNIT_TABLE, ElementKind.F64: (_unpack16_f64, _pack16_f64, 2)}
 
 
@@ -248,72 +266,6 @@ def _finisher(acc: types.Type, backward: bool) -> Any:
 # -- rows -------------------------------------------------------------------------------------
 
 
-def _vec_pieces(element: ElementKind, backward: bool) -> Any:
-    """Device helpers of the ``vec`` row path, which holds the raw 16-byte units (uint32
-    words: two 16-bit elements a register) and unpacks them on each use:
-    ``(load, local_max, local_sum, write)``."""
-    spec = SOFTMAX_ELEMENTS[element]
-    acc, maximum = spec.acc, spec.max
-    unpack16, pack16, per_unit = SOFTMAX_UNITS[element]
-    units = VEC_WORDS[backward] // 4
-    _, finish = _finisher(acc, backward)
-
-    @cuda.jit(device=True, inline=True)
-    def unit(words, w):
-        return unpack16((words[4 * w], words[4 * w + 1], words[4 * w + 2], words[4 * w + 3]))
-
-    @cuda.jit(device=True, inline=True)
-    def load(words_a, words_b, a_words, b_words, a0, b0, a_step, b_step, valid, scale):
-        for w in range(units):
-            if w < valid:
-                ua = load16(a_words, a0 + w * a_step)
-                for j in range(4):
-                    words_a[4 * w + j] = ua[j]
-                if backward:
-                    ub = load16(b_words, b0 + w * b_step)
-                    for j in range(4):
-                        words_b[4 * w + j] = ub[j]
-
-    @cuda.jit(device=True, inline=True)
-    def local_max(words_a, valid, scale):
-        m = acc(-_INF)  # padding: none (invalid units are skipped)
-        for w in range(units):
-            if w < valid:
-                va = unit(words_a, w)
-                for k in range(per_unit):
-                    m = maximum(m, acc(va[k]) * scale)
-        return m
-
-    @cuda.jit(device=True, inline=True)
-    def local_sum(words_a, words_b, valid, shift, scale, log):
-        s = acc(0)
-        for w in range(units):
-            if w < valid:
-                va = unit(words_a, w)
-                vb = unit(words_b, w) if backward else va
-                for k in range(per_unit):
-                    if not backward:
-                        s += math.exp(acc(va[k]) * scale - shift)
-                    elif log:
-                        s += acc(va[k])
-                    else:
-                        s += acc(va[k]) * acc(vb[k])
-        return s
-
-    @cuda.jit(device=True, inline=True)
-    def write(words_a, words_b, out_words, o0, o_step, valid, m, r, log, scale, result):
-        for w in range(units):
-            if w < valid:
-                va = unit(words_a, w)
-                vb = unit(words_b, w) if backward else va
-                for k in range(per_unit):
-                    x = acc(va[k]) if backward else acc(va[k]) * scale
-                    result[k] = finish(x, acc(vb[k]), m, r, log, scale)
-                store16(out_words, o0 + w * o_step, pack16(result))
-
-    return load, local_max, local_sum, write
-
-
 def _elem_pieces(element: ElementKind, backward: bool) -> Any:
     """Device helpers of the element row path (any axis stride), which holds ``held``
     accumulator values a lane (padding: -inf forward, 0 backward, which add nothing):
@@ -358,7 +310,7 @@ def _elem_pieces(element: ElementKind, backward: bool) -> Any:
         return s
 
     @cuda.jit(device=True, inline=True)
-    def write(held_a, held_b, out, o0, o_step, valid, m, r, log, scale, result):
+    def write(held_a, held_b, out, o0, o_step, valid, m, r, log, scale):
         for u in range(held):
             if u < valid:
                 out[o0 + u * o_step] = store(finish(held_a[u], held_b[u], m, r, log, scale))
@@ -366,37 +318,31 @@ def _elem_pieces(element: ElementKind, backward: bool) -> Any:
     return load, local_max, local_sum, write
 
 
-def _part_body(element: ElementKind, backward: bool, units: bool, pieces: Any) -> Any:
+def _part_body(element: ElementKind, backward: bool) -> Any:
     """``body(...)``: load one row part into the caller's holding arrays, reduce it (or
-    fold the workspace), write its statistic or its output, with ``pieces`` =
-    ``(load, local_max, local_sum, write)`` of one path. Each path runs a whole body of
-    its own, so the two paths' held values are never live together."""
+    fold the workspace), write its statistic or its output."""
     spec = SOFTMAX_ELEMENTS[element]
     acc, maximum = spec.acc, spec.max
-    per_unit = SOFTMAX_UNITS[element][2]
-    elem_bytes = 16 // per_unit
     group_max = _group_reducer(maximum)
     group_sum = _group_reducer(_add)
     fold = _fold_parts(acc, maximum, backward)
     factor, _ = _finisher(acc, backward)
-    load, local_max, local_sum, write = pieces
+    load, local_max, local_sum, write = _elem_pieces(element, backward)
 
     @cuda.jit(device=True, inline=True)
-    def out_start(row, shape, out_strides, out_axis, start, lane, lanes, vec):
+    def out_start(row, shape, out_strides, out_axis, start, lane, lanes):
         out_off = strided_offset(row, shape, out_strides)
-        if units:  # compile time (``vec`` is 1 exactly then)
-            return (out_off + start + lane * per_unit) * elem_bytes >> 2, lanes * 4
         return out_off + (start + lane) * out_axis, lanes * out_axis
 
     @cuda.jit(device=True, inline=True)
     def body(hold_a, hold_b, a, b, out, a0, b0, a_step, b_step, valid, count, active, item,
-             row, start, lane, lanes, shape, out_strides, out_axis, ws, parts, shared, vec,
-             mode, log, scale, result):
+             row, start, lane, lanes, shape, out_strides, out_axis, ws, parts, shared, mode,
+             log, scale):
         # the output address: forward before the loads (the shape and strides are then
         # dead while the row is held), backward after them (fewer registers, by ptxas)
         o0, o_step = int64(0), int64(0)
         if not backward:
-            o0, o_step = out_start(row, shape, out_strides, out_axis, start, lane, lanes, vec)
+            o0, o_step = out_start(row, shape, out_strides, out_axis, start, lane, lanes)
         load(hold_a, hold_b, a, b, a0, b0, a_step, b_step, valid, scale)
         m = acc(0)
         s = acc(0)
@@ -416,33 +362,26 @@ def _part_body(element: ElementKind, backward: bool, units: bool, pieces: Any) -
         if mode == MODE_FINISH and active:
             m, s = fold(ws, row, parts)
         if backward:
-            o0, o_step = out_start(row, shape, out_strides, out_axis, start, lane, lanes, vec)
+            o0, o_step = out_start(row, shape, out_strides, out_axis, start, lane, lanes)
         r = factor(s, log) if count > 0 else acc(0)  # idle groups: no 1 / 0
-        write(hold_a, hold_b, out, o0, o_step, valid, m, r, log, scale, result)
+        write(hold_a, hold_b, out, o0, o_step, valid, m, r, log, scale)
 
     return body
 
 
-def _make_rows(element: ElementKind, backward: bool, units: bool = False) -> Any:
-    """The row kernel; ``units`` (compile time): the 16-byte-unit path alone, else the
-    element path alone (one path a kernel: sharing one, their held values spill)."""
+def _make_rows(element: ElementKind, backward: bool) -> Any:
+    """The element row kernel (any layout with the axis of stride 1 or strided without a
+    unit-stride neighbour): ``HELD`` accumulator values a lane."""
     acc = SOFTMAX_ELEMENTS[element].acc
-    per_unit = SOFTMAX_UNITS[element][2]
-    elem_bytes = 16 // per_unit
     held = row_held(element, backward)
-    words = VEC_WORDS[backward]
-    vec_body = _part_body(element, backward, True, _vec_pieces(element, backward))
-    elem_body = _part_body(element, backward, False, _elem_pieces(element, backward))
+    body = _part_body(element, backward)
 
-    def softmax_rows(a, b, out, a_words, b_words, out_words, ws, row_begin, row_end, n, parts,
-                     part_len, lanes, shape, a_strides, b_strides, out_strides, a_axis, b_axis,
-                     out_axis, vec, mode, log, scale):
+    def softmax_rows(a, b, out, ws, row_begin, row_end, n, parts, part_len, lanes, shape,
+                     a_strides, b_strides, out_strides, a_axis, b_axis, out_axis, mode, log,
+                     scale):
         """Row parts ``[row_begin * parts, row_end * parts)``, one per group of ``lanes``
-        lanes; grid-stride over groups of parts (block-uniform trip count). ``vec``: the
-        inputs and output move as 16-byte units (``*_words``: the same memory as uint32;
-        the plan checks stride 1 along the axis and 16-byte aligned row parts)."""
+        lanes; grid-stride over groups of parts (block-uniform trip count)."""
         shared = cuda.shared.array(32, acc)
-        result = cuda.local.array(per_unit, acc)
         tid = cuda.threadIdx.x
         groups = cuda.blockDim.x // lanes
         lane = tid % lanes
@@ -459,27 +398,245 @@ def _make_rows(element: ElementKind, backward: bool, units: bool = False) -> Any
             if not active:
                 count = 0
             a_off, b_off = strided_offset2(row, shape, a_strides, b_strides)
-            # slots this lane holds: every ``lanes``-th element (``vec``: 16-byte unit) of
-            # the part, below ``count``; one number, so no per-slot index stays live
-            step = per_unit if units else 1
-            valid = (count // step - lane + lanes - 1) // lanes if count > lane * step else 0
-            if units:  # first word of the lane's first unit, 4 words (16 bytes) a unit
-                vec_body(cuda.local.array(words, uint32), cuda.local.array(words, uint32),
-                         a_words, b_words, out_words,
-                         (a_off + start + lane * step) * elem_bytes >> 2,
-                         (b_off + start + lane * step) * elem_bytes >> 2, lanes * 4, lanes * 4,
-                         valid, count, active, item, row, start, lane, lanes, shape,
-                         out_strides, out_axis, ws, parts, shared, vec, mode, log, scale,
-                         result)
-            else:
-                elem_body(cuda.local.array(held, acc), cuda.local.array(held, acc), a, b, out,
-                          a_off + (start + lane) * a_axis, b_off + (start + lane) * b_axis,
-                          lanes * a_axis, lanes * b_axis, valid, count, active, item, row,
-                          start, lane, lanes, shape, out_strides, out_axis, ws, parts, shared,
-                          vec, mode, log, scale, result)
+            # slots this lane holds: every ``lanes``-th element of the part, below
+            # ``count``; one number, so no per-slot index stays live
+            valid = (count - lane + lanes - 1) // lanes if count > lane else 0
+            body(cuda.local.array(held, acc), cuda.local.array(held, acc), a, b, out,
+                 a_off + (start + lane) * a_axis, b_off + (start + lane) * b_axis,
+                 lanes * a_axis, lanes * b_axis, valid, count, active, item, row, start, lane,
+                 lanes, shape, out_strides, out_axis, ws, parts, shared, mode, log, scale)
             base += int64(cuda.gridDim.x) * groups
 
     return softmax_rows
+
+
+# -- rows in 16-byte units -------------------------------------------------------------------
+
+
+def _pair_combine(acc: types.Type, maximum: Any, backward: bool) -> Any:
+    """``combine(m1, s1, m2, s2) -> (m, s)``: two partial statistics merged (forward:
+    ``m = max``, ``s = s1 exp(m1 - m) + s2 exp(m2 - m)``, a side with ``m = -inf`` (nothing
+    yet, or all -inf) adding 0; backward: the sums added). Symmetric in its two sides
+    except for FMA contraction, so callers broadcast one lane's result."""
+
+    @cuda.jit(device=True, inline=True)
+    def combine(m1, s1, m2, s2):
+        if backward:
+            return m1, s1 + s2
+        m = maximum(m1, m2)
+        f1 = math.exp(m1 - m) if m1 != acc(-_INF) else acc(0)
+        f2 = math.exp(m2 - m) if m2 != acc(-_INF) else acc(0)
+        return m, s1 * f1 + s2 * f2
+
+    return combine
+
+
+def _pair_reducer(combine: Any, backward: bool) -> Any:
+    """``reduce(m, s, lanes, shared, parity)``: ``combine`` over a group of ``lanes``
+    lanes (a power of two), every lane of the group getting the same bits: an xor
+    butterfly in the warp, then the group's first lane's result (``lanes <= 32``), or each
+    warp's first lane's result through ``shared`` (``2 x 2 x 32`` values), folded in warp
+    order by every thread (``lanes > 32``: one barrier). ``parity`` alternates the half of
+    ``shared`` between consecutive calls, so no barrier is needed before the writes.
+    Block-uniform: every thread of the block calls it together."""
+
+    @cuda.jit(device=True, inline=True)
+    def reduce(m, s, lanes, shared, parity):
+        width = lanes if lanes < 32 else 32
+        offset = width >> 1
+        while offset > 0:
+            m2 = m if backward else shfl_xor(m, offset)
+            m, s = combine(m, s, m2, shfl_xor(s, offset))
+            offset >>= 1
+        tid = cuda.threadIdx.x
+        if lanes <= 32:
+            source = (tid % 32) & ~(lanes - 1)
+            if not backward:
+                m = shfl_idx(m, source)
+            return m, shfl_idx(s, source)
+        half = parity * 64
+        if tid % 32 == 0:
+            shared[half + tid // 32] = m
+            shared[half + 32 + tid // 32] = s
+        cuda.syncthreads()
+        first = (tid // lanes) * (lanes // 32)
+        m = shared[half + first]
+        s = shared[half + 32 + first]
+        for w in range(1, lanes // 32):
+            m, s = combine(m, s, shared[half + first + w], shared[half + 32 + first + w])
+        return m, s
+
+    return reduce
+
+
+def _unit_pieces(element: ElementKind, backward: bool) -> Any:
+    """Device helpers of the 16-byte-unit rows, which hold the raw units (uint32 words,
+    two 16-bit elements a register) and unpack them on each use; a lane's units are
+    ``first + w * step`` (words) for ``w < valid`` (``valid`` may exceed ``UNITS``):
+    ``(load, stats, write)``."""
+    spec = SOFTMAX_ELEMENTS[element]
+    acc, maximum = spec.acc, spec.max
+    unpack16, pack16, per_unit = SOFTMAX_UNITS[element]
+    units = UNITS[backward]
+    _, finish = _finisher(acc, backward)
+
+    @cuda.jit(device=True, inline=True)
+    def unit(words, w):
+        return unpack16((words[4 * w], words[4 * w + 1], words[4 * w + 2], words[4 * w + 3]))
+
+    @cuda.jit(device=True, inline=True)
+    def load(words, array, first, step, valid):
+        for w in range(units):
+            if w < valid:
+                loaded = load16(array, first + w * step)
+                for j in range(4):
+                    words[4 * w + j] = loaded[j]
+
+    @cuda.jit(device=True, inline=True)
+    def stats(words_a, words_b, valid, scale, log):
+        """``(m, s)`` of the held units: forward the max of ``x'`` and the sum of
+        ``exp(x' - m)`` (0 when ``m = -inf``), backward ``(0, sum dy y)`` or ``(0, sum
+        dy)``."""
+        m = acc(-_INF)
+        s = acc(0)
+        if not backward:
+            for w in range(units):
+                if w < valid:
+                    va = unit(words_a, w)
+                    for k in range(per_unit):
+                        m = maximum(m, acc(va[k]) * scale)
+            if m == acc(-_INF):
+                return m, s
+        for w in range(units):
+            if w < valid:
+                va = unit(words_a, w)
+                vb = unit(words_b, w) if backward else va
+                for k in range(per_unit):
+                    if not backward:
+                        s += math.exp(acc(va[k]) * scale - m)
+                    elif log:
+                        s += acc(va[k])
+                    else:
+                        s += acc(va[k]) * acc(vb[k])
+        return m, s
+
+    @cuda.jit(device=True, inline=True)
+    def write(words_a, words_b, out, first, step, valid, m, r, log, scale, result):
+        for w in range(units):
+            if w < valid:
+                va = unit(words_a, w)
+                vb = unit(words_b, w) if backward else va
+                for k in range(per_unit):
+                    x = acc(va[k]) if backward else acc(va[k]) * scale
+                    result[k] = finish(x, acc(vb[k]), m, r, log, scale)
+                store16(out, first + w * step, pack16(result))
+
+    return load, stats, write
+
+
+def _make_units(element: ElementKind, backward: bool, stream: bool) -> Any:
+    """The 16-byte-unit row kernel: ``stream`` (compile time) reads each row part twice
+    (``STREAM_THREADS`` threads a part), else holds it in registers (a group of ``lanes``
+    lanes a row)."""
+    spec = SOFTMAX_ELEMENTS[element]
+    acc, maximum = spec.acc, spec.max
+    per_unit = SOFTMAX_UNITS[element][2]
+    units = UNITS[backward]
+    combine = _pair_combine(acc, maximum, backward)
+    reduce = _pair_reducer(combine, backward)
+    fold = _fold_parts(acc, maximum, backward)
+    factor, _ = _finisher(acc, backward)
+    load, stats, write = _unit_pieces(element, backward)
+    held_words = 4 * units
+    threads = STREAM_THREADS  # a compile-time block size: divisions by it are shifts
+    chunk = STREAM_THREADS * units
+    b_words = held_words if backward else 1
+
+    def softmax_registers(a, b, out, ws, row_begin, row_end, n_units, parts, part_units,
+                          lanes, a_row, b_row, out_row, mode, log, scale):
+        """Rows ``[row_begin, row_end)``, one per group of ``lanes`` lanes; lane ``l``
+        holds units ``l, l + lanes, ...`` (at most ``UNITS``) of its row. Grid-stride
+        over groups of rows (block-uniform trip count); ``a_row``, ``b_row``, ``out_row``:
+        row strides in words."""
+        shared = cuda.shared.array(128, acc)
+        words_a = cuda.local.array(held_words, uint32)
+        words_b = cuda.local.array(b_words, uint32)
+        result = cuda.local.array(per_unit, acc)
+        tid = cuda.threadIdx.x
+        groups = cuda.blockDim.x // lanes
+        lane = tid % lanes
+        base = row_begin + int64(cuda.blockIdx.x) * groups
+        parity = 0
+        while base < row_end:
+            row = base + tid // lanes
+            valid = (n_units - lane + lanes - 1) // lanes if row < row_end else 0
+            load(words_a, a, row * a_row + lane * 4, lanes * 4, valid)
+            if backward:
+                load(words_b, b, row * b_row + lane * 4, lanes * 4, valid)
+            m, s = stats(words_a, words_b, valid, scale, log)
+            m, s = reduce(m, s, lanes, shared, parity)
+            write(words_a, words_b, out, row * out_row + lane * 4, lanes * 4, valid, m,
+                  factor(s, log), log, scale, result)
+            base += int64(cuda.gridDim.x) * groups
+            parity ^= 1
+
+    def softmax_stream(a, b, out, ws, row_begin, row_end, n_units, parts, part_units, lanes,
+                       a_row, b_row, out_row, mode, log, scale):
+        """Row parts ``[row_begin * parts, row_end * parts)``, one per block (grid-stride):
+        thread ``t`` folds units ``t, t + T, ...`` of the part into a running ``(m, s)``
+        (``UNITS`` loads in flight), the block reduces it, then the part is read again
+        (last chunk first: the lines most recently read, likeliest in L2) and written.
+        ``mode`` as the element kernel (STATS / FINISH for rows cut into parts); the block
+        has ``STREAM_THREADS`` threads."""
+        shared = cuda.shared.array(128, acc)
+        words_a = cuda.local.array(held_words, uint32)
+        words_b = cuda.local.array(b_words, uint32)
+        result = cuda.local.array(per_unit, acc)
+        tid = cuda.threadIdx.x
+        item = row_begin * parts + int64(cuda.blockIdx.x)
+        parity = 0
+        while item < row_end * parts:
+            row, part = div_mod(item, parts)
+            start = part * part_units
+            count = n_units - start if n_units - start < part_units else part_units
+            a0 = row * a_row + start * 4
+            b0 = row * b_row + start * 4
+            m = acc(-_INF)
+            s = acc(0)
+            if mode != MODE_FINISH:
+                j0 = int64(0)
+                while j0 < count:
+                    valid = (count - j0 - tid + threads - 1) // threads if count - j0 > tid else 0
+                    load(words_a, a, a0 + (j0 + tid) * 4, threads * 4, valid)
+                    if backward:
+                        load(words_b, b, b0 + (j0 + tid) * 4, threads * 4, valid)
+                    mc, sc = stats(words_a, words_b, valid, scale, log)
+                    m, s = combine(m, s, mc, sc)
+                    j0 += chunk
+                m, s = reduce(m, s, threads, shared, parity)
+                parity ^= 1
+            if mode == MODE_STATS:
+                if tid == 0:
+                    ws[item * 2] = s if backward else m
+                    ws[item * 2 + 1] = s
+            else:
+                if mode == MODE_FINISH:
+                    m, s = fold(ws, row, parts)
+                r = factor(s, log)
+                o0 = row * out_row + start * 4
+                j0 = (count - 1) // chunk * chunk  # the last chunk first
+                while j0 >= 0:
+                    valid = (count - j0 - tid + threads - 1) // threads if count - j0 > tid else 0
+                    own = (j0 + tid) * 4
+                    load(words_a, a, a0 + own, threads * 4, valid)
+                    if backward:
+                        load(words_b, b, b0 + own, threads * 4, valid)
+                    write(words_a, words_b, out, o0 + own, threads * 4, valid, m, r, log,
+                          scale, result)
+                    j0 -= chunk
+            item += int64(cuda.gridDim.x)
+
+    return softmax_stream if stream else softmax_registers
 
 
 # -- columns -------------------------------------------------------------------------------
@@ -491,11 +648,11 @@ def _make_cols(element: ElementKind, backward: bool) -> Any:
     fold = _fold_parts(acc, maximum, backward)
     factor, finish = _finisher(acc, backward)
 
-    def softmax_cols(a, b, out, a_words, b_words, out_words, ws, row_begin, row_end, n, parts,
-                     part_len, lanes, shape, a_strides, b_strides, out_strides, a_axis, b_axis,
-                     out_axis, vec, mode, log, scale):
+    def softmax_cols(a, b, out, ws, row_begin, row_end, n, parts, part_len, lanes, shape,
+                     a_strides, b_strides, out_strides, a_axis, b_axis, out_axis, mode, log,
+                     scale):
         """Thread ``t`` of block ``(x, p)`` takes row ``row_begin + x * blockDim + t`` and
-        part ``p`` of its axis (``lanes``, ``vec`` and the word views are unused)."""
+        part ``p`` of its axis (``lanes`` is unused)."""
         row = row_begin + int64(cuda.blockIdx.x) * cuda.blockDim.x + cuda.threadIdx.x
         part = int64(cuda.blockIdx.y)
         if row >= row_end:
@@ -563,24 +720,30 @@ def _make_cols(element: ElementKind, backward: bool) -> Any:
 # -- the table ------------------------------------------------------------------------------
 
 
-def _signature(element: ElementKind) -> tuple[types.Type, ...]:
+def _signature(element: ElementKind, layout: str) -> tuple[types.Type, ...]:
     spec = SOFTMAX_ELEMENTS[element]
-    storage, words = flat(spec.storage), flat(uint32)
-    return (storage, storage, storage, words, words, words, flat(spec.acc), int64, int64, int64,
-            int64, int64, int64, _TUPLE8, _TUPLE8, _TUPLE8, _TUPLE8, int64, int64, int64, int64,
-            int64, int64, spec.acc)
+    if layout in UNIT_LAYOUTS:
+        words = flat(uint32)
+        return (words, words, words, flat(spec.acc), *(int64,) * 10, int64, spec.acc)
+    storage = flat(spec.storage)
+    return (storage, storage, storage, flat(spec.acc), int64, int64, int64, int64, int64, int64,
+            _TUPLE8, _TUPLE8, _TUPLE8, _TUPLE8, int64, int64, int64, int64, int64, spec.acc)
 
 
-#: Layouts -> kernel factory: ``rows`` (axis of stride 1), ``cols`` (axis strided).
-SOFTMAX_LAYOUTS = {"rows": _make_rows, "cols": _make_cols,
-                   "rows_vec": functools.partial(_make_rows, units=True)}
+#: The 16-byte-unit row kernels (arrays as uint32 words; aligned rows of stride 1 whose
+#: other axes merge into one row stride): ``rows_registers`` holds a row in registers,
+#: ``rows_stream`` reads a row part twice.
+UNIT_LAYOUTS = {"rows_registers": functools.partial(_make_units, stream=False),
+                "rows_stream": functools.partial(_make_units, stream=True)}
+#: Layouts -> kernel factory: ``rows`` (elements, any layout the others do not take),
+#: ``cols`` (axis strided, another axis of stride 1), and the unit row kernels.
+SOFTMAX_LAYOUTS = {"rows": _make_rows, "cols": _make_cols, **UNIT_LAYOUTS}
 
-#: ``(layout, element, backward) -> Kernel``: 3 layouts x 4 elements x 2 directions
-#: (``rows_vec``: the row kernel of ``KernelChoice.vec``).
+#: ``(layout, element, backward) -> Kernel``: 4 layouts x 4 elements x 2 directions.
 SOFTMAX_KERNELS: dict[tuple[str, ElementKind, bool], Kernel] = {
     (layout, element, backward): Kernel(
         f"softmax_{layout}{'_backward' if backward else ''}[{element.name}]",
-        factory(element, backward), _signature(element),
+        factory(element, backward), _signature(element, layout),
         max_registers=ROW_REGISTERS if layout != "cols" else None)
     for layout, factory in SOFTMAX_LAYOUTS.items()
     for element in SOFTMAX_ELEMENTS
