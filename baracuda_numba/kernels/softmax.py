@@ -64,6 +64,7 @@ from typing import Any
 
 from numba import cuda, float32, float64, int64, types, uint16, uint32, uint64
 
+from .._runtime import SIMULATOR
 from ..launch import Kernel, flat
 from ..types import ElementKind
 from .common import (
@@ -105,8 +106,9 @@ UNITS = {False: 4, True: 2}
 #: Units of the longest row the register kernel holds (one 1024-lane block), by direction.
 MAX_REGISTER_UNITS = {backward: units * 1024 for backward, units in UNITS.items()}
 #: Threads of a ``rows_stream`` block (one row part a block): two blocks an SM at the
-#: 64-register cap, so one block's loads overlap the other's reduction barrier.
-STREAM_THREADS = 512
+#: 64-register cap, so one block's loads overlap the other's reduction barrier (the
+#: simulator: two warps, which still cross the shared-memory exchange).
+STREAM_THREADS = 64 if SIMULATOR else 512
 #: Longest row part of ``rows_stream`` (elements): rows up to this length are one part (one
 #: launch); longer rows split into parts of at most this (STATS + FINISH), so a few rows
 #: still fill the GPU.
@@ -575,8 +577,9 @@ def _make_units(element: ElementKind, backward: bool, stream: bool) -> Any:
                 load(words_b, b, row * b_row + lane * 4, lanes * 4, valid)
             m, s = stats(words_a, words_b, valid, scale, log)
             m, s = reduce(m, s, lanes, shared, parity)
-            write(words_a, words_b, out, row * out_row + lane * 4, lanes * 4, valid, m,
-                  factor(s, log), log, scale, result)
+            r = factor(s, log) if valid > 0 else acc(0)  # idle lanes: no 1 / 0
+            write(words_a, words_b, out, row * out_row + lane * 4, lanes * 4, valid, m, r,
+                  log, scale, result)
             base += int64(cuda.gridDim.x) * groups
             parity ^= 1
 
