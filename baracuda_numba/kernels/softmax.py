@@ -70,6 +70,7 @@ from ..types import ElementKind
 from .common import (
     bitcast,
     div_mod,
+    fast_exp_f32,
     load16,
     load_bf16,
     load_f16,
@@ -103,7 +104,8 @@ MAX_PART = {backward: held * MAX_LANES for backward, held in HELD.items()}
 #: bytes) forward, 2 + 2 backward: 16 words of data under the 64-register cap, and 64 KB in
 #: flight an SM at 1024 resident threads.
 UNITS = {False: 4, True: 2}
-#: Units of the longest row the register kernel holds (one 1024-lane block), by direction.
+#: Units of the longest row the register kernel holds (one 1024-lane block), by direction
+#: (f32 accumulation; f64 half: :func:`row_units`).
 MAX_REGISTER_UNITS = {backward: units * 1024 for backward, units in UNITS.items()}
 #: Threads of a ``rows_stream`` block (one row part a block): two blocks an SM at the
 #: 64-register cap, so one block's loads overlap the other's reduction barrier (the
@@ -126,6 +128,12 @@ def row_held(element: ElementKind, backward: bool) -> int:
     return HELD[backward] // (2 if element is ElementKind.F64 else 1)
 
 
+def row_units(element: ElementKind, backward: bool) -> int:
+    """16-byte units per input a lane of the unit row kernels holds (``UNITS``; f64, whose
+    accumulators take two registers each, half)."""
+    return UNITS[backward] // (2 if element is ElementKind.F64 else 1)
+
+
 MODE_FULL = 0
 MODE_STATS = 1
 MODE_FINISH = 2
@@ -133,6 +141,11 @@ MODE_MERGE = 3
 
 _INF = float("inf")
 _TUPLE8 = types.UniTuple(int64, 8)
+
+
+@cuda.jit(device=True, inline=True)
+def _exp(value):
+    return math.exp(value)
 
 
 @dataclass(frozen=True)
@@ -144,14 +157,20 @@ class SoftmaxElement:
     load: Any
     store: Any
     max: Any
+    #: e^x of the per-element terms: ``fast_exp_f32`` where the output is rounded to 16
+    #: bits (issue-bound otherwise: two exponentials an element), else libdevice's.
+    exp: Any
 
 
 #: The element table: every kernel, signature and supported-dtype message derives from it.
 SOFTMAX_ELEMENTS: dict[ElementKind, SoftmaxElement] = {
-    ElementKind.F16: SoftmaxElement(types.float16, float32, load_f16, to_f16, max_nan_f32),
-    ElementKind.BF16: SoftmaxElement(uint16, float32, load_bf16, store_bf16, max_nan_f32),
-    ElementKind.F32: SoftmaxElement(float32, float32, load_same, to_f32, max_nan_f32),
-    ElementKind.F64: SoftmaxElement(float64, float64, load_same, to_f64, nan_max),
+    ElementKind.F16: SoftmaxElement(types.float16, float32, load_f16, to_f16, max_nan_f32,
+                                    fast_exp_f32),
+    ElementKind.BF16: SoftmaxElement(uint16, float32, load_bf16, store_bf16, max_nan_f32,
+                                     fast_exp_f32),
+    ElementKind.F32: SoftmaxElement(float32, float32, load_same, to_f32, max_nan_f32,
+                                    _exp),
+    ElementKind.F64: SoftmaxElement(float64, float64, load_same, to_f64, nan_max, _exp),
 }
 
 
@@ -236,11 +255,12 @@ def _fold_parts(acc: types.Type, maximum: Any, backward: bool) -> Any:
     return fold
 
 
-def _finisher(acc: types.Type, backward: bool) -> Any:
+def _finisher(element: ElementKind, backward: bool) -> Any:
     """``(factor, finish)``: ``factor(s, log)`` once per row (forward: ``1 / s``, or ``log
     s`` for log-softmax; backward: ``s``), then ``finish(va, vb, m, r, log, scale)``, the
     output element from the held inputs (forward: ``va`` = scaled x; backward: ``va`` =
     dy, ``vb`` = y), the row max ``m`` and the factor ``r``."""
+    acc, exp = SOFTMAX_ELEMENTS[element].acc, SOFTMAX_ELEMENTS[element].exp
 
     @cuda.jit(device=True, inline=True)
     def factor(s, log):
@@ -256,11 +276,11 @@ def _finisher(acc: types.Type, backward: bool) -> Any:
     def finish(va, vb, m, r, log, scale):
         if backward:
             if log:
-                return scale * (va - math.exp(vb) * r)
+                return scale * (va - exp(vb) * r)
             return scale * vb * (va - r)
         if log:
             return (va - m) - r
-        return math.exp(va - m) * r
+        return exp(va - m) * r
 
     return factor, finish
 
@@ -273,10 +293,10 @@ def _elem_pieces(element: ElementKind, backward: bool) -> Any:
     accumulator values a lane (padding: -inf forward, 0 backward, which add nothing):
     ``(load, local_max, local_sum, write)``."""
     spec = SOFTMAX_ELEMENTS[element]
-    acc, load_one, store, maximum = spec.acc, spec.load, spec.store, spec.max
+    acc, load_one, store, maximum, exp = spec.acc, spec.load, spec.store, spec.max, spec.exp
     held = row_held(element, backward)
     pad = acc(0) if backward else acc(-_INF)
-    _, finish = _finisher(acc, backward)
+    _, finish = _finisher(element, backward)
 
     @cuda.jit(device=True, inline=True)
     def load(held_a, held_b, a, b, a0, b0, a_step, b_step, valid, scale):
@@ -304,7 +324,7 @@ def _elem_pieces(element: ElementKind, backward: bool) -> Any:
         s = acc(0)
         for u in range(held):
             if not backward:
-                s += math.exp(held_a[u] - shift)
+                s += exp(held_a[u] - shift)
             elif log:
                 s += held_a[u]
             else:
@@ -328,7 +348,7 @@ def _part_body(element: ElementKind, backward: bool) -> Any:
     group_max = _group_reducer(maximum)
     group_sum = _group_reducer(_add)
     fold = _fold_parts(acc, maximum, backward)
-    factor, _ = _finisher(acc, backward)
+    factor, _ = _finisher(element, backward)
     load, local_max, local_sum, write = _elem_pieces(element, backward)
 
     @cuda.jit(device=True, inline=True)
@@ -477,10 +497,10 @@ def _unit_pieces(element: ElementKind, backward: bool) -> Any:
     ``first + w * step`` (words) for ``w < valid`` (``valid`` may exceed ``UNITS``):
     ``(load, stats, write)``."""
     spec = SOFTMAX_ELEMENTS[element]
-    acc, maximum = spec.acc, spec.max
+    acc, maximum, exp = spec.acc, spec.max, spec.exp
     unpack16, pack16, per_unit = SOFTMAX_UNITS[element]
-    units = UNITS[backward]
-    _, finish = _finisher(acc, backward)
+    units = row_units(element, backward)
+    _, finish = _finisher(element, backward)
 
     @cuda.jit(device=True, inline=True)
     def unit(words, w):
@@ -515,7 +535,7 @@ def _unit_pieces(element: ElementKind, backward: bool) -> Any:
                 vb = unit(words_b, w) if backward else va
                 for k in range(per_unit):
                     if not backward:
-                        s += math.exp(acc(va[k]) * scale - m)
+                        s += exp(acc(va[k]) * scale - m)
                     elif log:
                         s += acc(va[k])
                     else:
@@ -543,11 +563,11 @@ def _make_units(element: ElementKind, backward: bool, stream: bool) -> Any:
     spec = SOFTMAX_ELEMENTS[element]
     acc, maximum = spec.acc, spec.max
     per_unit = SOFTMAX_UNITS[element][2]
-    units = UNITS[backward]
+    units = row_units(element, backward)
     combine = _pair_combine(acc, maximum, backward)
     reduce = _pair_reducer(combine, backward)
     fold = _fold_parts(acc, maximum, backward)
-    factor, _ = _finisher(acc, backward)
+    factor, _ = _finisher(element, backward)
     load, stats, write = _unit_pieces(element, backward)
     held_words = 4 * units
     threads = STREAM_THREADS  # a compile-time block size: divisions by it are shifts
@@ -647,9 +667,9 @@ def _make_units(element: ElementKind, backward: bool, stream: bool) -> Any:
 
 def _make_cols(element: ElementKind, backward: bool) -> Any:
     spec = SOFTMAX_ELEMENTS[element]
-    acc, load, store, maximum = spec.acc, spec.load, spec.store, spec.max
+    acc, load, store, maximum, exp = spec.acc, spec.load, spec.store, spec.max, spec.exp
     fold = _fold_parts(acc, maximum, backward)
-    factor, finish = _finisher(acc, backward)
+    factor, finish = _finisher(element, backward)
 
     def softmax_cols(a, b, out, ws, row_begin, row_end, n, parts, part_len, lanes, shape,
                      a_strides, b_strides, out_strides, a_axis, b_axis, out_axis, mode, log,
@@ -693,7 +713,7 @@ def _make_cols(element: ElementKind, backward: bool) -> Any:
                             s = s * math.exp(m - va) + math.exp(va - va)
                             m = va
                         elif va != acc(-_INF):  # NaN, and +inf after +inf, give a NaN sum
-                            s += math.exp(va - m)
+                            s += exp(va - m)
         if mode == MODE_STATS:
             item = row * parts + part
             ws[item * 2] = s if backward else m

@@ -48,6 +48,7 @@ from ..kernels.softmax import (
     STREAM_THREADS,
     UNITS,
     row_held,
+    row_units,
 )
 from ..launch import BoundLaunch
 from ..streams import stream_handle
@@ -239,7 +240,7 @@ def choose_kernel(extent: int, rows: int, axis_stride: int, other_unit_stride: b
     bytes read per element (both inputs); a split row's batches fill half of L2, leaving
     room for the outputs streaming through. ``unit``: elements per 16-byte unit when
     the rows can move as 16-byte units (aligned, stride 1, one row stride; 0 otherwise):
-    ``rows_registers`` then takes rows of at most ``units`` (``kernels.softmax.UNITS``)
+    ``rows_registers`` then takes rows of at most ``units`` (``kernels.softmax.row_units``)
     units a lane of a 1024-lane block, ``rows_stream`` longer ones (parts of at most
     ``STREAM_PART``). ``held``: elements a lane of the element row kernel holds
     (``kernels.softmax.row_held``: fewer for the backward and for f64)."""
@@ -332,6 +333,7 @@ class _SoftmaxBase(Plan):
         self._acc_bytes = 8 if desc.element is ElementKind.F64 else 4
         self._input_bytes = desc.element.byte_width * (2 if self._backward else 1)
         self._held = row_held(desc.element, self._backward)
+        self._units = row_units(desc.element, self._backward)
         self._unit = SOFTMAX_UNITS[desc.element][2]
         self._kernels = {layout: SOFTMAX_KERNELS[(layout, desc.element, self._backward)]
                          for layout in SOFTMAX_LAYOUTS}
@@ -342,7 +344,7 @@ class _SoftmaxBase(Plan):
         force = force or SoftmaxForce()
         parts = max(choose_kernel(self._extent, self._rows, 1, True, self._input_bytes,
                                   limits, SoftmaxForce(layout, force.part_elements, force.path),
-                                  unit, self._held, UNITS[self._backward]).parts
+                                  unit, self._held, self._units).parts
                     for layout in ("rows", "cols") for unit in (0, self._unit))
         workspace = self._rows * parts * 2 * self._acc_bytes if parts > 1 else 0
         guarantee = PrecisionGuarantee(
@@ -369,7 +371,7 @@ class _SoftmaxBase(Plan):
                  and row_stride is not None and (row_stride * itemsize) % 16 == 0)
         return choose_kernel(self._extent, self._rows, strides[axis], unit_stride,
                              self._input_bytes, device_limits(), self._force,
-                             self._unit if dense else 0, self._held, UNITS[self._backward])
+                             self._unit if dense else 0, self._held, self._units)
 
     def workspace_size_for(self, strides: tuple[int, ...], aligned: bool = False) -> int:
         """Bytes of workspace a first input of these strides needs: 0 when its choice
@@ -454,7 +456,9 @@ class _SoftmaxBase(Plan):
 
     def _go(self, views: tuple[TensorRef, ...], stream: Any, workspace: Any) -> None:
         workspace_ptr = 0
-        if self.workspace_size_for(views[0].strides, False):
+        strides = views[0].strides
+        if self.workspace_size_for(strides, all(v.strides == strides and v.ptr % 16 == 0
+                                                for v in views)):
             workspace_ptr = self.check_workspace(workspace)
         handle = stream_handle(stream)
         if self._numel == 0:
