@@ -15,6 +15,7 @@ from baracuda_numba.kernels.softmax import (
     HELD,
     MAX_PART,
     MAX_REGISTER_UNITS,
+    STREAM_ITEMS,
     STREAM_PART,
     STREAM_THREADS,
     UNITS,
@@ -223,7 +224,7 @@ def test_dispatch_unit_rows_in_registers():
         fits = choose_kernel(longest, 10, 1, True, 4, GPU_LIMITS, unit=unit,
                              units=UNITS[backward])
         assert (fits.path, fits.lanes, fits.parts) == ("registers", 1024, 1)
-        over = choose_kernel(longest + unit, 10, 1, True, 4, GPU_LIMITS, unit=unit,
+        over = choose_kernel(longest + unit, STREAM_ITEMS, 1, True, 4, GPU_LIMITS, unit=unit,
                              units=UNITS[backward])
         assert (over.path, over.parts, over.threads) == ("stream", 1, STREAM_THREADS)
     # rows that are not a whole number of units take the element kernel
@@ -234,16 +235,23 @@ def test_dispatch_long_rows_stream_then_split_by_problem():
     choice = choose_kernel(262144, 256, 1, True, 2, GPU_LIMITS, unit=8)
     assert (choice.path, choice.parts, choice.part_len) == ("stream", 1, 262144)
     assert choice.batch_rows == 256  # one launch
-    longer = choose_kernel(3 * STREAM_PART + 8, 4, 1, True, 2, GPU_LIMITS, unit=8)
+    longer = choose_kernel(3 * STREAM_PART + 8, STREAM_ITEMS, 1, True, 2, GPU_LIMITS, unit=8)
     assert longer.path == "stream" and longer.parts == 4
     assert longer.part_len % 8 == 0 and longer.part_len <= STREAM_PART
     assert (longer.parts - 1) * longer.part_len < 3 * STREAM_PART + 8 <= (
         longer.parts * longer.part_len)
     # half of L2 per batch of STATS + FINISH; the split does not depend on the device
     assert longer.batch_rows * (3 * STREAM_PART + 8) * 2 <= (50 << 20) // 2
-    other = choose_kernel(3 * STREAM_PART + 8, 4, 1, True, 2, DeviceLimits(128, 8 << 20),
-                          unit=8)
+    other = choose_kernel(3 * STREAM_PART + 8, STREAM_ITEMS, 1, True, 2,
+                          DeviceLimits(128, 8 << 20), unit=8)
     assert (other.parts, other.part_len) == (longer.parts, longer.part_len)
+    # few rows: cut into about STREAM_ITEMS parts, none shorter than a block's chunk
+    chunk = STREAM_THREADS * UNITS[False] * 8
+    few = choose_kernel(1 << 17, 64, 1, True, 2, GPU_LIMITS, unit=8)
+    assert few.path == "stream" and few.parts == min(STREAM_ITEMS // 64, (1 << 17) // chunk)
+    assert few.part_len >= chunk or few.parts == 1
+    assert choose_kernel(chunk + 8, 2, 1, True, 2, GPU_LIMITS, unit=8,
+                         units=UNITS[False]).parts == 1
     # forced paths and parts
     forced = choose_kernel(64, 3, 1, True, 4, GPU_LIMITS, SoftmaxForce(path="stream"), unit=4)
     assert (forced.path, forced.parts) == ("stream", 1)
@@ -306,7 +314,8 @@ def test_backward_rows(kind, element, extent, rng):
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("extent,path", (
     ((HELD[True] * 32, "elements"), (HELD[True] * 32 + 1, None), (4 * UNITS[False] * 32 + 4, None),
-     (STREAM_THREADS * 4 * UNITS[False] + 12, "stream")) if SIMULATOR else
+     (STREAM_THREADS * 4 * UNITS[False] + 12, "stream"),
+     (STREAM_THREADS * 4 * UNITS[False] * 2 + 32, "stream")) if SIMULATOR else
     ((HELD[False] * 32 + 1, None), (MAX_PART[True] - 1, None), (MAX_PART[True] + 1, None),
      (MAX_PART[False] - 1, None), (MAX_PART[False], "elements"),
      (MAX_PART[False] + 1, None), (MAX_REGISTER_UNITS[True] * 4, None),
@@ -315,8 +324,11 @@ def test_backward_rows(kind, element, extent, rng):
 def test_group_edges(kind, extent, path, rng):
     """Past 32 lanes a group is several warps (shared-memory exchange); past MAX_PART the
     element rows split, past MAX_REGISTER_UNITS the unit rows stream (f32: 4 a unit);
-    the stream's last chunk is partial."""
+    the stream's last chunk is partial, and two rows of two chunks stream in two parts."""
     force = SoftmaxForce(path=path) if path else None
+    if extent == STREAM_THREADS * 4 * UNITS[False] * 2 + 32:
+        assert SoftmaxPlan.select(SoftmaxDescriptor((2, extent), 1, kind, F32),
+                                  force=force).choice.parts == 2
     check_forward((2, extent), 1, kind, F32, rng, force=force)
     check_backward((2, extent), 1, kind, F32, rng, force=force)
 

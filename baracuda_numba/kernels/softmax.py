@@ -115,6 +115,10 @@ STREAM_THREADS = 64 if SIMULATOR else 512
 #: launch); longer rows split into parts of at most this (STATS + FINISH), so a few rows
 #: still fill the GPU.
 STREAM_PART = 1 << 20
+#: Row parts ``rows_stream`` aims for when rows are few: rows are cut into parts (of at
+#: least one chunk, ``STREAM_THREADS * UNITS`` units) until there are about this many,
+#: two blocks an SM of a large GPU; fixed so results do not depend on the device.
+STREAM_ITEMS = 256
 #: Register cap of the row kernels: 65536 registers / 1024 threads.
 ROW_REGISTERS = 64
 #: Rows a column thread loads before folding them (loads in flight per thread): 8 keep

@@ -44,6 +44,7 @@ from ..kernels.softmax import (
     SOFTMAX_KERNELS,
     SOFTMAX_LAYOUTS,
     SOFTMAX_UNITS,
+    STREAM_ITEMS,
     STREAM_PART,
     STREAM_THREADS,
     UNITS,
@@ -222,7 +223,10 @@ def _unit_rows(extent: int, rows: int, unit: int, units: int, input_bytes: int,
         return KernelChoice("rows", lanes, threads, 1, extent, rows, "registers")
     part_units = -(-min(cap or STREAM_PART, extent) // unit)
     parts = -(-n_units // part_units)
+    if cap is None and rows * parts < STREAM_ITEMS:  # few rows: parts of a chunk or more
+        parts = max(parts, min(-(-STREAM_ITEMS // rows), n_units // (STREAM_THREADS * units)))
     part_units = -(-n_units // parts)
+    parts = -(-n_units // part_units)
     batch_rows = rows
     if parts > 1:  # STATS + FINISH per batch of rows filling half of L2
         batch_rows = max(1, min(rows, (limits.l2_bytes // 2) // (extent * input_bytes)))
