@@ -77,7 +77,6 @@ from .common import (
     load_same,
     max_nan_f32,
     nan_max,
-    shfl_idx,
     shfl_xor,
     store16,
     store_bf16,
@@ -442,8 +441,8 @@ def _make_rows(element: ElementKind, backward: bool) -> Any:
 def _pair_combine(acc: types.Type, maximum: Any, backward: bool) -> Any:
     """``combine(m1, s1, m2, s2) -> (m, s)``: two partial statistics merged (forward:
     ``m = max``, ``s = s1 exp(m1 - m) + s2 exp(m2 - m)``, a side with ``m = -inf`` (nothing
-    yet, or all -inf) adding 0; backward: the sums added). Symmetric in its two sides
-    except for FMA contraction, so callers broadcast one lane's result."""
+    yet, or all -inf) adding 0; backward: the sums added): a thread's running
+    statistic."""
 
     @cuda.jit(device=True, inline=True)
     def combine(m1, s1, m2, s2):
@@ -457,40 +456,50 @@ def _pair_combine(acc: types.Type, maximum: Any, backward: bool) -> Any:
     return combine
 
 
-def _pair_reducer(combine: Any, backward: bool) -> Any:
-    """``reduce(m, s, lanes, shared, parity)``: ``combine`` over a group of ``lanes``
-    lanes (a power of two), every lane of the group getting the same bits: an xor
-    butterfly in the warp, then the group's first lane's result (``lanes <= 32``), or each
-    warp's first lane's result through ``shared`` (``2 x 2 x 32`` values), folded in warp
-    order by every thread (``lanes > 32``: one barrier). ``parity`` alternates the half of
-    ``shared`` between consecutive calls, so no barrier is needed before the writes.
-    Block-uniform: every thread of the block calls it together."""
+def _pair_reducer(acc: types.Type, maximum: Any, backward: bool) -> Any:
+    """``reduce(m, s, lanes, shared, parity)``: the ``(m, s)`` of a group of ``lanes``
+    lanes (a power of two) from each lane's own (``s`` relative to its ``m``). In a warp:
+    the max by an xor butterfly, each lane's ``s`` rescaled to it (one exponential), the
+    sum by an xor butterfly. Past 32 lanes (the block is the group) each warp's pair goes
+    through ``shared`` (``2 x 2 x 32`` values, one barrier) and every warp reduces those
+    the same way. Max and sum are symmetric, so every
+    lane gets the same bits in a fixed order. ``parity`` alternates the half of ``shared``
+    between consecutive calls, so no barrier is needed before the writes. Backward: the
+    sums alone. Block-uniform: every thread of the block calls it together."""
+
+    @cuda.jit(device=True, inline=True)
+    def warp_reduce(m, s, width):
+        if not backward:
+            offset = width >> 1
+            top = m
+            while offset > 0:
+                top = maximum(top, shfl_xor(top, offset))
+                offset >>= 1
+            # a lane with nothing (or only -inf) adds 0; NaN and +inf - +inf give NaN
+            s = s * math.exp(m - top) if m != acc(-_INF) else acc(0)
+            m = top
+        offset = width >> 1
+        while offset > 0:
+            s += shfl_xor(s, offset)
+            offset >>= 1
+        return m, s
 
     @cuda.jit(device=True, inline=True)
     def reduce(m, s, lanes, shared, parity):
-        width = lanes if lanes < 32 else 32
-        offset = width >> 1
-        while offset > 0:
-            m2 = m if backward else shfl_xor(m, offset)
-            m, s = combine(m, s, m2, shfl_xor(s, offset))
-            offset >>= 1
-        tid = cuda.threadIdx.x
+        m, s = warp_reduce(m, s, lanes if lanes < 32 else 32)
         if lanes <= 32:
-            source = (tid % 32) & ~(lanes - 1)
-            if not backward:
-                m = shfl_idx(m, source)
-            return m, shfl_idx(s, source)
+            return m, s
+        tid = cuda.threadIdx.x
         half = parity * 64
         if tid % 32 == 0:
             shared[half + tid // 32] = m
             shared[half + 32 + tid // 32] = s
         cuda.syncthreads()
-        first = (tid // lanes) * (lanes // 32)
-        m = shared[half + first]
-        s = shared[half + 32 + first]
-        for w in range(1, lanes // 32):
-            m, s = combine(m, s, shared[half + first + w], shared[half + 32 + first + w])
-        return m, s
+        warps = lanes // 32
+        # lane j takes warp j mod warps: every group of ``warps`` lanes reduces the same
+        # values in the same order
+        slot = (tid // lanes) * warps + (tid % 32) % warps
+        return warp_reduce(shared[half + slot], shared[half + 32 + slot], warps)
 
     return reduce
 
@@ -569,7 +578,7 @@ def _make_units(element: ElementKind, backward: bool, stream: bool) -> Any:
     per_unit = SOFTMAX_UNITS[element][2]
     units = row_units(element, backward)
     combine = _pair_combine(acc, maximum, backward)
-    reduce = _pair_reducer(combine, backward)
+    reduce = _pair_reducer(acc, maximum, backward)
     fold = _fold_parts(acc, maximum, backward)
     factor, _ = _finisher(element, backward)
     load, stats, write = _unit_pieces(element, backward)
