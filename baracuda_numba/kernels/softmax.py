@@ -460,7 +460,7 @@ def _pair_reducer(acc: types.Type, maximum: Any, backward: bool) -> Any:
     """``reduce(m, s, lanes, shared, parity)``: the ``(m, s)`` of a group of ``lanes``
     lanes (a power of two) from each lane's own (``s`` relative to its ``m``). In a warp:
     the max by an xor butterfly, each lane's ``s`` rescaled to it (one exponential), the
-    sum by an xor butterfly. Past 32 lanes (the block is the group) each warp's pair goes
+    sum by an xor butterfly. Past 32 lanes (the block must be the group) each warp's pair goes
     through ``shared`` (``2 x 2 x 32`` values, one barrier) and every warp reduces those
     the same way. Max and sum are symmetric, so every
     lane gets the same bits in a fixed order. ``parity`` alternates the half of ``shared``
@@ -495,10 +495,10 @@ def _pair_reducer(acc: types.Type, maximum: Any, backward: bool) -> Any:
             shared[half + tid // 32] = m
             shared[half + 32 + tid // 32] = s
         cuda.syncthreads()
-        warps = lanes // 32
-        # lane j takes warp j mod warps: every group of ``warps`` lanes reduces the same
-        # values in the same order
-        slot = (tid // lanes) * warps + (tid % 32) % warps
+        warps = lanes >> 5
+        # lane j takes warp j mod warps (a power of two): every group of ``warps`` lanes
+        # reduces the same values in the same order
+        slot = (tid & 31) & (warps - 1)
         return warp_reduce(shared[half + slot], shared[half + 32 + slot], warps)
 
     return reduce
@@ -600,11 +600,14 @@ def _make_units(element: ElementKind, backward: bool, stream: bool) -> Any:
         tid = cuda.threadIdx.x
         groups = cuda.blockDim.x // lanes
         lane = tid % lanes
+        group = tid // lanes
+        # units this lane holds of a row (n_units <= MAX_REGISTER_UNITS: 32-bit math)
+        lane_units = int64(uint32(n_units - lane + lanes - 1) // uint32(lanes))
         base = row_begin + int64(cuda.blockIdx.x) * groups
         parity = 0
         while base < row_end:
-            row = base + tid // lanes
-            valid = (n_units - lane + lanes - 1) // lanes if row < row_end else 0
+            row = base + group
+            valid = lane_units if row < row_end else 0
             load(words_a, a, row * a_row + lane * 4, lanes * 4, valid)
             if backward:
                 load(words_b, b, row * b_row + lane * 4, lanes * 4, valid)
