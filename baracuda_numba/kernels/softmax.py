@@ -104,7 +104,7 @@ MAX_PART = {backward: held * MAX_LANES for backward, held in HELD.items()}
 #: flight an SM at 1024 resident threads.
 UNITS = {False: 4, True: 2}
 #: Units of the longest row the register kernel holds (one 1024-lane block), by direction
-#: (f32 accumulation; f64 half: :func:`row_units`).
+#: (f32 accumulation; f64: :func:`row_units`).
 MAX_REGISTER_UNITS = {backward: units * 1024 for backward, units in UNITS.items()}
 #: Threads of a ``rows_stream`` block (one row part a block): two blocks an SM at the
 #: 64-register cap, so one block's loads overlap the other's reduction barrier (the
@@ -132,9 +132,9 @@ def row_held(element: ElementKind, backward: bool) -> int:
 
 
 def row_units(element: ElementKind, backward: bool) -> int:
-    """16-byte units per input a lane of the unit row kernels holds (``UNITS``; f64, whose
-    accumulators take two registers each, half)."""
-    return UNITS[backward] // (2 if element is ElementKind.F64 else 1)
+    """16-byte units per input a lane of the unit row kernels holds: ``UNITS``, and one
+    for f64 (whose values and exponentials take twice the registers: two units spill)."""
+    return 1 if element is ElementKind.F64 else UNITS[backward]
 
 
 MODE_FULL = 0
@@ -460,12 +460,12 @@ def _pair_reducer(acc: types.Type, maximum: Any, backward: bool) -> Any:
     """``reduce(m, s, lanes, shared, parity)``: the ``(m, s)`` of a group of ``lanes``
     lanes (a power of two) from each lane's own (``s`` relative to its ``m``). In a warp:
     the max by an xor butterfly, each lane's ``s`` rescaled to it (one exponential), the
-    sum by an xor butterfly. Past 32 lanes (the block must be the group) each warp's pair goes
-    through ``shared`` (``2 x 2 x 32`` values, one barrier) and every warp reduces those
-    the same way. Max and sum are symmetric, so every
-    lane gets the same bits in a fixed order. ``parity`` alternates the half of ``shared``
-    between consecutive calls, so no barrier is needed before the writes. Backward: the
-    sums alone. Block-uniform: every thread of the block calls it together."""
+    sum by an xor butterfly. Past 32 lanes (the block must be the group) each warp's
+    pair goes through ``shared`` (``2 x 2 x 32`` values, one barrier) and every warp
+    reduces those the same way. Max and sum are symmetric, so every lane gets the same
+    bits in a fixed order. ``parity`` alternates the half of ``shared`` between
+    consecutive calls, so no barrier is needed before the writes. Backward: the sums
+    alone. Block-uniform: every thread of the block calls it together."""
 
     @cuda.jit(device=True, inline=True)
     def warp_reduce(m, s, width):
