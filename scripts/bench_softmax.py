@@ -5,7 +5,9 @@ eager (the speed-up column), ``torch.compile`` (default mode, compiled before ti
 Liger-Kernel's softmax (last axis; rows over 65536 it refuses), in the note.
 
 Bytes counted: forward = x read + y written; backward = dy and y read + dx written.
-``SOFTMAX_BENCH_SHAPES="8192x4096:1,32768x4096:0"`` limits the shapes.
+``SOFTMAX_BENCH_SHAPES="8192x4096:1,32768x4096:0"`` limits the shapes. ``--sweep`` adds
+tuning rows (CSV only): each last-axis row forced through the other row paths
+(``SoftmaxForce(path=...)``: registers where the row fits, stream, elements).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from baracuda_numba.plans.softmax import (
     SoftmaxBackwardDescriptor,
     SoftmaxBackwardPlan,
     SoftmaxDescriptor,
+    SoftmaxForce,
     SoftmaxPlan,
 )
 from baracuda_numba.types import ElementKind, SoftmaxKind
@@ -52,6 +55,21 @@ def _peers(ours: float, compiled: float, liger: float | None) -> str:
     if liger is not None:
         text += f"; liger {liger:.1f} µs ({liger / ours:.2f}x)"
     return text
+
+
+def _sweep_paths(ctx: Any, select: Any, run: Any, case: str, dtype_name: str, sets: int,
+                 moved: int, default: str) -> None:
+    """Tuning rows: ``case`` through each row path other than ``default`` that takes it."""
+    torch = ctx.torch
+    for path in ("registers", "stream", "elements"):
+        plan = select(SoftmaxForce(path=path))
+        if path == default or plan.choice.path != path:
+            continue
+        ws = torch.empty(max(plan.workspace_size, 1), device="cuda", dtype=torch.uint8)
+        us = ctx.time_gpu(lambda i, p=plan, w=ws: run(p, w, i), sets=sets, warmup=3,
+                          iters=ITERS)
+        ctx.row(f"{case} path {path}", dtype_name, us, moved,
+                note=f"{plan.choice.kernel}, {plan.choice.parts} part(s)", tuning=True)
 
 
 def bench(ctx: Any) -> None:
@@ -92,8 +110,13 @@ def _shape_rows(ctx: Any, compiled: dict[Any, Any], dtype_name: str, element: El
             fn(0)  # compile before timing
         times = ctx.time_gpu_many(fns, sets=sets, warmup=3, iters=ITERS)
         c = plan.choice
+        if ctx.sweep and axis == 1 and kind is SoftmaxKind.SOFTMAX:
+            _sweep_paths(ctx, lambda force, k=kind: SoftmaxPlan.select(
+                SoftmaxDescriptor(shape, axis, k, element), force=force),
+                lambda p, w, i: p.run(SoftmaxArgs(xs[i], y), workspace=w),
+                f"{kind.name.lower()} {label}", dtype_name, sets, 2 * nbytes, c.path)
         ctx.row(f"{kind.name.lower()} {label}", dtype_name, times[0], 2 * nbytes, times[1],
-                f"{c.layout}, {c.parts} part(s); "
+                f"{c.kernel}, {c.parts} part(s); "
                 + _peers(times[0], times[2], times[3] if len(times) > 3 else None))
     # the softmax backward from its saved output
     ys = [torch.softmax(x.float(), axis).to(dtype) for x in xs]
@@ -111,6 +134,11 @@ def _shape_rows(ctx: Any, compiled: dict[Any, Any], dtype_name: str, element: El
     for fn in fns[2:]:
         fn(0)
     times = ctx.time_gpu_many(fns, sets=sets, warmup=3, iters=ITERS)
+    if ctx.sweep and axis == 1:
+        _sweep_paths(ctx, lambda force: SoftmaxBackwardPlan.select(
+            SoftmaxBackwardDescriptor(shape, axis, SoftmaxKind.SOFTMAX, element), force=force),
+            lambda p, w, i: p.run(SoftmaxBackwardArgs(dys[i], ys[i], dx), workspace=w),
+            f"softmax backward {label}", dtype_name, sets, 3 * nbytes, plan.choice.path)
     ctx.row(f"softmax backward {label}", dtype_name, times[0], 3 * nbytes, times[1],
-            f"{plan.choice.layout}, {plan.choice.parts} part(s); "
+            f"{plan.choice.kernel}, {plan.choice.parts} part(s); "
             + _peers(times[0], times[2], times[3] if len(times) > 3 else None))

@@ -11,7 +11,15 @@ import pytest
 from conftest import EDGE_LENGTHS, FLOAT_ELEMENTS, SIMULATOR, torch_or_skip
 
 from baracuda_numba.errors import BufferTooSmall, InvalidProblem, Unsupported, WorkspaceTooSmall
-from baracuda_numba.kernels.softmax import HELD, MAX_PART, row_vec_held
+from baracuda_numba.kernels.softmax import (
+    HELD,
+    MAX_PART,
+    MAX_REGISTER_UNITS,
+    STREAM_ITEMS,
+    STREAM_PART,
+    STREAM_THREADS,
+    UNITS,
+)
 from baracuda_numba.plans.softmax import (
     DeviceLimits,
     SoftmaxArgs,
@@ -196,17 +204,67 @@ def test_dispatch_medium_rows_one_block_each():
         assert (choice.lanes, choice.parts) == (1024, 1)
     assert choose_kernel(32768, 10, 1, True, 4, GPU_LIMITS, held=HELD[True]).parts == (
         32768 // MAX_PART[True])
-    # 16-byte units hold 16-bit elements two a register: a bf16 row of 32768 in one block
-    vec = choose_kernel(32768, 10, 1, True, 2, GPU_LIMITS, unit=8, held=HELD[False],
-                        vec_held=row_vec_held(ElementKind.BF16, False))
-    assert (vec.vec, vec.parts, vec.lanes) == (True, 1, 1024)
     # a forced part that is not a whole number of units falls back to elements
     odd = choose_kernel(32768, 10, 1, True, 2, GPU_LIMITS, SoftmaxForce(part_elements=1001),
-                        unit=8, held=HELD[False], vec_held=row_vec_held(ElementKind.BF16, False))
-    assert not odd.vec and odd.lanes * HELD[False] >= odd.part_len
+                        unit=8)
+    assert odd.path == "elements" and odd.lanes * HELD[False] >= odd.part_len
+
+
+def test_dispatch_unit_rows_in_registers():
+    """16-byte units: short rows share a block (sub-warp groups), longer rows are one
+    block of as many lanes as hold ``UNITS`` units each, up to 1024 lanes."""
+    short = choose_kernel(1024, 1000, 1, True, 2, GPU_LIMITS, unit=8)
+    assert (short.path, short.lanes, short.threads, short.parts) == ("registers", 32, 256, 1)
+    assert choose_kernel(64, 1000, 1, True, 4, GPU_LIMITS, unit=4).lanes == 4
+    row = choose_kernel(4096, 8192, 1, True, 2, GPU_LIMITS, unit=8)
+    assert (row.path, row.lanes, row.threads, row.kernel) == (
+        "registers", 4096 // 8 // UNITS[False], 4096 // 8 // UNITS[False], "rows_registers")
+    for backward, unit in ((False, 8), (False, 4), (True, 8), (True, 4)):
+        longest = MAX_REGISTER_UNITS[backward] * unit
+        fits = choose_kernel(longest, 10, 1, True, 4, GPU_LIMITS, unit=unit,
+                             units=UNITS[backward])
+        assert (fits.path, fits.lanes, fits.parts) == ("registers", 1024, 1)
+        over = choose_kernel(longest + unit, STREAM_ITEMS, 1, True, 4, GPU_LIMITS, unit=unit,
+                             units=UNITS[backward])
+        assert (over.path, over.parts, over.threads) == ("stream", 1, STREAM_THREADS)
+    # rows that are not a whole number of units take the element kernel
+    assert choose_kernel(4100, 10, 1, True, 2, GPU_LIMITS, unit=8).path == "elements"
+
+
+def test_dispatch_long_rows_stream_then_split_by_problem():
+    choice = choose_kernel(262144, 256, 1, True, 2, GPU_LIMITS, unit=8)
+    assert (choice.path, choice.parts, choice.part_len) == ("stream", 1, 262144)
+    assert choice.batch_rows == 256  # one launch
+    longer = choose_kernel(3 * STREAM_PART + 8, STREAM_ITEMS, 1, True, 2, GPU_LIMITS, unit=8)
+    assert longer.path == "stream" and longer.parts == 4
+    assert longer.part_len % 8 == 0 and longer.part_len <= STREAM_PART
+    assert (longer.parts - 1) * longer.part_len < 3 * STREAM_PART + 8 <= (
+        longer.parts * longer.part_len)
+    # half of L2 per batch of STATS + FINISH; the split does not depend on the device
+    assert longer.batch_rows * (3 * STREAM_PART + 8) * 2 <= (50 << 20) // 2
+    other = choose_kernel(3 * STREAM_PART + 8, STREAM_ITEMS, 1, True, 2,
+                          DeviceLimits(128, 8 << 20), unit=8)
+    assert (other.parts, other.part_len) == (longer.parts, longer.part_len)
+    # few rows: cut into about STREAM_ITEMS parts, none shorter than a block's chunk
+    chunk = STREAM_THREADS * UNITS[False] * 8
+    few = choose_kernel(1 << 17, 64, 1, True, 2, GPU_LIMITS, unit=8)
+    assert few.path == "stream" and few.parts == min(STREAM_ITEMS // 64, (1 << 17) // chunk)
+    assert few.part_len >= chunk or few.parts == 1
+    assert choose_kernel(chunk + 8, 2, 1, True, 2, GPU_LIMITS, unit=8,
+                         units=UNITS[False]).parts == 1
+    # forced paths and parts
+    forced = choose_kernel(64, 3, 1, True, 4, GPU_LIMITS, SoftmaxForce(path="stream"), unit=4)
+    assert (forced.path, forced.parts) == ("stream", 1)
+    forced = choose_kernel(64, 3, 1, True, 4, GPU_LIMITS, SoftmaxForce(part_elements=8),
+                           unit=4)
+    assert (forced.path, forced.parts, forced.part_len) == ("stream", 8, 8)
+    assert choose_kernel(64, 3, 1, True, 4, GPU_LIMITS, SoftmaxForce(path="elements"),
+                         unit=4).path == "elements"
 
 
 def test_dispatch_long_rows_split_by_problem():
+    """The element kernel (unaligned or strided rows) splits rows past a group's
+    registers."""
     choice = choose_kernel(262144, 256, 1, True, 2, GPU_LIMITS)
     assert choice.parts == 262144 // MAX_PART[False] and choice.part_len == MAX_PART[False]
     # half of L2 per batch of STATS + FINISH
@@ -254,14 +312,25 @@ def test_backward_rows(kind, element, extent, rng):
 
 
 @pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("extent", (HELD[True] * 32, HELD[True] * 32 + 1) if SIMULATOR
-                         else (HELD[False] * 32 + 1, MAX_PART[True] - 1, MAX_PART[True] + 1,
-                               MAX_PART[False] - 1, MAX_PART[False], MAX_PART[False] + 1))
-def test_group_edges(kind, extent, rng):
-    """Past 32 lanes a group is several warps (shared-memory step); past MAX_PART the row
-    splits."""
-    check_forward((2, extent), 1, kind, F32, rng)
-    check_backward((2, extent), 1, kind, F32, rng)
+@pytest.mark.parametrize("extent,path", (
+    ((HELD[True] * 32, "elements"), (HELD[True] * 32 + 1, None), (4 * UNITS[False] * 32 + 4, None),
+     (STREAM_THREADS * 4 * UNITS[False] + 12, "stream"),
+     (STREAM_THREADS * 4 * UNITS[False] * 2 + 32, "stream")) if SIMULATOR else
+    ((HELD[False] * 32 + 1, None), (MAX_PART[True] - 1, None), (MAX_PART[True] + 1, None),
+     (MAX_PART[False] - 1, None), (MAX_PART[False], "elements"),
+     (MAX_PART[False] + 1, None), (MAX_REGISTER_UNITS[True] * 4, None),
+     (MAX_REGISTER_UNITS[True] * 4 + 4, None), (MAX_REGISTER_UNITS[False] * 4, None),
+     (MAX_REGISTER_UNITS[False] * 4 + 4, None))))
+def test_group_edges(kind, extent, path, rng):
+    """Past 32 lanes a group is several warps (shared-memory exchange); past MAX_PART the
+    element rows split, past MAX_REGISTER_UNITS the unit rows stream (f32: 4 a unit);
+    the stream's last chunk is partial, and two rows of two chunks stream in two parts."""
+    force = SoftmaxForce(path=path) if path else None
+    if extent == STREAM_THREADS * 4 * UNITS[False] * 2 + 32:
+        assert SoftmaxPlan.select(SoftmaxDescriptor((2, extent), 1, kind, F32),
+                                  force=force).choice.parts == 2
+    check_forward((2, extent), 1, kind, F32, rng, force=force)
+    check_backward((2, extent), 1, kind, F32, rng, force=force)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -315,29 +384,56 @@ def test_strided_views(kind, rng):
         assert np.isnan(got[:, 1::2]).all(), "wrote outside the strided output"
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_unit_rows_need_one_row_stride(kind, rng):
+    """Aligned rows of stride 1 move as 16-byte units when the other axes merge into one
+    row stride (a sliced batch of rows), else as elements."""
+    base = random_values((2, 3, 16), F32, rng)
+    x = to_device(base)
+    for rows, path in ((slice(None), "registers"), (slice(0, 2), "elements")):
+        index = (slice(None), rows, slice(0, 8))
+        host = base[index]
+        plan = SoftmaxPlan.select(SoftmaxDescriptor(host.shape, 2, kind, F32))
+        assert plan.choice_for(tuple(s // 4 for s in host.strides)).path == path
+        y_full = to_device(poisoned(base.shape, F32))
+        plan.run(SoftmaxArgs(x[index], y_full[index]), workspace=_workspace(plan))
+        got = to_host(y_full)
+        expected = ref_forward(host, 2, kind)
+        outside = np.ones(base.shape, bool)
+        outside[index] = False
+        assert np.isnan(got[outside]).all(), "wrote outside the view"
+        assert_within(got[index], expected, forward_bound(host, expected, 2, kind, F32, 1.0),
+                      f"{kind.name} {path} rows of a {host.strides} view")
+
+
 @IEEE_SPECIALS
 @pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("force", [None, SoftmaxForce("rows", 3), SoftmaxForce("cols", 3)])
+@pytest.mark.parametrize("force", [None, SoftmaxForce("rows", 4), SoftmaxForce(path="stream"),
+                                   SoftmaxForce(path="elements"), SoftmaxForce("rows", 3),
+                                   SoftmaxForce("cols", 3)])
 def test_nan_inf_rows(kind, force, rng):
-    """Rows with NaN, +inf, -inf, all -inf, a -inf part: NaN where torch gives NaN."""
+    """Rows with NaN, +inf, -inf, all -inf, an all -inf part: NaN where torch gives NaN
+    (rows of 8 f32: two 16-byte units, so every row path)."""
     inf, nan = np.inf, np.nan
-    x = np.array([[0.5, nan, 1.0, 2.0, -1.0, 0.0, 3.0],
-                  [0.5, inf, 1.0, 2.0, -1.0, 0.0, 3.0],
-                  [inf, inf, 1.0, 2.0, -1.0, 0.0, 3.0],
-                  [-inf, -inf, -inf, 2.0, -1.0, 0.0, 3.0],
-                  [-inf] * 7,
-                  [1.0, -inf, 1.0, 2.0, -1.0, -inf, 3.0],
-                  [0.0] * 7], dtype=np.float32)
+    x = np.array([[0.5, nan, 1.0, 2.0, -1.0, 0.0, 3.0, 0.25],
+                  [0.5, inf, 1.0, 2.0, -1.0, 0.0, 3.0, 0.25],
+                  [inf, inf, 1.0, 2.0, -1.0, 0.0, 3.0, 0.25],
+                  [-inf, -inf, -inf, -inf, 2.0, -1.0, 0.0, 3.0],
+                  [-inf] * 8,
+                  [1.0, -inf, 1.0, 2.0, -1.0, -inf, 3.0, -inf],
+                  [0.0] * 8], dtype=np.float32)
     check_forward(x.shape, 1, kind, F32, rng, force=force, x=x)
     check_forward(x.T.shape, 0, kind, F32, rng, force=force, x=np.ascontiguousarray(x.T))
 
 
 def test_bit_identical_reruns(rng):
-    x = random_values((6, 45), F32, rng)
-    for force in (None, SoftmaxForce("rows", 8), SoftmaxForce("cols", 8)):
-        first = run_forward(x, 1, SOFTMAX, F32, force=force)
-        assert np.array_equal(first.view(np.uint32), run_forward(x, 1, SOFTMAX, F32,
-                                                                 force=force).view(np.uint32))
+    for extent, forces in ((45, (None, SoftmaxForce("rows", 8), SoftmaxForce("cols", 8))),
+                           (48, (None, SoftmaxForce(path="stream"), SoftmaxForce("rows", 8)))):
+        x = random_values((6, extent), F32, rng)
+        for force in forces:
+            first = run_forward(x, 1, SOFTMAX, F32, force=force)
+            again = run_forward(x, 1, SOFTMAX, F32, force=force)
+            assert np.array_equal(first.view(np.uint32), again.view(np.uint32))
     # the part split is fixed by the problem: the same bits whatever the grid
     plan = SoftmaxPlan.select(SoftmaxDescriptor((6, 45), 1, SOFTMAX, F32))
     assert plan.choice == plan.choice_for((45, 1))

@@ -15,24 +15,35 @@ The max propagates NaN (one ``max.NaN``), and NaN / +inf enter the sum, so a row
 or a +inf, and a row of all -inf (``-inf - -inf``), comes out NaN everywhere, as torch's.
 f16 / bf16 / f32 accumulate in f32, f64 in f64.
 
-Two kernel bodies, one factory each, with ``backward`` a compile-time argument (the
-forward passes ``x`` as both inputs ``a`` and ``b``; the backward ``dy`` and ``y``), and
-the row factory's path (``units``) another (kernels ``rows`` and ``rows_vec``)::
+Three kernel bodies, ``backward`` a compile-time argument of each factory (the forward
+passes ``x`` as both inputs ``a`` and ``b``; the backward ``dy`` and ``y``)::
 
-    rows    (the axis has stride 1): a group of L lanes (L a power of two) takes one
-            row part of at most HELD * L elements and holds it in registers; lane l
-            holds elements l, l + L, ... (``rows_vec``: the raw 16-byte units l, l + L,
-            ..., VEC_WORDS words a lane, unpacked on each use).
-            Groups of L <= 32 lanes reduce with warp shuffles (several rows per warp
-            for short rows), longer groups (a whole block) add a shared-memory step
-            across warps.
-            block = 256 threads = (256 / L) groups   (L <= 256), or one group of L
+    rows_registers  (aligned rows of stride 1, a whole number of 16-byte units, at most
+            MAX_REGISTER_UNITS): a group of L lanes (a power of two) a row, lane l holding
+            the raw units l, l + L, ... (at most UNITS) in registers. One online (m, s)
+            pair a lane, combined by warp shuffles, plus one shared-memory exchange
+            across warps when L > 32 (then the block is one row)::
+
+                block of 256 = 8 rows x 32 lanes      block of L = 1 row (L = 64..1024)
+                load -> (m, s) -> xor butterfly -> [warp pairs in shared, 1 barrier]
+                     -> y = exp(x' - m) / s from the held units -> 16-byte stores
+
+    rows_stream  (the same rows, longer): a block of STREAM_THREADS per row part; pass 1
+            folds UNITS units a thread at a time into a running (m, s), one block
+            exchange, pass 2 reads the part again last unit first (the lines most
+            recently read, so likeliest in L2) and writes it.
+    rows    (any other layout, elements): a group of L lanes holds HELD elements a lane
+            of a row part (separate max and sum reductions).
     columns (the axis strided, another axis contiguous): consecutive threads take
             consecutive rows (coalesced) and walk their part of the axis with an online
             max-and-sum (COLUMN_UNROLL loads in flight), then read it again to write.
 
-A row longer than one group holds (or a column cut for parallelism) is split into
-``parts`` fixed by the problem alone. ``mode`` says what one launch does:
+Combining ``(m1, s1)`` and ``(m2, s2)`` gives ``m = max(m1, m2)``, ``s = s1 exp(m1 - m) +
+s2 exp(m2 - m)`` (a side with ``m = -inf`` adds 0), in a fixed tree order.
+
+A row too long for one launch's part (above ``STREAM_PART`` elements for the unit
+kernels, a group's registers for the element kernel) or a column cut for parallelism is
+split into ``parts`` fixed by the problem alone. ``mode`` says what one launch does:
 
     0  FULL    one part per row: reduce, then write out
     1  STATS   write each part's statistic (m, s) / (sum) to the workspace
@@ -53,10 +64,13 @@ from typing import Any
 
 from numba import cuda, float32, float64, int64, types, uint16, uint32, uint64
 
+from .._runtime import SIMULATOR
 from ..launch import Kernel, flat
 from ..types import ElementKind
 from .common import (
     bitcast,
+    div_mod,
+    fast_exp_f32,
     load16,
     load_bf16,
     load_f16,
@@ -84,10 +98,26 @@ HELD = {False: 16, True: 8}
 MAX_LANES = 1024
 #: Elements of the longest row part one group holds, by direction (f32 accumulation).
 MAX_PART = {backward: held * MAX_LANES for backward, held in HELD.items()}
-#: Words (uint32) a lane of the 16-byte-unit row path holds per input, by direction: the
-#: raw units, unpacked on each use, so 16-bit elements take half a register each (twice
-#: the elements, and bytes in flight, of ``HELD`` for the same registers).
-VEC_WORDS = {False: 16, True: 8}
+#: 16-byte units a lane of the unit row kernels holds per input, by direction: the raw
+#: words, unpacked on each use (16-bit elements take half a register each). 4 units (64
+#: bytes) forward, 2 + 2 backward: 16 words of data under the 64-register cap, and 64 KB in
+#: flight an SM at 1024 resident threads.
+UNITS = {False: 4, True: 2}
+#: Units of the longest row the register kernel holds (one 1024-lane block), by direction
+#: (f32 accumulation; f64: :func:`row_units`).
+MAX_REGISTER_UNITS = {backward: units * 1024 for backward, units in UNITS.items()}
+#: Threads of a ``rows_stream`` block (one row part a block): two blocks an SM at the
+#: 64-register cap, so one block's loads overlap the other's reduction barrier (the
+#: simulator: two warps, which still cross the shared-memory exchange).
+STREAM_THREADS = 64 if SIMULATOR else 512
+#: Longest row part of ``rows_stream`` (elements): rows up to this length are one part (one
+#: launch); longer rows split into parts of at most this (STATS + FINISH), so a few rows
+#: still fill the GPU.
+STREAM_PART = 1 << 20
+#: Row parts ``rows_stream`` aims for when rows are few: rows are cut into parts (of at
+#: least one chunk, ``STREAM_THREADS * UNITS`` units) until there are about this many,
+#: two blocks an SM of a large GPU; fixed so results do not depend on the device.
+STREAM_ITEMS = 256
 #: Register cap of the row kernels: 65536 registers / 1024 threads.
 ROW_REGISTERS = 64
 #: Rows a column thread loads before folding them (loads in flight per thread): 8 keep
@@ -101,9 +131,10 @@ def row_held(element: ElementKind, backward: bool) -> int:
     return HELD[backward] // (2 if element is ElementKind.F64 else 1)
 
 
-def row_vec_held(element: ElementKind, backward: bool) -> int:
-    """Elements a lane of the row kernel's 16-byte-unit path holds (``VEC_WORDS``)."""
-    return VEC_WORDS[backward] // 4 * SOFTMAX_UNITS[element][2]
+def row_units(element: ElementKind, backward: bool) -> int:
+    """16-byte units per input a lane of the unit row kernels holds: ``UNITS``, and one
+    for f64 (whose values and exponentials take twice the registers: two units spill)."""
+    return 1 if element is ElementKind.F64 else UNITS[backward]
 
 
 MODE_FULL = 0
@@ -115,6 +146,11 @@ _INF = float("inf")
 _TUPLE8 = types.UniTuple(int64, 8)
 
 
+@cuda.jit(device=True, inline=True)
+def _exp(value):
+    return math.exp(value)
+
+
 @dataclass(frozen=True)
 class SoftmaxElement:
     """How one element kind is stored, loaded, accumulated and maxed."""
@@ -124,14 +160,20 @@ class SoftmaxElement:
     load: Any
     store: Any
     max: Any
+    #: e^x of the per-element terms: ``fast_exp_f32`` where the output is rounded to 16
+    #: bits (issue-bound otherwise: two exponentials an element), else libdevice's.
+    exp: Any
 
 
 #: The element table: every kernel, signature and supported-dtype message derives from it.
 SOFTMAX_ELEMENTS: dict[ElementKind, SoftmaxElement] = {
-    ElementKind.F16: SoftmaxElement(types.float16, float32, load_f16, to_f16, max_nan_f32),
-    ElementKind.BF16: SoftmaxElement(uint16, float32, load_bf16, store_bf16, max_nan_f32),
-    ElementKind.F32: SoftmaxElement(float32, float32, load_same, to_f32, max_nan_f32),
-    ElementKind.F64: SoftmaxElement(float64, float64, load_same, to_f64, nan_max),
+    ElementKind.F16: SoftmaxElement(types.float16, float32, load_f16, to_f16, max_nan_f32,
+                                    fast_exp_f32),
+    ElementKind.BF16: SoftmaxElement(uint16, float32, load_bf16, store_bf16, max_nan_f32,
+                                     fast_exp_f32),
+    ElementKind.F32: SoftmaxElement(float32, float32, load_same, to_f32, max_nan_f32,
+                                    _exp),
+    ElementKind.F64: SoftmaxElement(float64, float64, load_same, to_f64, nan_max, _exp),
 }
 
 
@@ -150,7 +192,7 @@ def _pack16_f64(values):
             uint32(high & uint64(0xFFFFFFFF)), uint32(high >> uint64(32)))
 
 
-#: element kind -> (unpack, pack, elements per 16-byte unit) of the ``vec`` row path.
+#: element kind -> (unpack, pack, elements per 16-byte unit) of the unit row kernels.
 SOFTMAX_UNITS = {**ROPE_UNIT_TABLE, ElementKind.F64: (_unpack16_f64, _pack16_f64, 2)}
 
 
@@ -216,11 +258,12 @@ def _fold_parts(acc: types.Type, maximum: Any, backward: bool) -> Any:
     return fold
 
 
-def _finisher(acc: types.Type, backward: bool) -> Any:
+def _finisher(element: ElementKind, backward: bool) -> Any:
     """``(factor, finish)``: ``factor(s, log)`` once per row (forward: ``1 / s``, or ``log
     s`` for log-softmax; backward: ``s``), then ``finish(va, vb, m, r, log, scale)``, the
     output element from the held inputs (forward: ``va`` = scaled x; backward: ``va`` =
     dy, ``vb`` = y), the row max ``m`` and the factor ``r``."""
+    acc, exp = SOFTMAX_ELEMENTS[element].acc, SOFTMAX_ELEMENTS[element].exp
 
     @cuda.jit(device=True, inline=True)
     def factor(s, log):
@@ -236,11 +279,11 @@ def _finisher(acc: types.Type, backward: bool) -> Any:
     def finish(va, vb, m, r, log, scale):
         if backward:
             if log:
-                return scale * (va - math.exp(vb) * r)
+                return scale * (va - exp(vb) * r)
             return scale * vb * (va - r)
         if log:
             return (va - m) - r
-        return math.exp(va - m) * r
+        return exp(va - m) * r
 
     return factor, finish
 
@@ -248,81 +291,15 @@ def _finisher(acc: types.Type, backward: bool) -> Any:
 # -- rows -------------------------------------------------------------------------------------
 
 
-def _vec_pieces(element: ElementKind, backward: bool) -> Any:
-    """Device helpers of the ``vec`` row path, which holds the raw 16-byte units (uint32
-    words: two 16-bit elements a register) and unpacks them on each use:
-    ``(load, local_max, local_sum, write)``."""
-    spec = SOFTMAX_ELEMENTS[element]
-    acc, maximum = spec.acc, spec.max
-    unpack16, pack16, per_unit = SOFTMAX_UNITS[element]
-    units = VEC_WORDS[backward] // 4
-    _, finish = _finisher(acc, backward)
-
-    @cuda.jit(device=True, inline=True)
-    def unit(words, w):
-        return unpack16((words[4 * w], words[4 * w + 1], words[4 * w + 2], words[4 * w + 3]))
-
-    @cuda.jit(device=True, inline=True)
-    def load(words_a, words_b, a_words, b_words, a0, b0, a_step, b_step, valid, scale):
-        for w in range(units):
-            if w < valid:
-                ua = load16(a_words, a0 + w * a_step)
-                for j in range(4):
-                    words_a[4 * w + j] = ua[j]
-                if backward:
-                    ub = load16(b_words, b0 + w * b_step)
-                    for j in range(4):
-                        words_b[4 * w + j] = ub[j]
-
-    @cuda.jit(device=True, inline=True)
-    def local_max(words_a, valid, scale):
-        m = acc(-_INF)  # padding: none (invalid units are skipped)
-        for w in range(units):
-            if w < valid:
-                va = unit(words_a, w)
-                for k in range(per_unit):
-                    m = maximum(m, acc(va[k]) * scale)
-        return m
-
-    @cuda.jit(device=True, inline=True)
-    def local_sum(words_a, words_b, valid, shift, scale, log):
-        s = acc(0)
-        for w in range(units):
-            if w < valid:
-                va = unit(words_a, w)
-                vb = unit(words_b, w) if backward else va
-                for k in range(per_unit):
-                    if not backward:
-                        s += math.exp(acc(va[k]) * scale - shift)
-                    elif log:
-                        s += acc(va[k])
-                    else:
-                        s += acc(va[k]) * acc(vb[k])
-        return s
-
-    @cuda.jit(device=True, inline=True)
-    def write(words_a, words_b, out_words, o0, o_step, valid, m, r, log, scale, result):
-        for w in range(units):
-            if w < valid:
-                va = unit(words_a, w)
-                vb = unit(words_b, w) if backward else va
-                for k in range(per_unit):
-                    x = acc(va[k]) if backward else acc(va[k]) * scale
-                    result[k] = finish(x, acc(vb[k]), m, r, log, scale)
-                store16(out_words, o0 + w * o_step, pack16(result))
-
-    return load, local_max, local_sum, write
-
-
 def _elem_pieces(element: ElementKind, backward: bool) -> Any:
     """Device helpers of the element row path (any axis stride), which holds ``held``
     accumulator values a lane (padding: -inf forward, 0 backward, which add nothing):
     ``(load, local_max, local_sum, write)``."""
     spec = SOFTMAX_ELEMENTS[element]
-    acc, load_one, store, maximum = spec.acc, spec.load, spec.store, spec.max
+    acc, load_one, store, maximum, exp = spec.acc, spec.load, spec.store, spec.max, spec.exp
     held = row_held(element, backward)
     pad = acc(0) if backward else acc(-_INF)
-    _, finish = _finisher(acc, backward)
+    _, finish = _finisher(element, backward)
 
     @cuda.jit(device=True, inline=True)
     def load(held_a, held_b, a, b, a0, b0, a_step, b_step, valid, scale):
@@ -350,7 +327,7 @@ def _elem_pieces(element: ElementKind, backward: bool) -> Any:
         s = acc(0)
         for u in range(held):
             if not backward:
-                s += math.exp(held_a[u] - shift)
+                s += exp(held_a[u] - shift)
             elif log:
                 s += held_a[u]
             else:
@@ -358,7 +335,7 @@ def _elem_pieces(element: ElementKind, backward: bool) -> Any:
         return s
 
     @cuda.jit(device=True, inline=True)
-    def write(held_a, held_b, out, o0, o_step, valid, m, r, log, scale, result):
+    def write(held_a, held_b, out, o0, o_step, valid, m, r, log, scale):
         for u in range(held):
             if u < valid:
                 out[o0 + u * o_step] = store(finish(held_a[u], held_b[u], m, r, log, scale))
@@ -366,37 +343,31 @@ def _elem_pieces(element: ElementKind, backward: bool) -> Any:
     return load, local_max, local_sum, write
 
 
-def _part_body(element: ElementKind, backward: bool, units: bool, pieces: Any) -> Any:
+def _part_body(element: ElementKind, backward: bool) -> Any:
     """``body(...)``: load one row part into the caller's holding arrays, reduce it (or
-    fold the workspace), write its statistic or its output, with ``pieces`` =
-    ``(load, local_max, local_sum, write)`` of one path. Each path runs a whole body of
-    its own, so the two paths' held values are never live together."""
+    fold the workspace), write its statistic or its output."""
     spec = SOFTMAX_ELEMENTS[element]
     acc, maximum = spec.acc, spec.max
-    per_unit = SOFTMAX_UNITS[element][2]
-    elem_bytes = 16 // per_unit
     group_max = _group_reducer(maximum)
     group_sum = _group_reducer(_add)
     fold = _fold_parts(acc, maximum, backward)
-    factor, _ = _finisher(acc, backward)
-    load, local_max, local_sum, write = pieces
+    factor, _ = _finisher(element, backward)
+    load, local_max, local_sum, write = _elem_pieces(element, backward)
 
     @cuda.jit(device=True, inline=True)
-    def out_start(row, shape, out_strides, out_axis, start, lane, lanes, vec):
+    def out_start(row, shape, out_strides, out_axis, start, lane, lanes):
         out_off = strided_offset(row, shape, out_strides)
-        if units:  # compile time (``vec`` is 1 exactly then)
-            return (out_off + start + lane * per_unit) * elem_bytes >> 2, lanes * 4
         return out_off + (start + lane) * out_axis, lanes * out_axis
 
     @cuda.jit(device=True, inline=True)
     def body(hold_a, hold_b, a, b, out, a0, b0, a_step, b_step, valid, count, active, item,
-             row, start, lane, lanes, shape, out_strides, out_axis, ws, parts, shared, vec,
-             mode, log, scale, result):
+             row, start, lane, lanes, shape, out_strides, out_axis, ws, parts, shared, mode,
+             log, scale):
         # the output address: forward before the loads (the shape and strides are then
         # dead while the row is held), backward after them (fewer registers, by ptxas)
         o0, o_step = int64(0), int64(0)
         if not backward:
-            o0, o_step = out_start(row, shape, out_strides, out_axis, start, lane, lanes, vec)
+            o0, o_step = out_start(row, shape, out_strides, out_axis, start, lane, lanes)
         load(hold_a, hold_b, a, b, a0, b0, a_step, b_step, valid, scale)
         m = acc(0)
         s = acc(0)
@@ -416,33 +387,26 @@ def _part_body(element: ElementKind, backward: bool, units: bool, pieces: Any) -
         if mode == MODE_FINISH and active:
             m, s = fold(ws, row, parts)
         if backward:
-            o0, o_step = out_start(row, shape, out_strides, out_axis, start, lane, lanes, vec)
+            o0, o_step = out_start(row, shape, out_strides, out_axis, start, lane, lanes)
         r = factor(s, log) if count > 0 else acc(0)  # idle groups: no 1 / 0
-        write(hold_a, hold_b, out, o0, o_step, valid, m, r, log, scale, result)
+        write(hold_a, hold_b, out, o0, o_step, valid, m, r, log, scale)
 
     return body
 
 
-def _make_rows(element: ElementKind, backward: bool, units: bool = False) -> Any:
-    """The row kernel; ``units`` (compile time): the 16-byte-unit path alone, else the
-    element path alone (one path a kernel: sharing one, their held values spill)."""
+def _make_rows(element: ElementKind, backward: bool) -> Any:
+    """The element row kernel (any layout with the axis of stride 1 or strided without a
+    unit-stride neighbour): ``HELD`` accumulator values a lane."""
     acc = SOFTMAX_ELEMENTS[element].acc
-    per_unit = SOFTMAX_UNITS[element][2]
-    elem_bytes = 16 // per_unit
     held = row_held(element, backward)
-    words = VEC_WORDS[backward]
-    vec_body = _part_body(element, backward, True, _vec_pieces(element, backward))
-    elem_body = _part_body(element, backward, False, _elem_pieces(element, backward))
+    body = _part_body(element, backward)
 
-    def softmax_rows(a, b, out, a_words, b_words, out_words, ws, row_begin, row_end, n, parts,
-                     part_len, lanes, shape, a_strides, b_strides, out_strides, a_axis, b_axis,
-                     out_axis, vec, mode, log, scale):
+    def softmax_rows(a, b, out, ws, row_begin, row_end, n, parts, part_len, lanes, shape,
+                     a_strides, b_strides, out_strides, a_axis, b_axis, out_axis, mode, log,
+                     scale):
         """Row parts ``[row_begin * parts, row_end * parts)``, one per group of ``lanes``
-        lanes; grid-stride over groups of parts (block-uniform trip count). ``vec``: the
-        inputs and output move as 16-byte units (``*_words``: the same memory as uint32;
-        the plan checks stride 1 along the axis and 16-byte aligned row parts)."""
+        lanes; grid-stride over groups of parts (block-uniform trip count)."""
         shared = cuda.shared.array(32, acc)
-        result = cuda.local.array(per_unit, acc)
         tid = cuda.threadIdx.x
         groups = cuda.blockDim.x // lanes
         lane = tid % lanes
@@ -459,27 +423,259 @@ def _make_rows(element: ElementKind, backward: bool, units: bool = False) -> Any
             if not active:
                 count = 0
             a_off, b_off = strided_offset2(row, shape, a_strides, b_strides)
-            # slots this lane holds: every ``lanes``-th element (``vec``: 16-byte unit) of
-            # the part, below ``count``; one number, so no per-slot index stays live
-            step = per_unit if units else 1
-            valid = (count // step - lane + lanes - 1) // lanes if count > lane * step else 0
-            if units:  # first word of the lane's first unit, 4 words (16 bytes) a unit
-                vec_body(cuda.local.array(words, uint32), cuda.local.array(words, uint32),
-                         a_words, b_words, out_words,
-                         (a_off + start + lane * step) * elem_bytes >> 2,
-                         (b_off + start + lane * step) * elem_bytes >> 2, lanes * 4, lanes * 4,
-                         valid, count, active, item, row, start, lane, lanes, shape,
-                         out_strides, out_axis, ws, parts, shared, vec, mode, log, scale,
-                         result)
-            else:
-                elem_body(cuda.local.array(held, acc), cuda.local.array(held, acc), a, b, out,
-                          a_off + (start + lane) * a_axis, b_off + (start + lane) * b_axis,
-                          lanes * a_axis, lanes * b_axis, valid, count, active, item, row,
-                          start, lane, lanes, shape, out_strides, out_axis, ws, parts, shared,
-                          vec, mode, log, scale, result)
+            # slots this lane holds: every ``lanes``-th element of the part, below
+            # ``count``; one number, so no per-slot index stays live
+            valid = (count - lane + lanes - 1) // lanes if count > lane else 0
+            body(cuda.local.array(held, acc), cuda.local.array(held, acc), a, b, out,
+                 a_off + (start + lane) * a_axis, b_off + (start + lane) * b_axis,
+                 lanes * a_axis, lanes * b_axis, valid, count, active, item, row, start, lane,
+                 lanes, shape, out_strides, out_axis, ws, parts, shared, mode, log, scale)
             base += int64(cuda.gridDim.x) * groups
 
     return softmax_rows
+
+
+# -- rows in 16-byte units -------------------------------------------------------------------
+
+
+def _pair_combine(acc: types.Type, maximum: Any, backward: bool) -> Any:
+    """``combine(m1, s1, m2, s2) -> (m, s)``: two partial statistics merged (forward:
+    ``m = max``, ``s = s1 exp(m1 - m) + s2 exp(m2 - m)``, a side with ``m = -inf`` (nothing
+    yet, or all -inf) adding 0; backward: the sums added): a thread's running
+    statistic."""
+
+    @cuda.jit(device=True, inline=True)
+    def combine(m1, s1, m2, s2):
+        if backward:
+            return m1, s1 + s2
+        m = maximum(m1, m2)
+        f1 = math.exp(m1 - m) if m1 != acc(-_INF) else acc(0)
+        f2 = math.exp(m2 - m) if m2 != acc(-_INF) else acc(0)
+        return m, s1 * f1 + s2 * f2
+
+    return combine
+
+
+def _pair_reducer(acc: types.Type, maximum: Any, backward: bool) -> Any:
+    """``reduce(m, s, lanes, shared, parity)``: the ``(m, s)`` of a group of ``lanes``
+    lanes (a power of two) from each lane's own (``s`` relative to its ``m``). In a warp:
+    the max by an xor butterfly, each lane's ``s`` rescaled to it (one exponential), the
+    sum by an xor butterfly. Past 32 lanes (the block must be the group) each warp's
+    pair goes through ``shared`` (``2 x 2 x 32`` values, one barrier) and every warp
+    reduces those the same way. Max and sum are symmetric, so every lane gets the same
+    bits in a fixed order. ``parity`` alternates the half of ``shared`` between
+    consecutive calls, so no barrier is needed before the writes. Backward: the sums
+    alone. Block-uniform: every thread of the block calls it together."""
+
+    @cuda.jit(device=True, inline=True)
+    def warp_reduce(m, s, width):
+        if not backward:
+            offset = width >> 1
+            top = m
+            while offset > 0:
+                top = maximum(top, shfl_xor(top, offset))
+                offset >>= 1
+            # a lane with nothing (or only -inf) adds 0; NaN and +inf - +inf give NaN
+            s = s * math.exp(m - top) if m != acc(-_INF) else acc(0)
+            m = top
+        offset = width >> 1
+        while offset > 0:
+            s += shfl_xor(s, offset)
+            offset >>= 1
+        return m, s
+
+    @cuda.jit(device=True, inline=True)
+    def reduce(m, s, lanes, shared, parity):
+        m, s = warp_reduce(m, s, lanes if lanes < 32 else 32)
+        if lanes <= 32:
+            return m, s
+        tid = cuda.threadIdx.x
+        half = parity * 64
+        if tid % 32 == 0:
+            shared[half + tid // 32] = m
+            shared[half + 32 + tid // 32] = s
+        cuda.syncthreads()
+        warps = lanes >> 5
+        # lane j takes warp j mod warps (a power of two): every group of ``warps`` lanes
+        # reduces the same values in the same order
+        slot = (tid & 31) & (warps - 1)
+        return warp_reduce(shared[half + slot], shared[half + 32 + slot], warps)
+
+    return reduce
+
+
+def _unit_pieces(element: ElementKind, backward: bool) -> Any:
+    """Device helpers of the 16-byte-unit rows, which hold the raw units (uint32 words,
+    two 16-bit elements a register) and unpack them on each use; a lane's units are
+    ``first + w * step`` (words) for ``w < valid`` (``valid`` may exceed ``UNITS``):
+    ``(load, stats, write)``."""
+    spec = SOFTMAX_ELEMENTS[element]
+    acc, maximum, exp = spec.acc, spec.max, spec.exp
+    unpack16, pack16, per_unit = SOFTMAX_UNITS[element]
+    units = row_units(element, backward)
+    _, finish = _finisher(element, backward)
+
+    @cuda.jit(device=True, inline=True)
+    def unit(words, w):
+        return unpack16((words[4 * w], words[4 * w + 1], words[4 * w + 2], words[4 * w + 3]))
+
+    @cuda.jit(device=True, inline=True)
+    def load(words, array, first, step, valid):
+        for w in range(units):
+            if w < valid:
+                loaded = load16(array, first + w * step)
+                for j in range(4):
+                    words[4 * w + j] = loaded[j]
+
+    @cuda.jit(device=True, inline=True)
+    def stats(words_a, words_b, valid, scale, log):
+        """``(m, s)`` of the held units: forward the max of ``x'`` and the sum of
+        ``exp(x' - m)`` (0 when ``m = -inf``), backward ``(0, sum dy y)`` or ``(0, sum
+        dy)``."""
+        m = acc(-_INF)
+        s = acc(0)
+        if not backward:
+            for w in range(units):
+                if w < valid:
+                    va = unit(words_a, w)
+                    for k in range(per_unit):
+                        m = maximum(m, acc(va[k]) * scale)
+            if m == acc(-_INF):
+                return m, s
+        for w in range(units):
+            if w < valid:
+                va = unit(words_a, w)
+                vb = unit(words_b, w) if backward else va
+                for k in range(per_unit):
+                    if not backward:
+                        s += exp(acc(va[k]) * scale - m)
+                    elif log:
+                        s += acc(va[k])
+                    else:
+                        s += acc(va[k]) * acc(vb[k])
+        return m, s
+
+    @cuda.jit(device=True, inline=True)
+    def write(words_a, words_b, out, first, step, valid, m, r, log, scale, result):
+        for w in range(units):
+            if w < valid:
+                va = unit(words_a, w)
+                vb = unit(words_b, w) if backward else va
+                for k in range(per_unit):
+                    x = acc(va[k]) if backward else acc(va[k]) * scale
+                    result[k] = finish(x, acc(vb[k]), m, r, log, scale)
+                store16(out, first + w * step, pack16(result))
+
+    return load, stats, write
+
+
+def _make_units(element: ElementKind, backward: bool, stream: bool) -> Any:
+    """The 16-byte-unit row kernel: ``stream`` (compile time) reads each row part twice
+    (``STREAM_THREADS`` threads a part), else holds it in registers (a group of ``lanes``
+    lanes a row)."""
+    spec = SOFTMAX_ELEMENTS[element]
+    acc, maximum = spec.acc, spec.max
+    per_unit = SOFTMAX_UNITS[element][2]
+    units = row_units(element, backward)
+    combine = _pair_combine(acc, maximum, backward)
+    reduce = _pair_reducer(acc, maximum, backward)
+    fold = _fold_parts(acc, maximum, backward)
+    factor, _ = _finisher(element, backward)
+    load, stats, write = _unit_pieces(element, backward)
+    held_words = 4 * units
+    threads = STREAM_THREADS  # a compile-time block size: divisions by it are shifts
+    chunk = STREAM_THREADS * units
+    b_words = held_words if backward else 1
+
+    def softmax_registers(a, b, out, ws, row_begin, row_end, n_units, parts, part_units,
+                          lanes, a_row, b_row, out_row, mode, log, scale):
+        """Rows ``[row_begin, row_end)``, one per group of ``lanes`` lanes; lane ``l``
+        holds units ``l, l + lanes, ...`` (at most ``UNITS``) of its row. Grid-stride
+        over groups of rows (block-uniform trip count); ``a_row``, ``b_row``, ``out_row``:
+        row strides in words."""
+        shared = cuda.shared.array(128, acc)
+        words_a = cuda.local.array(held_words, uint32)
+        words_b = cuda.local.array(b_words, uint32)
+        result = cuda.local.array(per_unit, acc)
+        tid = cuda.threadIdx.x
+        groups = cuda.blockDim.x // lanes
+        lane = tid % lanes
+        group = tid // lanes
+        # units this lane holds of a row (n_units <= MAX_REGISTER_UNITS: 32-bit math)
+        lane_units = int64(uint32(n_units - lane + lanes - 1) // uint32(lanes))
+        base = row_begin + int64(cuda.blockIdx.x) * groups
+        parity = 0
+        while base < row_end:
+            row = base + group
+            valid = lane_units if row < row_end else 0
+            load(words_a, a, row * a_row + lane * 4, lanes * 4, valid)
+            if backward:
+                load(words_b, b, row * b_row + lane * 4, lanes * 4, valid)
+            m, s = stats(words_a, words_b, valid, scale, log)
+            m, s = reduce(m, s, lanes, shared, parity)
+            r = factor(s, log) if valid > 0 else acc(0)  # idle lanes: no 1 / 0
+            write(words_a, words_b, out, row * out_row + lane * 4, lanes * 4, valid, m, r,
+                  log, scale, result)
+            base += int64(cuda.gridDim.x) * groups
+            parity ^= 1
+
+    def softmax_stream(a, b, out, ws, row_begin, row_end, n_units, parts, part_units, lanes,
+                       a_row, b_row, out_row, mode, log, scale):
+        """Row parts ``[row_begin * parts, row_end * parts)``, one per block (grid-stride):
+        thread ``t`` folds units ``t, t + T, ...`` of the part into a running ``(m, s)``
+        (``UNITS`` loads in flight), the block reduces it, then the part is read again
+        (last chunk first: the lines most recently read, likeliest in L2) and written.
+        ``mode`` as the element kernel (STATS / FINISH for rows cut into parts); the block
+        has ``STREAM_THREADS`` threads."""
+        shared = cuda.shared.array(128, acc)
+        words_a = cuda.local.array(held_words, uint32)
+        words_b = cuda.local.array(b_words, uint32)
+        result = cuda.local.array(per_unit, acc)
+        tid = cuda.threadIdx.x
+        item = row_begin * parts + int64(cuda.blockIdx.x)
+        parity = 0
+        while item < row_end * parts:
+            row, part = div_mod(item, parts)
+            start = part * part_units
+            count = n_units - start if n_units - start < part_units else part_units
+            a0 = row * a_row + start * 4
+            b0 = row * b_row + start * 4
+            m = acc(-_INF)
+            s = acc(0)
+            if mode != MODE_FINISH:
+                j0 = int64(0)
+                while j0 < count:
+                    valid = (count - j0 - tid + threads - 1) // threads if count - j0 > tid else 0
+                    load(words_a, a, a0 + (j0 + tid) * 4, threads * 4, valid)
+                    if backward:
+                        load(words_b, b, b0 + (j0 + tid) * 4, threads * 4, valid)
+                    mc, sc = stats(words_a, words_b, valid, scale, log)
+                    m, s = combine(m, s, mc, sc)
+                    j0 += chunk
+                m, s = reduce(m, s, threads, shared, parity)
+                parity ^= 1
+            if mode == MODE_STATS:
+                if tid == 0:
+                    ws[item * 2] = s if backward else m
+                    ws[item * 2 + 1] = s
+            else:
+                if mode == MODE_FINISH:
+                    m, s = fold(ws, row, parts)
+                r = factor(s, log)
+                o0 = row * out_row + start * 4
+                j0 = (count - 1) // chunk * chunk  # the last chunk first
+                while j0 >= 0:
+                    valid = (count - j0 - tid + threads - 1) // threads if count - j0 > tid else 0
+                    own = (j0 + tid) * 4
+                    load(words_a, a, a0 + own, threads * 4, valid)
+                    if backward:
+                        load(words_b, b, b0 + own, threads * 4, valid)
+                    write(words_a, words_b, out, o0 + own, threads * 4, valid, m, r, log,
+                          scale, result)
+                    j0 -= chunk
+            item += int64(cuda.gridDim.x)
+
+    return softmax_stream if stream else softmax_registers
 
 
 # -- columns -------------------------------------------------------------------------------
@@ -487,15 +683,15 @@ def _make_rows(element: ElementKind, backward: bool, units: bool = False) -> Any
 
 def _make_cols(element: ElementKind, backward: bool) -> Any:
     spec = SOFTMAX_ELEMENTS[element]
-    acc, load, store, maximum = spec.acc, spec.load, spec.store, spec.max
+    acc, load, store, maximum, exp = spec.acc, spec.load, spec.store, spec.max, spec.exp
     fold = _fold_parts(acc, maximum, backward)
-    factor, finish = _finisher(acc, backward)
+    factor, finish = _finisher(element, backward)
 
-    def softmax_cols(a, b, out, a_words, b_words, out_words, ws, row_begin, row_end, n, parts,
-                     part_len, lanes, shape, a_strides, b_strides, out_strides, a_axis, b_axis,
-                     out_axis, vec, mode, log, scale):
+    def softmax_cols(a, b, out, ws, row_begin, row_end, n, parts, part_len, lanes, shape,
+                     a_strides, b_strides, out_strides, a_axis, b_axis, out_axis, mode, log,
+                     scale):
         """Thread ``t`` of block ``(x, p)`` takes row ``row_begin + x * blockDim + t`` and
-        part ``p`` of its axis (``lanes``, ``vec`` and the word views are unused)."""
+        part ``p`` of its axis (``lanes`` is unused)."""
         row = row_begin + int64(cuda.blockIdx.x) * cuda.blockDim.x + cuda.threadIdx.x
         part = int64(cuda.blockIdx.y)
         if row >= row_end:
@@ -533,7 +729,7 @@ def _make_cols(element: ElementKind, backward: bool) -> Any:
                             s = s * math.exp(m - va) + math.exp(va - va)
                             m = va
                         elif va != acc(-_INF):  # NaN, and +inf after +inf, give a NaN sum
-                            s += math.exp(va - m)
+                            s += exp(va - m)
         if mode == MODE_STATS:
             item = row * parts + part
             ws[item * 2] = s if backward else m
@@ -563,24 +759,30 @@ def _make_cols(element: ElementKind, backward: bool) -> Any:
 # -- the table ------------------------------------------------------------------------------
 
 
-def _signature(element: ElementKind) -> tuple[types.Type, ...]:
+def _signature(element: ElementKind, layout: str) -> tuple[types.Type, ...]:
     spec = SOFTMAX_ELEMENTS[element]
-    storage, words = flat(spec.storage), flat(uint32)
-    return (storage, storage, storage, words, words, words, flat(spec.acc), int64, int64, int64,
-            int64, int64, int64, _TUPLE8, _TUPLE8, _TUPLE8, _TUPLE8, int64, int64, int64, int64,
-            int64, int64, spec.acc)
+    if layout in UNIT_LAYOUTS:
+        words = flat(uint32)
+        return (words, words, words, flat(spec.acc), *(int64,) * 10, int64, spec.acc)
+    storage = flat(spec.storage)
+    return (storage, storage, storage, flat(spec.acc), int64, int64, int64, int64, int64, int64,
+            _TUPLE8, _TUPLE8, _TUPLE8, _TUPLE8, int64, int64, int64, int64, int64, spec.acc)
 
 
-#: Layouts -> kernel factory: ``rows`` (axis of stride 1), ``cols`` (axis strided).
-SOFTMAX_LAYOUTS = {"rows": _make_rows, "cols": _make_cols,
-                   "rows_vec": functools.partial(_make_rows, units=True)}
+#: The 16-byte-unit row kernels (arrays as uint32 words; aligned rows of stride 1 whose
+#: other axes merge into one row stride): ``rows_registers`` holds a row in registers,
+#: ``rows_stream`` reads a row part twice.
+UNIT_LAYOUTS = {"rows_registers": functools.partial(_make_units, stream=False),
+                "rows_stream": functools.partial(_make_units, stream=True)}
+#: Layouts -> kernel factory: ``rows`` (elements, any layout the others do not take),
+#: ``cols`` (axis strided, another axis of stride 1), and the unit row kernels.
+SOFTMAX_LAYOUTS = {"rows": _make_rows, "cols": _make_cols, **UNIT_LAYOUTS}
 
-#: ``(layout, element, backward) -> Kernel``: 3 layouts x 4 elements x 2 directions
-#: (``rows_vec``: the row kernel of ``KernelChoice.vec``).
+#: ``(layout, element, backward) -> Kernel``: 4 layouts x 4 elements x 2 directions.
 SOFTMAX_KERNELS: dict[tuple[str, ElementKind, bool], Kernel] = {
     (layout, element, backward): Kernel(
         f"softmax_{layout}{'_backward' if backward else ''}[{element.name}]",
-        factory(element, backward), _signature(element),
+        factory(element, backward), _signature(element, layout),
         max_registers=ROW_REGISTERS if layout != "cols" else None)
     for layout, factory in SOFTMAX_LAYOUTS.items()
     for element in SOFTMAX_ELEMENTS

@@ -42,9 +42,14 @@ from ..kernels.softmax import (
     MODE_STATS,
     SOFTMAX_ELEMENTS,
     SOFTMAX_KERNELS,
+    SOFTMAX_LAYOUTS,
     SOFTMAX_UNITS,
+    STREAM_ITEMS,
+    STREAM_PART,
+    STREAM_THREADS,
+    UNITS,
     row_held,
-    row_vec_held,
+    row_units,
 )
 from ..launch import BoundLaunch
 from ..streams import stream_handle
@@ -148,21 +153,28 @@ def device_limits() -> DeviceLimits:
     return DeviceLimits(256, int(getattr(device, "L2_CACHE_SIZE", 0) or (40 << 20)))
 
 
+#: Row paths: ``registers`` and ``stream`` move 16-byte units (``rows_registers``,
+#: ``rows_stream``), ``elements`` any layout (``rows``).
+ROW_PATHS = ("registers", "stream", "elements")
+
+
 @dataclass(frozen=True, slots=True)
 class SoftmaxForce:
     """Forced choices (tests, benchmarks): ``layout`` ``"rows"`` or ``"cols"`` whatever
-    the strides; ``part_elements`` caps a row part (the row / column is split)."""
+    the strides; ``part_elements`` caps a row part (the row / column is split); ``path``
+    one of ``ROW_PATHS`` for rows (a unit path only where the rows allow 16-byte units)."""
 
     layout: str | None = None
     part_elements: int | None = None
+    path: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class KernelChoice:
     """One launch plan: ``layout`` (``rows``/``cols``), ``lanes`` per row part (rows),
     ``threads`` per block, ``parts`` per row of ``part_len`` elements, rows per STATS +
-    FINISH batch (``batch_rows``; all rows when ``parts == 1``), and ``vec``: rows move
-    as 16-byte units."""
+    FINISH batch (``batch_rows``; all rows when ``parts == 1``), and ``path`` of rows
+    (``ROW_PATHS``; columns: ``elements``)."""
 
     layout: str
     lanes: int
@@ -170,31 +182,72 @@ class KernelChoice:
     parts: int
     part_len: int
     batch_rows: int
-    vec: bool = False
+    path: str = "elements"
 
     @property
     def split(self) -> bool:
         return self.parts > 1
+
+    @property
+    def vec(self) -> bool:
+        """Rows move as 16-byte units."""
+        return self.path != "elements"
+
+    @property
+    def kernel(self) -> str:
+        """The ``SOFTMAX_LAYOUTS`` key of the kernel this choice runs."""
+        return f"rows_{self.path}" if self.vec else self.layout
 
 
 def _next_pow2(value: int) -> int:
     return 1 << max(0, (value - 1).bit_length())
 
 
+def _unit_rows(extent: int, rows: int, unit: int, units: int, input_bytes: int,
+               limits: DeviceLimits, force: SoftmaxForce) -> KernelChoice | None:
+    """The 16-byte-unit row kernels' choice, or None when the rows cannot take them (or
+    ``force`` asks for elements, or for parts that are not whole units)."""
+    cap = force.part_elements
+    if (not unit or extent % unit or (cap is not None and cap % unit)
+            or force.path == "elements"):
+        return None
+    n_units = extent // unit
+    fits = n_units <= units * MAX_LANES and (cap is None or cap >= extent)
+    if force.path == "registers" and not fits:
+        return None
+    if fits and force.path != "stream":
+        # a group of lanes a row, each lane holding at most ``units`` units; short rows
+        # share a block (several groups a warp), longer ones are a block each
+        lanes = _next_pow2(-(-n_units // units))
+        threads = lanes if lanes > 32 else max(limits.threads, lanes)
+        return KernelChoice("rows", lanes, threads, 1, extent, rows, "registers")
+    part_units = -(-min(cap or STREAM_PART, extent) // unit)
+    parts = -(-n_units // part_units)
+    if cap is None and rows * parts < STREAM_ITEMS:  # few rows: parts of a chunk or more
+        parts = max(parts, min(-(-STREAM_ITEMS // rows), n_units // (STREAM_THREADS * units)))
+    part_units = -(-n_units // parts)
+    parts = -(-n_units // part_units)
+    batch_rows = rows
+    if parts > 1:  # STATS + FINISH per batch of rows filling half of L2
+        batch_rows = max(1, min(rows, (limits.l2_bytes // 2) // (extent * input_bytes)))
+    return KernelChoice("rows", STREAM_THREADS, STREAM_THREADS, parts, part_units * unit,
+                        batch_rows, "stream")
+
+
 def choose_kernel(extent: int, rows: int, axis_stride: int, other_unit_stride: bool,
                   input_bytes: int, limits: DeviceLimits,
                   force: SoftmaxForce | None = None, unit: int = 0,
-                  held: int = HELD[False], vec_held: int = 0) -> KernelChoice:
-    """The kernel for ``rows`` rows of ``extent`` elements: the row kernel when the axis
+                  held: int = HELD[False], units: int = UNITS[False]) -> KernelChoice:
+    """The kernel for ``rows`` rows of ``extent`` elements: the row kernels when the axis
     has stride 1 (or one element), the column kernel when another axis has stride 1
     (consecutive threads then read consecutive elements), else rows. ``input_bytes``:
     bytes read per element (both inputs); a split row's batches fill half of L2, leaving
     room for the outputs streaming through. ``unit``: elements per 16-byte unit when
-    every row part can move as 16-byte units (aligned, stride 1; 0 otherwise): the row
-    kernel then does, with parts a whole number of units. ``held``: elements a lane of
-    the row kernel holds (``kernels.softmax.row_held``: fewer for the backward, which
-    holds two inputs, and for f64); ``vec_held``: what it holds when rows move as 16-byte
-    units (``kernels.softmax.row_vec_held``; 0: ``held``)."""
+    the rows can move as 16-byte units (aligned, stride 1, one row stride; 0 otherwise):
+    ``rows_registers`` then takes rows of at most ``units`` (``kernels.softmax.row_units``)
+    units a lane of a 1024-lane block, ``rows_stream`` longer ones (parts of at most
+    ``STREAM_PART``). ``held``: elements a lane of the element row kernel holds
+    (``kernels.softmax.row_held``: fewer for the backward and for f64)."""
     force = force or SoftmaxForce()
     layout = force.layout
     if layout is None:
@@ -202,24 +255,15 @@ def choose_kernel(extent: int, rows: int, axis_stride: int, other_unit_stride: b
     rows = max(rows, 1)
     extent = max(extent, 1)
     if layout == "rows":
-        def longest_for(per_lane: int) -> int:
-            return min(force.part_elements or per_lane * MAX_LANES, per_lane * MAX_LANES)
-
-        units_ok = unit > 0 and extent % unit == 0
-        per_lane = max(vec_held, held)
-        if not (units_ok and longest_for(per_lane) % unit == 0):
-            per_lane = held
-        longest = longest_for(per_lane)
-        vec = units_ok and longest % unit == 0
+        found = _unit_rows(extent, rows, unit, units, input_bytes, limits, force)
+        if found is not None:
+            return found
+        longest = min(force.part_elements or held * MAX_LANES, held * MAX_LANES)
         parts = -(-extent // longest)
         part_len = -(-extent // parts)
-        if vec:
-            part_len = -(-part_len // unit) * unit
-            parts = -(-extent // part_len)
-        lanes = _next_pow2(-(-part_len // per_lane))
+        lanes = _next_pow2(-(-part_len // held))
         threads = max(lanes, limits.threads)
     else:
-        vec = False
         lanes, threads = 1, limits.threads
         if force.part_elements:
             parts = -(-extent // force.part_elements)
@@ -232,7 +276,18 @@ def choose_kernel(extent: int, rows: int, axis_stride: int, other_unit_stride: b
     # busy, and their MERGE folds serially: columns run each mode over every row once.
     if parts > 1 and layout == "rows":
         batch_rows = max(1, min(rows, (limits.l2_bytes // 2) // (extent * input_bytes)))
-    return KernelChoice(layout, lanes, threads, parts, part_len, batch_rows, vec)
+    return KernelChoice(layout, lanes, threads, parts, part_len, batch_rows)
+
+
+def _row_stride(shape: tuple[int, ...], strides: tuple[int, ...], axis: int) -> int | None:
+    """The one stride of rows (elements) when the axes other than ``axis`` merge into one
+    (row ``r`` at ``r * stride``), else None."""
+    dims = sorted((d for d in range(len(shape)) if d != axis and shape[d] > 1),
+                  key=lambda d: -strides[d])
+    for outer, inner in zip(dims, dims[1:]):
+        if strides[outer] != strides[inner] * shape[inner]:
+            return None
+    return strides[dims[-1]] if dims else 0
 
 
 # -- plans ------------------------------------------------------------------------------------
@@ -267,6 +322,9 @@ class _SoftmaxBase(Plan):
                                                     or force.part_elements < 1):
                 fail(cls.name, InvalidProblem, "force.part_elements",
                      f"= {force.part_elements!r} must be a positive int")
+            if force.path not in (None, *ROW_PATHS):
+                fail(cls.name, InvalidProblem, "force.path",
+                     f"= {force.path!r} must be None or one of {ROW_PATHS}")
 
     def __init__(self, desc: Any, pref: PlanPreference | None,
                  force: SoftmaxForce | None) -> None:
@@ -279,17 +337,19 @@ class _SoftmaxBase(Plan):
         self._acc_bytes = 8 if desc.element is ElementKind.F64 else 4
         self._input_bytes = desc.element.byte_width * (2 if self._backward else 1)
         self._held = row_held(desc.element, self._backward)
+        self._units = row_units(desc.element, self._backward)
+        self._unit = SOFTMAX_UNITS[desc.element][2]
         self._kernels = {layout: SOFTMAX_KERNELS[(layout, desc.element, self._backward)]
-                         for layout in ("rows", "cols", "rows_vec")}
+                         for layout in SOFTMAX_LAYOUTS}
         limits = device_limits()
         contiguous = contiguous_strides(shape)
         self.choice = self.choice_for(contiguous)
         # the workspace covers whichever layout a call's strides pick
-        part_cap = force.part_elements if force is not None else None
+        force = force or SoftmaxForce()
         parts = max(choose_kernel(self._extent, self._rows, 1, True, self._input_bytes,
-                                  limits, SoftmaxForce(layout, part_cap),
-                                  held=self._held).parts
-                    for layout in ("rows", "cols"))
+                                  limits, SoftmaxForce(layout, force.part_elements, force.path),
+                                  unit, self._held, self._units).parts
+                    for layout in ("rows", "cols") for unit in (0, self._unit))
         workspace = self._rows * parts * 2 * self._acc_bytes if parts > 1 else 0
         guarantee = PrecisionGuarantee(
             MathPrecision.F64 if desc.element is ElementKind.F64 else MathPrecision.F32,
@@ -300,11 +360,7 @@ class _SoftmaxBase(Plan):
         super().__init__(desc, sku, pref, workspace)
         self._launches: dict[Any, Callable[..., None]] = {}
         if self._numel:
-            self._kernels[self._kernel_key(self.choice)].prepare()
-
-    @staticmethod
-    def _kernel_key(choice: KernelChoice) -> str:
-        return "rows_vec" if choice.vec else choice.layout
+            self._kernels[self.choice.kernel].prepare()
 
     def choice_for(self, strides: tuple[int, ...], aligned: bool = True) -> KernelChoice:
         """The kernel choice for a first input of these strides (elements); ``aligned``:
@@ -313,21 +369,19 @@ class _SoftmaxBase(Plan):
         shape = self.descriptor.input_shape
         unit_stride = any(s == 1 for d, (e, s) in enumerate(zip(shape, strides))
                           if d != axis and e > 1)
+        row_stride = _row_stride(shape, strides, axis)
         itemsize = self.descriptor.element.byte_width
-        per_unit = SOFTMAX_UNITS[self.descriptor.element][2]
         dense = (aligned and (strides[axis] == 1 or self._extent == 1)
-                 and all(e == 1 or (s * itemsize) % 16 == 0
-                         for d, (e, s) in enumerate(zip(shape, strides)) if d != axis))
+                 and row_stride is not None and (row_stride * itemsize) % 16 == 0)
         return choose_kernel(self._extent, self._rows, strides[axis], unit_stride,
                              self._input_bytes, device_limits(), self._force,
-                             per_unit if dense else 0, self._held,
-                             row_vec_held(self.descriptor.element, self._backward))
+                             self._unit if dense else 0, self._held, self._units)
 
     def workspace_size_for(self, strides: tuple[int, ...], aligned: bool = False) -> int:
         """Bytes of workspace a first input of these strides needs: 0 when its choice
-        does not split rows, else ``workspace_size`` (which covers every layout).
-        Alignment changes the split of rows longer than one part only, so the
-        answer without it holds for every pointer."""
+        does not split rows, else ``workspace_size`` (which covers every layout). The
+        element kernels split every row the unit kernels split, so the answer without
+        alignment holds for every pointer."""
         return self.workspace_size if self.choice_for(strides, aligned).split else 0
 
     def _launcher(self, views: tuple[TensorRef, ...]) -> Callable[..., None]:
@@ -341,28 +395,47 @@ class _SoftmaxBase(Plan):
             found = self._launches[key] = self._bind(views)
         return found
 
-    def _bind(self, views: tuple[TensorRef, ...]) -> Callable[..., None]:
+    def _unit_args(self, views: tuple[TensorRef, ...], choice: KernelChoice) -> tuple[Any, ...]:
+        """The unit kernels' arguments before the row range: word views of ``views``, the
+        workspace, and after the range the units a row and a part, lanes and row strides
+        in words."""
+        desc = self.descriptor
+        words = tuple((0, max(flat_span(v.shape, v.strides) * v.itemsize // 4, 1))
+                      for v in views)
+        row_stride = _row_stride(desc.input_shape, views[0].strides, desc.softmax_axis) or 0
+        row_words = row_stride * views[0].itemsize // 4
+        return words, (self._extent // self._unit, choice.parts, choice.part_len // self._unit,
+                       choice.lanes, row_words, row_words, row_words)
+
+    def _element_args(self, views: tuple[TensorRef, ...], choice: KernelChoice
+                      ) -> tuple[Any, ...]:
+        """The element kernels' arrays, and their arguments after the row range."""
         desc = self.descriptor
         axis = desc.softmax_axis
-        strides = views[0].strides
-        aligned = all(v.strides == strides and v.ptr % 16 == 0 for v in views)
-        choice = self.choice_for(strides, aligned)
-        kernel = self._kernels[self._kernel_key(choice)].prepare()
         # rows in the order of the first input's strides (largest first): consecutive
         # rows are then neighbours in memory where any layout allows it
         others = [d for d in range(len(desc.input_shape)) if d != axis]
         others.sort(key=lambda d: -views[0].strides[d])
         shape8 = pad8(tuple(desc.input_shape[d] for d in others), 1)
         strides8 = [pad8(tuple(v.strides[d] for d in others), 0) for v in views]
-        axis_strides = [v.strides[axis] for v in views]
-        extents = [(0, max(flat_span(v.shape, v.strides), 1)) for v in views]
-        words = [(0, max(e * v.itemsize // 4, 1)) for (_, e), v in zip(extents, views)]
-        # the arrays come either as elements or as words, the other view null (the
-        # simulator copies each array in and back out: two views of one output clash)
-        if choice.vec:
-            extents = [(0, 1)] * 3
-        else:
-            words = [(0, 1)] * 3
+        extents = tuple((0, max(flat_span(v.shape, v.strides), 1)) for v in views)
+        return extents, (self._extent, choice.parts, choice.part_len, choice.lanes, shape8,
+                         *strides8, *(v.strides[axis] for v in views))
+
+    def _grid(self, choice: KernelChoice, rows: int, mode: int) -> Any:
+        if choice.layout == "cols":
+            return (-(-rows // choice.threads), 1 if mode == MODE_MERGE else choice.parts)
+        groups = choice.threads // choice.lanes
+        return min(-(-rows * choice.parts // groups), _MAX_BLOCKS)
+
+    def _bind(self, views: tuple[TensorRef, ...]) -> Callable[..., None]:
+        desc = self.descriptor
+        strides = views[0].strides
+        aligned = all(v.strides == strides and v.ptr % 16 == 0 for v in views)
+        choice = self.choice_for(strides, aligned)
+        kernel = self._kernels[choice.kernel].prepare()
+        arrays, shape_args = (self._unit_args if choice.vec else self._element_args)(views,
+                                                                                    choice)
         ws_extent = (0, max(self.workspace_size // self._acc_bytes, 1))
         log = int(desc.kind is SoftmaxKind.LOG_SOFTMAX)
         rows, parts = self._rows, choice.parts
@@ -373,32 +446,23 @@ class _SoftmaxBase(Plan):
         for begin in range(0, rows, choice.batch_rows):
             end = min(rows, begin + choice.batch_rows)
             for mode in modes:
-                if choice.layout == "rows":
-                    groups = choice.threads // choice.lanes
-                    grid: Any = min(-(-(end - begin) * parts // groups), _MAX_BLOCKS)
-                else:
-                    grid = (-(-(end - begin) // choice.threads),
-                            1 if mode == MODE_MERGE else parts)
-                args = (*extents, *words, ws_extent, begin, end, self._extent, parts,
-                        choice.part_len, choice.lanes, shape8, *strides8, *axis_strides,
-                        int(choice.vec), mode, log, float(desc.scale))
-                bounds.append(kernel.bind(grid, choice.threads, args))
+                args = (*arrays, ws_extent, begin, end, *shape_args, mode, log,
+                        float(desc.scale))
+                bounds.append(kernel.bind(self._grid(choice, end - begin, mode),
+                                          choice.threads, args))
         calls = tuple(b.fast for b in bounds)
 
-        if choice.vec:
-            def launch(stream: int, a: int, b: int, out: int, workspace: int) -> None:
-                for call in calls:
-                    call(stream, 0, 0, 0, a, b, out, workspace)
-        else:
-            def launch(stream: int, a: int, b: int, out: int, workspace: int) -> None:
-                for call in calls:
-                    call(stream, a, b, out, 0, 0, 0, workspace)
+        def launch(stream: int, a: int, b: int, out: int, workspace: int) -> None:
+            for call in calls:
+                call(stream, a, b, out, workspace)
 
         return launch
 
     def _go(self, views: tuple[TensorRef, ...], stream: Any, workspace: Any) -> None:
         workspace_ptr = 0
-        if self.workspace_size_for(views[0].strides, False):
+        strides = views[0].strides
+        if self.workspace_size_for(strides, all(v.strides == strides and v.ptr % 16 == 0
+                                                for v in views)):
             workspace_ptr = self.check_workspace(workspace)
         handle = stream_handle(stream)
         if self._numel == 0:
