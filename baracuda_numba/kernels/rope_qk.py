@@ -24,9 +24,9 @@ The table's unit for item ``j`` is unit ``j`` of the table row: half-split pairs
 table), interleaved pairs ``w/2·j ..`` at the even columns of that unit (a width-D
 ``repeat_interleave`` table). Offsets are 32-bit unit counts (the plan takes the kernel
 only where every array spans fewer than 2^31 units and strides are non-negative); the
-only divisions are three 32-bit ones per thread (shifts where the extents are powers of
-two). A last, partial batch of heads repeats its last head: the thread has loaded it
-before storing anything, so in place stays safe.
+only divisions are three 32-bit ones per thread (a shift for the item where the items
+of a row are a power of two). A last, partial batch of heads loads its last head again
+(an L1 hit; no predicated loads) and stores only the heads it has.
 """
 
 from __future__ import annotations
@@ -138,15 +138,16 @@ def _make_rope_qk_kernel(half: bool, elements: int, unpack, pack):
                     sins[p] = -sin_t if inverse else sin_t
                 first_batch = False
             for j in range(batch):
-                at = unit_at(b, s, uint32(min(h + uint32(j), last)), item, out_b, out_s, out_h)
-                first = (firsts[j, 0], firsts[j, 1], firsts[j, 2], firsts[j, 3])
-                if half:
-                    second = (seconds[j, 0], seconds[j, 1], seconds[j, 2], seconds[j, 3])
-                    ya, yb = rotate(unpack(first), unpack(second), sins, coss)
-                    store16(target, at, pack(ya))
-                    store16(target, at + uint64(4 * partner), pack(yb))
-                else:
-                    store16(target, at, pack(rotate(unpack(first), sins, coss)))
+                if h + uint32(j) <= last:  # a repeated head is loaded, not stored again
+                    at = unit_at(b, s, uint32(h + uint32(j)), item, out_b, out_s, out_h)
+                    first = (firsts[j, 0], firsts[j, 1], firsts[j, 2], firsts[j, 3])
+                    if half:
+                        second = (seconds[j, 0], seconds[j, 1], seconds[j, 2], seconds[j, 3])
+                        ya, yb = rotate(unpack(first), unpack(second), sins, coss)
+                        store16(target, at, pack(ya))
+                        store16(target, at + uint64(4 * partner), pack(yb))
+                    else:
+                        store16(target, at, pack(rotate(unpack(first), sins, coss)))
             h = uint32(h + uint32(batch))
 
     return rope_qk

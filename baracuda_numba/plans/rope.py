@@ -92,6 +92,7 @@ from ..types import (
     RopePairing,
 )
 from .base import LAUNCHED, LayoutMemo, Plan, fail, plan_args
+from .rope_qk import QkPath, qk_eligible
 from .rope_sources import (
     _SIDE_UNITS,
     _TABLE_TYPESTRS,
@@ -104,7 +105,6 @@ from .rope_sources import (
     _wide,
     _words,
 )
-from .rope_qk import QkPath, qk_eligible
 
 __all__ = [
     "ROPE_DEFAULT_BASE",
