@@ -19,6 +19,7 @@ every call through the checks (they read device values).
 
 from __future__ import annotations
 
+from operator import attrgetter
 from typing import Any
 
 from .._debug import debug_enabled
@@ -94,6 +95,8 @@ class QkPath:
         self._memo_in_place = LayoutMemo(7)
         #: the kernel of the last configured layout: "rope_qk" or "rope_rows" (tests)
         self.last_kernel: str | None = None
+        self._fields: Any = None  # the args' fields in slot order (one C call per run)
+        self._args_type: Any = None
 
     def clear(self) -> None:
         self._memo.clear()
@@ -103,8 +106,11 @@ class QkPath:
         """Launch q and k for ``args``; False (nothing done) where the general path must
         run the call (``inv_freq`` or ``cu_seqlens`` given)."""
         plan = self._plan
-        x, y, positions, k, k_out, inv_freq, cos, sin, cu_seqlens = (
-            getattr(args, name) for name in type(args).__slots__)
+        fields = self._fields
+        if fields is None or type(args) is not self._args_type:
+            self._args_type = type(args)
+            fields = self._fields = attrgetter(*type(args).__slots__)
+        x, y, positions, k, k_out, inv_freq, cos, sin, cu_seqlens = fields(args)
         if inv_freq is not None or cu_seqlens is not None:
             return False
         in_place = x is y and k is k_out
