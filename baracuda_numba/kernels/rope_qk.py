@@ -108,11 +108,6 @@ def _make_rope_qk_kernel(half: bool, elements: int, unpack, pack):
             in_b, in_h, in_s, out_b, out_h, out_s = q_b, q_h, q_s, qo_b, qo_h, qo_s
         in_b, in_h, in_s = uint32(in_b), uint32(in_h), uint32(in_s)
         out_b, out_h, out_s = uint32(out_b), uint32(out_h), uint32(out_s)
-        table_row = uint32(b * uint32(cs_b) + s * uint32(cs_s) + item)
-        if has_positions:  # a cache: the row of this token's position
-            pos = load_index(positions, int64(b) * pos_b + int64(s) * pos_s, pos_wide)
-            table_row = uint32(table_row + uint32(pos) * uint32(cs_pos))
-        table_word = uint64(table_row) * uint64(4)
         firsts = cuda.local.array((batch, 4), uint32)
         seconds = cuda.local.array((batch, 4), uint32)
         sins = cuda.local.array(pairs, float32)
@@ -130,6 +125,12 @@ def _make_rope_qk_kernel(half: bool, elements: int, unpack, pack):
                     for w in range(4):
                         seconds[j, w] = unit[w]
             if first_batch:  # after the first batch's loads: they are in flight meanwhile
+                table_row = uint32(b * uint32(cs_b) + s * uint32(cs_s) + item)
+                if has_positions:  # a cache: the row of this token's position
+                    pos = load_index(positions, int64(b) * pos_b + int64(s) * pos_s,
+                                     pos_wide)
+                    table_row = uint32(table_row + uint32(pos) * uint32(cs_pos))
+                table_word = uint64(table_row) * uint64(4)
                 cos_values = unpack(load16(cos, table_word))
                 sin_values = unpack(load16(sin, table_word))
                 for p in range(pairs):
