@@ -145,6 +145,13 @@ def _qk_case(ctx: Any, row: Any, note: Any, liger: tuple[Any, Any], hf_compiled:
     lig_f = times[5] if len(times) > 5 else None
     lig_b = times[6] if len(times) > 6 else None
     dims = f"[{batch}, {seq}, {hq}/{hk}, {HEAD_DIM}]"
+    if seq == 1:  # decode: the host time of one call (what a decode step waits for)
+        host = {"ours": lambda: fwd.run(fwd_args[0]), "rope_rows": lambda: rows.run(fwd_args[0]),
+                "torch.compile": lambda: hf_compiled(qs[0], ks[0], cos, sin)}
+        if liger_fwd is not None:
+            host["Liger"] = lambda: liger_fwd(qs[0], ks[0], cos, sin)
+        note(ctx, f"q+k fwd {label} {name} host µs/call: " + "; ".join(
+            f"{key} {value:.2f}" for key, value in ctx.time_host_many(host).items()))
     lig = f"; Liger {lig_f:.2f} µs ({lig_f / ours_f:.2f}x)" if lig_f else "; Liger n/a"
     general = f"; rope_rows {rows_f:.2f} µs ({rows_f / ours_f:.2f}x)" if rows_f else ""
     row(ctx, f"q+k fwd {label} {dims} cos/sin [B,S,D]", name, ours_f, moved, comp_f,
