@@ -1812,3 +1812,17 @@ def test_qk_kernel_matches_reference_and_falls_back(rng):
     plan.run(RopeArgs(q_view, q_out, None, to_device(k_h), k_out, cos=to_device(cos_h),
                       sin=to_device(sin_h)))
     assert plan.qk_path.last_kernel == "rope_rows"
+
+
+def test_qk_heads_per_thread_choice():
+    """QK_HEAD_BATCH heads a thread for prefill; halved for decode-sized launches."""
+    from baracuda_numba.kernels.rope_qk import QK_HEAD_BATCH
+    from baracuda_numba.plans.rope_qk import qk_heads_per_thread
+
+    def per_thread(rows, q_heads, kv_heads, items=8):
+        return qk_heads_per_thread(rows, lambda n: -(-q_heads // n) - (-kv_heads // n), items)
+
+    assert per_thread(2048, 32, 8) == QK_HEAD_BATCH  # 8B prefill 2k: 163840 threads
+    assert per_thread(8192, 64, 8) == QK_HEAD_BATCH
+    assert per_thread(256, 64, 8) == 2  # 70B decode B = 256
+    assert per_thread(1, 32, 8) == 1  # decode B = 1: 320 threads of one head

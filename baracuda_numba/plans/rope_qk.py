@@ -136,7 +136,7 @@ class QkPath:
         plan = self._plan
         (xv, yv, shape), (kv, kov, k_shape) = tensors
         pos, _, _, cos_v, sin_v, _ = arrays
-        if not shape[0] * shape[2] or not shape[1] + k_shape[1]:
+        if not shape[0] * shape[2] * shape[3] or not shape[1] + k_shape[1]:
             self.last_kernel = None
             return _nothing
         half = plan._half_split
