@@ -71,9 +71,9 @@ def _make_rope_qk_kernel(half: bool, elements: int, unpack, pack):
     step = 1 if half else 2  # table column of pair p within the unit: p * step
 
     @cuda.jit(device=True, inline=True)
-    def unit_at(b, s, h, item, stride_b, stride_s, stride_h):
+    def unit_at(row_unit, head, stride_h):
         # 32-bit unit offset (the plan bounds every span below 2^31 units), as a word index
-        return uint64(uint32(b * stride_b + s * stride_s + h * stride_h + item)) * uint64(4)
+        return uint64(uint32(row_unit + uint32(uint32(head) * stride_h))) * uint64(4)
 
     def rope_qk(q, q_out, k, k_out, cos, sin, positions, params):
         """One thread per (row, head group, item), item fastest; ``params`` holds the
@@ -106,8 +106,9 @@ def _make_rope_qk_kernel(half: bool, elements: int, unpack, pack):
             last = uint32(min(head0 + uint32(heads_per_thread), uint32(q_heads)) - uint32(1))
             source, target = q, q_out
             in_b, in_h, in_s, out_b, out_h, out_s = q_b, q_h, q_s, qo_b, qo_h, qo_s
-        in_b, in_h, in_s = uint32(in_b), uint32(in_h), uint32(in_s)
-        out_b, out_h, out_s = uint32(out_b), uint32(out_h), uint32(out_s)
+        in_h, out_h = uint32(in_h), uint32(out_h)
+        in_row = uint32(b * uint32(in_b) + s * uint32(in_s) + item)  # head 0's unit
+        out_row = uint32(b * uint32(out_b) + s * uint32(out_s) + item)
         firsts = cuda.local.array((batch, 4), uint32)
         seconds = cuda.local.array((batch, 4), uint32)
         sins = cuda.local.array(pairs, float32)
@@ -116,7 +117,7 @@ def _make_rope_qk_kernel(half: bool, elements: int, unpack, pack):
         first_batch = True
         while h <= last:
             for j in range(batch):
-                at = unit_at(b, s, uint32(min(h + uint32(j), last)), item, in_b, in_s, in_h)
+                at = unit_at(in_row, min(uint32(h + uint32(j)), last), in_h)
                 unit = load16(source, at)
                 for w in range(4):
                     firsts[j, w] = unit[w]
@@ -140,7 +141,7 @@ def _make_rope_qk_kernel(half: bool, elements: int, unpack, pack):
                 first_batch = False
             for j in range(batch):
                 if h + uint32(j) <= last:  # a repeated head is loaded, not stored again
-                    at = unit_at(b, s, uint32(h + uint32(j)), item, out_b, out_s, out_h)
+                    at = unit_at(out_row, h + uint32(j), out_h)
                     first = (firsts[j, 0], firsts[j, 1], firsts[j, 2], firsts[j, 3])
                     if half:
                         second = (seconds[j, 0], seconds[j, 1], seconds[j, 2], seconds[j, 3])
