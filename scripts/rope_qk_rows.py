@@ -116,6 +116,8 @@ def _qk_case(ctx: Any, row: Any, note: Any, liger: tuple[Any, Any], hf_compiled:
                           pairing=RopePairing.HALF_SPLIT, num_kv_heads=hk,
                           angles=RopeAngleSource.COS_SIN_GATHERED)
     fwd = RopePlan.select(desc)
+    rows = RopePlan.select(desc)  # the general rope_rows launch, for comparison
+    rows.qk_kernel = False
     bwd = RopeBackwardPlan.select(RopeBackwardDescriptor.of(desc), forward=desc)
     fwd_args = [RopeArgs(qs[i], q_outs[i], None, ks[i], k_outs[i], cos=cos, sin=sin)
                 for i in range(sets)]
@@ -125,26 +127,36 @@ def _qk_case(ctx: Any, row: Any, note: Any, liger: tuple[Any, Any], hf_compiled:
     fns = [lambda i: fwd.run(fwd_args[i]), lambda i: bwd.run(bwd_args[i]),
            lambda i: hf_compiled(qs[i], ks[i], cos, sin),
            lambda i: hf_compiled(qs[i], ks[i], cos, neg_sin)]
+    fns.append(lambda i: rows.run(fwd_args[i]))
     liger_fwd, liger_bwd = liger
     if liger_fwd is not None:
         fns.append(lambda i: liger_fwd(qs[i], ks[i], cos, sin))
         if liger_bwd is not None:
             fns.append(lambda i: liger_bwd(qs[i], ks[i], cos, sin))
     try:
-        for fn in fns[2:]:
+        for fn in fns[2:4] + fns[5:]:
             fn(0)
         times = ctx.time_gpu_many(fns, sets=sets, iters=30)
     except Exception as exc:  # a peer failing keeps our rows
         note(ctx, f"qk {label} {name}: peers failed ({type(exc).__name__}: "
                   f"{str(exc)[:160]}); ours alone")
-        times = ctx.time_gpu_many(fns[:2], sets=sets, iters=30) + [None] * 2
-    ours_f, ours_b, comp_f, comp_b = times[:4]
-    lig_f = times[4] if len(times) > 4 else None
-    lig_b = times[5] if len(times) > 5 else None
+        times = ctx.time_gpu_many(fns[:2], sets=sets, iters=30) + [None] * 3
+    ours_f, ours_b, comp_f, comp_b, rows_f = times[:5]
+    lig_f = times[5] if len(times) > 5 else None
+    lig_b = times[6] if len(times) > 6 else None
     dims = f"[{batch}, {seq}, {hq}/{hk}, {HEAD_DIM}]"
+    if seq == 1:  # decode: the host time of one call (what a decode step waits for)
+        host = {"ours": lambda: fwd.run(fwd_args[0]), "rope_rows": lambda: rows.run(fwd_args[0]),
+                "torch.compile": lambda: hf_compiled(qs[0], ks[0], cos, sin)}
+        if liger_fwd is not None:
+            host["Liger"] = lambda: liger_fwd(qs[0], ks[0], cos, sin)
+        note(ctx, f"q+k fwd {label} {name} host µs/call: " + "; ".join(
+            f"{key} {value:.2f}" for key, value in ctx.time_host_many(host).items()))
     lig = f"; Liger {lig_f:.2f} µs ({lig_f / ours_f:.2f}x)" if lig_f else "; Liger n/a"
+    general = f"; rope_rows {rows_f:.2f} µs ({rows_f / ours_f:.2f}x)" if rows_f else ""
     row(ctx, f"q+k fwd {label} {dims} cos/sin [B,S,D]", name, ours_f, moved, comp_f,
-        "torch column = torch.compile(HF apply_rotary_pos_emb)" + lig)
+        "torch column = torch.compile(HF apply_rotary_pos_emb)" + lig + general
+        + f"; kernel {fwd.qk_path.last_kernel}")
     lig = (f"; Liger backward {lig_b:.2f} µs ({lig_b / ours_b:.2f}x)" if lig_b
            else "; Liger backward n/a")
     row(ctx, f"q+k bwd {label} {dims} cos/sin [B,S,D]", name, ours_b, moved, comp_b,

@@ -1702,3 +1702,127 @@ def test_scaling_helpers_against_transformers():
         np.testing.assert_allclose(got_inv, inv.double().cpu().numpy(), rtol=1e-5,
                                    err_msg=kind)
         assert got_factor == pytest.approx(float(factor), rel=1e-6), kind
+
+
+# -- q and k together from cos/sin tables: ``rope_qk`` (kernels/rope_qk.py) ----------------
+
+# (q heads, kv heads, batch, heads per thread (None: from the size), fused qkv storage)
+QK_CASES = [(4, 1, 2, None, False), (8, 1, 1, 3, True), (8, 2, 2, 6, False),
+            (8, 1, 2, None, True)]
+
+
+def _qk_tables(rng, batch, seq, dim, pairing, element, cache):
+    """cos/sin of random angles, width D (half-split: cat(f, f); interleaved:
+    repeat_interleave): gathered [B, S, D], or a cache [S + 3, D] with positions."""
+    rows = seq + 3 if cache else None
+    theta = rng.uniform(-4, 4, size=(rows,) if cache else (batch, seq))[..., None] \
+        * rng.uniform(0.1, 1.0, size=dim // 2)
+    widen = (lambda t: np.concatenate([t, t], -1)) if pairing is HALF_SPLIT \
+        else (lambda t: np.repeat(t, 2, -1))
+    return to_storage(widen(np.cos(theta)), element), to_storage(widen(np.sin(theta)), element)
+
+
+def _qk_run(plan, inverse, q_in, q_out, k_in, k_out, cos, sin, positions):
+    cls = RopeBackwardArgs if inverse else RopeArgs
+    plan.run(cls(q_in, q_out, positions, k_in, k_out, cos=cos, sin=sin))
+
+
+@pytest.mark.parametrize("case", QK_CASES, ids=lambda c: "q{}k{}b{}h{}{}".format(
+    *c[:4], "-qkv" if c[4] else ""))
+@pytest.mark.parametrize("cache", [False, True], ids=["gathered", "cache"])
+@pytest.mark.parametrize("element", [F16, F32], ids=lambda e: e.name)
+@pytest.mark.parametrize("pairing", [INTERLEAVED, HALF_SPLIT], ids=lambda p: p.name)
+def test_qk_kernel_bit_identical_to_general(rng, case, cache, element, pairing):
+    """``rope_qk`` (HF layout [B, S, H, D], GQA, gathered or cached cos/sin, q and k
+    optionally sliced out of one fused qkv tensor) gives the bits of the general
+    ``rope_rows`` launch, forward and backward; outputs poisoned; v untouched."""
+    q_heads, kv_heads, batch, per_thread, fused = case
+    seq, dim = 2, 32
+    heads = q_heads + 2 * kv_heads if fused else None
+    cos_h, sin_h = _qk_tables(rng, batch, seq, dim, pairing, element, cache)
+    cos, sin = to_device(cos_h), to_device(sin_h)
+    positions = to_device(rng.integers(0, seq + 3, size=(batch, seq)).astype(np.int32)) \
+        if cache else None
+    angles = RopeAngleSource.COS_SIN_CACHE if cache else RopeAngleSource.COS_SIN_GATHERED
+    desc = RopeDescriptor(batch, q_heads, seq, dim, element=element, pairing=pairing,
+                          num_kv_heads=kv_heads, layout=RopeLayout.BSHD, angles=angles)
+    for inverse in (False, True):
+        results = []
+        for qk_kernel in (None, False):
+            plan = (RopeBackwardPlan.select(RopeBackwardDescriptor.of(desc)) if inverse
+                    else RopePlan.select(desc))
+            plan.qk_kernel = qk_kernel
+            plan.qk_heads_per_thread = per_thread
+            if fused:  # q, k, v of [B, S, Hq + 2 Hk, D]; q and k rotated in place
+                host = random_values((batch, seq, heads, dim), element,
+                                     np.random.default_rng(7))
+                device = to_device(host.reshape(-1))
+                strides = (seq * heads * dim, heads * dim, dim, 1)
+                q = _view(device, 0, (batch, seq, q_heads, dim), strides)
+                k = _view(device, q_heads * dim, (batch, seq, kv_heads, dim), strides)
+                _qk_run(plan, inverse, q, q, k, k, cos, sin, positions)
+                got = to_host(device).reshape(host.shape)
+                np.testing.assert_array_equal(got[:, :, q_heads + kv_heads:],
+                                              host[:, :, q_heads + kv_heads:])
+                results.append(got[:, :, :q_heads + kv_heads])
+            else:
+                q_h = random_values((batch, seq, q_heads, dim), element,
+                                    np.random.default_rng(8))
+                k_h = random_values((batch, seq, kv_heads, dim), element,
+                                    np.random.default_rng(9))
+                q_out = to_device(poisoned(q_h.shape, element))
+                k_out = to_device(poisoned(k_h.shape, element))
+                _qk_run(plan, inverse, to_device(q_h), q_out, to_device(k_h), k_out, cos,
+                        sin, positions)
+                results.append(np.concatenate([to_host(q_out), to_host(k_out)], axis=2))
+            assert plan.qk_path.last_kernel == ("rope_qk" if qk_kernel is None
+                                                else "rope_rows")
+        ours, general = results
+        assert not np.isnan(from_storage(ours, element)).any()
+        np.testing.assert_array_equal(ours.view(np.uint8), general.view(np.uint8),
+                                      f"inverse={inverse}")
+
+
+def test_qk_kernel_matches_reference_and_falls_back(rng):
+    """``rope_qk`` against the float64 table reference (B = 2, GQA 4, BHSD), then layouts
+    it does not take (a table of another dtype, a misaligned q) run ``rope_rows``."""
+    batch, q_heads, kv_heads, seq, dim = 2, 4, 1, 3, 16
+    cos_h, sin_h = _qk_tables(rng, batch, seq, dim, HALF_SPLIT, F32, False)
+    desc = RopeDescriptor(batch, q_heads, seq, dim, element=F32, pairing=HALF_SPLIT,
+                          num_kv_heads=kv_heads, angles=RopeAngleSource.COS_SIN_GATHERED)
+    plan = RopePlan.select(desc)
+    q_h = random_values((batch, q_heads, seq, dim), F32, rng)
+    k_h = random_values((batch, kv_heads, seq, dim), F32, rng)
+    q_out = to_device(poisoned(q_h.shape, F32))
+    k_out = to_device(poisoned(k_h.shape, F32))
+    plan.run(RopeArgs(to_device(q_h), q_out, None, to_device(k_h), k_out,
+                      cos=to_device(cos_h), sin=to_device(sin_h)))
+    assert plan.qk_path.last_kernel == "rope_qk"
+    half = dim // 2
+    for out, x in ((q_out, q_h), (k_out, k_h)):
+        want = table_reference(x.astype(np.float64), cos_h[..., :half].astype(np.float64),
+                               sin_h[..., :half].astype(np.float64), HALF_SPLIT, dim, False)
+        assert_close(to_host(out), want, *TOLERANCE[F32], "rope_qk vs reference")
+    plan.run(RopeArgs(to_device(q_h), q_out, None, to_device(k_h), k_out,
+                      cos=to_device(cos_h.astype(np.float16)),
+                      sin=to_device(sin_h.astype(np.float16))))
+    assert plan.qk_path.last_kernel == "rope_rows"
+    shifted = to_device(np.concatenate([np.zeros(1, np.float32), q_h.reshape(-1)]))
+    q_view = _view(shifted, 1, q_h.shape, contiguous_strides(q_h.shape), TensorMut)
+    plan.run(RopeArgs(q_view, q_out, None, to_device(k_h), k_out, cos=to_device(cos_h),
+                      sin=to_device(sin_h)))
+    assert plan.qk_path.last_kernel == "rope_rows"
+
+
+def test_qk_heads_per_thread_choice():
+    """QK_HEAD_BATCH heads a thread for prefill; halved for decode-sized launches."""
+    from baracuda_numba.kernels.rope_qk import QK_HEAD_BATCH
+    from baracuda_numba.plans.rope_qk import qk_heads_per_thread
+
+    def per_thread(rows, q_heads, kv_heads, items=8):
+        return qk_heads_per_thread(rows, lambda n: -(-q_heads // n) - (-kv_heads // n), items)
+
+    assert per_thread(2048, 32, 8) == QK_HEAD_BATCH  # 8B prefill 2k: 163840 threads
+    assert per_thread(8192, 64, 8) == QK_HEAD_BATCH
+    assert per_thread(256, 64, 8) == 2  # 70B decode B = 256
+    assert per_thread(1, 32, 8) == 1  # decode B = 1: 320 threads of one head

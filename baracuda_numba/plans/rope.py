@@ -92,6 +92,7 @@ from ..types import (
     RopePairing,
 )
 from .base import LAUNCHED, LayoutMemo, Plan, fail, plan_args
+from .rope_qk import QkPath, qk_eligible
 from .rope_sources import (
     _SIDE_UNITS,
     _TABLE_TYPESTRS,
@@ -374,6 +375,13 @@ class _RopeBase(Plan):
         self.flat_planes_per_thread: int | None = None
         #: heads per ``rope_tile`` block (None: about _TILE_THREADS threads a block)
         self.tile_heads_per_block: int | None = None
+        #: ``rope_qk`` for q and k with cos/sin tables (``plans/rope_qk.py``): None =
+        #: where the arrays allow it, False = never (call ``retune()`` after changing)
+        self.qk_kernel: bool | None = None
+        #: heads per ``rope_qk`` thread (None: from the problem size)
+        self.qk_heads_per_thread: int | None = None
+        #: the q+k path (None: the descriptor never takes ``rope_qk``)
+        self.qk_path = QkPath(self) if qk_eligible(desc) else None
         self._table: Any = None  # the (cos, sin) table, built at first use
         # one build per plan: a second table would free the first under a cached launch
         self._table_lock = threading.Lock()
@@ -445,6 +453,8 @@ class _RopeBase(Plan):
         self._launches.clear()
         self._memo.clear()
         self._memo_in_place.clear()
+        if self.qk_path is not None:
+            self.qk_path.clear()
 
     def _span(self, strides: tuple[int, ...]) -> int:
         """Bytes from the first to one past the last element of a view with ``strides``."""
@@ -467,7 +477,8 @@ class _RopeBase(Plan):
         takes the checked path every time.
         """
         if self._general or _has_extras(args):
-            self._run_general(args, stream)
+            if self.qk_path is None or not self.qk_path.run(args, stream):
+                self._run_general(args, stream)
             return
         source, dest, positions = self._unpack_args(args)
         in_place = source is dest
