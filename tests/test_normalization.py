@@ -6,6 +6,8 @@ an output rounded once (``rtol·|y|``) plus, for sums, ``rtol·Σ|terms|``.
 
 from __future__ import annotations
 
+import types
+
 import numpy as np
 import pytest
 from conftest import FLOAT_ELEMENTS, TOLERANCE, torch_or_skip
@@ -492,6 +494,74 @@ def test_backward_workspace_too_small(rng):
         with pytest.raises(WorkspaceTooSmall):
             plan.run(args, workspace=workspace)
     assert np.isnan(to_host(dx)).all() and np.isnan(to_host(dw)).all()
+
+
+class _HostCupy:
+    """Stands for a CuPy array over NumPy memory (the simulator's device memory), so that
+    the plans' LayoutMemo, which keys torch and CuPy arrays only, runs in the simulator."""
+
+    def __init__(self, array):
+        self.array = array
+        self.data = types.SimpleNamespace(ptr=array.ctypes.data)
+        self.shape, self.strides, self.dtype = array.shape, array.strides, array.dtype
+        self.itemsize, self._c_contiguous = array.itemsize, array.flags.c_contiguous
+
+
+@pytest.mark.simulator
+@pytest.mark.parametrize("kernel", ["rows_vec", "rows"])
+def test_layout_memo_matches_the_checked_path(monkeypatch, rng, kernel):
+    """After a checked run, arrays of the same layout take the plans' LayoutMemo (no
+    checks: a replay of the recorded launches) and give bit-identical results, forward
+    (LayerNorm with residual, weight, bias) and backward (with dh and the workspace);
+    overlapping outputs of a memoised layout are still rejected before any launch; in
+    place (y is x) is never memoised and still right."""
+    from baracuda_numba import arrays
+
+    monkeypatch.setattr(arrays, "_CUPY_ARRAY", _HostCupy)
+    monkeypatch.setitem(arrays._EXTRACTORS, _HostCupy, arrays._extract_cupy)
+    shape, n = (3, 64), (64,)
+    fw = LayerNormPlan.select(LayerNormDescriptor(shape, n, F32, 1e-5, True, True, None, True),
+                              kernel=kernel)
+    bw = LayerNormBackwardPlan.select(LayerNormBackwardDescriptor(
+        shape, n, F32, True, True, None, True), kernel=kernel)
+    x, r, dy, dh = (random_values(shape, F32, rng) for _ in range(4))
+    w, b = random_values(n, F32, rng), random_values(n, F32, rng)
+    checked = {"fw": 0, "bw": 0}
+    for label, plan in (("fw", fw), ("bw", bw)):
+        def counted(args, plan=plan, label=label, check=plan.can_implement):
+            checked[label] += 1
+            return check(args)
+        monkeypatch.setattr(plan, "can_implement", counted)
+
+    def once(wrap):
+        y, h, dx = (poisoned(shape, F32) for _ in range(3))
+        mean, rstd = poisoned((3, 1), F32), poisoned((3, 1), F32)
+        dw, db = poisoned(n, F32), poisoned(n, F32)
+        fw.run(LayerNormArgs(*map(wrap, (x, y, mean, rstd, w, b, r, h))))
+        bw.run(LayerNormBackwardArgs(*map(wrap, (dy, h, mean, rstd, dx, w, dw, db, dh))),
+               workspace=wrap(np.zeros(bw.workspace_size, np.uint8)))
+        return y, h, mean, rstd, dx, dw, db
+
+    expected = once(lambda a: a)  # NumPy arrays: never memoised
+    runs = [once(_HostCupy) for _ in range(3)]  # the first checks, the others replay
+    assert checked == {"fw": 2, "bw": 2}
+    for got in runs:
+        for e, g in zip(expected, got):
+            assert np.array_equal(e.view(np.uint32), g.view(np.uint32))
+    # the memoised layout with y over x: rejected, nothing written
+    buffer = np.concatenate([x, np.full(shape, np.nan, np.float32)])
+    y_over, rstd = buffer[1:4], poisoned((3, 1), F32)
+    with pytest.raises(InvalidProblem, match="LayerNormPlan: y overlaps x"):
+        fw.run(LayerNormArgs(*map(_HostCupy, (buffer[:3], y_over, poisoned((3, 1), F32),
+                                              rstd, w, b, r, poisoned(shape, F32)))))
+    assert np.isnan(rstd).all() and np.array_equal(buffer[:3], x)
+    # in place (y is x): the checked path each time, the same values
+    for _ in range(2):
+        both = _HostCupy(x.copy())
+        fw.run(LayerNormArgs(both, both, *map(_HostCupy, (
+            poisoned((3, 1), F32), poisoned((3, 1), F32), w, b, r, poisoned(shape, F32)))))
+        assert np.array_equal(both.array.view(np.uint32), expected[0].view(np.uint32))
+    assert checked["fw"] == 5
 
 
 # -- GPU: torch forward and autograd, big shapes -----------------------------------------------
