@@ -173,6 +173,12 @@ def test_choose_launch_chunks_depend_on_the_problem_only():
     forward = choose_launch(8192, 4096, False, vec=8)
     assert (forward.kernel, forward.units) == ("rows_vec", 512)
     assert forward.block * 8 >= forward.units  # at most VEC_MAX_UNITS units a thread
+    # rows in pairs without a residual (half the blocks), one at a time with it
+    assert (forward.rows_at_once, forward.grid) == (2, 4096)
+    assert choose_launch(8191, 4096, False, vec=8).grid == 4096
+    assert choose_launch(8192, 4096, False, vec=8, residual=True).rows_at_once == 1
+    assert choose_launch(8192, 4096, False, vec=8, pair=False).grid == 8192
+    assert choose_launch(8192, 4096, False, vec=8, kernel="rows").rows_at_once == 1
     backward = choose_launch(8192, 16384, True, vec=8)
     assert backward.kernel == "rows_vec" and backward.block * 4 >= backward.units
     assert choose_launch(8192, 65536, True, vec=8).kernel == "rows"  # shared sums too big
@@ -313,6 +319,44 @@ def test_register_kernel_and_generic_agree(element, layer, rng):
                                                    element, None, None, 1e-5, 0.0, 1)
     assert_within(from_storage(to_host(y_dev), element), expected,
                   2 * rtol * y_scale(sh, smean, srstd), "misaligned")
+
+
+@pytest.mark.parametrize("element", [ElementKind.BF16, F32])
+@pytest.mark.parametrize("layer", [False, True])
+def test_row_pairs_match_single_rows(element, layer, rng):
+    """The forward register kernel's row pairs (no residual; 5 rows: two pairs and a row
+    alone, over a grid-stride loop in the simulator) give the bits of one row a block,
+    and both the reference."""
+    vec = 16 // element.byte_width
+    n = 33 * vec
+    shape, normalized = (5, n), (n,)
+    x, xv = _values(shape, element, rng)
+    w, wv = _values(normalized, F32, rng)
+    b, bv = _values(normalized, F32, rng)
+    offset = 0.0 if layer else 1.0
+    results = []
+    for pair in (None, False):
+        if layer:
+            plan = LayerNormPlan.select(LayerNormDescriptor(shape, normalized, element, 1e-5,
+                                                            True, True, F32), pair=pair)
+        else:
+            plan = RMSNormPlan.select(RMSNormDescriptor(shape, normalized, element, 1e-5,
+                                                        True, F32, False, offset), pair=pair)
+        assert plan.choice.rows_at_once == (1 if pair is False else 2)
+        y, rstd, mean = (to_device(poisoned(s, e)) for s, e in (
+            (shape, element), ((5, 1), F32), ((5, 1), F32)))
+        if layer:
+            plan.run(LayerNormArgs(to_device(x), y, mean, rstd, to_device(w), to_device(b)))
+        else:
+            plan.run(RMSNormArgs(to_device(x), y, rstd, to_device(w)))
+        results.append([to_host(a) for a in (y, rstd, mean)])
+    for single, paired in zip(results[1], results[0][:2 + layer]):
+        assert np.array_equal(single.view(np.uint8), paired.view(np.uint8))
+    expected, eh, erstd, emean = reference_forward(layer, xv, None, element, wv,
+                                                   bv if layer else None, 1e-5, offset, 1)
+    bound = 2 * TOLERANCE[element][0] * y_scale(eh, emean, erstd, wv, offset,
+                                                bv if layer else None)
+    assert_within(from_storage(results[0][0], element), expected, bound, "pairs")
 
 
 def test_weight_gradients_bit_identical_across_blocks_and_reruns(rng):

@@ -39,6 +39,7 @@ from ..kernels.normalization import (
     FINALIZE_BLOCK,
     FLAG_BIAS,
     FLAG_LAYER,
+    FLAG_PAIR,
     FLAG_RESIDUAL,
     FLAG_WEIGHT,
     MAX_BLOCK,
@@ -124,6 +125,8 @@ class NormLaunch:
     rows_per_chunk: int
     chunks: int
     units: int = 0
+    #: Forward register kernel: rows a block takes at once (2: a pair, see ``pair``).
+    rows_at_once: int = 1
 
 
 def _round32(value: int) -> int:
@@ -131,12 +134,16 @@ def _round32(value: int) -> int:
 
 
 def choose_launch(rows: int, n: int, backward: bool, block: int | None = None, *,
-                  vec: int = 0, kernel: str | None = None) -> NormLaunch:
+                  vec: int = 0, kernel: str | None = None, residual: bool = False,
+                  pair: bool | None = None) -> NormLaunch:
     """The launch of a ``rows x n`` problem. ``vec``: elements per 16-byte unit when the
     element kind has the register kernel (0: it has not); it is taken for forward rows
     of whole units that fit ``VEC_MAX_UNITS`` units a thread, unless ``kernel="rows"``.
     ``block`` (a multiple of 32, at most 1024, enough for ``n``) overrides the thread
-    count; the chunks never depend on it."""
+    count; the chunks never depend on it. The forward register kernel takes rows in
+    pairs without a ``residual`` (the second row's words in the residual's registers: a
+    block's loads, block sums and weight loads then serve two rows), unless ``pair`` is
+    False; the results are the same bits either way."""
     units = n // vec if vec and n % vec == 0 else 0
     held = VEC_MAX_UNITS_BW if backward else VEC_MAX_UNITS
     vec_block = VEC_MAX_BLOCK_BW if backward else VEC_MAX_BLOCK
@@ -157,8 +164,10 @@ def choose_launch(rows: int, n: int, backward: bool, block: int | None = None, *
     if block % 32 or not least <= block <= most:
         raise ValueError(f"= {block} must be a multiple of 32 in [{least}, {most}]")
     if not backward:
+        at_once = 2 if use_vec and not residual and rows > 1 and pair is not False else 1
         return NormLaunch("rows_vec" if use_vec else "rows", block,
-                          min(rows, _MAX_FORWARD_GRID), 0, 0, units if use_vec else 0)
+                          min(-(-rows // at_once), _MAX_FORWARD_GRID), 0, 0,
+                          units if use_vec else 0, at_once)
     chunks = min(rows, _TARGET_CHUNKS, max(_TARGET_CHUNKS // 2, rows // _MIN_CHUNK_ROWS),
                  max(1, _MAX_PARTIALS // max(2 * n, 1)))
     rows_per_chunk = -(-rows // chunks) if chunks else 0
@@ -311,11 +320,13 @@ class _NormPlan(Plan):
 
     @classmethod
     def select(cls, desc: Any, pref: PlanPreference | None = None, *,
-               block: int | None = None, kernel: str | None = None) -> Any:
+               block: int | None = None, kernel: str | None = None,
+               pair: bool | None = None) -> Any:
         """Validate ``desc`` and load the kernels. ``block``: threads per block instead of
         the dispatch's choice; ``kernel``: ``"rows"`` or ``"rows_vec"`` (forward) instead
-        of the dispatch's choice (tests and tuning; the weight gradients do not depend on
-        either, y and dx may differ in the last bits)."""
+        of the dispatch's choice; ``pair=False``: the forward register kernel one row a
+        block (tests and tuning; the weight gradients do not depend on any of them, y and
+        dx may differ in the last bits between kernels, not between pair and single)."""
         shape, normalized = tuple(desc.input_shape), tuple(desc.normalized_shape)
         cls.check_rank(shape, "input_shape")
         k = len(normalized)
@@ -348,7 +359,8 @@ class _NormPlan(Plan):
                  f"{MAX_BLOCK * MAX_COLUMNS_PER_THREAD}")
         try:
             vec = 16 // desc.element.byte_width if desc.element in VEC_ELEMENTS else 0
-            launch = choose_launch(rows, n, cls.backward, block, vec=vec, kernel=kernel)
+            launch = choose_launch(rows, n, cls.backward, block, vec=vec, kernel=kernel,
+                                   residual=getattr(desc, "has_residual", False), pair=pair)
             generic = launch if launch.kernel == "rows" else choose_launch(
                 rows, n, cls.backward, None, kernel="rows")
         except ValueError as exc:
@@ -393,7 +405,8 @@ class _NormPlan(Plan):
                                                 weight_element)]
         self._vec_kernel = (NORM_VEC_BACKWARD_KERNELS if self.backward
                             else NORM_VEC_FORWARD_KERNELS).get(key[:2])
-        self._vec_flags = self.flags | (FLAG_LAYER if self.layer else 0)
+        self._vec_flags = (self.flags | (FLAG_LAYER if self.layer else 0)
+                           | (FLAG_PAIR if launch.rows_at_once == 2 else 0))
         if launch.kernel == "rows_vec" and self.backward:
             self._vec_kernel.allow_dynamic_shared(8 * n)
         if rows and n:

@@ -27,8 +27,8 @@ def _empty(like: Tensor) -> Tensor:
 def _rows(t: Tensor | None, k: int) -> Tensor | None:
     """``t``, or a contiguous copy where its last ``k`` axes do not merge into one strided
     axis (the plans' layout rule; gradients through permutes often break it)."""
-    if t is None:
-        return None
+    if t is None or t.is_contiguous():  # one C call for the usual case
+        return t
     expected = None
     for size, stride in zip(reversed(t.shape[t.dim() - k:]), reversed(t.stride()[t.dim() - k:])):
         if size == 1:
@@ -79,14 +79,20 @@ def _backward_op(dy: Tensor, h: Tensor, mean: Tensor | None, rstd: Tensor,
                  weight: Tensor | None, dh: Tensor | None, normalized_shape: list[int],
                  offset: float, layer: bool, has_bias: bool
                  ) -> tuple[Tensor, Tensor, Tensor]:
-    return _backward_impl(dy, h, mean, rstd, weight, dh, normalized_shape, offset, layer,
-                          has_bias)
+    dx, dweight, dbias = _backward_impl(dy, h, mean, rstd, weight, dh, normalized_shape,
+                                        offset, layer, has_bias)
+    return (dx, _empty(dy) if dweight is None else dweight,
+            _empty(dy) if dbias is None else dbias)
 
 
 def _backward_impl(dy: Tensor, h: Tensor, mean: Tensor | None, rstd: Tensor,
                    weight: Tensor | None, dh: Tensor | None, normalized_shape: list[int],
                    offset: float, layer: bool, has_bias: bool
-                   ) -> tuple[Tensor, Tensor, Tensor]:
+                   ) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    """``(dx, dweight, dbias)``, None for an absent one (the custom op returns empty
+    tensors instead; the eager path needs none)."""
+    if dy is None:  # y unused (eager: gradients are not materialized), only h's gradient
+        dy = torch.zeros_like(h)
     shape = tuple(normalized_shape)
     dy, dh, h = _rows(dy, len(shape)), _rows(dh, len(shape)), _rows(h, len(shape))
     if layer:
@@ -95,8 +101,7 @@ def _backward_impl(dy: Tensor, h: Tensor, mean: Tensor | None, rstd: Tensor,
     else:
         dx, dweight = ops.rms_norm_backward(dy, h, rstd, shape, weight, dh=dh, offset=offset)
         dbias = None
-    return (dx, _empty(dy) if dweight is None else dweight,
-            _empty(dy) if dbias is None else dbias)
+    return dx, dweight, dbias
 
 
 @_backward_op.register_fake
@@ -132,6 +137,14 @@ def _backward(ctx, grad_y, grad_h, grad_rstd, grad_mean):
 _forward_op.register_autograd(_backward, setup_context=_setup)
 
 
+def _eager_setup(ctx, inputs, output) -> None:
+    """``_setup``, and no zero gradients built for the outputs the loss does not use (the
+    statistics, h without a residual, often y or h): ``_gradients`` takes None."""
+    _setup(ctx, inputs, output)
+    ctx.set_materialize_grads(False)
+    ctx.mark_non_differentiable(output[2], output[3])
+
+
 class _NormFunction(torch.autograd.Function):
     """Eager twin of ``baracuda::norm_forward`` (no dispatcher on the way)."""
 
@@ -139,7 +152,7 @@ class _NormFunction(torch.autograd.Function):
     def forward(x, weight, bias, residual, normalized_shape, eps, offset, layer):
         return _forward_impl(x, weight, bias, residual, normalized_shape, eps, offset, layer)
 
-    setup_context = staticmethod(_setup)
+    setup_context = staticmethod(_eager_setup)
 
     @staticmethod
     def backward(ctx, grad_y, grad_h, grad_rstd, grad_mean):
@@ -165,13 +178,18 @@ def _normalized(normalized_shape: int | Sequence[int]) -> list[int]:
     return [int(s) for s in normalized_shape]
 
 
+_MACHINE_EPSILON: dict[torch.dtype, float] = {}
+
+
 def rms_norm(x: Tensor, normalized_shape: int | Sequence[int], weight: Tensor | None = None,
              eps: float | None = None, *, residual: Tensor | None = None,
              offset: float = 0.0) -> Tensor | tuple[Tensor, Tensor]:
     """``F.rms_norm`` (``eps=None``: ``finfo(x.dtype).eps``), with Gemma's ``offset``
     (``x̂ · (offset + weight)``) and the fused residual add (returns ``(y, x + residual)``)."""
     if eps is None:
-        eps = float(torch.finfo(x.dtype).eps)
+        eps = _MACHINE_EPSILON.get(x.dtype)
+        if eps is None:
+            eps = _MACHINE_EPSILON[x.dtype] = float(torch.finfo(x.dtype).eps)
     y, h, _, _ = _norm(x, weight, None, residual, _normalized(normalized_shape), float(eps),
                        float(offset), False)
     return y if residual is None else (y, h)
