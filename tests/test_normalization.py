@@ -692,6 +692,17 @@ def test_torch_residual_gemma_and_compile(layer):
         want = torch.autograd.grad(theirs(*leaves), leaves, (dy.double(), dh.double()))
         for g, e in zip(got, want):
             torch.testing.assert_close(g.double(), e, rtol=3e-2, atol=3e-2 * e.abs().max())
+    # eager with one output in the loss: the other's gradient reaches backward as None
+    for used, grad in ((0, dy), (1, dh)):
+        got = torch.autograd.grad(ours(x, r, w)[used], (x, r, w), grad, allow_unused=True)
+        leaves = tuple(t.detach().double().requires_grad_() for t in (x, r, w))
+        want = torch.autograd.grad(theirs(*leaves)[used], leaves, grad.double(),
+                                   allow_unused=True)
+        for g, e in zip(got, want):
+            e = torch.zeros_like(leaves[0][0]) if e is None else e
+            g = torch.zeros_like(e) if g is None else g.double()
+            torch.testing.assert_close(g, e.expand_as(g), rtol=3e-2,
+                                       atol=3e-2 * e.abs().max() + 1e-6)
 
 
 @pytest.mark.gpu

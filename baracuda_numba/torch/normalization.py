@@ -48,7 +48,10 @@ def _forward_op(x: Tensor, weight: Tensor | None, bias: Tensor | None,
 
 def _forward_impl(x: Tensor, weight: Tensor | None, bias: Tensor | None,
                   residual: Tensor | None, normalized_shape: list[int], eps: float,
-                  offset: float, layer: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+                  offset: float, layer: bool, placeholders: bool = True
+                  ) -> tuple[Tensor, Tensor | None, Tensor, Tensor | None]:
+    """``(y, h, rstd, mean)``; an absent h or mean is an empty tensor (the custom op's and
+    the autograd function's outputs), or None with ``placeholders=False``."""
     shape = tuple(normalized_shape)
     x, residual = _rows(x, len(shape)), _rows(residual, len(shape))
     if layer:
@@ -58,9 +61,9 @@ def _forward_impl(x: Tensor, weight: Tensor | None, bias: Tensor | None,
         out = ops.rms_norm(x, shape, weight, eps, residual=residual, offset=offset,
                            return_stats=True)
     y, *rest = out
-    h = rest.pop(0) if residual is not None else _empty(x)
+    h = rest.pop(0) if residual is not None else _empty(x) if placeholders else None
     rstd = rest[0]
-    mean = rest[1] if layer else _empty(rstd)
+    mean = rest[1] if layer else _empty(rstd) if placeholders else None
     return y, h, rstd, mean
 
 
@@ -161,14 +164,14 @@ class _NormFunction(torch.autograd.Function):
 
 def _norm(x: Tensor, weight: Tensor | None, bias: Tensor | None, residual: Tensor | None,
           normalized_shape: list[int], eps: float, offset: float, layer: bool
-          ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+          ) -> tuple[Tensor, Tensor | None, Tensor, Tensor | None]:
     """The custom op under torch.compile; in eager mode its autograd twin, or the plain
     implementation when nothing needs a gradient."""
     args = (x, weight, bias, residual, normalized_shape, eps, offset, layer)
     if compiling():
         return _forward_op(*args)
     if not any(t is not None and needs_grad(t) for t in (x, weight, bias, residual)):
-        return _forward_impl(*args)
+        return _forward_impl(*args, placeholders=False)
     return _NormFunction.apply(*args)
 
 
