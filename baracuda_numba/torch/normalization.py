@@ -39,6 +39,12 @@ def _rows(t: Tensor | None, k: int) -> Tensor | None:
     return t
 
 
+def _plain(t: Tensor | None) -> Tensor | None:
+    """``t`` as a plain ``torch.Tensor`` (a Parameter's detached alias, same memory): the
+    plans' layout memo keys plain tensors only, and weights are usually Parameters."""
+    return t if t is None or type(t) is Tensor else t.detach()
+
+
 @torch.library.custom_op(f"{LIB}::norm_forward", mutates_args=())
 def _forward_op(x: Tensor, weight: Tensor | None, bias: Tensor | None,
                 residual: Tensor | None, normalized_shape: list[int], eps: float,
@@ -54,6 +60,7 @@ def _forward_impl(x: Tensor, weight: Tensor | None, bias: Tensor | None,
     the autograd function's outputs), or None with ``placeholders=False``."""
     shape = tuple(normalized_shape)
     x, residual = _rows(x, len(shape)), _rows(residual, len(shape))
+    weight, bias = _plain(weight), _plain(bias)
     if layer:
         out = ops.layer_norm(x, shape, weight, bias, eps, residual=residual,
                              return_stats=True)
@@ -98,6 +105,7 @@ def _backward_impl(dy: Tensor, h: Tensor, mean: Tensor | None, rstd: Tensor,
         dy = torch.zeros_like(h)
     shape = tuple(normalized_shape)
     dy, dh, h = _rows(dy, len(shape)), _rows(dh, len(shape)), _rows(h, len(shape))
+    weight = _plain(weight)
     if layer:
         dx, dweight, dbias = ops.layer_norm_backward(dy, h, mean, rstd, shape, weight,
                                                      has_bias, dh=dh)
