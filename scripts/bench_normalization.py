@@ -93,8 +93,9 @@ def _host(ctx: Any, torch: Any) -> None:
 
     rows, n = HOST_SHAPE
     x = torch.randn(HOST_SHAPE, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    w = torch.randn(n, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    b = torch.randn(n, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    # weights as modules hold them (Parameters)
+    w = torch.nn.Parameter(torch.randn(n, device="cuda", dtype=torch.bfloat16))
+    b = torch.nn.Parameter(torch.randn(n, device="cuda", dtype=torch.bfloat16))
     grad = torch.randn_like(x)
     xd, wd = x.detach(), w.detach()
     y, rstd = ops.rms_norm(xd, n, wd, EPS, return_stats=True)
