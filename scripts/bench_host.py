@@ -119,6 +119,25 @@ def _cases(torch):
         return lambda: fmp.run_fw(bn.FractionalMaxPool2dFwArgs(x, y, indices, samples))
 
     cases.append(("FractionalMaxPool2dPlan fw (x, y, indices, samples)", fmp_fw))
+    norm = bn.RMSNormPlan.select(bn.RMSNormDescriptor((64, 4096), (4096,), f32, 1e-6, True))
+
+    def norm_fw(arr):
+        x, y, rstd, w = arr((64, 4096)), arr((64, 4096)), arr((64, 1)), arr((4096,))
+        return lambda: norm.run(bn.RMSNormArgs(x, y, rstd, w))
+
+    cases.append(("RMSNormPlan [64,4096] (x, y, rstd, weight)", norm_fw))
+    norm_bw = bn.RMSNormBackwardPlan.select(bn.RMSNormBackwardDescriptor(
+        (64, 4096), (4096,), f32, True))
+
+    def norm_back(arr):
+        dy, x, dx = arr((64, 4096)), arr((64, 4096)), arr((64, 4096))
+        rstd, w, dw = arr((64, 1)), arr((4096,)), arr((4096,))
+        workspace = arr((norm_bw.workspace_size,), "uint8")
+        return lambda: norm_bw.run(bn.RMSNormBackwardArgs(dy, x, rstd, dx, w, dw),
+                                   workspace=workspace)
+
+    cases.append(("RMSNormBackwardPlan [64,4096] (dy, x, rstd, dx, weight, dweight, "
+                  "workspace)", norm_back))
     return cases
 
 

@@ -7,6 +7,12 @@ reads dy and the normalized input (and dh) and writes dx (weights and statistics
 negligible). % of the copy ceiling measured in the same run. Inputs rotate past L2.
 ``torch.compile`` is compiled with ``dynamic=True`` (once for the three shapes) before
 timing; the torch column is the fastest of the others, the note lists each.
+
+Host time: µs of host work per call at HOST_SHAPE (too small for the GPU to matter), for
+RMSNorm and LayerNorm through ``baracuda_numba.torch`` against torch eager, forward (no
+grad) and forward+backward, plus the functional layer and one plan ``run`` alone
+(where the time goes). ``NORM_BENCH_PROFILE=1`` also prints cProfile's top functions of
+our forward+backward call.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import os
 from typing import Any
 
 SHAPES = ((8192, 4096), (16384, 8192), (4096, 16384))
+HOST_SHAPE = (64, 4096)
 EPS = 1e-6
 
 
@@ -71,8 +78,69 @@ def _outputs(out: Any) -> list[Any]:
     return list(out) if isinstance(out, (tuple, list)) else [out]
 
 
+def _host(ctx: Any, torch: Any) -> None:
+    """Host µs per call at HOST_SHAPE (see the module docstring)."""
+    import torch.nn.functional as F
+
+    import baracuda_numba.torch as bt
+    from baracuda_numba import ops
+    from baracuda_numba.plans.normalization import (
+        RMSNormArgs,
+        RMSNormDescriptor,
+        RMSNormPlan,
+    )
+    from baracuda_numba.types import ElementKind
+
+    rows, n = HOST_SHAPE
+    x = torch.randn(HOST_SHAPE, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    # weights as modules hold them (Parameters)
+    w = torch.nn.Parameter(torch.randn(n, device="cuda", dtype=torch.bfloat16))
+    b = torch.nn.Parameter(torch.randn(n, device="cuda", dtype=torch.bfloat16))
+    grad = torch.randn_like(x)
+    xd, wd = x.detach(), w.detach()
+    y, rstd = ops.rms_norm(xd, n, wd, EPS, return_stats=True)
+    plan = RMSNormPlan.select(RMSNormDescriptor(HOST_SHAPE, (n,), ElementKind.BF16, EPS, True))
+    calls = {
+        "RMSNorm ours": lambda a: bt.rms_norm(a, n, w, EPS),
+        "RMSNorm torch": lambda a: F.rms_norm(a, (n,), w, EPS),
+        "LayerNorm ours": lambda a: bt.layer_norm(a, n, w, b, EPS),
+        "LayerNorm torch": lambda a: F.layer_norm(a, (n,), w, b, EPS),
+    }
+
+    def forward(fn: Any) -> Any:
+        def call() -> None:
+            with torch.no_grad():
+                fn(x)
+        return call
+
+    def both(fn: Any) -> Any:
+        return lambda: fn(x).backward(grad)
+
+    fns = {f"{label} forward": forward(fn) for label, fn in calls.items()}
+    fns.update({f"{label} forward+backward": both(fn) for label, fn in calls.items()})
+    fns["RMSNorm ops.rms_norm"] = lambda: ops.rms_norm(xd, n, wd, EPS, return_stats=True)
+    fns["RMSNorm ops.rms_norm_backward"] = lambda: ops.rms_norm_backward(grad, xd, rstd, n, wd)
+    fns["RMSNormPlan.run"] = lambda: plan.run(RMSNormArgs(xd, y, rstd, wd))
+    best = ctx.time_host_many(fns)
+    for label, us in best.items():
+        ctx.row(f"{label} {list(HOST_SHAPE)} host µs/call", "bf16", us)
+        print(f"  host {label} {list(HOST_SHAPE)}: {us:.1f} µs/call", flush=True)
+    if os.environ.get("NORM_BENCH_PROFILE"):
+        import cProfile
+        import pstats
+
+        profile = cProfile.Profile()
+        profile.enable()
+        for _ in range(200):
+            fns["RMSNorm ours forward+backward"]()
+        profile.disable()
+        torch.cuda.synchronize()
+        pstats.Stats(profile).sort_stats("tottime").print_stats(25)
+
+
 def bench(ctx: Any) -> None:
     torch = ctx.torch
+    _host(ctx, torch)
     shapes = SHAPES
     if os.environ.get("NORM_BENCH_QUICK"):
         shapes = SHAPES[:1]

@@ -6,6 +6,8 @@ an output rounded once (``rtol·|y|``) plus, for sums, ``rtol·Σ|terms|``.
 
 from __future__ import annotations
 
+import types
+
 import numpy as np
 import pytest
 from conftest import FLOAT_ELEMENTS, TOLERANCE, torch_or_skip
@@ -171,6 +173,12 @@ def test_choose_launch_chunks_depend_on_the_problem_only():
     forward = choose_launch(8192, 4096, False, vec=8)
     assert (forward.kernel, forward.units) == ("rows_vec", 512)
     assert forward.block * 8 >= forward.units  # at most VEC_MAX_UNITS units a thread
+    # rows in pairs without a residual (half the blocks), one at a time with it
+    assert (forward.rows_at_once, forward.grid) == (2, 4096)
+    assert choose_launch(8191, 4096, False, vec=8).grid == 4096
+    assert choose_launch(8192, 4096, False, vec=8, residual=True).rows_at_once == 1
+    assert choose_launch(8192, 4096, False, vec=8, pair=False).grid == 8192
+    assert choose_launch(8192, 4096, False, vec=8, kernel="rows").rows_at_once == 1
     backward = choose_launch(8192, 16384, True, vec=8)
     assert backward.kernel == "rows_vec" and backward.block * 4 >= backward.units
     assert choose_launch(8192, 65536, True, vec=8).kernel == "rows"  # shared sums too big
@@ -311,6 +319,44 @@ def test_register_kernel_and_generic_agree(element, layer, rng):
                                                    element, None, None, 1e-5, 0.0, 1)
     assert_within(from_storage(to_host(y_dev), element), expected,
                   2 * rtol * y_scale(sh, smean, srstd), "misaligned")
+
+
+@pytest.mark.parametrize("element", [ElementKind.BF16, F32])
+@pytest.mark.parametrize("layer", [False, True])
+def test_row_pairs_match_single_rows(element, layer, rng):
+    """The forward register kernel's row pairs (no residual; 5 rows: two pairs and a row
+    alone, over a grid-stride loop in the simulator) give the bits of one row a block,
+    and both the reference."""
+    vec = 16 // element.byte_width
+    n = 33 * vec
+    shape, normalized = (5, n), (n,)
+    x, xv = _values(shape, element, rng)
+    w, wv = _values(normalized, F32, rng)
+    b, bv = _values(normalized, F32, rng)
+    offset = 0.0 if layer else 1.0
+    results = []
+    for pair in (None, False):
+        if layer:
+            plan = LayerNormPlan.select(LayerNormDescriptor(shape, normalized, element, 1e-5,
+                                                            True, True, F32), pair=pair)
+        else:
+            plan = RMSNormPlan.select(RMSNormDescriptor(shape, normalized, element, 1e-5,
+                                                        True, F32, False, offset), pair=pair)
+        assert plan.choice.rows_at_once == (1 if pair is False else 2)
+        y, rstd, mean = (to_device(poisoned(s, e)) for s, e in (
+            (shape, element), ((5, 1), F32), ((5, 1), F32)))
+        if layer:
+            plan.run(LayerNormArgs(to_device(x), y, mean, rstd, to_device(w), to_device(b)))
+        else:
+            plan.run(RMSNormArgs(to_device(x), y, rstd, to_device(w)))
+        results.append([to_host(a) for a in (y, rstd, mean)])
+    for single, paired in zip(results[1], results[0][:2 + layer]):
+        assert np.array_equal(single.view(np.uint8), paired.view(np.uint8))
+    expected, eh, erstd, emean = reference_forward(layer, xv, None, element, wv,
+                                                   bv if layer else None, 1e-5, offset, 1)
+    bound = 2 * TOLERANCE[element][0] * y_scale(eh, emean, erstd, wv, offset,
+                                                bv if layer else None)
+    assert_within(from_storage(results[0][0], element), expected, bound, "pairs")
 
 
 def test_weight_gradients_bit_identical_across_blocks_and_reruns(rng):
@@ -494,6 +540,74 @@ def test_backward_workspace_too_small(rng):
     assert np.isnan(to_host(dx)).all() and np.isnan(to_host(dw)).all()
 
 
+class _HostCupy:
+    """Stands for a CuPy array over NumPy memory (the simulator's device memory), so that
+    the plans' LayoutMemo, which keys torch and CuPy arrays only, runs in the simulator."""
+
+    def __init__(self, array):
+        self.array = array
+        self.data = types.SimpleNamespace(ptr=array.ctypes.data)
+        self.shape, self.strides, self.dtype = array.shape, array.strides, array.dtype
+        self.itemsize, self._c_contiguous = array.itemsize, array.flags.c_contiguous
+
+
+@pytest.mark.simulator
+@pytest.mark.parametrize("kernel", ["rows_vec", "rows"])
+def test_layout_memo_matches_the_checked_path(monkeypatch, rng, kernel):
+    """After a checked run, arrays of the same layout take the plans' LayoutMemo (no
+    checks: a replay of the recorded launches) and give bit-identical results, forward
+    (LayerNorm with residual, weight, bias) and backward (with dh and the workspace);
+    overlapping outputs of a memoised layout are still rejected before any launch; in
+    place (y is x) is never memoised and still right."""
+    from baracuda_numba import arrays
+
+    monkeypatch.setattr(arrays, "_CUPY_ARRAY", _HostCupy)
+    monkeypatch.setitem(arrays._EXTRACTORS, _HostCupy, arrays._extract_cupy)
+    shape, n = (3, 64), (64,)
+    fw = LayerNormPlan.select(LayerNormDescriptor(shape, n, F32, 1e-5, True, True, None, True),
+                              kernel=kernel)
+    bw = LayerNormBackwardPlan.select(LayerNormBackwardDescriptor(
+        shape, n, F32, True, True, None, True), kernel=kernel)
+    x, r, dy, dh = (random_values(shape, F32, rng) for _ in range(4))
+    w, b = random_values(n, F32, rng), random_values(n, F32, rng)
+    checked = {"fw": 0, "bw": 0}
+    for label, plan in (("fw", fw), ("bw", bw)):
+        def counted(args, plan=plan, label=label, check=plan.can_implement):
+            checked[label] += 1
+            return check(args)
+        monkeypatch.setattr(plan, "can_implement", counted)
+
+    def once(wrap):
+        y, h, dx = (poisoned(shape, F32) for _ in range(3))
+        mean, rstd = poisoned((3, 1), F32), poisoned((3, 1), F32)
+        dw, db = poisoned(n, F32), poisoned(n, F32)
+        fw.run(LayerNormArgs(*map(wrap, (x, y, mean, rstd, w, b, r, h))))
+        bw.run(LayerNormBackwardArgs(*map(wrap, (dy, h, mean, rstd, dx, w, dw, db, dh))),
+               workspace=wrap(np.zeros(bw.workspace_size, np.uint8)))
+        return y, h, mean, rstd, dx, dw, db
+
+    expected = once(lambda a: a)  # NumPy arrays: never memoised
+    runs = [once(_HostCupy) for _ in range(3)]  # the first checks, the others replay
+    assert checked == {"fw": 2, "bw": 2}
+    for got in runs:
+        for e, g in zip(expected, got):
+            assert np.array_equal(e.view(np.uint32), g.view(np.uint32))
+    # the memoised layout with y over x: rejected, nothing written
+    buffer = np.concatenate([x, np.full(shape, np.nan, np.float32)])
+    y_over, rstd = buffer[1:4], poisoned((3, 1), F32)
+    with pytest.raises(InvalidProblem, match="LayerNormPlan: y overlaps x"):
+        fw.run(LayerNormArgs(*map(_HostCupy, (buffer[:3], y_over, poisoned((3, 1), F32),
+                                              rstd, w, b, r, poisoned(shape, F32)))))
+    assert np.isnan(rstd).all() and np.array_equal(buffer[:3], x)
+    # in place (y is x): the checked path each time, the same values
+    for _ in range(2):
+        both = _HostCupy(x.copy())
+        fw.run(LayerNormArgs(both, both, *map(_HostCupy, (
+            poisoned((3, 1), F32), poisoned((3, 1), F32), w, b, r, poisoned(shape, F32)))))
+        assert np.array_equal(both.array.view(np.uint32), expected[0].view(np.uint32))
+    assert checked["fw"] == 5
+
+
 # -- GPU: torch forward and autograd, big shapes -----------------------------------------------
 
 _TORCH_SHAPES = [(4, 1), (5, 7), (3, 64), (2, 255), (2, 256), (2, 257), (7, 1000),
@@ -578,6 +692,17 @@ def test_torch_residual_gemma_and_compile(layer):
         want = torch.autograd.grad(theirs(*leaves), leaves, (dy.double(), dh.double()))
         for g, e in zip(got, want):
             torch.testing.assert_close(g.double(), e, rtol=3e-2, atol=3e-2 * e.abs().max())
+    # eager with one output in the loss: the other's gradient reaches backward as None
+    for used, grad in ((0, dy), (1, dh)):
+        got = torch.autograd.grad(ours(x, r, w)[used], (x, r, w), grad, allow_unused=True)
+        leaves = tuple(t.detach().double().requires_grad_() for t in (x, r, w))
+        want = torch.autograd.grad(theirs(*leaves)[used], leaves, grad.double(),
+                                   allow_unused=True)
+        for g, e in zip(got, want):
+            e = torch.zeros_like(leaves[0][0]) if e is None else e
+            g = torch.zeros_like(e) if g is None else g.double()
+            torch.testing.assert_close(g, e.expand_as(g), rtol=3e-2,
+                                       atol=3e-2 * e.abs().max() + 1e-6)
 
 
 @pytest.mark.gpu

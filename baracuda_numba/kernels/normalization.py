@@ -66,6 +66,7 @@ FLAG_WEIGHT = 1
 FLAG_BIAS = 2
 FLAG_RESIDUAL = 4  # forward: h = x + residual written out; backward: dh added to dx
 FLAG_LAYER = 8  # the register kernels: LayerNorm (else RMSNorm)
+FLAG_PAIR = 16  # the forward register kernel: two rows a block at once (no residual)
 
 #: Columns one backward thread can own (its dw/db running sums live in a local array):
 #: with 1024 threads a block covers rows of up to 65536 elements.
@@ -366,38 +367,43 @@ def _unit_values(element: ElementKind, k: int, vec: int) -> list[str]:
     return lines
 
 
-def _held_values(element: ElementKind, k: int, vec: int) -> list[str]:
-    """Decode unit ``k``'s held words ``x{k}`` again into ``v{k}_*``: only the packed words
-    stay live across the block sums (half the registers of f32 values for 16-bit kinds,
-    which is what lets the block run at 64 registers a thread without spills)."""
-    return _decode(element, [f"x{k}[{i}]" for i in range(4)], [f"v{k}_{e}" for e in range(vec)])
+def _held_values(element: ElementKind, k: int, vec: int, words: str = "x",
+                 tag: str = "") -> list[str]:
+    """Decode unit ``k``'s held words ``x{k}`` (``words``) again into ``v{k}_*``: only the
+    packed words stay live across the block sums (half the registers of f32 values for
+    16-bit kinds, which is what lets the block run at 64 registers a thread without
+    spills). ``tag`` keeps the names of each use distinct (each assigned in one place)."""
+    return _decode(element, [f"{words}{k}[{i}]" for i in range(4)],
+                   [f"v{tag}{k}_{e}" for e in range(vec)])
 
 
 def _weight_values(weight: ElementKind, k: int, vec: int, array: str,
-                   names: list[str]) -> list[str]:
+                   names: list[str], tag: str = "") -> list[str]:
     """Lines loading unit ``k``'s ``vec`` entries of ``array`` (weight or bias, in kind
     ``weight``: one or two 16-byte loads) as f32 into ``names``."""
     wunits = vec * weight.byte_width // 16
     lines, words = [], []
     for i in range(wunits):
-        lines.append(f"q{k}{array[0]}{i} = load16({array}, uint64(u{k} * {4 * wunits} + "
+        lines.append(f"q{tag}{k}{array[0]}{i} = load16({array}, uint64(u{k} * {4 * wunits} + "
                      f"{4 * i}))")
-        words += [f"q{k}{array[0]}{i}[{j}]" for j in range(4)]
+        words += [f"q{tag}{k}{array[0]}{i}[{j}]" for j in range(4)]
     return lines + _decode(weight, words, names)
 
 
-def _unit_store(element: ElementKind, weight: ElementKind, k: int, vec: int) -> list[str]:
-    """Body of unit ``k``'s output: normalize, scale/shift, store 16 bytes of y."""
-    o = [f"o{k}_{e}" for e in range(vec)]
-    lines = _held_values(element, k, vec)
-    lines += [f"{o[e]} = (v{k}_{e} - mean) * rstd" for e in range(vec)]
+def _unit_store(element: ElementKind, weight: ElementKind, k: int, vec: int,
+                words: str = "x", row: str = "y_row", tag: str = "") -> list[str]:
+    """Body of unit ``k``'s output: normalize, scale/shift, store 16 bytes of y (from the
+    held ``words``, with ``mean{tag}``/``rstd{tag}``, at ``row``)."""
+    o = [f"o{tag}{k}_{e}" for e in range(vec)]
+    lines = _held_values(element, k, vec, words, tag)
+    lines += [f"{o[e]} = (v{tag}{k}_{e} - mean{tag}) * rstd{tag}" for e in range(vec)]
     for flag, array in (("FLAG_WEIGHT", "weight"), ("FLAG_BIAS", "bias")):
-        names = [f"c{k}{array[0]}_{e}" for e in range(vec)]
+        names = [f"c{tag}{k}{array[0]}_{e}" for e in range(vec)]
         lines.append(f"if flags & {flag}:")
-        lines += ["    " + line for line in _weight_values(weight, k, vec, array, names)]
+        lines += ["    " + line for line in _weight_values(weight, k, vec, array, names, tag)]
         op = "*= offset32 +" if array == "weight" else "+="
         lines += [f"    {o[e]} {op} {names[e]}" for e in range(vec)]
-    lines.append(f"store16(yw, uint64(y_row + u{k} * 4), {_encode(element, o)})")
+    lines.append(f"store16(yw, uint64({row} + u{k} * 4), {_encode(element, o)})")
     return lines
 
 
@@ -424,7 +430,26 @@ def _lanes(units: range) -> list[str]:
     return lines
 
 
+def _row_sum_lines(element: ElementKind, k: int, vec: int, words: str, tag: str,
+                   target: str, centre: str | None) -> list[str]:
+    """Under a unit's predicate: ``target`` = the sum of unit ``k``'s values (decoded from
+    ``words``), or with ``centre`` the sum of their squared differences from it (``""``:
+    of their squares)."""
+    lines = _held_values(element, k, vec, words, tag)
+    v = [f"v{tag}{k}_{e}" for e in range(vec)]
+    if centre is None:
+        return lines + [f"{target} = " + " + ".join(v)]
+    if not centre:
+        return lines + [f"{target} = " + " + ".join(f"{a} * {a}" for a in v)]
+    lines += [f"d{tag}{k}_{e} = {v[e]} - {centre}" for e in range(vec)]
+    return lines + [f"{target} = " + " + ".join(f"d{tag}{k}_{e} * d{tag}{k}_{e}"
+                                                 for e in range(vec))]
+
+
 def _vec_forward_source(element: ElementKind, weight: ElementKind) -> str:
+    """The forward register kernel. With FLAG_PAIR (no residual) a block takes two rows
+    at once, the second's words in the residual's registers: twice the bytes in flight a
+    thread, and one round of block sums (and of weight-load latency) for two rows."""
     vec = 16 // element.byte_width
     units = range(VEC_MAX_UNITS)
     zero = "(uint32(0), uint32(0), uint32(0), uint32(0))"
@@ -434,6 +459,8 @@ def _vec_forward_source(element: ElementKind, weight: ElementKind) -> str:
                  f"r{k} = {zero}", f"if p{k}:", f"    x{k} = load16(xw, uint64(x_row + u{k} * 4))"]
     body.append("if has_residual:")
     body += [f"    if p{k}:\n        r{k} = load16(rw, uint64(r_row + u{k} * 4))" for k in units]
+    body.append("if second:")  # the pair's second row (r_row: its offset in x)
+    body += [f"    if p{k}:\n        r{k} = load16(xw, uint64(r_row + u{k} * 4))" for k in units]
     for k in units:  # one partial sum per unit, each assigned once (fast to compile)
         body += [f"v{k}_{e} = float32(0)" for e in range(vec)] + [f"t{k} = float32(0)"]
         body += [f"if p{k}:"] + ["    " + line for line in _unit_values(element, k, vec)]
@@ -441,21 +468,40 @@ def _vec_forward_source(element: ElementKind, weight: ElementKind) -> str:
         squares = " + ".join(f"v{k}_{e} * v{k}_{e}" for e in range(vec))
         body += ["    if is_layer:", f"        t{k} = {plain}", "    else:",
                  f"        t{k} = {squares}"]
+    for k in units:  # the second row's partial sums
+        body += [f"z{k} = float32(0)", f"if second and p{k}:", "    if is_layer:"]
+        body += ["        " + line for line in _row_sum_lines(element, k, vec, "r", "B",
+                                                            f"z{k}", None)]
+        body.append("    else:")
+        body += ["        " + line for line in _row_sum_lines(element, k, vec, "r", "S",
+                                                            f"z{k}", "")]
     body.append(f"total = {' + '.join(f't{k}' for k in units)}")
-    body += ["mean = float32(0)", "if is_layer:",
-             "    mean = float32(_row_sums(total, float32(0), sums, tid, block)[0] / n)"]
+    body.append(f"total2 = {' + '.join(f'z{k}' for k in units)}")
+    body += ["mean = float32(0)", "meanB = float32(0)", "if is_layer:",
+             "    means = _row_sums(total, total2, sums, tid, block)",
+             "    mean = float32(means[0] / n)", "    meanB = float32(means[1] / n)"]
     for k in units:  # LayerNorm's second pass, over the registers
         body += [f"    e{k} = float32(0)", f"    if p{k}:"]
-        body += ["        " + line for line in _held_values(element, k, vec)]
-        body += [f"        d{k}_{e} = v{k}_{e} - mean" for e in range(vec)]
-        body.append(f"        e{k} = " + " + ".join(f"d{k}_{e} * d{k}_{e}" for e in range(vec)))
+        body += ["        " + line for line in _row_sum_lines(element, k, vec, "x", "E",
+                                                            f"e{k}", "mean")]
+        body += [f"    f{k} = float32(0)", f"    if second and p{k}:"]
+        body += ["        " + line for line in _row_sum_lines(element, k, vec, "r", "F",
+                                                            f"f{k}", "meanB")]
     body.append(f"    total = {' + '.join(f'e{k}' for k in units)}")
-    body += ["variance = float32(_row_sums(total, float32(0), sums, tid, block)[0] / n)",
-             "rstd = float32(1) / math.sqrt(variance + float32(eps))",
+    body.append(f"    total2 = {' + '.join(f'f{k}' for k in units)}")
+    body += ["variances = _row_sums(total, total2, sums, tid, block)",
+             "rstd = float32(1) / math.sqrt(float32(variances[0] / n) + float32(eps))",
+             "rstdB = float32(1) / math.sqrt(float32(variances[1] / n) + float32(eps))",
              "if tid == 0:", "    rstd_out[row] = rstd", "    if is_layer:",
-             "        mean_out[row] = mean"]
+             "        mean_out[row] = mean", "    if second:",
+             "        rstd_out[row + 1] = rstdB", "        if is_layer:",
+             "            mean_out[row + 1] = meanB"]
     for k in units:
         body += [f"if p{k}:"] + ["    " + line for line in _unit_store(element, weight, k, vec)]
+    body.append("if second:")  # the weights again: L1 hits
+    for k in units:
+        body += [f"    if p{k}:"] + ["        " + line for line in _unit_store(
+            element, weight, k, vec, "r", "h_row", "B")]
     head = ("def norm_forward_vec(xw, rw, hw, yw, weight, bias, rstd_out, mean_out,\n"
             "                     outer_shape, x_strides, r_strides, h_strides, y_strides,\n"
             "                     rows, units, n, eps, offset, flags):\n"
@@ -464,14 +510,22 @@ def _vec_forward_source(element: ElementKind, weight: ElementKind) -> str:
             "    block = int64(cuda.blockDim.x)\n"
             "    has_residual = flags & FLAG_RESIDUAL\n"
             "    is_layer = flags & FLAG_LAYER\n"
+            "    pair = (flags & FLAG_PAIR) != 0\n"
+            "    step = int64(2) if pair else int64(1)\n"
             "    offset32 = float32(offset)\n"
             + _LANES_INIT +
-            "    row = int64(cuda.blockIdx.x)\n"
+            "    row = int64(cuda.blockIdx.x) * step\n"
             "    while row < rows:\n"
-            "        x_row, r_row = strided_offset2(row, outer_shape, x_strides, r_strides)\n"
-            "        h_row, y_row = strided_offset2(row, outer_shape, h_strides, y_strides)\n")
+            "        second = pair and row + 1 < rows\n"
+            "        x_row, y_row = strided_offset2(row, outer_shape, x_strides, y_strides)\n"
+            "        if second:  # the pair's second row, in x and y\n"
+            "            r_row, h_row = strided_offset2(row + 1, outer_shape, x_strides,\n"
+            "                                           y_strides)\n"
+            "        else:\n"
+            "            r_row, h_row = strided_offset2(row, outer_shape, r_strides,\n"
+            "                                           h_strides)\n")
     return (head + "".join(f"        {line}\n" for line in "\n".join(body).splitlines())
-            + "        row += cuda.gridDim.x\n")
+            + "        row += int64(cuda.gridDim.x) * step\n")
 
 
 @functools.cache
@@ -617,6 +671,7 @@ def _generated(name: str, source: str) -> Any:
         uint32=uint32, load16=load16, store16=store16, strided_offset2=strided_offset2,
         _row_sums=_row_sums, FLAG_RESIDUAL=FLAG_RESIDUAL,
         FLAG_WEIGHT=FLAG_WEIGHT, FLAG_BIAS=FLAG_BIAS, FLAG_LAYER=FLAG_LAYER,
+        FLAG_PAIR=FLAG_PAIR,
         unpack_f16x2=unpack_f16x2, unpack_bf16x2=unpack_bf16x2, f32_from_bits=f32_from_bits,
         pack_f16x2=pack_f16x2, pack_bf16x2=pack_bf16x2, f32_to_bits=f32_to_bits)
     exec(compile(source, f"<{name}>", "exec"), namespace)
@@ -713,7 +768,7 @@ _FINALIZE_KEYS = {(str(stats_type(e)), w): (stats_type(e), w)  # each pair once 
                   for e, weights in NORM_WEIGHT_ELEMENTS.items() for w in weights}
 NORM_FINALIZE_KERNELS = {key: _finalize_kernel(*kinds) for key, kinds in _FINALIZE_KEYS.items()}
 
-__all__ = ["FLAG_BIAS", "FLAG_LAYER", "FLAG_RESIDUAL", "FLAG_WEIGHT", "MAX_BLOCK",
+__all__ = ["FLAG_BIAS", "FLAG_LAYER", "FLAG_PAIR", "FLAG_RESIDUAL", "FLAG_WEIGHT", "MAX_BLOCK",
            "FINALIZE_BLOCK", "MAX_COLUMNS_PER_THREAD",
            "NORM_BACKWARD_KERNELS", "NORM_ELEMENTS", "NORM_FINALIZE_KERNELS",
            "NORM_FORWARD_KERNELS", "NORM_VEC_BACKWARD_KERNELS", "NORM_VEC_FORWARD_KERNELS",

@@ -27,8 +27,9 @@ fixed by the problem (:func:`choose_launch`), not by the launch.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from dataclasses import dataclass, fields
+from operator import attrgetter
+from typing import Any, ClassVar, NamedTuple
 
 from .._runtime import SIMULATOR
 from ..arrays import TensorRef, as_mut, as_ref, flat_span
@@ -38,6 +39,7 @@ from ..kernels.normalization import (
     FINALIZE_BLOCK,
     FLAG_BIAS,
     FLAG_LAYER,
+    FLAG_PAIR,
     FLAG_RESIDUAL,
     FLAG_WEIGHT,
     MAX_BLOCK,
@@ -69,7 +71,7 @@ from ..types import (
     PlanPreference,
     PrecisionGuarantee,
 )
-from .base import Plan, fail, plan_args, product
+from .base import LAUNCHED, LayoutMemo, Plan, fail, plan_args, product, replay_launcher
 
 __all__ = [
     "NORM_ELEMENTS", "LayerNormArgs", "LayerNormBackwardArgs", "LayerNormBackwardDescriptor",
@@ -123,6 +125,8 @@ class NormLaunch:
     rows_per_chunk: int
     chunks: int
     units: int = 0
+    #: Forward register kernel: rows a block takes at once (2: a pair, see ``pair``).
+    rows_at_once: int = 1
 
 
 def _round32(value: int) -> int:
@@ -130,12 +134,16 @@ def _round32(value: int) -> int:
 
 
 def choose_launch(rows: int, n: int, backward: bool, block: int | None = None, *,
-                  vec: int = 0, kernel: str | None = None) -> NormLaunch:
+                  vec: int = 0, kernel: str | None = None, residual: bool = False,
+                  pair: bool | None = None) -> NormLaunch:
     """The launch of a ``rows x n`` problem. ``vec``: elements per 16-byte unit when the
     element kind has the register kernel (0: it has not); it is taken for forward rows
     of whole units that fit ``VEC_MAX_UNITS`` units a thread, unless ``kernel="rows"``.
     ``block`` (a multiple of 32, at most 1024, enough for ``n``) overrides the thread
-    count; the chunks never depend on it."""
+    count; the chunks never depend on it. The forward register kernel takes rows in
+    pairs without a ``residual`` (the second row's words in the residual's registers: a
+    block's loads, block sums and weight loads then serve two rows), unless ``pair`` is
+    False; the results are the same bits either way."""
     units = n // vec if vec and n % vec == 0 else 0
     held = VEC_MAX_UNITS_BW if backward else VEC_MAX_UNITS
     vec_block = VEC_MAX_BLOCK_BW if backward else VEC_MAX_BLOCK
@@ -156,8 +164,10 @@ def choose_launch(rows: int, n: int, backward: bool, block: int | None = None, *
     if block % 32 or not least <= block <= most:
         raise ValueError(f"= {block} must be a multiple of 32 in [{least}, {most}]")
     if not backward:
+        at_once = 2 if use_vec and not residual and rows > 1 and pair is not False else 1
         return NormLaunch("rows_vec" if use_vec else "rows", block,
-                          min(rows, _MAX_FORWARD_GRID), 0, 0, units if use_vec else 0)
+                          min(-(-rows // at_once), _MAX_FORWARD_GRID), 0, 0,
+                          units if use_vec else 0, at_once)
     chunks = min(rows, _TARGET_CHUNKS, max(_TARGET_CHUNKS // 2, rows // _MIN_CHUNK_ROWS),
                  max(1, _MAX_PARTIALS // max(2 * n, 1)))
     rows_per_chunk = -(-rows // chunks) if chunks else 0
@@ -282,19 +292,41 @@ _MACHINE_EPSILON = {ElementKind.F16: 2.0 ** -10, ElementKind.BF16: 2.0 ** -7,
                     ElementKind.F32: 2.0 ** -23, ElementKind.F64: 2.0 ** -52}
 
 
+class _Array(NamedTuple):
+    """An array argument of a kernel: pointer and extent (elements of its flat view)."""
+
+    ptr: int
+    extent: int
+
+
+_NO_ARRAY = _Array(0, 0)
+#: ``[(bound launch, its pointers), ...]``: the launches of one ``run``, in order
+_Calls = list[tuple[Any, tuple[int, ...]]]
+#: The arrays that ``run`` writes (each must be disjoint from every other array).
+_OUTPUTS = frozenset({"y", "h", "rstd", "mean", "dx", "dweight", "dbias"})
+
+
+def _view_of(entry: Any) -> TensorRef | None:
+    """The view of a ``can_implement`` entry (a row array's entry is a tuple)."""
+    return entry[0] if isinstance(entry, tuple) else entry
+
+
 class _NormPlan(Plan):
     """Shared by the four plans: checks, views, the launch."""
 
     layer: ClassVar[bool] = False
     backward: ClassVar[bool] = False
+    args_type: ClassVar[type]
 
     @classmethod
     def select(cls, desc: Any, pref: PlanPreference | None = None, *,
-               block: int | None = None, kernel: str | None = None) -> Any:
+               block: int | None = None, kernel: str | None = None,
+               pair: bool | None = None) -> Any:
         """Validate ``desc`` and load the kernels. ``block``: threads per block instead of
         the dispatch's choice; ``kernel``: ``"rows"`` or ``"rows_vec"`` (forward) instead
-        of the dispatch's choice (tests and tuning; the weight gradients do not depend on
-        either, y and dx may differ in the last bits)."""
+        of the dispatch's choice; ``pair=False``: the forward register kernel one row a
+        block (tests and tuning; the weight gradients do not depend on any of them, y and
+        dx may differ in the last bits between kernels, not between pair and single)."""
         shape, normalized = tuple(desc.input_shape), tuple(desc.normalized_shape)
         cls.check_rank(shape, "input_shape")
         k = len(normalized)
@@ -327,7 +359,8 @@ class _NormPlan(Plan):
                  f"{MAX_BLOCK * MAX_COLUMNS_PER_THREAD}")
         try:
             vec = 16 // desc.element.byte_width if desc.element in VEC_ELEMENTS else 0
-            launch = choose_launch(rows, n, cls.backward, block, vec=vec, kernel=kernel)
+            launch = choose_launch(rows, n, cls.backward, block, vec=vec, kernel=kernel,
+                                   residual=getattr(desc, "has_residual", False), pair=pair)
             generic = launch if launch.kernel == "rows" else choose_launch(
                 rows, n, cls.backward, None, kernel="rows")
         except ValueError as exc:
@@ -372,13 +405,21 @@ class _NormPlan(Plan):
                                                 weight_element)]
         self._vec_kernel = (NORM_VEC_BACKWARD_KERNELS if self.backward
                             else NORM_VEC_FORWARD_KERNELS).get(key[:2])
-        self._vec_flags = self.flags | (FLAG_LAYER if self.layer else 0)
+        self._vec_flags = (self.flags | (FLAG_LAYER if self.layer else 0)
+                           | (FLAG_PAIR if launch.rows_at_once == 2 else 0))
         if launch.kernel == "rows_vec" and self.backward:
             self._vec_kernel.allow_dynamic_shared(8 * n)
         if rows and n:
             (self._vec_kernel if launch.kernel == "rows_vec" else self._kernel).prepare()
         if self.backward and (desc.has_weight or has_bias) and n:
             self._finalize.prepare()
+        # the arrays of ``args`` in field order (then the workspace, backward): the memo's
+        self._names = tuple(f.name for f in fields(self.args_type))
+        self._arrays = attrgetter(*self._names)
+        disjoint = tuple((i, j) for j, b in enumerate(self._names)
+                         for i, a in enumerate(self._names[:j]) if _OUTPUTS & {a, b})
+        self._memo = LayoutMemo(len(self._names) + self.backward, disjoint)
+        self._bound: dict[Any, Any] = {}
 
     # -- views ---------------------------------------------------------------------------
 
@@ -442,26 +483,24 @@ class _NormPlan(Plan):
                 return False
         return all(views[key] is None or views[key].ptr % 16 == 0 for key in vectors)
 
-    def _words(self, entry: tuple[Any, tuple, int]) -> tuple[tuple[int, int], tuple]:
+    def _words(self, entry: tuple[Any, tuple, int]) -> tuple[_Array, tuple]:
         """A row array as uint32 words: (pointer, extent), outer strides in words."""
         view, outer, _ = entry
         if view is None:
-            return (0, 0), outer
+            return _NO_ARRAY, outer
         itemsize = self.descriptor.element.byte_width
         span = flat_span(view.shape, view.strides) * itemsize
-        return (view.ptr, -(-span // 4)), tuple(s * itemsize // 4 for s in outer)
+        return _Array(view.ptr, -(-span // 4)), tuple(s * itemsize // 4 for s in outer)
 
     @staticmethod
-    def _vector_words(view: TensorRef | None) -> tuple[int, int]:
-        return (0, 0) if view is None else (view.ptr, view.numel * view.itemsize // 4)
+    def _vector_words(view: TensorRef | None) -> _Array:
+        return _NO_ARRAY if view is None else _Array(view.ptr, view.numel * view.itemsize // 4)
 
     def _check_aliasing(self, views: dict[str, Any], outputs: tuple[str, ...]) -> None:
         """An output may be another activation-shaped argument itself (same address and
         strides: each element is read before it is written, by the thread that writes
         it), but may not meet any other argument's memory otherwise."""
-        def view_of(entry: Any) -> TensorRef | None:
-            return entry[0] if isinstance(entry, tuple) else entry
-
+        view_of = _view_of
         names = [k for k in views if view_of(views[k]) is not None]
         for out in outputs:
             mine = view_of(views[out])
@@ -479,10 +518,46 @@ class _NormPlan(Plan):
                      "may be both)")
 
     @staticmethod
-    def _pointer(view: TensorRef | None) -> tuple[int, int]:
+    def _pointer(view: TensorRef | None) -> _Array:
         if view is None:
-            return (0, 0)
-        return (view.ptr, flat_span(view.shape, view.strides))
+            return _NO_ARRAY
+        return _Array(view.ptr, flat_span(view.shape, view.strides))
+
+    # -- launches --------------------------------------------------------------------------
+
+    def _bind(self, kernel: Any, grid: int, block: int, args: tuple[Any, ...],
+              shared_bytes: int = 0) -> tuple[Any, tuple[int, ...]]:
+        """``(bound launch, its pointers)`` for ``args`` (arrays as :class:`_Array`): the
+        bound launch is kept per non-pointer arguments, so only the pointers move."""
+        pointers = tuple(a.ptr for a in args if type(a) is _Array)
+        fixed = tuple(_Array(0, a.extent) if type(a) is _Array else a for a in args)
+        key = (kernel, grid, block, shared_bytes, fixed)
+        bound = self._bound.get(key)
+        if bound is None:
+            if len(self._bound) >= 64:
+                self._bound.clear()
+            bound = self._bound[key] = kernel.bind(grid, block, fixed, shared_bytes)
+        return bound, pointers
+
+    def _go(self, memo_key: Any, stream: Any, views: dict[str, Any], calls: _Calls,
+            workspace_ptr: int) -> None:
+        """Launch ``calls`` on ``stream`` and keep their replay under ``memo_key`` (None:
+        arrays the memo does not key; no replay either where two arrays share an address,
+        which only the checked path accepts)."""
+        handle = stream_handle(stream)
+        for bound, pointers in calls:
+            bound.fast(handle, *pointers)
+        if memo_key is None:
+            return
+        given = [_view_of(views[name]) for name in self._names]
+        pointers = tuple(0 if v is None else v.ptr for v in given)
+        spans = tuple(0 if v is None else flat_span(v.shape, v.strides) * v.itemsize
+                      for v in given)
+        if self.backward:  # the workspace: no overlap test (as the checked path)
+            pointers, spans = pointers + (workspace_ptr,), spans + (0,)
+        launch = replay_launcher(calls, pointers)
+        if launch is not None:
+            self._memo.store(memo_key, launch, spans)
 
 
 _ABSENT = (None, (0,) * 8, 0)
@@ -513,34 +588,37 @@ class _NormForward(_NormPlan):
         return views
 
     def run(self, args: Any, stream: Any = None, workspace: Any = None) -> None:
-        """Launch the forward on ``stream`` (no host sync); nothing when empty."""
-        v = self.can_implement(args)
-        handle = stream_handle(stream)
-        if not (self.rows and self.n):
+        """Launch the forward on ``stream`` (no host sync); nothing when empty. Torch or
+        CuPy arrays of a layout seen before skip the checks (``LayoutMemo``; the
+        no-overlap tests of the outputs still run per call)."""
+        memo_key = self._memo.launch(stream, None, *self._arrays(args))
+        if memo_key is LAUNCHED:
             return
+        views = self.can_implement(args)
+        self._go(memo_key, stream, views, self._forward_calls(views), 0)
+
+    def _forward_calls(self, v: dict[str, Any]) -> _Calls:
+        if not (self.rows and self.n):
+            return []
         if self.choice.kernel == "rows_vec" and self._aligned(
                 v, ("x", "y", "residual", "h"), ("weight", "bias")):
-            self._run_vec(v, handle)
-            return
+            # the register kernel: activations as uint32 words, strides in words
+            (x, xs), (r, rs), (h, hs), (y, ys) = (self._words(v[k])
+                                                  for k in ("x", "residual", "h", "y"))
+            choice = self.choice
+            return [self._bind(self._vec_kernel, choice.grid, choice.block, (
+                x, r, h, y, self._vector_words(v["weight"]), self._vector_words(v["bias"]),
+                self._pointer(v["rstd"]), self._pointer(v["mean"]), self._outer_shape(),
+                xs, rs, hs, ys, self.rows, choice.units, self.n, self.eps, self.offset,
+                self._vec_flags))]
         p = self._pointer
         choice = self.generic_choice
         (x, xs, xi), (r, rs, ri), (h, hs, hi), (y, ys, yi) = (v["x"], v["residual"], v["h"],
                                                               v["y"])
-        self._kernel.launch(choice.grid, choice.block, handle, (
+        return [self._bind(self._kernel, choice.grid, choice.block, (
             p(x), p(r), p(h), p(y), p(v["weight"]), p(v["bias"]), p(v["rstd"]), p(v["mean"]),
             self._outer_shape(), xs, rs, hs, ys, xi, ri, hi, yi, self.rows, self.n,
-            self.eps, self.offset, self.flags))
-
-    def _run_vec(self, views: dict[str, Any], handle: int) -> None:
-        """The register kernel: activations as uint32 words, strides in words."""
-        (x, xs), (r, rs), (h, hs), (y, ys) = (self._words(views[k])
-                                              for k in ("x", "residual", "h", "y"))
-        choice = self.choice
-        self._vec_kernel.launch(choice.grid, choice.block, handle, (
-            x, r, h, y, self._vector_words(views["weight"]), self._vector_words(views["bias"]),
-            self._pointer(views["rstd"]), self._pointer(views["mean"]), self._outer_shape(),
-            xs, rs, hs, ys, self.rows, choice.units, self.n, self.eps, self.offset,
-            self._vec_flags))
+            self.eps, self.offset, self.flags))]
 
 
 class _NormBackward(_NormPlan):
@@ -567,49 +645,62 @@ class _NormBackward(_NormPlan):
         return views
 
     def run(self, args: Any, stream: Any = None, workspace: Any = None) -> None:
-        """``dx`` then (with weight or bias) the weight gradients, on ``stream``."""
-        v = self.can_implement(args)
+        """``dx`` then (with weight or bias) the weight gradients, on ``stream``. Torch or
+        CuPy arrays (and workspace) of a layout seen before skip the checks
+        (``LayoutMemo``; the no-overlap tests of the outputs still run per call)."""
+        memo_key = self._memo.launch(stream, None, *self._arrays(args),
+                                     workspace if self._workspace_size else None)
+        if memo_key is LAUNCHED:
+            return
+        views = self.can_implement(args)
         workspace_ptr = self.check_workspace(workspace)
-        handle = stream_handle(stream)
+        self._go(memo_key, stream, views, self._backward_calls(views, workspace_ptr),
+                 workspace_ptr)
+
+    def _backward_calls(self, v: dict[str, Any], workspace_ptr: int) -> _Calls:
         p = self._pointer
-        partials = (workspace_ptr, self.workspace_size // self.stats_element.byte_width)
+        partials = _Array(workspace_ptr, self.workspace_size // self.stats_element.byte_width)
         choice = self.choice
+        calls = []
         if not (self.rows and self.n):
             pass
         elif choice.kernel == "rows_vec" and self._aligned(v, ("dy", "x", "dh", "dx"),
                                                            ("weight",)):
             (dy, dys), (x, xs), (dh, dhs), (dx, dxs) = (self._words(v[k])
                                                         for k in ("dy", "x", "dh", "dx"))
-            self._vec_kernel.launch(choice.grid, choice.block, handle, (
+            calls.append(self._bind(self._vec_kernel, choice.grid, choice.block, (
                 dy, x, dh, dx, self._vector_words(v["weight"]), p(v["rstd"]), p(v["mean"]),
                 partials, self._outer_shape(), dys, xs, dhs, dxs, self.rows, choice.units,
                 self.n, choice.rows_per_chunk, choice.chunks, self.offset, self._vec_flags),
-                shared_bytes=8 * self.n)
+                shared_bytes=8 * self.n))
         else:
             generic = self.generic_choice
             (dy, dys, dyi), (x, xs, xi), (dh, dhs, dhi), (dx, dxs, dxi) = (
                 v["dy"], v["x"], v["dh"], v["dx"])
-            self._kernel.launch(generic.grid, generic.block, handle, (
+            calls.append(self._bind(self._kernel, generic.grid, generic.block, (
                 p(dy), p(x), p(dh), p(dx), p(v["weight"]), p(v["rstd"]), p(v["mean"]),
                 partials, self._outer_shape(), dys, xs, dhs, dxs, dyi, xi, dhi, dxi,
                 self.rows, self.n, generic.rows_per_chunk, generic.chunks, self.offset,
-                self.flags))
+                self.flags)))
         if self.n and self.flags & (FLAG_WEIGHT | FLAG_BIAS):
             grid = max(1, min(-(-2 * self.n // 32), 4096))  # 32 columns a block
-            self._finalize.launch(grid, FINALIZE_BLOCK, handle, (
-                partials, p(v["dweight"]), p(v["dbias"]), choice.chunks, self.n, self.flags))
+            calls.append(self._bind(self._finalize, grid, FINALIZE_BLOCK, (
+                partials, p(v["dweight"]), p(v["dbias"]), choice.chunks, self.n, self.flags)))
+        return calls
 
 
 class RMSNormPlan(_NormForward):
     """RMSNorm forward; see the module docstring."""
 
     name = "RMSNormPlan"
+    args_type = RMSNormArgs
 
 
 class LayerNormPlan(_NormForward):
     """LayerNorm forward; see the module docstring."""
 
     name = "LayerNormPlan"
+    args_type = LayerNormArgs
     layer = True
 
 
@@ -617,6 +708,7 @@ class RMSNormBackwardPlan(_NormBackward):
     """RMSNorm backward; see the module docstring."""
 
     name = "RMSNormBackwardPlan"
+    args_type = RMSNormBackwardArgs
     backward = True
 
 
@@ -624,5 +716,6 @@ class LayerNormBackwardPlan(_NormBackward):
     """LayerNorm backward; see the module docstring."""
 
     name = "LayerNormBackwardPlan"
+    args_type = LayerNormBackwardArgs
     layer = True
     backward = True

@@ -27,8 +27,8 @@ def _empty(like: Tensor) -> Tensor:
 def _rows(t: Tensor | None, k: int) -> Tensor | None:
     """``t``, or a contiguous copy where its last ``k`` axes do not merge into one strided
     axis (the plans' layout rule; gradients through permutes often break it)."""
-    if t is None:
-        return None
+    if t is None or t.is_contiguous():  # one C call for the usual case
+        return t
     expected = None
     for size, stride in zip(reversed(t.shape[t.dim() - k:]), reversed(t.stride()[t.dim() - k:])):
         if size == 1:
@@ -37,6 +37,12 @@ def _rows(t: Tensor | None, k: int) -> Tensor | None:
             return t.contiguous()
         expected = stride * size
     return t
+
+
+def _plain(t: Tensor | None) -> Tensor | None:
+    """``t`` as a plain ``torch.Tensor`` (a Parameter's detached alias, same memory): the
+    plans' layout memo keys plain tensors only, and weights are usually Parameters."""
+    return t if t is None or type(t) is Tensor else t.detach()
 
 
 @torch.library.custom_op(f"{LIB}::norm_forward", mutates_args=())
@@ -48,9 +54,13 @@ def _forward_op(x: Tensor, weight: Tensor | None, bias: Tensor | None,
 
 def _forward_impl(x: Tensor, weight: Tensor | None, bias: Tensor | None,
                   residual: Tensor | None, normalized_shape: list[int], eps: float,
-                  offset: float, layer: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+                  offset: float, layer: bool, placeholders: bool = True
+                  ) -> tuple[Tensor, Tensor | None, Tensor, Tensor | None]:
+    """``(y, h, rstd, mean)``; an absent h or mean is an empty tensor (the custom op's and
+    the autograd function's outputs), or None with ``placeholders=False``."""
     shape = tuple(normalized_shape)
     x, residual = _rows(x, len(shape)), _rows(residual, len(shape))
+    weight, bias = _plain(weight), _plain(bias)
     if layer:
         out = ops.layer_norm(x, shape, weight, bias, eps, residual=residual,
                              return_stats=True)
@@ -58,9 +68,9 @@ def _forward_impl(x: Tensor, weight: Tensor | None, bias: Tensor | None,
         out = ops.rms_norm(x, shape, weight, eps, residual=residual, offset=offset,
                            return_stats=True)
     y, *rest = out
-    h = rest.pop(0) if residual is not None else _empty(x)
+    h = rest.pop(0) if residual is not None else _empty(x) if placeholders else None
     rstd = rest[0]
-    mean = rest[1] if layer else _empty(rstd)
+    mean = rest[1] if layer else _empty(rstd) if placeholders else None
     return y, h, rstd, mean
 
 
@@ -79,24 +89,30 @@ def _backward_op(dy: Tensor, h: Tensor, mean: Tensor | None, rstd: Tensor,
                  weight: Tensor | None, dh: Tensor | None, normalized_shape: list[int],
                  offset: float, layer: bool, has_bias: bool
                  ) -> tuple[Tensor, Tensor, Tensor]:
-    return _backward_impl(dy, h, mean, rstd, weight, dh, normalized_shape, offset, layer,
-                          has_bias)
+    dx, dweight, dbias = _backward_impl(dy, h, mean, rstd, weight, dh, normalized_shape,
+                                        offset, layer, has_bias)
+    return (dx, _empty(dy) if dweight is None else dweight,
+            _empty(dy) if dbias is None else dbias)
 
 
 def _backward_impl(dy: Tensor, h: Tensor, mean: Tensor | None, rstd: Tensor,
                    weight: Tensor | None, dh: Tensor | None, normalized_shape: list[int],
                    offset: float, layer: bool, has_bias: bool
-                   ) -> tuple[Tensor, Tensor, Tensor]:
+                   ) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    """``(dx, dweight, dbias)``, None for an absent one (the custom op returns empty
+    tensors instead; the eager path needs none)."""
+    if dy is None:  # y unused (eager: gradients are not materialized), only h's gradient
+        dy = torch.zeros_like(h)
     shape = tuple(normalized_shape)
     dy, dh, h = _rows(dy, len(shape)), _rows(dh, len(shape)), _rows(h, len(shape))
+    weight = _plain(weight)
     if layer:
         dx, dweight, dbias = ops.layer_norm_backward(dy, h, mean, rstd, shape, weight,
                                                      has_bias, dh=dh)
     else:
         dx, dweight = ops.rms_norm_backward(dy, h, rstd, shape, weight, dh=dh, offset=offset)
         dbias = None
-    return (dx, _empty(dy) if dweight is None else dweight,
-            _empty(dy) if dbias is None else dbias)
+    return dx, dweight, dbias
 
 
 @_backward_op.register_fake
@@ -132,6 +148,14 @@ def _backward(ctx, grad_y, grad_h, grad_rstd, grad_mean):
 _forward_op.register_autograd(_backward, setup_context=_setup)
 
 
+def _eager_setup(ctx, inputs, output) -> None:
+    """``_setup``, and no zero gradients built for the outputs the loss does not use (the
+    statistics, h without a residual, often y or h): ``_gradients`` takes None."""
+    _setup(ctx, inputs, output)
+    ctx.set_materialize_grads(False)
+    ctx.mark_non_differentiable(output[2], output[3])
+
+
 class _NormFunction(torch.autograd.Function):
     """Eager twin of ``baracuda::norm_forward`` (no dispatcher on the way)."""
 
@@ -139,7 +163,7 @@ class _NormFunction(torch.autograd.Function):
     def forward(x, weight, bias, residual, normalized_shape, eps, offset, layer):
         return _forward_impl(x, weight, bias, residual, normalized_shape, eps, offset, layer)
 
-    setup_context = staticmethod(_setup)
+    setup_context = staticmethod(_eager_setup)
 
     @staticmethod
     def backward(ctx, grad_y, grad_h, grad_rstd, grad_mean):
@@ -148,14 +172,14 @@ class _NormFunction(torch.autograd.Function):
 
 def _norm(x: Tensor, weight: Tensor | None, bias: Tensor | None, residual: Tensor | None,
           normalized_shape: list[int], eps: float, offset: float, layer: bool
-          ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+          ) -> tuple[Tensor, Tensor | None, Tensor, Tensor | None]:
     """The custom op under torch.compile; in eager mode its autograd twin, or the plain
     implementation when nothing needs a gradient."""
     args = (x, weight, bias, residual, normalized_shape, eps, offset, layer)
     if compiling():
         return _forward_op(*args)
     if not any(t is not None and needs_grad(t) for t in (x, weight, bias, residual)):
-        return _forward_impl(*args)
+        return _forward_impl(*args, placeholders=False)
     return _NormFunction.apply(*args)
 
 
@@ -165,13 +189,18 @@ def _normalized(normalized_shape: int | Sequence[int]) -> list[int]:
     return [int(s) for s in normalized_shape]
 
 
+_MACHINE_EPSILON: dict[torch.dtype, float] = {}
+
+
 def rms_norm(x: Tensor, normalized_shape: int | Sequence[int], weight: Tensor | None = None,
              eps: float | None = None, *, residual: Tensor | None = None,
              offset: float = 0.0) -> Tensor | tuple[Tensor, Tensor]:
     """``F.rms_norm`` (``eps=None``: ``finfo(x.dtype).eps``), with Gemma's ``offset``
     (``x̂ · (offset + weight)``) and the fused residual add (returns ``(y, x + residual)``)."""
     if eps is None:
-        eps = float(torch.finfo(x.dtype).eps)
+        eps = _MACHINE_EPSILON.get(x.dtype)
+        if eps is None:
+            eps = _MACHINE_EPSILON[x.dtype] = float(torch.finfo(x.dtype).eps)
     y, h, _, _ = _norm(x, weight, None, residual, _normalized(normalized_shape), float(eps),
                        float(offset), False)
     return y if residual is None else (y, h)
