@@ -136,6 +136,10 @@ def bench(ctx: Any) -> None:
         ("baracuda_numba (fused linear cross-entropy), decoder layers compiled",
          compiled(ours(True))),
     ]
+    import os
+
+    if os.environ.get("MODELS_COMPILED", "1") == "0":  # the rows without torch.compile only
+        cases = [(case, prepare) for case, prepare in cases if "compiled" not in case]
     eager_us = None
     for case, prepare in cases:
         restore = _liger_restore(torch)

@@ -199,9 +199,41 @@ def _rope_prefill(ctx: Any, bt: Any, m: Model, seq: int) -> None:
     _fwd_bwd(ctx, case, "bfloat16", 2 * moved, ours, eager, q)
 
 
+def _hf_qk(q, k, cos, sin):
+    """HF's apply_rotary_pos_emb on [B, S, H, D] tensors with gathered cos/sin [B, S, D]."""
+    cos, sin = cos.unsqueeze(2), sin.unsqueeze(2)
+    return _hf_rope(q, cos, sin), _hf_rope(k, cos, sin)
+
+
+def _rope_qk(ctx: Any, bt: Any, m: Model, batch: int, seq: int) -> None:
+    """q and k together in HF's layout (``[B, S, H, D]``, cos/sin gathered per token), as
+    a patched attention calls it: decode (seq 1, wall clock per call) or prefill."""
+    torch = ctx.torch
+    dtype = torch.bfloat16
+    q = torch.randn(batch, seq, m.heads, m.head_dim, device="cuda", dtype=dtype)
+    k = torch.randn(batch, seq, m.kv_heads, m.head_dim, device="cuda", dtype=dtype)
+    positions = torch.randint(0, 4096, (batch, seq), device="cuda") if seq == 1 else \
+        torch.arange(seq, device="cuda").expand(batch, seq)
+    inv = 1.0 / (m.rope_theta ** (torch.arange(0, m.head_dim, 2, device="cuda",
+                                               dtype=torch.float32) / m.head_dim))
+    freqs = positions.float()[..., None] * inv
+    emb = torch.cat((freqs, freqs), -1)
+    cos, sin = emb.cos().to(dtype), emb.sin().to(dtype)
+    moved = 2 * (q.numel() + k.numel()) * 2
+    where = f"decode batch {batch}" if seq == 1 else f"prefill {seq}"
+    _row(ctx, f"{m.name} q+k RoPE, {where} (HF layout, cos/sin [B,S,D])", "bfloat16",
+         moved, lambda a, b: bt.rope(a, k=b, cos=cos, sin=sin, pairing="half_split",
+                                     layout="BSHD"),
+         lambda a, b: _hf_qk(a, b, cos, sin), lambda i: (q, k), decode=seq == 1)
+
+
 def _rope(ctx: Any, bt: Any) -> None:
     for model, seq in (("Llama-3-8B", 8192), ("Llama-3-70B", 4096)):
         _rope_prefill(ctx, bt, MODELS[model], seq)
+    for model, batch, seq in (("Llama-3-8B", 1, 8192), ("Qwen2.5-7B", 1, 32768),
+                              ("Mistral-7B", 1, 1), ("Qwen2.5-7B", 256, 1),
+                              ("Llama-3-70B", 64, 1)):
+        _rope_qk(ctx, bt, MODELS[model], batch, seq)
 
 
 def _kv_append(ctx: Any, bt: Any) -> None:
@@ -240,9 +272,12 @@ def _norm_rows(ctx: Any, bt: Any, m: Model, tokens: int) -> None:
 def _softmax_rows(ctx: Any, bt: Any, m: Model, tokens: int) -> None:
     torch = ctx.torch
     scores = torch.randn(tokens, 4096, device="cuda", dtype=torch.bfloat16)
-    _row(ctx, f"{m.name} softmax over 4k keys, {tokens} rows", "bfloat16",
-         2 * scores.numel() * 2, lambda t: bt.softmax(t, -1), lambda t: torch.softmax(t, -1),
-         lambda i: (scores,))
+    case = f"{m.name} softmax over 4k keys, {tokens} rows"
+    _row(ctx, case, "bfloat16", 2 * scores.numel() * 2, lambda t: bt.softmax(t, -1),
+         lambda t: torch.softmax(t, -1), lambda i: (scores,))
+    # backward reads y and dy, writes dx
+    _fwd_bwd(ctx, case, "bfloat16", 5 * scores.numel() * 2, lambda t: bt.softmax(t, -1),
+             lambda t: torch.softmax(t, -1), scores)
 
 
 def _swiglu_rows(ctx: Any, bt: Any, m: Model, tokens: int) -> None:
@@ -258,9 +293,14 @@ def _cross_entropy_rows(ctx: Any, bt: Any, m: Model, tokens: int) -> None:
     torch = ctx.torch
     logits = torch.randn(tokens, m.vocab, device="cuda", dtype=torch.bfloat16)
     target = torch.randint(0, m.vocab, (tokens,), device="cuda")
-    _row(ctx, f"{m.name} cross-entropy loss, {tokens} tokens", "bfloat16",
-         logits.numel() * 2, lambda t, y: bt.cross_entropy(t, y),
+    case = f"{m.name} cross-entropy loss, {tokens} tokens"
+    _row(ctx, case, "bfloat16", logits.numel() * 2, lambda t, y: bt.cross_entropy(t, y),
          lambda t, y: torch.nn.functional.cross_entropy(t, y), lambda i: (logits, target))
+    # forward + backward: the logits read twice (loss, then gradient) and the gradient
+    # written
+    _fwd_bwd(ctx, case, "bfloat16", 3 * logits.numel() * 2,
+             lambda t: bt.cross_entropy(t, target),
+             lambda t: torch.nn.functional.cross_entropy(t, target), logits)
 
 
 _NEW_FAMILIES = (("rms_norm", _norm_rows), ("softmax", _softmax_rows),
@@ -275,6 +315,10 @@ def _new_families(ctx: Any, bt: Any) -> None:
             ctx.torch.cuda.empty_cache()
         else:
             ctx.notes.append(f"{name} rows skipped: no baracuda_numba.torch.{name} yet")
+    _norm_rows(ctx, bt, MODELS["Qwen2.5-7B"], 16384)
+    for model in ("Qwen2.5-7B", "Gemma-2-9B"):
+        _cross_entropy_rows(ctx, bt, MODELS[model], 4096)
+        ctx.torch.cuda.empty_cache()
 
 
 def bench(ctx: Any) -> None:

@@ -372,25 +372,6 @@ else:
         return types.float32(x), codegen
 
 
-if SIMULATOR:
-
-    @cuda.jit(device=True)
-    def fast_exp_f32(value):
-        """e^value in f32 (the simulator's stand-in for ``ex2.approx.ftz``)."""
-        return np.float32(np.exp(np.float32(value)))
-
-else:
-    from numba.cuda import libdevice as _libdevice
-
-    @cuda.jit(device=True, inline=True)
-    def fast_exp_f32(value):
-        """e^value as ``ex2.approx.ftz(value * log2 e)`` (libdevice ``fast_expf``): one
-        multiply and one MUFU.EX2 where ``expf`` takes ~8 instructions; relative error ~2
-        ulp + |value| 2^-23, results below 2^-126 flush to 0. For values rounded to 16
-        bits afterwards, where that error is far below the rounding."""
-        return _libdevice.fast_expf(float32(value))
-
-
 # -- strided indexing ------------------------------------------------------------------
 
 
