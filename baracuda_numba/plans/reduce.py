@@ -509,6 +509,10 @@ def _unsplit_col_slots(slots: int, units: int, extent: int, min_slots: int,
 #: Blocks (one per SM) that the forward column kernel's lanes must reach without a split
 #: for ``_cols_vec_geometry``'s ``lanes_first``.
 _LANES_FIRST_BLOCKS = _VEC_TARGET_BLOCKS // 4
+#: Columns taller than this split instead: narrow slots (a 32-byte sector of each row a
+#: block) lose a quarter of the bandwidth on tall columns ([65536, 4096] along axis 0),
+#: where the merge launch is cheap against the pass over the input.
+_LANES_FIRST_MAX_EXTENT = 8192
 
 
 def _lanes_first(kernel_kind: Any, element: ElementKind) -> bool:
@@ -538,7 +542,8 @@ def _cols_vec_geometry(out_numel: int, extent: int, width: int, max_splits: int,
     unsplit = max_splits <= 1
     if unsplit or lanes_first:
         fewer = _unsplit_col_slots(slots, out_words, extent, 4, _VEC_TARGET_BLOCKS)
-        if not unsplit and fewer < slots and -(-out_words // fewer) >= _LANES_FIRST_BLOCKS:
+        if not unsplit and fewer < slots and -(-out_words // fewer) >= _LANES_FIRST_BLOCKS \
+                and extent <= _LANES_FIRST_MAX_EXTENT:
             unsplit = True
         if unsplit:
             slots = fewer
