@@ -66,7 +66,6 @@ FLAG_WEIGHT = 1
 FLAG_BIAS = 2
 FLAG_RESIDUAL = 4  # forward: h = x + residual written out; backward: dh added to dx
 FLAG_LAYER = 8  # the register kernels: LayerNorm (else RMSNorm)
-FLAG_PAIR = 16  # the forward register kernel: two rows a block at once (no residual)
 
 #: Columns one backward thread can own (its dw/db running sums live in a local array):
 #: with 1024 threads a block covers rows of up to 65536 elements.
@@ -446,10 +445,11 @@ def _row_sum_lines(element: ElementKind, k: int, vec: int, words: str, tag: str,
                                                  for e in range(vec))]
 
 
-def _vec_forward_source(element: ElementKind, weight: ElementKind) -> str:
-    """The forward register kernel. With FLAG_PAIR (no residual) a block takes two rows
-    at once, the second's words in the residual's registers: twice the bytes in flight a
-    thread, and one round of block sums (and of weight-load latency) for two rows."""
+def _vec_forward_source(element: ElementKind, weight: ElementKind, pair: bool) -> str:
+    """The forward register kernel. ``pair`` (rows without a residual): a block takes two
+    rows at once, the second's words in the residual's registers: twice the bytes in
+    flight a thread, and one round of block sums (and of weight-load latency) for two
+    rows. A compile-time choice: the single-row kernel (any residual) keeps its own code."""
     vec = 16 // element.byte_width
     units = range(VEC_MAX_UNITS)
     zero = "(uint32(0), uint32(0), uint32(0), uint32(0))"
@@ -457,10 +457,14 @@ def _vec_forward_source(element: ElementKind, weight: ElementKind) -> str:
     for k in units:  # every load issued before any is used: the units' latencies overlap
         body += [f"x{k} = {zero}",
                  f"r{k} = {zero}", f"if p{k}:", f"    x{k} = load16(xw, uint64(x_row + u{k} * 4))"]
-    body.append("if has_residual:")
-    body += [f"    if p{k}:\n        r{k} = load16(rw, uint64(r_row + u{k} * 4))" for k in units]
-    body.append("if second:")  # the pair's second row (r_row: its offset in x)
-    body += [f"    if p{k}:\n        r{k} = load16(xw, uint64(r_row + u{k} * 4))" for k in units]
+    if pair:  # the pair's second row (r_row: its offset in x)
+        body.append("if second:")
+        body += [f"    if p{k}:\n        r{k} = load16(xw, uint64(r_row + u{k} * 4))"
+                 for k in units]
+    else:
+        body.append("if has_residual:")
+        body += [f"    if p{k}:\n        r{k} = load16(rw, uint64(r_row + u{k} * 4))"
+                 for k in units]
     for k in units:  # one partial sum per unit, each assigned once (fast to compile)
         body += [f"v{k}_{e} = float32(0)" for e in range(vec)] + [f"t{k} = float32(0)"]
         body += [f"if p{k}:"] + ["    " + line for line in _unit_values(element, k, vec)]
@@ -468,6 +472,58 @@ def _vec_forward_source(element: ElementKind, weight: ElementKind) -> str:
         squares = " + ".join(f"v{k}_{e} * v{k}_{e}" for e in range(vec))
         body += ["    if is_layer:", f"        t{k} = {plain}", "    else:",
                  f"        t{k} = {squares}"]
+    body.append(f"total = {' + '.join(f't{k}' for k in units)}")
+    body += _vec_forward_stats(element, vec, units, pair)
+    for k in units:
+        body += [f"if p{k}:"] + ["    " + line for line in _unit_store(element, weight, k, vec)]
+    if pair:
+        body.append("if second:")  # the weights again: L1 hits
+        for k in units:
+            body += [f"    if p{k}:"] + ["        " + line for line in _unit_store(
+                element, weight, k, vec, "r", "h_row", "B")]
+    head = ("def norm_forward_vec(xw, rw, hw, yw, weight, bias, rstd_out, mean_out,\n"
+            "                     outer_shape, x_strides, r_strides, h_strides, y_strides,\n"
+            "                     rows, units, n, eps, offset, flags):\n"
+            "    sums = cuda.shared.array(64, float64)\n"
+            "    tid = int64(cuda.threadIdx.x)\n"
+            "    block = int64(cuda.blockDim.x)\n"
+            "    has_residual = flags & FLAG_RESIDUAL\n"
+            "    is_layer = flags & FLAG_LAYER\n"
+            "    offset32 = float32(offset)\n"
+            + _LANES_INIT)
+    if pair:
+        head += ("    row = int64(cuda.blockIdx.x) * 2\n"
+                 "    while row < rows:\n"
+                 "        second = row + 1 < rows\n"
+                 "        x_row, y_row = strided_offset2(row, outer_shape, x_strides, y_strides)\n"
+                 "        r_row, h_row = strided_offset2(row + 1 if second else row, outer_shape,\n"
+                 "                                       x_strides, y_strides)\n")
+        step = "        row += int64(cuda.gridDim.x) * 2\n"
+    else:
+        head += ("    row = int64(cuda.blockIdx.x)\n"
+                 "    while row < rows:\n"
+                 "        x_row, r_row = strided_offset2(row, outer_shape, x_strides, r_strides)\n"
+                 "        h_row, y_row = strided_offset2(row, outer_shape, h_strides, y_strides)\n")
+        step = "        row += cuda.gridDim.x\n"
+    return head + "".join(f"        {line}\n" for line in "\n".join(body).splitlines()) + step
+
+
+def _vec_forward_stats(element: ElementKind, vec: int, units: range, pair: bool) -> list[str]:
+    """The forward register kernel's row statistics (mean for LayerNorm, rstd) from the
+    partial sums ``t{k}``, stored by thread 0; with ``pair`` also the second row's."""
+    if not pair:
+        body = ["mean = float32(0)", "if is_layer:",
+                "    mean = float32(_row_sums(total, float32(0), sums, tid, block)[0] / n)"]
+        for k in units:  # LayerNorm's second pass, over the registers
+            body += [f"    e{k} = float32(0)", f"    if p{k}:"]
+            body += ["        " + line for line in _row_sum_lines(element, k, vec, "x", "",
+                                                                f"e{k}", "mean")]
+        body.append(f"    total = {' + '.join(f'e{k}' for k in units)}")
+        return body + ["variance = float32(_row_sums(total, float32(0), sums, tid, block)[0] / n)",
+                       "rstd = float32(1) / math.sqrt(variance + float32(eps))",
+                       "if tid == 0:", "    rstd_out[row] = rstd", "    if is_layer:",
+                       "        mean_out[row] = mean"]
+    body = []
     for k in units:  # the second row's partial sums
         body += [f"z{k} = float32(0)", f"if second and p{k}:", "    if is_layer:"]
         body += ["        " + line for line in _row_sum_lines(element, k, vec, "r", "B",
@@ -475,7 +531,6 @@ def _vec_forward_source(element: ElementKind, weight: ElementKind) -> str:
         body.append("    else:")
         body += ["        " + line for line in _row_sum_lines(element, k, vec, "r", "S",
                                                             f"z{k}", "")]
-    body.append(f"total = {' + '.join(f't{k}' for k in units)}")
     body.append(f"total2 = {' + '.join(f'z{k}' for k in units)}")
     body += ["mean = float32(0)", "meanB = float32(0)", "if is_layer:",
              "    means = _row_sums(total, total2, sums, tid, block)",
@@ -489,49 +544,19 @@ def _vec_forward_source(element: ElementKind, weight: ElementKind) -> str:
                                                             f"f{k}", "meanB")]
     body.append(f"    total = {' + '.join(f'e{k}' for k in units)}")
     body.append(f"    total2 = {' + '.join(f'f{k}' for k in units)}")
-    body += ["variances = _row_sums(total, total2, sums, tid, block)",
-             "rstd = float32(1) / math.sqrt(float32(variances[0] / n) + float32(eps))",
-             "rstdB = float32(1) / math.sqrt(float32(variances[1] / n) + float32(eps))",
-             "if tid == 0:", "    rstd_out[row] = rstd", "    if is_layer:",
-             "        mean_out[row] = mean", "    if second:",
-             "        rstd_out[row + 1] = rstdB", "        if is_layer:",
-             "            mean_out[row + 1] = meanB"]
-    for k in units:
-        body += [f"if p{k}:"] + ["    " + line for line in _unit_store(element, weight, k, vec)]
-    body.append("if second:")  # the weights again: L1 hits
-    for k in units:
-        body += [f"    if p{k}:"] + ["        " + line for line in _unit_store(
-            element, weight, k, vec, "r", "h_row", "B")]
-    head = ("def norm_forward_vec(xw, rw, hw, yw, weight, bias, rstd_out, mean_out,\n"
-            "                     outer_shape, x_strides, r_strides, h_strides, y_strides,\n"
-            "                     rows, units, n, eps, offset, flags):\n"
-            "    sums = cuda.shared.array(64, float64)\n"
-            "    tid = int64(cuda.threadIdx.x)\n"
-            "    block = int64(cuda.blockDim.x)\n"
-            "    has_residual = flags & FLAG_RESIDUAL\n"
-            "    is_layer = flags & FLAG_LAYER\n"
-            "    pair = (flags & FLAG_PAIR) != 0\n"
-            "    step = int64(2) if pair else int64(1)\n"
-            "    offset32 = float32(offset)\n"
-            + _LANES_INIT +
-            "    row = int64(cuda.blockIdx.x) * step\n"
-            "    while row < rows:\n"
-            "        second = pair and row + 1 < rows\n"
-            "        x_row, y_row = strided_offset2(row, outer_shape, x_strides, y_strides)\n"
-            "        if second:  # the pair's second row, in x and y\n"
-            "            r_row, h_row = strided_offset2(row + 1, outer_shape, x_strides,\n"
-            "                                           y_strides)\n"
-            "        else:\n"
-            "            r_row, h_row = strided_offset2(row, outer_shape, r_strides,\n"
-            "                                           h_strides)\n")
-    return (head + "".join(f"        {line}\n" for line in "\n".join(body).splitlines())
-            + "        row += int64(cuda.gridDim.x) * step\n")
+    return body + ["variances = _row_sums(total, total2, sums, tid, block)",
+                   "rstd = float32(1) / math.sqrt(float32(variances[0] / n) + float32(eps))",
+                   "rstdB = float32(1) / math.sqrt(float32(variances[1] / n) + float32(eps))",
+                   "if tid == 0:", "    rstd_out[row] = rstd", "    if is_layer:",
+                   "        mean_out[row] = mean", "    if second:",
+                   "        rstd_out[row + 1] = rstdB", "        if is_layer:",
+                   "            mean_out[row + 1] = meanB"]
 
 
 @functools.cache
-def _vec_forward_factory(element: ElementKind, weight: ElementKind) -> Any:
+def _vec_forward_factory(element: ElementKind, weight: ElementKind, pair: bool) -> Any:
     """The generated ``norm_forward_vec`` for these kinds (see the section comment)."""
-    return _generated("norm_forward_vec", _vec_forward_source(element, weight))
+    return _generated("norm_forward_vec", _vec_forward_source(element, weight, pair))
 
 
 # -- the row-in-registers backward ---------------------------------------------------------
@@ -671,7 +696,6 @@ def _generated(name: str, source: str) -> Any:
         uint32=uint32, load16=load16, store16=store16, strided_offset2=strided_offset2,
         _row_sums=_row_sums, FLAG_RESIDUAL=FLAG_RESIDUAL,
         FLAG_WEIGHT=FLAG_WEIGHT, FLAG_BIAS=FLAG_BIAS, FLAG_LAYER=FLAG_LAYER,
-        FLAG_PAIR=FLAG_PAIR,
         unpack_f16x2=unpack_f16x2, unpack_bf16x2=unpack_bf16x2, f32_from_bits=f32_from_bits,
         pack_f16x2=pack_f16x2, pack_bf16x2=pack_bf16x2, f32_to_bits=f32_to_bits)
     exec(compile(source, f"<{name}>", "exec"), namespace)
@@ -738,10 +762,10 @@ NORM_FORWARD_KERNELS = {(e, w, layer): _forward_kernel(e, w, layer)
 NORM_BACKWARD_KERNELS = {(e, w, layer): _backward_kernel(e, w, layer)
                          for e, weights in NORM_WEIGHT_ELEMENTS.items() for w in weights
                          for layer in (False, True)}
-def _vec_forward_kernel(element: ElementKind, weight: ElementKind) -> Kernel:
-    name = f"norm_forward_vec[{element.name},w={weight.name}]"
+def _vec_forward_kernel(element: ElementKind, weight: ElementKind, pair: bool) -> Kernel:
+    name = f"norm_forward_vec{'_pair' if pair else ''}[{element.name},w={weight.name}]"
     words = flat(uint32)
-    return Kernel(name, _vec_forward_factory(element, weight),
+    return Kernel(name, _vec_forward_factory(element, weight, pair),
                   (words, words, words, words, words, words, flat(float32), flat(float32),
                    _TUPLE8, _TUPLE8, _TUPLE8, _TUPLE8, _TUPLE8, int64, int64, int64, float64,
                    float64, int64), max_registers=VEC_MAX_REGISTERS)
@@ -749,8 +773,9 @@ def _vec_forward_kernel(element: ElementKind, weight: ElementKind) -> Kernel:
 
 #: (activation, weight) -> the row-in-registers forward (VEC_ELEMENTS only; RMSNorm or
 #: LayerNorm by FLAG_LAYER: one signature for both halves the generated code to compile)
-NORM_VEC_FORWARD_KERNELS = {(e, w): _vec_forward_kernel(e, w)
-                            for e in VEC_ELEMENTS for w in NORM_WEIGHT_ELEMENTS[e]}
+NORM_VEC_FORWARD_KERNELS = {(e, w, pair): _vec_forward_kernel(e, w, pair)
+                            for e in VEC_ELEMENTS for w in NORM_WEIGHT_ELEMENTS[e]
+                            for pair in (False, True)}
 def _vec_backward_kernel(element: ElementKind, weight: ElementKind) -> Kernel:
     name = f"norm_backward_vec[{element.name},w={weight.name}]"
     words = flat(uint32)
@@ -768,7 +793,7 @@ _FINALIZE_KEYS = {(str(stats_type(e)), w): (stats_type(e), w)  # each pair once 
                   for e, weights in NORM_WEIGHT_ELEMENTS.items() for w in weights}
 NORM_FINALIZE_KERNELS = {key: _finalize_kernel(*kinds) for key, kinds in _FINALIZE_KEYS.items()}
 
-__all__ = ["FLAG_BIAS", "FLAG_LAYER", "FLAG_PAIR", "FLAG_RESIDUAL", "FLAG_WEIGHT", "MAX_BLOCK",
+__all__ = ["FLAG_BIAS", "FLAG_LAYER", "FLAG_RESIDUAL", "FLAG_WEIGHT", "MAX_BLOCK",
            "FINALIZE_BLOCK", "MAX_COLUMNS_PER_THREAD",
            "NORM_BACKWARD_KERNELS", "NORM_ELEMENTS", "NORM_FINALIZE_KERNELS",
            "NORM_FORWARD_KERNELS", "NORM_VEC_BACKWARD_KERNELS", "NORM_VEC_FORWARD_KERNELS",

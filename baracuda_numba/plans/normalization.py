@@ -39,7 +39,6 @@ from ..kernels.normalization import (
     FINALIZE_BLOCK,
     FLAG_BIAS,
     FLAG_LAYER,
-    FLAG_PAIR,
     FLAG_RESIDUAL,
     FLAG_WEIGHT,
     MAX_BLOCK,
@@ -403,10 +402,10 @@ class _NormPlan(Plan):
         self._kernel = (NORM_BACKWARD_KERNELS if self.backward else NORM_FORWARD_KERNELS)[key]
         self._finalize = NORM_FINALIZE_KERNELS[(str(stats_type(desc.element)),
                                                 weight_element)]
-        self._vec_kernel = (NORM_VEC_BACKWARD_KERNELS if self.backward
-                            else NORM_VEC_FORWARD_KERNELS).get(key[:2])
-        self._vec_flags = (self.flags | (FLAG_LAYER if self.layer else 0)
-                           | (FLAG_PAIR if launch.rows_at_once == 2 else 0))
+        self._vec_kernel = (NORM_VEC_BACKWARD_KERNELS.get(key[:2]) if self.backward
+                            else NORM_VEC_FORWARD_KERNELS.get(
+                                (*key[:2], launch.rows_at_once == 2)))
+        self._vec_flags = self.flags | (FLAG_LAYER if self.layer else 0)
         if launch.kernel == "rows_vec" and self.backward:
             self._vec_kernel.allow_dynamic_shared(8 * n)
         if rows and n:
