@@ -2460,133 +2460,7 @@ def _make_backward_rows_reg(kind: ReduceKind, element: ElementKind) -> Callable[
     return reduce_backward_rows_reg
 
 
-def _make_backward_rows_reg_pair(kind: ReduceKind, element: ElementKind,
-                                 rows: int) -> Callable[..., None]:
-    """``_make_backward_rows_reg``'s gradient for rows of at most a warp's lanes, a thread
-    holding one row of each of ``rows`` consecutive groups of the block's rows
-    (REG_ROWS_PAIR_WORDS words of each): every load of them in flight at once. (Its own
-    body: the one-row kernel written with ``rows`` = 1 ran slower, for differences in the
-    PTX no larger than a conversion sunk into each store: docs/design/reduce.md.)"""
-    (ACC, load, unpack, pack, store_word, W, LOG_W, coefficient, element_fn, READS_Y, STAT,
-     STAT_TIES, TIE_MASKS, splat, tie_mask, tie_count, tie_select, tie_usable) = \
-        _row_grad_parts(kind, element)
-    ROWS = rows
-    HELD = REG_ROWS_PAIR_WORDS  # words a lane holds of each row
-    WORDS = HELD * ROWS
-
-    def reduce_backward_rows_reg_pair(dy, xv, y, dx, dxv, out_numel, extent, row_words,
-                                      dy_stride, y_stride, log2_lanes, param):
-        """The gradient of ``reduce_backward_rows_reg`` (the same kinds, parameters and
-        bits) for rows of ``lanes = 2**log2_lanes <= 32`` lanes and at most ``lanes *
-        HELD`` words: row ``r`` of a thread is row ``(group + r) * slots + slot``; its
-        words are ``words[r * HELD:(r + 1) * HELD]``."""
-        tid = uint32(cuda.threadIdx.x)
-        log_lanes = uint32(log2_lanes)
-        lanes = uint32(1) << log_lanes
-        lane = tid & (lanes - uint32(1))
-        slot = tid >> log_lanes
-        slots = uint32(cuda.blockDim.x) >> log_lanes
-        words = cuda.local.array(WORDS, uint64)
-        values = cuda.local.array(W, ACC)
-        results = cuda.local.array(W, ACC)
-        gs = cuda.local.array(ROWS, ACC)
-        yvs = cuda.local.array(ROWS, ACC)
-        totals = cuda.local.array(ROWS, ACC)
-        cfs = cuda.local.array(ROWS, ACC)
-        yws = cuda.local.array(ROWS, uint64)
-        ats = cuda.local.array(ROWS, uint64)
-        helds = cuda.local.array(ROWS, uint32)
-        nvec = uint32(extent >> LOG_W)
-        # words of the row this lane holds (the same for every row)
-        mine = uint32(uint32(nvec + lanes - uint32(1) - lane) >> log_lanes) if lane < nvec \
-            else uint32(0)
-        group = int64(cuda.blockIdx.x) * ROWS
-        while group * slots < out_numel:  # uniform across the block
-            for r in range(ROWS):
-                o = (group + r) * slots + slot
-                valid = o < out_numel
-                g = load(dy, o * dy_stride) if valid else ACC(0)
-                gs[r] = g
-                yvs[r] = load(y, o * y_stride) if READS_Y and valid else g
-                ats[r] = uint64(o * row_words) + uint64(lane)
-                helds[r] = mine if valid else uint32(0)
-            # every load of the rows in flight at once: unpredicated where every row of
-            # the block is whole (ptxas sinks predicated loads to their use).
-            # (Measurements: docs/design/reduce.md, "Measured constants".)
-            if mine == uint32(HELD) and (group + ROWS) * slots <= out_numel:
-                for u in range(WORDS):
-                    r = u // HELD
-                    words[u] = xv[ats[r] + uint64(uint32(u - r * HELD) << log_lanes)]
-            else:
-                for u in range(WORDS):
-                    r = u // HELD
-                    k = u - r * HELD
-                    if k < helds[r]:
-                        words[u] = xv[ats[r] + uint64(uint32(k) << log_lanes)]
-            masks = False  # the ties from equality masks (f16/bf16; bf16 on sm_90)
-            for r in range(ROWS):
-                totals[r] = ACC(0)
-            if TIE_MASKS:
-                masks = tie_usable()
-                if masks:
-                    for r in range(ROWS):
-                        yws[r] = splat(yvs[r], results)
-                        n = int32(0)
-                        for k in range(HELD):
-                            if k < helds[r]:
-                                n += tie_count(tie_mask(words[r * HELD + k], yws[r]))
-                        totals[r] = ACC(n)
-            if STAT:
-                for u in range(WORDS):
-                    r = u // HELD
-                    if u - r * HELD < helds[r] and not masks:
-                        unpack(words[u], values, 0)
-                        for e in range(W):
-                            if STAT_TIES:
-                                totals[r] += ACC(1) if values[e] == yvs[r] else ACC(0)
-                            else:
-                                totals[r] += values[e]
-            for r in range(ROWS):
-                total = totals[r]
-                if STAT:
-                    width = lanes >> uint32(1)
-                    while width >= uint32(1):  # a + b == b + a: both lanes of a pair
-                        total += shfl_xor(total, width)
-                        width = uint32(width >> uint32(1))
-                mean = gs[r]
-                count = int64(0)
-                if STAT_TIES:
-                    count = int64(total)
-                elif STAT:
-                    mean = total / ACC(extent)
-                cfs[r] = ACC(coefficient(gs[r], yvs[r], mean, count, param))
-                totals[r] = mean
-            if TIE_MASKS and masks:  # each element cf where it ties, else cf - cf
-                for r in range(ROWS):
-                    cw = splat(cfs[r], results)
-                    zw = splat(cfs[r] - cfs[r], results)
-                    for k in range(HELD):
-                        if k < helds[r]:
-                            store_word(dx, dxv, ats[r] + uint64(uint32(k) << log_lanes),
-                                       tie_select(tie_mask(words[r * HELD + k], yws[r]),
-                                                  cw, zw), 0)
-            for u in range(WORDS):
-                r = u // HELD
-                k = u - r * HELD
-                if k < helds[r] and not masks:
-                    unpack(words[u], values, 0)
-                    for e in range(W):
-                        results[e] = element_fn(cfs[r], values[e], yvs[r], totals[r])
-                    store_word(dx, dxv, ats[r] + uint64(uint32(k) << log_lanes),
-                               pack(results), 0)
-            group += int64(cuda.gridDim.x) * ROWS
-
-    return reduce_backward_rows_reg_pair
-
-
-#: Threads of the row-sync gradient's blocks (a power of two, at most SHARED_SLOTS); each
-#: work item is ``batches`` batches of VEC_LOADS words per thread (a batch's loads all in
-#: flight at once).
+#: Threads of the hold gradient's blocks (a power of two, at most SHARED_SLOTS).
 #: (Measurements: docs/design/reduce.md, "Measured constants".)
 SYNC_BLOCK = 64 if SIMULATOR else 256
 #: A published chunk partial: the bits of the f64 total, inverted (0 = not yet written; a
@@ -2657,12 +2531,6 @@ def _publish_partial(partials, k, chunk_total, tid):
         cuda.atomic.exch(partials, k, ~bits)
 
 
-@cuda.jit(device=True, inline=True)
-def _read_partial_atomic(partials, k):
-    """``partials[k]`` by an atomic (an add of 0), at L2."""
-    return cuda.atomic.add(partials, k, int64(0))
-
-
 def _make_row_total(read: Any, slots: int) -> Any:
     """``row_total(partials, row, parts, sums, tid, block)``: the f64 sum of ``row``'s
     ``parts`` published chunk totals, each read by ``read(partials, k)`` until every one is
@@ -2703,8 +2571,6 @@ def _make_row_total(read: Any, slots: int) -> Any:
     return row_total_fn
 
 
-#: The row-sync kernel's wait: atomic reads, any number of chunks a row.
-_row_total = _make_row_total(_read_partial_atomic, 0)
 #: Chunk totals a thread of the hold kernels reads (a row's parts <= HOLD_POLL_SLOTS *
 #: SYNC_BLOCK: the plan's rule).
 HOLD_POLL_SLOTS = 2
@@ -2752,137 +2618,9 @@ def _row_statistic(kind: ReduceKind, element: ElementKind) -> tuple[Any, Any, An
     return row_saved, term, row_coefficient
 
 
-def _mean_grad_batches(kind: ReduceKind, element: ElementKind, n: int) -> tuple[Any,...]:
-    """``(load_batch, stat_batch, grad_batch)`` of the Var/Std gradient of word rows, a
-    batch being ``n`` words a thread, word ``j + u·step`` (``u < n``) of those below
-    ``end``: its loads all in flight at once, its sum in the element's accumulator, its
-    ``dx = c * (x - mean)`` stored."""
-    vec = VECTOR[element]
-    unpack, pack, store_word = vec.unpack, vec.pack, vec.store_word
-    W = vec.width
-    element_fn = _grad_fns(kind, element)[1]
-
-    @cuda.jit(device=True, inline=True)
-    def load_batch(xv, words, at, j, step, end):
-        for u in range(n):  # all in flight at once
-            if j + u * step < end:
-                words[u] = xv[at + uint64(j + u * step)]
-
-    @cuda.jit(device=True, inline=True)
-    def stat_batch(words, values, j, step, end, total):
-        for u in range(n):
-            if j + u * step < end:
-                unpack(words[u], values, 0)
-                for e in range(W):
-                    total += values[e]
-        return total
-
-    @cuda.jit(device=True, inline=True)
-    def grad_batch(dx, dxv, words, values, results, at, j, step, end, cf, yv, mean):
-        for u in range(n):
-            if j + u * step < end:
-                unpack(words[u], values, 0)
-                for e in range(W):
-                    results[e] = element_fn(cf, values[e], yv, mean)
-                store_word(dx, dxv, at + uint64(j + u * step), pack(results), 0)
-
-    return load_batch, stat_batch, grad_batch
-
-
-def _make_backward_rows_sync(kind: ReduceKind, element: ElementKind) -> Callable[..., None]:
-    ACC = ELEMENTS[element].acc
-    W, LOG_W = VECTOR[element].width, VECTOR[element].log_width
-    WARPS = SHARED_SLOTS // 32
-    load_batch, stat_batch, grad_batch = _mean_grad_batches(kind, element, VEC_LOADS)
-    row_saved, _, row_coefficient = _row_statistic(kind, element)
-
-    def reduce_backward_rows_sync(dy, xv, y, dx, dxv, ctl, partials, out_numel, extent,
-                                  row_words, dy_stride, y_stride, parts, batches, lead, param):
-        """The Var/Std gradient ``dx = c * (x - mean)`` (``c`` from dy, y and ``param``
-        as in GRAD_OPS; ``mean = sum(x) / extent``) of ``out_numel`` long word-aligned
-        contiguous rows of ``extent`` elements (a multiple of W), ``row_words`` words
-        apart in ``x`` and ``dx``, in one launch instead of a statistic pass and a split
-        gradient. Each row is cut into ``parts`` chunks of ``batches`` batches
-        (``VEC_LOADS * blockDim`` words each); with the chunks numbered row by row (``n =
-        out_numel * parts``), the work items are handed out in ticket order (``ctl[0]``)
-        over any number of resident blocks:
-
-            S(0),..., S(lead - 1), then S(lead), D(0), S(lead + 1), D(1),..., then
-            the last D
-
-        ``S(k)`` sums its chunk's ``x`` in a fixed order and publishes the f64 total in
-        ``partials[k]`` (its bits inverted, one atomic exchange: the value is its own
-        ready flag). ``D(k)`` issues its first batch's loads, reads the row's ``parts``
-        partials until all are published (S items have smaller tickets and never wait,
-        so nothing waits forever), sums them in a fixed order (deterministic, the same
-        for every chunk of the row), then writes its chunk of ``dx``. ``lead`` (at least
-        ``parts - 1``: a row's last S item comes before its first D item) is what keeps a
-        D item from waiting; ``ctl`` and ``partials`` are
-        zero before the launch."""
-        tid = cuda.threadIdx.x
-        block = cuda.blockDim.x
-        shared_t = cuda.shared.array(1, int64)
-        sums = cuda.shared.array(WARPS, float64)
-        words = cuda.local.array(VEC_LOADS, uint64)
-        values = cuda.local.array(W, ACC)
-        results = cuda.local.array(W, ACC)
-        nvec = extent >> LOG_W
-        step = int64(block)
-        batch = step * VEC_LOADS
-        n = out_numel * parts
-        lead = min(lead, n)
-        tickets = 2 * n
-        t = _first_ticket(ctl, shared_t, tid)
-        while t < tickets:  # uniform across the block
-            cuda.syncthreads()  # every thread has read shared_t
-            if tid == 0:  # the next ticket, in flight during this item
-                shared_t[0] = cuda.atomic.add(ctl, 0, int64(1))
-            stat = True
-            k = t
-            if t >= lead:
-                u = t - lead
-                if u < 2 * (n - lead):  # S(lead + u / 2) and D(u / 2) alternate
-                    k = u >> 1
-                    if u & 1:
-                        stat = False
-                    else:
-                        k += lead
-                else:
-                    k = n - lead + (u - 2 * (n - lead))
-                    stat = False
-            row = k // parts
-            part = k - row * parts
-            at = uint64(row * row_words)
-            j = part * batches * batch + tid
-            end = min(nvec, j - tid + batches * batch)
-            load_batch(xv, words, at, j, step, end)  # the first batch
-            if stat:
-                total = ACC(0)
-                while j < end:
-                    total = stat_batch(words, values, j, step, end, total)
-                    j += batch
-                    load_batch(xv, words, at, j, step, end)
-                _publish_partial(partials, k, _block_total(float64(total), sums, tid, block),
-                                 tid)
-            else:
-                row_total = _row_total(partials, row, parts, sums, tid, block)
-                g, yv = row_saved(dy, y, row, dy_stride, y_stride)
-                cf, yv, mean = row_coefficient(g, yv, row_total, extent, param)
-                while j < end:
-                    grad_batch(dx, dxv, words, values, results, at, j, step, end, cf, yv,
-                               mean)
-                    j += batch
-                    load_batch(xv, words, at, j, step, end)
-            cuda.syncthreads()  # shared_t holds the next ticket
-            t = shared_t[0]
-
-    return reduce_backward_rows_sync
-
-
-#: Words per thread a ``reduce_backward_rows_hold`` chunk keeps in registers: the
-#: row-sync chunk of the plan's layout (``_SYNC_BATCHES`` batches of VEC_LOADS words,
-#: plans.reduce, which asserts they match), so both kernels cut a row into the same
-#: parts, publish the same partials and use the same workspace.
+#: Words per thread of one part of a hold chunk (registers; the second part is the
+#: stash): the part of the plan's layout (``_SYNC_BATCHES`` batches of VEC_LOADS words,
+#: plans.reduce, which asserts they match).
 HOLD_WORDS = (1 if SIMULATOR else 2) * VEC_LOADS
 #: Dynamic shared memory of a ``reduce_backward_rows_hold_stash`` block: HOLD_WORDS more
 #: words a thread, copied by ``cp.async`` (no register) with the register loads in
@@ -2909,7 +2647,7 @@ def _make_backward_rows_hold(kind: ReduceKind, element: ElementKind,
     STASH = stash  # words a thread parks in dynamic shared memory (cp.async): 0 or HOLD_WORDS
     PHASES = 1 if SIMULATOR else HOLD_PHASES
     assert STASH in (0, HOLD_WORDS)
-    HALVES = 2 if STASH else 1  # row-sync chunks (partials) a chunk of this kernel spans
+    HALVES = 2 if STASH else 1  # parts (partials) a chunk of this kernel spans
     SUMS = 2 * (SHARED_SLOTS // 32)  # _block_totals2's two f64 a warp
     vec = VECTOR[element]
     ACC = ELEMENTS[element].acc
@@ -2924,21 +2662,19 @@ def _make_backward_rows_hold(kind: ReduceKind, element: ElementKind,
 
     def reduce_backward_rows_hold(dy, xv, y, dx, dxv, ctl, partials, out_numel, extent,
                                   row_words, dy_stride, y_stride, parts, param):
-        """The gradient of ``out_numel`` long word-aligned rows, ``row_words`` words
-        apart, whose row statistic is a sum over the row (``_row_statistic``): Var/Std
-        ``dx = c * (x - mean)`` (as ``reduce_backward_rows_sync``: ``mean = sum(x) /
-        extent``), Max/Min ``dx = (dy / count) * (x == y)`` (``count`` the row's ties
-        ``x == y``), with x read once. Each row is cut into the row-sync kernel's
-        ``parts`` chunks of ``HOLD_WORDS * blockDim`` words; this kernel's chunk is
+        """The gradient of ``out_numel`` long word-aligned rows, ``row_words`` words apart,
+        whose row statistic is a sum over the row (``_row_statistic``): Var/Std ``dx = c *
+        (x - mean)`` (``mean = sum(x) / extent``), Max/Min ``dx = (dy / count) * (x == y)``
+        (``count`` the row's ties ``x == y``), with x read once. Each row is cut into the
+        plan's ``parts`` parts of ``HOLD_WORDS * blockDim`` words; this kernel's chunk is
         ``HALVES`` of them (the second parked in shared memory), numbered row by row and
         handed out in ticket order (``ctl[0]``). A chunk's block loads its words (into
-        registers; with the stash the second half by ``cp.async`` into shared memory),
-        sums each half's terms, publishes their f64 totals in ``partials`` exactly as the
-        row-sync kernel would (same words, same order: same bits whichever kernel runs),
-        waits until its row's ``parts`` totals are all published (relaxed loads,
-        HOLD_POLL_SLOTS a thread), adds them in a fixed order and writes its chunk of
-        ``dx`` from registers and shared memory. The blocks start in HOLD_PHASES phases,
-        HOLD_PHASE_NS apart, where the grid takes HOLD_PHASE_WAVES tickets a block or more.
+        registers; with the stash the second half by ``cp.async`` into shared memory), sums
+        each half's terms, publishes their f64 totals in ``partials`` (one a part), waits
+        until its row's ``parts`` totals are all published (relaxed loads, HOLD_POLL_SLOTS a
+        thread), adds them in a fixed order and writes its chunk of ``dx`` from registers
+        and shared memory. The blocks start in HOLD_PHASES phases, HOLD_PHASE_NS apart,
+        where the grid takes HOLD_PHASE_WAVES tickets a block or more.
 
         A chunk waits for chunks with larger tickets, so the row's other chunks must be
         resident at once. A block takes its next ticket only after its row's total is in
@@ -2950,9 +2686,9 @@ def _make_backward_rows_hold(kind: ReduceKind, element: ElementKind,
         cooperatively (``cuLaunchCooperativeKernel``), so every block of its grid (at most
         the resident blocks) runs at once whatever else shares the device; a grid the
         device cannot hold fails to launch rather than waiting (``plan.row_hold = False``
-        takes the row-sync kernel, which never waits on a later ticket, or Max/Min's tie
-        count after dx). ``ctl`` and ``partials`` are zero before the launch; the block is
-        SYNC_BLOCK threads (a constant here: the words' offsets are immediates)."""
+        takes the statistic pass and the word rows, or Max/Min's tie count after dx).
+        ``ctl`` and ``partials`` are zero before the launch; the block is SYNC_BLOCK
+        threads (a constant here: the words' offsets are immediates)."""
         tid = cuda.threadIdx.x
         block = SYNC_BLOCK  # the launch's block: the words' offsets are immediates
         shared_t = cuda.shared.array(1, int64)
@@ -2973,7 +2709,7 @@ def _make_backward_rows_hold(kind: ReduceKind, element: ElementKind,
         t = _first_ticket(ctl, shared_t, tid)
         while t < n:  # uniform across the block
             row = t // chunks
-            part = (t - row * chunks) * HALVES  # the row-sync chunk of the first half
+            part = (t - row * chunks) * HALVES  # the part of the first half
             at = uint64(row * row_words)
             j = (t - row * chunks) * chunk + tid
             # The chunk's loops are written out here, against a thread's word count:
@@ -3412,14 +3148,19 @@ def _vec_backward_cols_signature(element: ElementKind) -> tuple[types.Type,...]:
             int64, int64, int64, int64, float64, int64)
 
 
-#: (kind, element) -> contiguous-row forward kernel with word loads (float kinds of the
-#: VECTOR elements; every forward kernel kind, TIES included).
+#: Forward kernel kinds of the word kernels: every one but TIES (the Max/Min gradient's
+#: tie count, which these layouts take after dx; elsewhere the generic kernel).
+VEC_FORWARD_KINDS = {element: tuple(k for k in FORWARD_KINDS[element] if k is not TIES)
+                     for element in VECTOR}
+
+#: (kind, element) -> contiguous-row forward kernel with word loads (the float kinds of
+#: the VECTOR elements).
 REDUCE_ROWS_VEC_KERNELS: dict[tuple[Any, ElementKind], Kernel] = {
     (kind, element): Kernel(f"reduce_rows_vec[{_kind_name(kind)},{element.name.lower()}]",
                             _make_reduce_rows_vec(kind, element),
                             _vec_reduce_signature(kind, element),
                             max_registers=VEC_MAX_REGISTERS)
-    for element in VECTOR for kind in FORWARD_KINDS[element]
+    for element in VECTOR for kind in VEC_FORWARD_KINDS[element]
 }
 
 #: (kind, element) -> the same kernel whose short-row path parks each thread's next row
@@ -3440,7 +3181,7 @@ REDUCE_COLS_VEC_KERNELS: dict[tuple[Any, ElementKind], Kernel] = {
                             _make_reduce_cols_vec(kind, element),
                             _vec_cols_signature(kind, element),
                             max_registers=VEC_MAX_REGISTERS)
-    for element in VECTOR for kind in FORWARD_KINDS[element]
+    for element in VECTOR for kind in VEC_FORWARD_KINDS[element]
 }
 
 #: Register caps of the contiguous-row gradient kernels, per kind (the others uncapped).
@@ -3509,74 +3250,33 @@ STAT_GRAD_KINDS = tuple(kind for kind, ops in GRAD_OPS.items() if ops.stat is no
 STREAM_GRAD_KINDS = tuple(kind for kind, ops in GRAD_OPS.items()
                           if ops.stat is None and ops.reads_x)
 
-#: Register caps of the register-resident row gradient, per (kind, element) (the others
-#: uncapped): at most 48 registers keep 5 resident 256-thread blocks per SM. Max (Min's
-#: kernel) takes 51 uncapped (4 blocks) and spills 4-8 bytes at 48; the others take 40-48.
-#: (Measurements: docs/design/reduce.md, "Measured constants".)
-REG_ROWS_MAX_REGISTERS = {(ReduceKind.MAX, ElementKind.F16): 48,
-                          (ReduceKind.MAX, ElementKind.BF16): 48}
-
 #: (kind, element) -> register-resident gradient of word-aligned rows that fit in the
 #: registers of one block (x read once).
 REDUCE_BACKWARD_ROWS_REG_KERNELS: dict[tuple[ReduceKind, ElementKind], Kernel] = {
     (kind, element): Kernel(
         f"reduce_backward_rows_reg[{_kind_name(kind)},{element.name.lower()}]",
-        _make_backward_rows_reg(kind, element), _reg_backward_signature(element),
-        max_registers=REG_ROWS_MAX_REGISTERS.get((kind, element)))
+        _make_backward_rows_reg(kind, element), _reg_backward_signature(element))
     for element in VECTOR for kind in STAT_GRAD_KINDS + STREAM_GRAD_KINDS
 }
-#: Rows a thread of the short-row kernels below holds at once, and words a lane of each.
-REG_ROWS_PAIR = 2
-REG_ROWS_PAIR_WORDS = 4
-#: (kind, element) -> the same gradient for rows of at most a warp's lanes, a thread
-#: holding REG_ROWS_PAIR rows (REG_ROWS_PAIR_WORDS words of each) at once: Max/Min,
-#: f32 Var/Std and the kinds without a statistic that read x (the plan takes them where
-#: they exist; the latter from 8 lanes a row).
-#: (Measurements: docs/design/reduce.md, "Measured constants".)
-REDUCE_BACKWARD_ROWS_REG_PAIR_KERNELS: dict[tuple[ReduceKind, ElementKind], Kernel] = {
-    (kind, element): Kernel(
-        f"reduce_backward_rows_reg_pair[{_kind_name(kind)},{element.name.lower()}]",
-        _make_backward_rows_reg_pair(kind, element, REG_ROWS_PAIR),
-        _reg_backward_signature(element))
-    for element in VECTOR for kind in STAT_GRAD_KINDS + STREAM_GRAD_KINDS
-    if GRAD_OPS[kind].stat != "mean" or element.byte_width == 4
-}
-
-
-def _sync_backward_signature(element: ElementKind) -> tuple[types.Type,...]:
+def _hold_signature(element: ElementKind) -> tuple[types.Type,...]:
     spec = ELEMENTS[element]
     arr = flat(spec.storage)
     words = flat(uint64)
     return (arr, words, arr, arr, words, flat(int64), flat(int64), int64, int64, int64,
-            int64, int64, int64, int64, int64, float64)
+            int64, int64, int64, float64)
 
 
-#: (kind, element) -> the Var/Std gradient of long word-aligned rows in one launch, its
-#: chunks meeting through the workspace (a ticket, then the published chunk partials).
-REDUCE_BACKWARD_ROWS_SYNC_KERNELS: dict[tuple[ReduceKind, ElementKind], Kernel] = {
+#: (kind, element) -> the Var/Std and Max/Min gradients (Min is Max's kernel) of long
+#: word-aligned rows with x read once: each chunk (two of the plan's ``_sync_layout``
+#: parts) held in registers and, its second half, in shared memory (HOLD_STASH_BYTES a
+#: block) until its row's total is published.
+REDUCE_BACKWARD_ROWS_HOLD_STASH_KERNELS: dict[tuple[ReduceKind, ElementKind], Kernel] = {
     (kind, element): Kernel(
-        f"reduce_backward_rows_sync[{_kind_name(kind)},{element.name.lower()}]",
-        _make_backward_rows_sync(kind, element), _sync_backward_signature(element))
-    for element in VECTOR for kind in (ReduceKind.VAR, ReduceKind.STD)
+        f"reduce_backward_rows_hold_stash[{_kind_name(kind)},{element.name.lower()}]",
+        _make_backward_rows_hold(kind, element, HOLD_WORDS),
+        _hold_signature(element), max_registers=HOLD_MAX_REGISTERS)
+    for element in VECTOR for kind in (ReduceKind.VAR, ReduceKind.STD, ReduceKind.MAX)
 }
-
-def _hold_kernels(name: str, stash: int) -> dict[tuple[ReduceKind, ElementKind], Kernel]:
-    """(kind, element) -> ``_make_backward_rows_hold``'s kernel with ``stash`` words a
-    thread in shared memory (Min is Max's kernel)."""
-    return {(kind, element): Kernel(
-        f"{name}[{_kind_name(kind)},{element.name.lower()}]",
-        _make_backward_rows_hold(kind, element, stash),
-        _sync_backward_signature(element)[:-3] + (float64,), max_registers=HOLD_MAX_REGISTERS)
-        for element in VECTOR for kind in (ReduceKind.VAR, ReduceKind.STD, ReduceKind.MAX)}
-
-
-#: (kind, element) -> the Var/Std and Max/Min gradients of long word-aligned rows with x
-#: read once, their chunks held in registers until their row's total is published.
-REDUCE_BACKWARD_ROWS_HOLD_KERNELS = _hold_kernels("reduce_backward_rows_hold", 0)
-#: The hold kernels whose chunks are twice as long, the second half parked in shared
-#: memory (HOLD_STASH_BYTES a block): twice the rows' chunks resident at once.
-REDUCE_BACKWARD_ROWS_HOLD_STASH_KERNELS = _hold_kernels("reduce_backward_rows_hold_stash",
-                                                        HOLD_WORDS)
 
 
 def _cols_reg_kernels(name: str, max_registers: int, stash: int = 0, wide_words: int = 0,
@@ -3591,22 +3291,6 @@ def _cols_reg_kernels(name: str, max_registers: int, stash: int = 0, wide_words:
                                     max_registers=max_registers)
             for element in VECTOR for kind in STAT_GRAD_KINDS}
 
-
-#: (kind, element) -> register-resident gradient in the column layout (strips of columns
-#: over at most REG_COL_WORDS * REG_COLS_BLOCK / 4 rows). 1024-thread blocks: at most 64
-#: registers.
-REDUCE_BACKWARD_COLS_REG_KERNELS = _cols_reg_kernels("reduce_backward_cols_reg", 64)
-
-#: The largest block of the capped-at-80 column kernels below (80 x 512 registers fit an
-#: SM; 80 x 1024 do not).
-REG_COLS_SMALL_BLOCK = 512
-#: The same kernels for blocks of at most REG_COLS_SMALL_BLOCK threads (short columns):
-#: 80 registers.
-#: (Measurements: docs/design/reduce.md, "Measured constants".)
-REDUCE_BACKWARD_COLS_REG_SMALL_KERNELS = _cols_reg_kernels("reduce_backward_cols_reg_small", 80,
-                                                           wide_words=16)
-# the plan gives strips of more than 32 pairs only to blocks of these kernels
-assert REG_COLS_WIDE_BLOCK <= REG_COLS_SMALL_BLOCK
 
 #: (kind, element) -> the column register-resident gradient in 256-byte strips
 #: (REG_COL_STRIP_WORDS column words) of columns of at most REG_COL_STRIP_HELD *

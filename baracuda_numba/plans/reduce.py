@@ -84,19 +84,14 @@ from ..kernels.reduce import (
     LONG_SHORT_KINDS,
     PARK_MIN_LANES,
     REDUCE_BACKWARD_BROADCAST_KERNELS,
-    REDUCE_BACKWARD_COLS_REG_KERNELS,
-    REDUCE_BACKWARD_COLS_REG_SMALL_KERNELS,
     REDUCE_BACKWARD_COLS_REWRITE_KERNELS,
     REDUCE_BACKWARD_COLS_STASH_KERNELS,
     REDUCE_BACKWARD_COLS_STRIP_KERNELS,
     REDUCE_BACKWARD_COLS_VEC_KERNELS,
     REDUCE_BACKWARD_KERNELS,
     REDUCE_BACKWARD_PROD_ZEROS_KERNELS,
-    REDUCE_BACKWARD_ROWS_HOLD_KERNELS,
     REDUCE_BACKWARD_ROWS_HOLD_STASH_KERNELS,
     REDUCE_BACKWARD_ROWS_REG_KERNELS,
-    REDUCE_BACKWARD_ROWS_REG_PAIR_KERNELS,
-    REDUCE_BACKWARD_ROWS_SYNC_KERNELS,
     REDUCE_BACKWARD_ROWS_VEC_KERNELS,
     REDUCE_COLS_VEC_KERNELS,
     REDUCE_KERNELS,
@@ -108,12 +103,9 @@ from ..kernels.reduce import (
     REG_COL_WIDE_PAIRS,
     REG_COL_WORDS,
     REG_COLS_BLOCK,
-    REG_COLS_SMALL_BLOCK,
     REG_COLS_STASH_BYTES,
     REG_COLS_STRIP_BLOCK,
     REG_COLS_WIDE_BLOCK,
-    REG_ROWS_PAIR,
-    REG_ROWS_PAIR_WORDS,
     SHORT_LOADS,
     STREAM_GRAD_KINDS,
     SYNC_BLOCK,
@@ -226,7 +218,7 @@ _STORE_ONLY_SHORT = True
 GENERIC, ROWS, COLS, REG, REG_COLS = "generic", "rows", "cols", "reg", "reg_cols"
 #: SYNC: the Var/Std and Max/Min gradients of word-aligned rows longer than the
 #: register-resident kernel's in one launch, in chunks that meet through the workspace
-#: (``kernels.reduce.reduce_backward_rows_hold``, ``reduce_backward_rows_sync``).
+#: (``kernels.reduce.reduce_backward_rows_hold_stash``).
 SYNC = "sync"
 #: BROADCAST: the gradients without a statistic of a C-contiguous, 16-byte aligned dx in
 #: 16-byte units in dx's memory order (``kernels.reduce.reduce_backward_broadcast``).
@@ -244,44 +236,32 @@ _BROADCAST_MIN_COL_BYTES = 1024
 _BROADCAST_MIN_X_ROW_BYTES = 2048 * 8
 _BROADCAST_X_COL_BYTES = (2,)
 
-# Row-sync gradient (Var/Std of long rows): batches per work item (a chunk:
-# _SYNC_BATCHES * SYNC_BLOCK * VEC_LOADS words) and its grid (work items are handed out by
-# ticket, so blocks beyond the resident ones only start later). The statistic runs a row
-# and a grid of chunks ahead of the gradient (the lead): a shorter lead makes gradient
-# items wait.
-# (Measurements: docs/design/reduce.md, "Measured constants".)
+# The hold gradient's parts of a row (``_sync_layout``): _SYNC_BATCHES batches of
+# VEC_LOADS words a thread of SYNC_BLOCK (a hold chunk is two parts).
 _SYNC_BATCHES = 1 if SIMULATOR else 2
 # the hold kernels cut rows into the same chunks (their partials are the same sums)
 assert _SYNC_BATCHES * VEC_LOADS == HOLD_WORDS
-#: The long Var/Std rows hold their chunks in registers (x read once:
-#: ``reduce_backward_rows_hold``) where the device holds this many rows' chunks at once
-#: (resident blocks / chunks a row); a row's first chunks wait for its last, so the
+#: The long Var/Std rows take the hold kernel (x read once:
+#: ``reduce_backward_rows_hold_stash``) where the device holds this many rows' chunks at
+#: once (resident blocks / chunks a row); a row's first chunks wait for its last, so the
 #: fewer rows in flight, the longer the waits.
 #: (Measurements: docs/design/reduce.md, "Measured constants".)
 _HOLD_ROWS_IN_FLIGHT = 4
 #: The same for the Max/Min gradient of long rows (its tie count summed the same way),
 #: whose other way is the tie count after dx (x read once, dx written, then the tied
-#: rows rewritten), not the row-sync kernel.
+#: rows rewritten), which measured faster than the hold kernel below this.
 _HOLD_TIES_ROWS_IN_FLIGHT = 8
-#: The Var/Std hold kernel with a shared-memory stash (``reduce_backward_rows_hold_stash``:
-#: chunks of two row-sync chunks, so twice the rows in flight) where the register-only
-#: one would hold fewer rows than this at once. Max/Min take the stash kernel instead of
-#: the register-only one wherever that fits (_HOLD_TIES_ROWS_IN_FLIGHT rows), and
-#: below it the tie count after dx, which measured faster than the stash kernel there.
-#: (Measurements: docs/design/reduce.md, "Measured constants".)
-_HOLD_STASH_ROWS = 8
-_SYNC_GRID = 2 if SIMULATOR else 132 * 4
 
 
-def _sync_layout(out_numel: int, extent: int, width: int) -> tuple[int, int, int, int]:
-    """``(parts, batches, lead, workspace bytes)`` of the row-sync gradient: rows of
-    ``extent // width`` words cut into ``parts`` chunks of ``batches`` batches, the
-    statistic ``lead`` chunks ahead of the gradient; the workspace holds the ticket, then
-    one published partial per chunk (int64, all zeroed before each launch)."""
+def _sync_layout(out_numel: int, extent: int, width: int) -> tuple[int, int]:
+    """``(parts, workspace bytes)`` of the hold gradient: rows of ``extent // width`` words
+    cut into ``parts`` parts of _SYNC_BATCHES * SYNC_BLOCK * VEC_LOADS words (a hold chunk
+    is two); the workspace holds the ticket, then one published partial per part (int64,
+    all zeroed before each launch)."""
     words = max(extent // width, 1)
     chunk = _SYNC_BATCHES * SYNC_BLOCK * VEC_LOADS
     parts = -(-words // chunk)
-    return parts, _SYNC_BATCHES, parts + _SYNC_GRID, 8 * (1 + out_numel * parts)
+    return parts, 8 * (1 + out_numel * parts)
 
 
 def _split_aim(groups: int, target: int) -> int:
@@ -421,10 +401,6 @@ def _reg_lanes(extent: int, width: int) -> int:
 #: the word row kernel's short-row path.
 #: (Measurements: docs/design/reduce.md, "Measured constants".)
 _REG_STREAM_MIN_LANES = 32
-#:... or, two rows a thread (``REDUCE_BACKWARD_ROWS_REG_PAIR_KERNELS``), rows of at least
-#: _PAIR_STREAM_MIN_LANES lanes (32 words).
-#: (Measurements: docs/design/reduce.md, "Measured constants".)
-_PAIR_STREAM_MIN_LANES = 8
 #: The word-kernel gradients without a statistic (Sum, Mean, Prod, Norm2, LogSumExp)
 #: whose lines split anyway (``_split_aim``): the blocks a split aims at and the batches
 #: a split keeps at least. Nothing merges their splits, so they split until a thread has
@@ -439,28 +415,19 @@ _TIE_COLS_TARGET = 4 * _VEC_TARGET_BLOCKS
 _TIE_COLS_MIN_BATCHES = 1
 
 
-def _cols_reg_layout(extent: int, width: int, stash: bool = True,
+def _cols_reg_layout(extent: int, width: int,
                      out_words: int = 0) -> tuple[int, int, bool, bool] | None:
     """(log2 of the column words per block, block threads, stash, strip) of the column
-    register-resident gradient, or None where it does not apply: every row in the block's
-    registers (REG_COL_WORDS per thread), a strip of at least 4 words (32 bytes per row), at
-    most 32 (word, element) pairs (64, up to 128 bytes, in blocks of at most
-    REG_COLS_WIDE_BLOCK threads), and at least 8 rows per thread on average (shorter
-    columns keep the statistic pass). The block is as small as the column allows (whole
-    warps, at most REG_COLS_BLOCK): short columns get more resident blocks per SM, so one
-    block's stores overlap another's loads, and columns of a few hundred rows fit at all.
-
-
-    Where the strip fills a REG_COLS_BLOCK-thread block and the stash (REG_COL_STASH more
-    words per thread, in shared memory) would widen it, the stash kernel takes the wider
-    strip (``stash`` True in the result; the argument ``stash`` False, as on a device
-    without the shared memory, or _COLS_STASH False rule it out): 32-byte strips of 4096
-    rows become 64-byte ones.
+    register-resident gradient, or None where it does not apply (those columns keep the
+    tie count after dx or the statistic pass).
 
     Columns that fill the largest block of the strip kernel (REG_COLS_STRIP_BLOCK
     threads: 129-256 rows on the GPU, REG_COL_STRIP_HELD rows a thread) take it (``strip``
     True) where there are ``out_words`` >= REG_COL_STRIP_WORDS output words: 256-byte
-    strips instead of 128-byte ones."""
+    strips. Columns whose strip of REG_COL_WORDS rows a thread fills a REG_COLS_BLOCK-thread
+    block (at least 4 words, 32 bytes per row, at least 8 rows a thread on average) take
+    the stash kernel (``stash`` True) where its REG_COL_STASH more rows a thread, in
+    shared memory, widen the strip: 32-byte strips of 4096 rows become 64-byte ones."""
     if out_words >= REG_COL_STRIP_WORDS and _COLS_STRIP:
         lanes = REG_COLS_STRIP_BLOCK // REG_COL_STRIP_WORDS
         if lanes // 2 * REG_COL_STRIP_HELD < extent <= lanes * REG_COL_STRIP_HELD:
@@ -470,14 +437,13 @@ def _cols_reg_layout(extent: int, width: int, stash: bool = True,
     # f16/bf16 strips of up to 128 bytes too (64 pairs) where the block stays small
     cw = max(cw, min(REG_COLS_WIDE_BLOCK // row_lanes, 16, REG_COL_WIDE_PAIRS // width))
     block = max(cw * row_lanes, 32)
-    if cw < 4 or extent < 8 * (block // cw):
+    if cw < 4 or extent < 8 * (block // cw) or block != REG_COLS_BLOCK or not _COLS_STASH:
         return None
-    if block == REG_COLS_BLOCK and stash and _COLS_STASH:
-        row_lanes = _pow2_at_least(-(-extent // (REG_COL_WORDS + REG_COL_STASH)))
-        wide = min(REG_COLS_BLOCK // row_lanes, 32 // width)
-        if wide > cw:
-            return wide.bit_length() - 1, wide * row_lanes, True, False
-    return cw.bit_length() - 1, block, False, False
+    row_lanes = _pow2_at_least(-(-extent // (REG_COL_WORDS + REG_COL_STASH)))
+    wide = min(REG_COLS_BLOCK // row_lanes, 32 // width)
+    if wide > cw:
+        return wide.bit_length() - 1, wide * row_lanes, True, False
+    return None
 
 
 #: Whether the column register-resident gradient takes the stash kernel where it widens
@@ -1024,12 +990,6 @@ def _bind_merge(kernel: Any, common: tuple[Any,...], out_numel: int, splits: int
                        tuple(merge_args) + (2 if final else 3, param))
 
 
-#: Elements whose Max/Min gradient takes the tie count after dx over the column
-#: register-resident kernel (with a workspace), except where the stash kernel takes the
-#: strip.
-#: (Measurements: docs/design/reduce.md, "Measured constants".)
-_TIES_OVER_REG_COLS: tuple[ElementKind,...] = (ElementKind.F32,)
-
 _CACHE_LIMIT = 64
 #: The statistic pass of the Var/Std gradients (split or column word layouts, with a
 #: workspace): the Sum kernel's per-output sum, which the gradient divides by the extent
@@ -1121,17 +1081,12 @@ class _TieCount:
 
 @dataclass(frozen=True)
 class _SyncLaunch:
-    """The row-sync gradient (SYNC): its bound launch (``fast``: stream and pointers) and
-    the bytes of workspace it uses (the ticket, then the chunk partials), zeroed before
-    each launch."""
+    """The hold gradient (SYNC): its bound launch (``fast``: stream and pointers) and the
+    bytes of workspace it uses (the ticket, then the chunk partials), zeroed before each
+    launch."""
 
     fast: Any
     ctl_bytes: int
-    #: the kernel that holds each chunk in registers (``reduce_backward_rows_hold``: x
-    #: read once) rather than ``reduce_backward_rows_sync`` (x read twice)
-    hold: bool
-    #: the hold kernel with a shared-memory stash (``reduce_backward_rows_hold_stash``)
-    stash: bool = False
 
 
 def _gradient_runner(launch: tuple[Any, Any], ws_ptr: int) -> Any:
@@ -1281,32 +1236,22 @@ class ReduceBackwardPlan(Plan):
                     or slots * 8 <= pref.max_workspace_bytes:
                 self._tie_slots = slots
                 workspace = max(workspace, slots * 8)
-        # the row-sync gradient of long Var/Std rows and the hold kernel of long Var/Std
-        # and Max/Min rows (their ticket and chunk partials; Max/Min have no row-sync
-        # kernel: the tie count after dx measured faster).
-        # (Measurements: docs/design/reduce.md, "Measured constants".)
-        self._sync: tuple[int, int, int, int] | None = None
-        #: the row-sync gradient's chunks held in registers (x read once): None = where
-        #: the device holds _HOLD_ROWS_IN_FLIGHT (Max/Min: _HOLD_TIES_ROWS_IN_FLIGHT)
-        #: rows' chunks at once, True = where it holds twice a row's chunks (the least
-        #: that cannot deadlock), False = never
+        # the hold kernel of long Var/Std and Max/Min rows (its ticket and chunk partials)
+        self._sync: tuple[int, int] | None = None
+        #: the hold kernel (x read once): None = where the device holds
+        #: _HOLD_ROWS_IN_FLIGHT (Max/Min: _HOLD_TIES_ROWS_IN_FLIGHT) rows' chunks at once,
+        #: True = where it holds twice a row's chunks (the least that cannot deadlock),
+        #: False = never
         self.row_hold: bool | None = None
-        #: the hold kernel with a shared-memory stash: None = the rule of _HOLD_STASH_ROWS,
-        #: True / False = wherever it fits / never
-        self.hold_stash: bool | None = None
         #: the gradients without a statistic: the broadcast kernel where it applies
         #: (``_bind_broadcast``); set before the first ``run``
         self.broadcast = True
-        #: the register-resident gradients' rows of at most a warp's lanes of at most
-        #: REG_ROWS_PAIR_WORDS words: two rows a thread where that kernel exists
-        #: (``_pair_kernel``); set before the first ``run``
-        self.reg_rows_pair = True
         if self._stat_kind is not None and self._numel and desc.element in VECTOR:
             layout = _sync_layout(self._out_numel, extent, VECTOR[desc.element].width)
             if pref is None or pref.max_workspace_bytes is None \
-                    or layout[3] <= pref.max_workspace_bytes:
+                    or layout[1] <= pref.max_workspace_bytes:
                 self._sync = layout
-                workspace = max(workspace, layout[3])
+                workspace = max(workspace, layout[1])
         sku = KernelSku(OpCategory.REDUCTION, int(kind), desc.element, None, None, None,
                         ArchSku.SM80, BackendKind.BESPOKE, _guarantee(desc.element))
         super().__init__(desc, sku, pref, workspace)
@@ -1415,14 +1360,8 @@ class ReduceBackwardPlan(Plan):
                 width = VECTOR[element].width
                 out_words = self._out_numel // width
                 cols_reg = _cols_reg_layout(extent, width, out_words=out_words)
-                if cols_reg is not None and cols_reg[2] and not _stash_fits(
-                        self.descriptor.kind, element):
-                    cols_reg = _cols_reg_layout(extent, width, stash=False,
-                                                out_words=out_words)
-                # the tie count after dx beats the narrow strips (f32), not the stash or
-                # the 256-byte strips
-                if cols_reg is not None and (cols_reg[2] or cols_reg[3] or not (
-                        element in _TIES_OVER_REG_COLS and with_workspace and self._tie_slots)):
+                if cols_reg is not None and (cols_reg[3] or _stash_fits(
+                        self.descriptor.kind, element)):
                     log2_cw, block, stash, strip = cols_reg
                     return None, (REG_COLS, self._bind_reg(dy, dx, y, out_strides, log2_cw,
                                                            block, dx.strides[axis], stash,
@@ -1435,19 +1374,13 @@ class ReduceBackwardPlan(Plan):
             lanes = _reg_lanes(extent, width)
             whole_words = dx.ptr % 8 == 0 and extent % width == 0 and len(out_shape) <= 1 \
                 and all(s % width == 0 for s in out_strides[0])
-            if stream and lanes < _REG_STREAM_MIN_LANES and (
-                    lanes < _PAIR_STREAM_MIN_LANES
-                    or self._pair_kernel(lanes.bit_length() - 1) is None):
+            if stream and lanes < _REG_STREAM_MIN_LANES:
                 lanes = 0
             if lanes and whole_words:
                 return None, (REG, self._bind_reg(dy, dx, y, out_strides,
                                                   lanes.bit_length() - 1, _BLOCK, None))
             if whole_words and with_workspace and self._sync is not None:
-                # the hold kernel where it fits, else (Var/Std) the row-sync kernel for
-                # rows too few to fill the GPU a block each, or split anyway
-                few_or_split = self._out_numel < _VEC_TARGET_BLOCKS or _rows_vec_geometry(
-                    self._out_numel, extent, width, self._max_splits).splits > 1
-                sync = self._bind_sync(dy, dx, y, out_strides, few_or_split)
+                sync = self._bind_sync(dy, dx, y, out_strides)
                 if sync is not None:
                     return None, (SYNC, sync)
         shift = (dx.ptr & 7) // element.byte_width  # dx's (and x's) elements past a word
@@ -1633,7 +1566,7 @@ class ReduceBackwardPlan(Plan):
                      out_strides: list[tuple[int,...]]) -> tuple[tuple[Any,...], int, int,
                                                                    int]:
         """The leading array arguments ``(dy, xv, y, dx, dxv)`` of the register-resident
-        and row-sync gradients (x and dx in the same layout: x's words span dx's), and
+        and hold gradients (x and dx in the same layout: x's words span dx's), and
         the output strides of dx, y and dy (one collapsed output dim at most)."""
         element = self.descriptor.element
         assert y is not None
@@ -1645,79 +1578,49 @@ class ReduceBackwardPlan(Plan):
         return arrays, dx_s, y_s, dy_s
 
     def _hold_kernel(self, grad_kind: ReduceKind, element: ElementKind,
-                     parts: int) -> tuple[Kernel, int, int] | None:
-        """``(kernel, dynamic shared bytes, grid)`` of the hold kernel for rows of
-        ``parts`` row-sync chunks, or None where it does not fit. x is read once, so a
-        row's chunks wait for each other and must all be resident: at most 1 /
+                     parts: int) -> tuple[Kernel, int] | None:
+        """``(kernel, grid)`` of the hold kernel for rows of ``parts`` parts, or None where
+        it does not fit. Its chunks (two parts: registers and a shared-memory stash) wait
+        for the rest of their row, so a row's chunks must all be resident: at most 1 /
         _HOLD_ROWS_IN_FLIGHT (Max/Min: _HOLD_TIES_ROWS_IN_FLIGHT) of the resident blocks,
-        or half when forced (``row_hold``); one-chunk rows never wait. The stash
-        kernel's chunks of two row-sync chunks hold twice as many rows: Var/Std take it
-        where the register-only kernel would hold fewer than _HOLD_STASH_ROWS rows,
-        Max/Min wherever the register-only one fits (``hold_stash`` None). A thread reads
-        at most HOLD_POLL_SLOTS of a row's chunk totals: ``parts`` <= HOLD_POLL_SLOTS *
-        SYNC_BLOCK (512; the rules above allow at most 264 on a device of 132 SMs unless
+        or half when forced (``row_hold``); one-chunk rows never wait. A thread reads at
+        most HOLD_POLL_SLOTS of a row's part totals: ``parts`` <= HOLD_POLL_SLOTS *
+        SYNC_BLOCK (512; the rules above allow far fewer on a device of 132 SMs unless
         ``row_hold`` forces the kernel)."""
         if self.row_hold is False or parts > HOLD_POLL_SLOTS * SYNC_BLOCK:
             return None
         in_flight = 2 if self.row_hold else _HOLD_TIES_ROWS_IN_FLIGHT \
             if self._stat_kind is TIES else _HOLD_ROWS_IN_FLIGHT
-        plain = REDUCE_BACKWARD_ROWS_HOLD_KERNELS[(grad_kind, element)].prepare()
-        resident = plain.resident_blocks(SYNC_BLOCK)
-        if self.hold_stash is not None:
-            stash = self.hold_stash
-        elif self._stat_kind is TIES:  # in place of the register-only kernel
-            stash = parts > 1 and in_flight * parts <= resident
-        else:  # where the register-only kernel holds too few rows
-            stash = parts > 1 and _HOLD_STASH_ROWS * parts > resident
-        if stash and parts > 1:
-            kernel = REDUCE_BACKWARD_ROWS_HOLD_STASH_KERNELS[(grad_kind, element)].prepare()
-            kernel.allow_dynamic_shared(HOLD_STASH_BYTES)
-            stash_resident = kernel.resident_blocks(SYNC_BLOCK, HOLD_STASH_BYTES)
-            chunks = -(-parts // 2)
-            if stash_resident and (chunks == 1 or in_flight * chunks <= stash_resident):
-                return kernel, HOLD_STASH_BYTES, min(self._out_numel * chunks, stash_resident)
-        if parts == 1 or in_flight * parts <= resident:
-            return plain, 0, min(self._out_numel * parts, resident)
+        kernel = REDUCE_BACKWARD_ROWS_HOLD_STASH_KERNELS[(grad_kind, element)].prepare()
+        kernel.allow_dynamic_shared(HOLD_STASH_BYTES)
+        resident = kernel.resident_blocks(SYNC_BLOCK, HOLD_STASH_BYTES)
+        chunks = -(-parts // 2)
+        if resident and (chunks == 1 or in_flight * chunks <= resident):
+            return kernel, min(self._out_numel * chunks, resident)
         return None
 
     def _bind_sync(self, dy: TensorRef, dx: TensorMut, y: TensorRef | None,
-                   out_strides: list[tuple[int,...]], row_sync: bool) -> _SyncLaunch | None:
+                   out_strides: list[tuple[int,...]]) -> _SyncLaunch | None:
         """The gradient of word-aligned rows longer than the register-resident kernel's
         (at most one collapsed output dim, x and dx in the same layout) through the
         workspace: the hold kernel where the device holds enough rows' chunks at once,
-        else (``row_sync``: rows too few to fill the GPU a block each, or rows the
-        word-row kernels would split; Var/Std only) the row-sync kernel, else None."""
+        else None."""
         element = self.descriptor.element
         assert self._sync is not None
-        parts, batches, lead, workspace = self._sync
+        parts, workspace = self._sync
         grad_kind = GRAD_KERNEL_KIND.get(self.descriptor.kind, self.descriptor.kind)
-        arrays, dx_s, y_s, dy_s = self._word_arrays(dy, dx, y, out_strides)
-        common = (*arrays, (0, 1), (0, self._out_numel * parts), self._out_numel,
-                  self._extent, dx_s // VECTOR[element].width, dy_s, y_s, parts)
         hold = self._hold_kernel(grad_kind, element, parts)
-        if hold is not None:
-            # cooperative: every block resident at once, whatever else runs on the device
-            # (a share too small for the grid fails the launch, never hangs)
-            kernel, shared, grid = hold
-            bound = kernel.bind(grid, SYNC_BLOCK, (*common, self._param), shared,
-                                cooperative=True)
-            return _SyncLaunch(bound.fast, workspace, True, shared > 0)
-        if not row_sync or self._stat_kind is TIES:
+        if hold is None:
             return None
-        kernel = REDUCE_BACKWARD_ROWS_SYNC_KERNELS[(grad_kind, element)].prepare()
-        bound = kernel.bind(_SYNC_GRID, SYNC_BLOCK, (*common, batches, lead, self._param))
-        return _SyncLaunch(bound.fast, workspace, False)
-
-    def _pair_kernel(self, log2_lanes: int) -> Kernel | None:
-        """The register-resident row kernel of REG_ROWS_PAIR rows a thread where it exists
-        for the kind and element and the rows (``2**log2_lanes`` lanes each) fit it: at
-        most a warp's lanes, at most REG_ROWS_PAIR_WORDS words a lane."""
-        element = self.descriptor.element
-        grad_kind = GRAD_KERNEL_KIND.get(self.descriptor.kind, self.descriptor.kind)
-        pair = REDUCE_BACKWARD_ROWS_REG_PAIR_KERNELS.get((grad_kind, element))
-        fits = log2_lanes <= 5 and self._extent // VECTOR[element].width \
-            <= REG_ROWS_PAIR_WORDS << log2_lanes
-        return pair if pair is not None and self.reg_rows_pair and fits else None
+        arrays, dx_s, y_s, dy_s = self._word_arrays(dy, dx, y, out_strides)
+        kernel, grid = hold
+        # cooperative: every block resident at once, whatever else runs on the device (a
+        # share too small for the grid fails the launch, never hangs)
+        bound = kernel.bind(grid, SYNC_BLOCK, (
+            *arrays, (0, 1), (0, self._out_numel * parts), self._out_numel, self._extent,
+            dx_s // VECTOR[element].width, dy_s, y_s, parts, self._param), HOLD_STASH_BYTES,
+            cooperative=True)
+        return _SyncLaunch(bound.fast, workspace)
 
     def _bind_reg(self, dy: TensorRef, dx: TensorMut, y: TensorRef | None,
                   out_strides: list[tuple[int,...]], log2_lanes: int, block: int,
@@ -1735,16 +1638,10 @@ class ReduceBackwardPlan(Plan):
         shared = 0
         if axis_stride is None:
             groups = -(-self._out_numel // (block >> log2_lanes))
-            kernel = self._pair_kernel(log2_lanes)
-            if kernel is not None:
-                groups = -(-groups // REG_ROWS_PAIR)
-            else:
-                kernel = REDUCE_BACKWARD_ROWS_REG_KERNELS[(grad_kind, element)]
+            kernel = REDUCE_BACKWARD_ROWS_REG_KERNELS[(grad_kind, element)]
         else:
             table = REDUCE_BACKWARD_COLS_STASH_KERNELS if stash else \
-                REDUCE_BACKWARD_COLS_STRIP_KERNELS if strip else \
-                REDUCE_BACKWARD_COLS_REG_SMALL_KERNELS if block <= REG_COLS_SMALL_BLOCK \
-                else REDUCE_BACKWARD_COLS_REG_KERNELS
+                REDUCE_BACKWARD_COLS_STRIP_KERNELS
             kernel = table[(grad_kind, element)]
             groups = -(-self._out_numel // (width << log2_lanes))
             if stash:
