@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from conftest import EDGE_LENGTHS, FLOAT_ELEMENTS, SIMULATOR, torch_or_skip
 
-import baracuda_numba.plans.reduce as plans_reduce
+import baracuda_numba.plans.reduce.backward as plans_reduce_backward
 from baracuda_numba.errors import InvalidProblem, Unsupported, WorkspaceTooSmall
 from baracuda_numba.kernels.reduce import (
     CHUNK,
@@ -25,13 +25,6 @@ from baracuda_numba.kernels.reduce import (
     tie_mask_iters,
 )
 from baracuda_numba.plans.reduce import (
-    _HOLD_ROWS_IN_FLIGHT,
-    _HOLD_TIES_ROWS_IN_FLIGHT,
-    _REG_STREAM_MIN_LANES,
-    _STREAM_MIN_BATCHES,
-    _STREAM_TARGET_BLOCKS,
-    _SYNC_BATCHES,
-    _VEC_TARGET_BLOCKS,
     REDUCE_ELEMENTS,
     REDUCE_KINDS,
     ArgReduceArgs,
@@ -43,6 +36,15 @@ from baracuda_numba.plans.reduce import (
     ReduceBackwardPlan,
     ReduceDescriptor,
     ReducePlan,
+)
+from baracuda_numba.plans.reduce.geometry import (
+    _HOLD_ROWS_IN_FLIGHT,
+    _HOLD_TIES_ROWS_IN_FLIGHT,
+    _REG_STREAM_MIN_LANES,
+    _STREAM_MIN_BATCHES,
+    _STREAM_TARGET_BLOCKS,
+    _SYNC_BATCHES,
+    _VEC_TARGET_BLOCKS,
     _cols_reg_layout,
     _cols_vec_geometry,
     _reg_lanes,
@@ -448,7 +450,7 @@ def test_unsplit_column_geometry():
     along the axis instead of running in a handful of blocks: the grid grows towards the
     one-wave target, each block keeps a 32-byte run of every row (4 words / 8 elements),
     and there are no more lanes than rows."""
-    from baracuda_numba.plans.reduce import (
+    from baracuda_numba.plans.reduce.geometry import (
         _BLOCK,
         _TARGET_BLOCKS,
         _VEC_TARGET_BLOCKS,
@@ -754,7 +756,7 @@ def test_word_access_forward(kind, element, layout, rng):
 
 def _short_rows(shape, strides, element, ptr=0):
     """The chunk_len 0 (short-row path) test of the forward row geometry."""
-    from baracuda_numba.plans.reduce import _problem
+    from baracuda_numba.plans.reduce.geometry import _problem
 
     problem = _problem(shape, len(shape) - 1, [strides, strides[:-1] + (1,)], True, 1 << 16,
                        element, K.SUM, ptr)
@@ -790,7 +792,7 @@ def test_longer_short_rows_selection(element):
     power of two up to a block; the other kinds and the gradients keep 4 or 8 lanes x
     SHORT_LOADS words."""
     from baracuda_numba.kernels.reduce import VEC_LOADS, VECTOR
-    from baracuda_numba.plans.reduce import _BLOCK, _problem, _short_rows_geometry
+    from baracuda_numba.plans.reduce.geometry import _BLOCK, _problem, _short_rows_geometry
 
     width = VECTOR[element].width
     for lanes in (8, _BLOCK):
@@ -836,7 +838,7 @@ def test_longer_short_rows(element):
     VEC_LOADS words (the short-row path for LONG_SHORT_KINDS, the row loop for the
     others), with NaN / inf / ties / -0, against NumPy and bit-identical on a rerun."""
     from baracuda_numba.kernels.reduce import LONG_SHORT_KINDS, VEC_LOADS, VECTOR
-    from baracuda_numba.plans.reduce import _BLOCK, _problem
+    from baracuda_numba.plans.reduce.geometry import _BLOCK, _problem
 
     width = VECTOR[element].width
     rng = np.random.default_rng(11)
@@ -877,7 +879,7 @@ def test_short_rows_parked(element, rng, monkeypatch):
         VECTOR,
     )
     from baracuda_numba.launch import Kernel
-    from baracuda_numba.plans.reduce import _BLOCK, _MAX_GRID_X, _SHORT_GRID_X, _problem
+    from baracuda_numba.plans.reduce.geometry import _BLOCK, _MAX_GRID_X, _SHORT_GRID_X, _problem
 
     bound = []  # (kernel family, grid) of every launch bound
     bind = Kernel.bind
@@ -1036,7 +1038,7 @@ def test_longer_short_rows_backward(element, rng):
     of a block of lanes x VEC_LOADS words too (contiguous and padded rows), into a
     poisoned buffer whose padding must survive; the gradients that read x do not."""
     from baracuda_numba.kernels.reduce import VEC_LOADS, VECTOR
-    from baracuda_numba.plans.reduce import _BLOCK
+    from baracuda_numba.plans.reduce.geometry import _BLOCK
 
     width = VECTOR[element].width
     for lanes in (8, _BLOCK):
@@ -1102,8 +1104,8 @@ def test_broadcast_backward(kind, element, layout, rng, monkeypatch):
     (``plan.broadcast = False``), with a strided dy and y (every other element of a
     buffer), into poisoned buffers whose rest must survive. The kinds that read x take
     it here for every row length and element (test_broadcast_selection: the plan's rule)."""
-    monkeypatch.setattr(plans_reduce, "_BROADCAST_MIN_X_ROW_BYTES", 0)
-    monkeypatch.setattr(plans_reduce, "_BROADCAST_X_COL_BYTES", (2, 4))
+    monkeypatch.setattr(plans_reduce_backward, "_BROADCAST_MIN_X_ROW_BYTES", 0)
+    monkeypatch.setattr(plans_reduce_backward, "_BROADCAST_X_COL_BYTES", (2, 4))
     base_shape, index, shape, axis, broadcast = _broadcast_layouts()[layout]
     saved = kind not in (K.SUM, K.MEAN)
     x_base = inputs_for(kind, base_shape, element, rng)
@@ -1157,7 +1159,7 @@ def test_broadcast_selection(kind):
     """Sum / Mean take the broadcast wherever it applies; the kinds that read x only for
     rows longer than _BROADCAST_MIN_X_ROW_BYTES and for columns of 2-byte elements (where
     it measured faster than the word and register-resident kernels). Binding only."""
-    limit = plans_reduce._BROADCAST_MIN_X_ROW_BYTES
+    limit = plans_reduce_backward._BROADCAST_MIN_X_ROW_BYTES
     saved = kind is not K.SUM
     for element in (E.BF16, E.F32):
         row = limit // element.byte_width
@@ -1182,7 +1184,7 @@ def test_broadcast_follows_the_alignment_of_x(rng, monkeypatch):
     """A plan that bound the broadcast for a 16-byte aligned x re-binds (to the word
     kernels) for an x of the same strides 8 bytes further on, and both gradients are
     right."""
-    monkeypatch.setattr(plans_reduce, "_BROADCAST_MIN_X_ROW_BYTES", 0)
+    monkeypatch.setattr(plans_reduce_backward, "_BROADCAST_MIN_X_ROW_BYTES", 0)
     shape, element = (3, 64), E.F32
     base = inputs_for(K.PROD, (3 * 64 + 2,), element, rng)
     plan = ReduceBackwardPlan.select(ReduceBackwardDescriptor(K.PROD, shape, 1, element),
@@ -1207,7 +1209,7 @@ def test_store_only_rows_geometry():
     """The f32 Sum/Mean gradient (stores only) takes 8 lanes for rows of 128-2048 words
     when there are at least 4096 rows; everything else (2-byte elements included) keeps
     the shared row geometry."""
-    from baracuda_numba.plans.reduce import _rows_vec_geometry
+    from baracuda_numba.plans.reduce.geometry import _rows_vec_geometry
 
     for words in (128, 1000, 2048):
         geometry = _rows_vec_geometry(4096, words * 2, 2, 1 << 16, store_only=True)
@@ -1224,7 +1226,7 @@ def test_warp_rows_geometry():
     block of them, a warp each and more splits; f32, Welford, unsplit (no workspace), few
     rows and rows a warp already covers keep the shared geometry; the plans' workspace
     covers the most splits either geometry takes."""
-    from baracuda_numba.plans.reduce import (
+    from baracuda_numba.plans.reduce.geometry import (
         _BLOCK,
         _VEC_TARGET_BLOCKS,
         _max_workspace,
@@ -1804,7 +1806,7 @@ def test_row_hold_backward_one_chunk_rows(kind, element, full, two, rng, monkeyp
     else one (the shared-memory half empty); the other way (the tie count after dx, or
     the word rows) gives the same bits for Max/Min, the float64 result for Var/Std."""
 
-    monkeypatch.setattr(plans_reduce, "_reg_lanes", lambda extent, width: 0)
+    monkeypatch.setattr(plans_reduce_backward, "_reg_lanes", lambda extent, width: 0)
     width = 2 if element is E.F32 else 4
     chunk = _SYNC_BATCHES * SYNC_BLOCK * VEC_LOADS * (2 if two else 1)
     shape = (3, (chunk if full else chunk - SYNC_BLOCK * 5 // 2) * width)
