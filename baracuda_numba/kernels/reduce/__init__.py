@@ -62,11 +62,9 @@ only the lines whose count is not 1: the tied words from the masks without readi
 (``_tied_word_rewriter``), or the whole line for a NaN extreme (no tie).
 """
 
-
 from __future__ import annotations
 
 from .backward import (
-    BROADCAST_COL_LOADS,
     BROADCAST_UNITS,
 )
 from .backward_cols import (
@@ -79,10 +77,6 @@ from .backward_cols import (
     REG_COLS_WIDE_BLOCK,
 )
 from .backward_rows import (
-    HOLD_MAX_REGISTERS,
-    HOLD_PHASE_NS,
-    HOLD_PHASE_WAVES,
-    HOLD_PHASES,
     HOLD_POLL_SLOTS,
     HOLD_STASH_BYTES,
     HOLD_WORDS,
@@ -93,9 +87,7 @@ from .forward import (
     PARK_MIN_LANES,
     SHORT_LOADS,
     VEC_LOADS,
-    VEC_MAX_REGISTERS,
     VECTOR,
-    VectorSpec,
     tie_mask_iters,
 )
 from .ops import (
@@ -104,19 +96,11 @@ from .ops import (
     FLOAT_ELEMENTS,
     FORWARD_KERNEL_KIND,
     FORWARD_KINDS,
-    GRAD_OPS,
-    INT_ELEMENTS,
     KIND_OPS,
-    SHARED_SLOTS,
     TIES,
-    ElementSpec,
-    GradOps,
-    KindOps,
 )
 from .tables import (
-    BROADCAST_MAX_REGISTERS,
     GRAD_KERNEL_KIND,
-    GRAD_ROWS_MAX_REGISTERS,
     REDUCE_BACKWARD_BROADCAST_KERNELS,
     REDUCE_BACKWARD_COLS_REWRITE_KERNELS,
     REDUCE_BACKWARD_COLS_STASH_KERNELS,
@@ -133,42 +117,21 @@ from .tables import (
     REDUCE_ROWS_VEC_KERNELS,
     REG_COL_STASH,
     REG_COLS_STASH_BYTES,
-    STAT_GRAD_KINDS,
     STREAM_GRAD_KINDS,
-    VEC_FORWARD_KINDS,
-    flat,
-)
-from .ties import (
-    REWRITE_MASKS_COLS,
-    REWRITE_MASKS_ROWS,
-    TieWords,
 )
 
 __all__ = [
-    "BROADCAST_COL_LOADS",
-    "BROADCAST_MAX_REGISTERS",
     "BROADCAST_UNITS",
     "CHUNK",
     "ELEMENTS",
-    "ElementSpec",
-    "flat",
     "FLOAT_ELEMENTS",
     "FORWARD_KERNEL_KIND",
     "FORWARD_KINDS",
     "GRAD_KERNEL_KIND",
-    "GRAD_OPS",
-    "GRAD_ROWS_MAX_REGISTERS",
-    "GradOps",
-    "HOLD_MAX_REGISTERS",
-    "HOLD_PHASE_NS",
-    "HOLD_PHASE_WAVES",
-    "HOLD_PHASES",
     "HOLD_POLL_SLOTS",
     "HOLD_STASH_BYTES",
     "HOLD_WORDS",
-    "INT_ELEMENTS",
     "KIND_OPS",
-    "KindOps",
     "LONG_SHORT_KINDS",
     "PARK_MIN_LANES",
     "REDUCE_BACKWARD_BROADCAST_KERNELS",
@@ -194,19 +157,11 @@ __all__ = [
     "REG_COLS_STASH_BYTES",
     "REG_COLS_STRIP_BLOCK",
     "REG_COLS_WIDE_BLOCK",
-    "REWRITE_MASKS_COLS",
-    "REWRITE_MASKS_ROWS",
-    "SHARED_SLOTS",
     "SHORT_LOADS",
-    "STAT_GRAD_KINDS",
     "STREAM_GRAD_KINDS",
     "SYNC_BLOCK",
     "tie_mask_iters",
     "TIES",
-    "TieWords",
-    "VEC_FORWARD_KINDS",
     "VEC_LOADS",
-    "VEC_MAX_REGISTERS",
     "VECTOR",
-    "VectorSpec",
 ]

@@ -4,6 +4,7 @@ and strips of columns held in registers (``_make_backward_cols_reg``).
 
 
 from collections.abc import Callable
+from typing import Any
 
 from numba import cuda, int64, uint32, uint64
 
@@ -33,6 +34,60 @@ from .ties import (
 )
 
 
+def _cols_vec_steps(kind: ReduceKind, element: ElementKind) -> Any:
+    """``word_coefficients`` of ``reduce_backward_cols_vec``."""
+    ops = GRAD_OPS[kind]
+    spec = ELEMENTS[element]
+    vec = VECTOR[element]
+    ACC = spec.acc
+    load = spec.load
+    pack = vec.pack
+    W, LOG_W = vec.width, vec.log_width
+    coefficient = _grad_fns(kind, element)[0]
+    READS_Y = ops.reads_y
+    STAT_MEAN, STAT_TIES = ops.stat == "mean", ops.stat == "ties"
+    TIE_MASKS = STAT_TIES and vec.eq_mask is not None  # as in _make_backward_cols_vec
+
+    @cuda.jit(device=True, inline=True)
+    def word_coefficients(dy, y, stat_acc, stat_k, ow, dy_stride, y_stride, extent, param,
+                          mode, masks, cfs, ys, means, ties, results, valid, sparse, yw, cw,
+                          zw):
+        """The W coefficients (``cfs``), extremes (``ys``) and means of output word ``ow``
+        and, for the tie masks, their packed words; returns ``(valid, sparse, yw, cw,
+        zw)``: ``valid`` False for a word the rewrite pass leaves as the first pass wrote
+        it, ``sparse`` where it rewrites only the tied words."""
+        rewrite = False
+        sparse = STAT_TIES and mode == 3
+        for e in range(W):
+            o = (ow << LOG_W) + e
+            g = load(dy, o * dy_stride)
+            yv = load(y, o * y_stride) if READS_Y else g
+            mean = g
+            count = int64(0)
+            if STAT_MEAN:
+                mean = stat_acc[uint64(o)] / ACC(extent)  # the statistic pass's sum
+            if STAT_TIES:
+                count = int64(1) if mode == 2 else stat_k[uint64(o)]
+                rewrite = rewrite or count != 1
+                sparse = sparse and count != 0  # a NaN extreme: every word
+                ties[e] = 0
+            cfs[e] = ACC(coefficient(g, yv, mean, count, param))
+            ys[e] = yv
+            means[e] = mean
+        if TIE_MASKS and masks:
+            yw = pack(ys)
+            cw = pack(cfs)
+            for e in range(W):
+                results[e] = cfs[e] - cfs[e]
+            zw = pack(results)
+        if STAT_TIES and mode == 3 and not rewrite:
+            valid = False  # written by the first pass
+        return valid, sparse, yw, cw, zw
+
+
+    return word_coefficients
+
+
 def _make_backward_cols_vec(kind: ReduceKind, element: ElementKind,
                             rewrite_pass: bool = False) -> Callable[..., None]:
     """The column word gradient kernel; for Max/Min (the tie count after dx) either its
@@ -44,16 +99,15 @@ def _make_backward_cols_vec(kind: ReduceKind, element: ElementKind,
     spec = ELEMENTS[element]
     vec = VECTOR[element]
     ACC = spec.acc
-    load = spec.load
     unpack, pack, store_word = vec.unpack, vec.pack, vec.store_word
     W, LOG_W = vec.width, vec.log_width
-    coefficient, element_fn = _grad_fns(kind, element)
+    element_fn = _grad_fns(kind, element)[1]
     # a word's elements by the fast formula, checked without a branch; the exact one for
     # the elements of a word where the check fails (Prod: 1 / x outside the normal range)
     checked = _grad_checked(kind, element)
     CHECKED = checked is not None
     fast_fn, fast_holds, exact_fn = checked or (None,) * 3
-    READS_X, READS_Y = ops.reads_x, ops.reads_y
+    READS_X = ops.reads_x
     STAT_MEAN, STAT_TIES = ops.stat == "mean", ops.stat == "ties"
     rewrite_tied = _col_tied_rewriter(element, REWRITE_MASKS_COLS)
     mask_groups, mask_at_of = _col_mask_layout(element)
@@ -72,6 +126,14 @@ def _make_backward_cols_vec(kind: ReduceKind, element: ElementKind,
     # (Measurements: docs/design/reduce.md, "Measured constants".)
     BACKWARDS = STAT_MEAN
     REWRITE_PASS = rewrite_pass
+    word_coefficients = _cols_vec_steps(kind, element)
+    MASK_ITERS = tie_mask_iters(W)
+    ELEMENT_BITS = uint64(sum(1 << b for b in range(0, 64, W)))  # element 0 of each word
+    # The mean's gradient walks each chunk from its end: the statistic pass (the same
+    # chunks, walked forwards by blocks that all run at once) read those rows last, so the
+    # first re-reads of x can still hit L2.
+    # (Measurements: docs/design/reduce.md, "Measured constants".)
+    BACKWARDS = ops.stat == "mean"
 
     def reduce_backward_cols_vec(dy, xv, y, dx, dxv, stat_acc, stat_k, out_numel, extent,
                                  axis_words, dy_stride, y_stride, lanes, chunk_len, param,
@@ -120,32 +182,9 @@ def _make_backward_cols_vec(kind: ReduceKind, element: ElementKind,
             sparse = False
             yw = cw = zw = uint64(0)  # the words of the W extremes, cfs, cfs - cfs
             if valid:
-                rewrite = False
-                sparse = STAT_TIES and mode == 3
-                for e in range(W):
-                    o = (ow << LOG_W) + e
-                    g = load(dy, o * dy_stride)
-                    yv = load(y, o * y_stride) if READS_Y else g
-                    mean = g
-                    count = int64(0)
-                    if STAT_MEAN:
-                        mean = stat_acc[uint64(o)] / ACC(extent)  # the statistic pass's sum
-                    if STAT_TIES:
-                        count = int64(1) if mode == 2 else stat_k[uint64(o)]
-                        rewrite = rewrite or count != 1
-                        sparse = sparse and count != 0  # a NaN extreme: every word
-                        ties[e] = 0
-                    cfs[e] = ACC(coefficient(g, yv, mean, count, param))
-                    ys[e] = yv
-                    means[e] = mean
-                if TIE_MASKS and masks:
-                    yw = pack(ys)
-                    cw = pack(cfs)
-                    for e in range(W):
-                        results[e] = cfs[e] - cfs[e]
-                    zw = pack(results)
-                if STAT_TIES and mode == 3 and not rewrite:
-                    valid = False  # written by the first pass
+                valid, sparse, yw, cw, zw = word_coefficients(
+                    dy, y, stat_acc, stat_k, ow, dy_stride, y_stride, extent, param, mode,
+                    masks, cfs, ys, means, ties, results, valid, sparse, yw, cw, zw)
             if STAT_TIES:
                 split = int64(cuda.blockIdx.y)
                 if valid and sparse:  # every split this block walks, at once
@@ -221,6 +260,7 @@ def _make_backward_cols_vec(kind: ReduceKind, element: ElementKind,
                             for e in range(W):  # bits e, e + W,...: column e of the word
                                 ties[e] += int64(cuda.popc(mask & (ELEMENT_BITS << uint64(e))))
                             mask = uint64(0)
+
                 else:
                     for e in range(W):
                         results[e] = element_fn(cfs[e], cfs[e], ys[e], means[e])
@@ -260,6 +300,103 @@ REG_COL_STRIP_HELD = 32
 REG_COLS_STRIP_BLOCK = 64 if SIMULATOR else 256
 
 
+def _cols_reg_steps(kind: ReduceKind, element: ElementKind, stash: int, wide_words: int,
+                    held: int) -> tuple[Any, Any, Any, Any]:
+    """The steps of ``reduce_backward_cols_reg``: ``(load_words, count_word, grad_word,
+    column_totals)``."""
+    vec = VECTOR[element]
+    ACC = ELEMENTS[element].acc
+    unpack, pack, store_word = vec.unpack, vec.pack, vec.store_word
+    W = vec.width
+    element_fn = _grad_fns(kind, element)[1]
+    STAT_TIES = GRAD_OPS[kind].stat == "ties"
+    SLOTS = _cols_reg_slots()
+    HELD = held
+    # strips of up to ``wide_words`` words may hold more than 32 pairs (16-word f16/bf16
+    # strips: 64; 32-word f32 strips: 64, f16/bf16: 128)
+    WIDE = wide_words * W > _REG_COL_PAIRS
+
+    @cuda.jit(device=True, inline=True)
+    def column_totals(totals, partial, parity, cw, cws, pairs, log_pairs, lane, warp, warps):
+        """Turn each thread's ``totals`` (its rows of its column word's W columns) into the
+        columns' totals over the block: xor shuffles over the row lanes of a warp, then the
+        warps' partials from shared memory (buffer ``parity``) added in warp order."""
+        buffer = parity * uint32(SLOTS)
+        for e in range(W):  # the row lanes of a warp (lane bits >= log_cw)
+            total = totals[e]
+            width = uint32(16)
+            while width >= cws:
+                total += shfl_xor(total, width)
+                width = uint32(width >> uint32(1))
+            if lane < cws:
+                partial[uint32(buffer + warp * pairs + cw * uint32(W) + uint32(e))] = total
+        cuda.syncthreads()
+        if WIDE and pairs > uint32(32):  # wide strips (small blocks): each thread adds
+            for e in range(W):  # its own columns' warp partials, in warp order
+                total = ACC(0)
+                for w in range(warps):
+                    total += partial[uint32(buffer + w * pairs + cw * uint32(W)
+                                            + uint32(e))]
+                totals[e] = total
+        else:
+            # every warp: lane -> pair lane % pairs, adding warps lane // pairs + k *
+            # parts
+            pair = lane & (pairs - uint32(1))
+            parts = uint32(32) >> log_pairs
+            total = ACC(0)
+            w = lane >> log_pairs
+            while w < warps:
+                total += partial[uint32(buffer + w * pairs + pair)]
+                w = uint32(w + parts)
+            width = uint32(16)
+            while width >= pairs:
+                total += shfl_xor(total, width)
+                width = uint32(width >> uint32(1))
+            for e in range(W):  # lane p < pairs holds pair p's total
+                totals[e] = shfl_idx(total, cw * uint32(W) + uint32(e))
+
+    @cuda.jit(device=True, inline=True)
+    def load_words(xv, words, at, step, first, held):
+        """Issue the loads of rows ``first + u`` (u < HELD, below ``held``) into words:
+        unpredicated where all HELD are (ptxas then issues them all before their first
+        use; predicated, it sank f32 loads to their sums, a few in flight at a time, and
+        spilled more, measurably slower: docs/design/reduce.md)."""
+        if first + uint32(HELD) <= held:
+            for u in range(HELD):
+                words[u] = xv[at + uint64(first + uint32(u)) * step]
+        else:
+            for u in range(HELD):
+                if first + uint32(u) < held:
+                    words[u] = xv[at + uint64(first + uint32(u)) * step]
+
+    @cuda.jit(device=True, inline=True)
+    def count_word(word, values, ys, totals):
+        """Add a word's elements (Max/Min: their ties with y) to the column totals."""
+        unpack(word, values, 0)
+        for e in range(W):
+            if STAT_TIES:
+                totals[e] += ACC(1) if values[e] == ys[e] else ACC(0)
+            else:
+                totals[e] += values[e]
+
+    @cuda.jit(device=True, inline=True)
+    def grad_word(dx, dxv, at, word, values, results, cfs, ys, means):
+        """dx of a word's elements, stored at word ``at``."""
+        unpack(word, values, 0)
+        for e in range(W):
+            results[e] = element_fn(cfs[e], values[e], ys[e], means[e])
+        store_word(dx, dxv, at, pack(results), 0)
+
+    return load_words, count_word, grad_word, column_totals
+
+
+def _cols_reg_slots() -> int:
+    """Warp partials of one buffer of ``reduce_backward_cols_reg``'s shared array."""
+    return max(REG_COLS_BLOCK // 32 * _REG_COL_PAIRS,  # one buffer of warp partials
+               REG_COLS_WIDE_BLOCK // 32 * REG_COL_WIDE_PAIRS,
+               REG_COLS_STRIP_BLOCK // 32 * REG_COL_STRIP_WORDS * _MAX_WIDTH)
+
+
 def _make_backward_cols_reg(kind: ReduceKind, element: ElementKind, stash: int = 0,
                             wide_words: int = 0,
                             held: int = REG_COL_WORDS) -> Callable[..., None]:
@@ -268,21 +405,16 @@ def _make_backward_cols_reg(kind: ReduceKind, element: ElementKind, stash: int =
     vec = VECTOR[element]
     ACC = spec.acc
     load = spec.load
-    unpack, pack, store_word = vec.unpack, vec.pack, vec.store_word
     W, LOG_W = vec.width, vec.log_width
-    coefficient, element_fn = _grad_fns(kind, element)
+    coefficient = _grad_fns(kind, element)[0]
     READS_Y = ops.reads_y
     STAT_TIES = ops.stat == "ties"
-    SLOTS = max(REG_COLS_BLOCK // 32 * _REG_COL_PAIRS,  # one buffer of warp partials
-                REG_COLS_WIDE_BLOCK // 32 * REG_COL_WIDE_PAIRS,
-                REG_COLS_STRIP_BLOCK // 32 * REG_COL_STRIP_WORDS * _MAX_WIDTH)
-    PARTIALS = 2 * SLOTS
+    PARTIALS = 2 * _cols_reg_slots()
     STASH = stash
     HELD = held
-    # strips of up to ``wide_words`` words may hold more than 32 pairs (16-word f16/bf16
-    # strips: 64; 32-word f32 strips: 64, f16/bf16: 128)
-    WIDE = wide_words * W > _REG_COL_PAIRS
     assert STASH % HELD == 0, "the stash is loaded HELD words at a time"
+    load_words, count_word, grad_word, column_totals = _cols_reg_steps(kind, element, stash,
+                                                                       wide_words, held)
 
     def reduce_backward_cols_reg(dy, xv, y, dx, dxv, out_numel, extent, axis_words,
                                  dy_stride, y_stride, log2_cw, param):
@@ -356,39 +488,8 @@ def _make_backward_cols_reg(kind: ReduceKind, element: ElementKind, stash: int =
             for u in range(HELD):
                 if uint32(STASH + u) < held:
                     count_word(words[u], values, ys, totals)
-            buffer = parity * uint32(SLOTS)
-            for e in range(W):  # the row lanes of a warp (lane bits >= log_cw)
-                total = totals[e]
-                width = uint32(16)
-                while width >= cws:
-                    total += shfl_xor(total, width)
-                    width = uint32(width >> uint32(1))
-                if lane < cws:
-                    partial[uint32(buffer + warp * pairs + cw * uint32(W) + uint32(e))] = total
-            cuda.syncthreads()
-            if WIDE and pairs > uint32(32):  # wide strips (small blocks): each thread adds
-                for e in range(W):  # its own columns' warp partials, in warp order
-                    total = ACC(0)
-                    for w in range(warps):
-                        total += partial[uint32(buffer + w * pairs + cw * uint32(W)
-                                                + uint32(e))]
-                    totals[e] = total
-            else:
-                # every warp: lane -> pair lane % pairs, adding warps lane // pairs + k *
-                # parts
-                pair = lane & (pairs - uint32(1))
-                parts = uint32(32) >> log_pairs
-                total = ACC(0)
-                w = lane >> log_pairs
-                while w < warps:
-                    total += partial[uint32(buffer + w * pairs + pair)]
-                    w = uint32(w + parts)
-                width = uint32(16)
-                while width >= pairs:
-                    total += shfl_xor(total, width)
-                    width = uint32(width >> uint32(1))
-                for e in range(W):  # lane p < pairs holds pair p's total
-                    totals[e] = shfl_idx(total, cw * uint32(W) + uint32(e))
+            column_totals(totals, partial, parity, cw, cws, pairs, log_pairs, lane, warp,
+                          warps)
             parity = uint32(parity ^ uint32(1))
             for e in range(W):
                 g = cfs[e]
@@ -410,38 +511,6 @@ def _make_backward_cols_reg(kind: ReduceKind, element: ElementKind, stash: int =
                               parked[uint32(u * REG_COLS_BLOCK) + tid], values, results, cfs,
                               ys, means)
             group += cuda.gridDim.x
-
-    @cuda.jit(device=True, inline=True)
-    def load_words(xv, words, at, step, first, held):
-        """Issue the loads of rows ``first + u`` (u < HELD, below ``held``) into words:
-        unpredicated where all HELD are (ptxas then issues them all before their first
-        use; predicated, it sank f32 loads to their sums, a few in flight at a time, and
-        spilled more, measurably slower: docs/design/reduce.md)."""
-        if first + uint32(HELD) <= held:
-            for u in range(HELD):
-                words[u] = xv[at + uint64(first + uint32(u)) * step]
-        else:
-            for u in range(HELD):
-                if first + uint32(u) < held:
-                    words[u] = xv[at + uint64(first + uint32(u)) * step]
-
-    @cuda.jit(device=True, inline=True)
-    def count_word(word, values, ys, totals):
-        """Add a word's elements (Max/Min: their ties with y) to the column totals."""
-        unpack(word, values, 0)
-        for e in range(W):
-            if STAT_TIES:
-                totals[e] += ACC(1) if values[e] == ys[e] else ACC(0)
-            else:
-                totals[e] += values[e]
-
-    @cuda.jit(device=True, inline=True)
-    def grad_word(dx, dxv, at, word, values, results, cfs, ys, means):
-        """dx of a word's elements, stored at word ``at``."""
-        unpack(word, values, 0)
-        for e in range(W):
-            results[e] = element_fn(cfs[e], values[e], ys[e], means[e])
-        store_word(dx, dxv, at, pack(results), 0)
 
     return reduce_backward_cols_reg
 

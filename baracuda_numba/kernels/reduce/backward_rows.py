@@ -45,6 +45,94 @@ from .ties import (
 )
 
 
+def _short_rows_gradient(kind: ReduceKind, element: ElementKind) -> Any:
+    """The short-row path of ``reduce_backward_rows_vec`` (``chunk_vecs == 0``)."""
+    ops = GRAD_OPS[kind]
+    spec = ELEMENTS[element]
+    vec = VECTOR[element]
+    ACC = spec.acc
+    load = spec.load
+    unpack, pack, store_word = vec.unpack, vec.pack, vec.store_word
+    W, LOG_W = vec.width, vec.log_width
+    coefficient, element_fn = _grad_fns(kind, element)
+    READS_X, READS_Y = ops.reads_x, ops.reads_y
+    LAST = MAX_RANK - 1
+
+    @cuda.jit(device=True, inline=True)
+    def short_rows(dy, xv, y, dx, dxv, out_numel, extent, dy_strides, y_strides, dx_strides,
+                   lanes, param, slots, lane, slot, group, words, values, results):
+        """The short-row path of the kinds without a statistic (``chunk_vecs == 0``)."""
+        row_words = uint64(dx_strides[LAST]) >> uint64(LOG_W)
+        # store-only rows (Sum / Mean) may hold VEC_LOADS words per lane
+        held = VEC_LOADS if not READS_X and (extent >> LOG_W) == lanes * VEC_LOADS \
+            else SHORT_LOADS
+        while group * slots < out_numel:  # uniform across the block
+            o = group * slots + slot
+            if o < out_numel:
+                at = uint64(o) * row_words + uint64(lane)
+                if READS_X:  # every load of the row in flight at once
+                    for u in range(SHORT_LOADS):
+                        words[u] = xv[at + uint64(u * lanes)]
+                g = load(dy, o * dy_strides[LAST])
+                yv = load(y, o * y_strides[LAST]) if READS_Y else g
+                cf = ACC(coefficient(g, yv, g, int64(0), param))
+                if READS_X:
+                    for u in range(SHORT_LOADS):
+                        unpack(words[u], values, 0)
+                        for e in range(W):
+                            results[e] = element_fn(cf, values[e], yv, g)
+                        w = pack(results)
+                        store_word(dx, dxv, at + uint64(u * lanes), w, 0)
+                else:
+                    for e in range(W):
+                        results[e] = element_fn(cf, cf, yv, g)
+                    w = pack(results)
+                    for u in range(VEC_LOADS):
+                        if u < held:
+                            store_word(dx, dxv, at + uint64(u * lanes), w, 0)
+            group += cuda.gridDim.x
+
+    return short_rows
+
+
+def _rows_vec_statistic(kind: ReduceKind, element: ElementKind) -> Any:
+    """``row_statistic`` of ``reduce_backward_rows_vec``: a row's mean or tie count."""
+    ops = GRAD_OPS[kind]
+    ACC = ELEMENTS[element].acc
+    STAT_MEAN, STAT_TIES = ops.stat == "mean", ops.stat == "ties"
+    stat_reduce = _vec_lane_reducer(TIES if STAT_TIES else ReduceKind.SUM, element)
+
+    @cuda.jit(device=True, inline=True)
+    def row_statistic(x, xv, stat_acc, stat_k, o, x_off, shift, yv, valid, extent,
+                      chunk_vecs, fused, tid, lane, lanes, slots, slot, sa, sb, sk, mean,
+                      count):
+        """Row ``o``'s ``(mean, count, valid)``: reduced here (``fused == 1``), 1 (the
+        first pass of the tie count after dx) or from the statistic pass; ``valid``
+        turns False for a row the rewrite pass leaves as the first pass wrote it."""
+        if fused == 1:
+            a, b, c, k = stat_reduce(x, xv, x_off, shift, yv, valid, extent, 0, 1,
+                                     chunk_vecs, tid, lane, lanes, slots, sa, sb, sk)
+            if lane == 0:
+                sa[slot] = a
+                sk[slot] = k
+            cuda.syncthreads()
+            mean = sa[slot] / ACC(extent) if STAT_MEAN else sa[slot]
+            count = sk[slot]
+            cuda.syncthreads()  # sa/sk are free for the next group
+        elif STAT_TIES and fused == 2:
+            count = int64(1)
+        elif valid:
+            if STAT_MEAN:
+                mean = stat_acc[o] / ACC(extent)  # the statistic pass's sum
+            else:
+                count = stat_k[o]
+                if fused == 3 and count == 1:
+                    valid = False  # written by the first pass
+        return mean, count, valid
+
+    return row_statistic
+
+
 def _make_backward_rows_vec(kind: ReduceKind, element: ElementKind) -> Callable[..., None]:
     ops = GRAD_OPS[kind]
     spec = ELEMENTS[element]
@@ -55,13 +143,13 @@ def _make_backward_rows_vec(kind: ReduceKind, element: ElementKind) -> Callable[
     W, LOG_W, MASK = vec.width, vec.log_width, vec.width - 1
     coefficient, element_fn = _grad_fns(kind, element)
     READS_X, READS_Y = ops.reads_x, ops.reads_y
-    STAT_MEAN, STAT_TIES = ops.stat == "mean", ops.stat == "ties"
+    STAT_TIES = ops.stat == "ties"
     HAS_STAT = ops.stat is not None
-    stat_reduce = _vec_lane_reducer(TIES if STAT_TIES else ReduceKind.SUM, element)
     combine_ties = _lane_combiner(TIES, element)
     rewrite_tied = _tied_word_rewriter(element, REWRITE_MASKS_ROWS)
     MASK_ITERS = tie_mask_iters(W)
-    LAST = MAX_RANK - 1
+    short_rows = _short_rows_gradient(kind, element)
+    row_statistic = _rows_vec_statistic(kind, element)
 
     def reduce_backward_rows_vec(dy, x, xv, y, dx, dxv, stat_acc, stat_k, out_numel, extent,
                                  out_shape, dy_strides, x_strides, y_strides, dx_strides,
@@ -96,35 +184,9 @@ def _make_backward_rows_vec(kind: ReduceKind, element: ElementKind) -> Callable[
         cfs = cuda.local.array(W, ACC)
         group = int64(cuda.blockIdx.x)
         if not HAS_STAT and chunk_vecs == 0:
-            row_words = uint64(dx_strides[LAST]) >> uint64(LOG_W)
-            # store-only rows (Sum / Mean) may hold VEC_LOADS words per lane
-            held = VEC_LOADS if not READS_X and (extent >> LOG_W) == lanes * VEC_LOADS \
-                else SHORT_LOADS
-            while group * slots < out_numel:  # uniform across the block
-                o = group * slots + slot
-                if o < out_numel:
-                    at = uint64(o) * row_words + uint64(lane)
-                    if READS_X:  # every load of the row in flight at once
-                        for u in range(SHORT_LOADS):
-                            words[u] = xv[at + uint64(u * lanes)]
-                    g = load(dy, o * dy_strides[LAST])
-                    yv = load(y, o * y_strides[LAST]) if READS_Y else g
-                    cf = ACC(coefficient(g, yv, g, int64(0), param))
-                    if READS_X:
-                        for u in range(SHORT_LOADS):
-                            unpack(words[u], values, 0)
-                            for e in range(W):
-                                results[e] = element_fn(cf, values[e], yv, g)
-                            w = pack(results)
-                            store_word(dx, dxv, at + uint64(u * lanes), w, 0)
-                    else:
-                        for e in range(W):
-                            results[e] = element_fn(cf, cf, yv, g)
-                        w = pack(results)
-                        for u in range(VEC_LOADS):
-                            if u < held:
-                                store_word(dx, dxv, at + uint64(u * lanes), w, 0)
-                group += cuda.gridDim.x
+            short_rows(dy, xv, y, dx, dxv, out_numel, extent, dy_strides, y_strides,
+                       dx_strides, lanes, param, slots, lane, slot, group, words, values,
+                       results)
             return
         while group * slots < out_numel:  # uniform across the block
             o = group * slots + slot
@@ -138,25 +200,9 @@ def _make_backward_rows_vec(kind: ReduceKind, element: ElementKind) -> Callable[
             mean = g
             count = int64(0)
             if HAS_STAT:
-                if fused == 1:
-                    a, b, c, k = stat_reduce(x, xv, x_off, shift, yv, valid, extent, 0, 1,
-                                             chunk_vecs, tid, lane, lanes, slots, sa, sb, sk)
-                    if lane == 0:
-                        sa[slot] = a
-                        sk[slot] = k
-                    cuda.syncthreads()
-                    mean = sa[slot] / ACC(extent) if STAT_MEAN else sa[slot]
-                    count = sk[slot]
-                    cuda.syncthreads()  # sa/sk are free for the next group
-                elif STAT_TIES and fused == 2:
-                    count = int64(1)
-                elif valid:
-                    if STAT_MEAN:
-                        mean = stat_acc[o] / ACC(extent)  # the statistic pass's sum
-                    else:
-                        count = stat_k[o]
-                        if fused == 3 and count == 1:
-                            valid = False  # written by the first pass
+                mean, count, valid = row_statistic(x, xv, stat_acc, stat_k, o, x_off, shift, yv,
+                                                   valid, extent, chunk_vecs, fused, tid, lane,
+                                                   lanes, slots, slot, sa, sb, sk, mean, count)
             ties = int64(0)
             # rewrite of a row with ties: only the words holding one change (the other
             # positions are c - c for c = dy and for c = dy / count: 0, or NaN for both)
@@ -578,6 +624,58 @@ HOLD_PHASE_NS = 2500
 HOLD_PHASE_WAVES = 4
 
 
+def _hold_chunk_io(kind: ReduceKind, element: ElementKind, stash: int) -> tuple[Any, Any]:
+    """``(load_chunk, store_chunk)`` of ``reduce_backward_rows_hold``: a thread's loads of
+    its words of a chunk, and its dx stores from them."""
+    STASH = stash
+    vec = VECTOR[element]
+    unpack, pack, store_word = vec.unpack, vec.pack, vec.store_word
+    W = vec.width
+    element_fn = _grad_fns(kind, element)[1]
+    copy_stash = copy_async8_run(STASH, SYNC_BLOCK)
+
+    @cuda.jit(device=True, inline=True)
+    def load_chunk(xv, words, parked, slot, at, j, step, left):
+        """Issue the thread's loads of its chunk: HOLD_WORDS words into ``words`` and, with
+        the stash, STASH more by ``cp.async`` into its ``parked`` slots (``left``: the
+        thread's words in the chunk)."""
+        # every word of a full chunk: the loads unpredicated. Predicated, ptxas (sm_90,
+        # 64 registers) sank f32 loads to their sums, a few in flight at a time.
+        # (Measurements: docs/design/reduce.md, "Measured constants".)
+        if left > (HOLD_WORDS + STASH - 1) * SYNC_BLOCK:
+            copy_stash(parked, slot, xv, at + uint64(j + HOLD_WORDS * step))
+            for u in range(HOLD_WORDS):
+                words[u] = xv[at + uint64(j + u * step)]
+        else:
+            for u in range(STASH):
+                if int32((HOLD_WORDS + u) * SYNC_BLOCK) < left:
+                    copy_async8(parked, u * SYNC_BLOCK + slot, xv,
+                                at + uint64(j + (HOLD_WORDS + u) * step))
+            for u in range(HOLD_WORDS):  # all in flight at once
+                if int32(u * SYNC_BLOCK) < left:
+                    words[u] = xv[at + uint64(j + u * step)]
+
+    @cuda.jit(device=True, inline=True)
+    def store_chunk(dx, dxv, words, parked, slot, at, j, step, left, cf, yv, mean, values,
+                    results):
+        """Write dx of the thread's held words (registers, then its stash slots)."""
+        for u in range(HOLD_WORDS):
+            if int32(u * SYNC_BLOCK) < left:
+                unpack(words[u], values, 0)
+                for e in range(W):
+                    results[e] = element_fn(cf, values[e], yv, mean)
+                store_word(dx, dxv, at + uint64(j + u * step), pack(results), 0)
+        for u in range(STASH):
+            if int32((HOLD_WORDS + u) * SYNC_BLOCK) < left:
+                unpack(parked[u * SYNC_BLOCK + slot], values, 0)
+                for e in range(W):
+                    results[e] = element_fn(cf, values[e], yv, mean)
+                store_word(dx, dxv, at + uint64(j + (HOLD_WORDS + u) * step),
+                           pack(results), 0)
+
+    return load_chunk, store_chunk
+
+
 def _make_backward_rows_hold(kind: ReduceKind, element: ElementKind,
                              stash: int) -> Callable[..., None]:
     STASH = stash  # words a thread parks in dynamic shared memory (cp.async): 0 or HOLD_WORDS
@@ -587,11 +685,10 @@ def _make_backward_rows_hold(kind: ReduceKind, element: ElementKind,
     SUMS = 2 * (SHARED_SLOTS // 32)  # _block_totals2's two f64 a warp
     vec = VECTOR[element]
     ACC = ELEMENTS[element].acc
-    unpack, pack, store_word = vec.unpack, vec.pack, vec.store_word
+    unpack = vec.unpack
     W, LOG_W = vec.width, vec.log_width
-    element_fn = _grad_fns(kind, element)[1]
     row_saved, term, row_coefficient = _row_statistic(kind, element)
-    copy_stash = copy_async8_run(STASH, SYNC_BLOCK)
+    load_chunk, store_chunk = _hold_chunk_io(kind, element, stash)
     # Every kind loads the row's dy (and y) with the chunk, not after the wait (Max/Min
     # need y for their sum anyway).
     # (Measurements: docs/design/reduce.md, "Measured constants".)
@@ -648,9 +745,9 @@ def _make_backward_rows_hold(kind: ReduceKind, element: ElementKind,
             part = (t - row * chunks) * HALVES  # the part of the first half
             at = uint64(row * row_words)
             j = (t - row * chunks) * chunk + tid
-            # The chunk's loops are written out here, against a thread's word count:
-            # through _mean_grad_batches' helpers (bounds j + u·step < end) the kernel ran
-            # slower. (Measurements: docs/design/reduce.md, "Measured constants".)
+            # The chunk's loops (here, load_chunk, store_chunk) run against a thread's word
+            # count: with bounds j + u·step < end (_mean_grad_batches' helpers) the kernel
+            # ran slower. (Measurements: docs/design/reduce.md, "Measured constants".)
             count = min(nvec - (j - tid), chunk)  # words of this chunk
             # the thread's words left in it: 32-bit bounds against immediates (64-bit
             # tid + u·step bounds were hoisted out of the loop, 32 registers, and spilled)
@@ -660,21 +757,7 @@ def _make_backward_rows_hold(kind: ReduceKind, element: ElementKind,
             # ticket loop they were 16 registers for the whole kernel: f32 Var spilled
             # 64 bytes at the 64-register cap, against none now; ptxas -v, sm_90)
             slot = opaque(int32(tid))
-            # every word of a full chunk: the loads unpredicated. Predicated, ptxas (sm_90,
-            # 64 registers) sank f32 loads to their sums, a few in flight at a time.
-            # (Measurements: docs/design/reduce.md, "Measured constants".)
-            if left > (HOLD_WORDS + STASH - 1) * SYNC_BLOCK:
-                copy_stash(parked, slot, xv, at + uint64(j + HOLD_WORDS * step))
-                for u in range(HOLD_WORDS):
-                    words[u] = xv[at + uint64(j + u * step)]
-            else:
-                for u in range(STASH):
-                    if int32((HOLD_WORDS + u) * SYNC_BLOCK) < left:
-                        copy_async8(parked, u * SYNC_BLOCK + slot, xv,
-                                    at + uint64(j + (HOLD_WORDS + u) * step))
-                for u in range(HOLD_WORDS):  # all in flight at once
-                    if int32(u * SYNC_BLOCK) < left:
-                        words[u] = xv[at + uint64(j + u * step)]
+            load_chunk(xv, words, parked, slot, at, j, step, left)
             g, yv = row_saved(dy, y, row, dy_stride, y_stride)  # in flight with the chunk
             total = ACC(0)
             for u in range(HOLD_WORDS):
@@ -705,19 +788,8 @@ def _make_backward_rows_hold(kind: ReduceKind, element: ElementKind,
             if tid == 0:
                 shared_t[0] = cuda.atomic.add(ctl, 0, int64(1))
             cf, yv, mean = row_coefficient(g, yv, row_total, extent, param)
-            for u in range(HOLD_WORDS):
-                if int32(u * SYNC_BLOCK) < left:
-                    unpack(words[u], values, 0)
-                    for e in range(W):
-                        results[e] = element_fn(cf, values[e], yv, mean)
-                    store_word(dx, dxv, at + uint64(j + u * step), pack(results), 0)
-            for u in range(STASH):
-                if int32((HOLD_WORDS + u) * SYNC_BLOCK) < left:
-                    unpack(parked[u * SYNC_BLOCK + slot], values, 0)
-                    for e in range(W):
-                        results[e] = element_fn(cf, values[e], yv, mean)
-                    store_word(dx, dxv, at + uint64(j + (HOLD_WORDS + u) * step),
-                               pack(results), 0)
+            store_chunk(dx, dxv, words, parked, slot, at, j, step, left, cf, yv, mean, values,
+                        results)
             cuda.syncthreads()  # shared_t holds the next ticket
             t = shared_t[0]
 

@@ -529,31 +529,16 @@ LONG_SHORT_KINDS = (ReduceKind.SUM, ReduceKind.MAX, ReduceKind.MIN, ReduceKind.P
 PARK_MIN_LANES = 8
 
 
-def _make_reduce_rows_vec(kind: Any, element: ElementKind,
-                          park: bool = False) -> Callable[..., None]:
-    ops = KIND_OPS[kind]
-    spec = ELEMENTS[element]
+def _short_row_steps(kind: Any, element: ElementKind) -> tuple[Any, Any, Any, Any]:
+    """The steps of ``reduce_rows_vec``'s short-row path: ``(short_row_words,
+    park_short_row, parked_words, fold_short_row)``."""
     vec = VECTOR[element]
-    ACC = spec.acc
-    load = spec.load
-    vec_lane_reduce = _vec_lane_reducer(kind, element)
-    write_state = _state_writer(kind, element, ops.final)
-    combine = _lane_combiner(kind, element)
+    ACC = ELEMENTS[element].acc
+    unpack = vec.unpack
+    W = vec.width
+    SHORT_WORDS = VEC_LOADS if kind in LONG_SHORT_KINDS else SHORT_LOADS
     short_chunk = _vec_chunk(kind, ACC, vec.width, SHORT_LOADS)
     long_chunk = _vec_chunk(kind, ACC, vec.width)
-    unpack = vec.unpack
-    W, LOG_W = vec.width, vec.log_width
-    LONG = kind in LONG_SHORT_KINDS
-    SHORT_WORDS = VEC_LOADS if LONG else SHORT_LOADS
-    SHORT_COUNT = SHORT_WORDS * W
-    # ``park`` (REDUCE_ROWS_PARK_KERNELS, LONG_SHORT_KINDS): each thread's words of its
-    # next row are parked while the block combines this one, where a row spans at least
-    # PARK_MIN_LANES lanes; elsewhere a thread loads its row when it reaches it
-    PARK = park and LONG
-    SHORT_PARKED = SHORT_WORDS * SHARED_SLOTS if PARK else 1  # blocks of <= SHARED_SLOTS
-    INIT_A, INIT_K = ops.init_a(spec), ops.init_k
-    USES_AUX = ops.uses_aux
-    LAST = MAX_RANK - 1
 
     @cuda.jit(device=True, inline=True)
     def short_row_words(xv, words, o, row_words, lane, lanes, whole):
@@ -576,6 +561,56 @@ def _make_reduce_rows_vec(kind: Any, element: ElementKind,
         for u in range(SHORT_WORDS):
             if u < SHORT_LOADS or whole:
                 copy_async8(parked, here + u * block, xv, at + uint64(u * lanes))
+
+    @cuda.jit(device=True, inline=True)
+    def parked_words(parked, words, tid, block, whole):
+        """Wait for the thread's parked words of its row and take them into ``words``."""
+        copy_async_wait()
+        for u in range(SHORT_WORDS):  # the thread's own slots: no barrier
+            if u < SHORT_LOADS or whole:
+                words[u] = parked[tid + u * block]
+
+    @cuda.jit(device=True, inline=True)
+    def fold_short_row(a, b, c, k, words, values, lane, vspan, aux_value, whole):
+        """Fold a lane's words of a short row (SHORT_WORDS of them where ``whole``, else
+        SHORT_LOADS) into the state with the kind's chunk."""
+        if whole:
+            for u in range(SHORT_WORDS):
+                unpack(words[u], values, u * W)
+            a, b, c, k = long_chunk(a, b, c, k, values, int64(lane * W), vspan, aux_value)
+        else:
+            for u in range(SHORT_LOADS):
+                unpack(words[u], values, u * W)
+            a, b, c, k = short_chunk(a, b, c, k, values, int64(lane * W), vspan, aux_value)
+        return a, b, c, k
+
+    return short_row_words, park_short_row, parked_words, fold_short_row
+
+
+def _make_reduce_rows_vec(kind: Any, element: ElementKind,
+                          park: bool = False) -> Callable[..., None]:
+    ops = KIND_OPS[kind]
+    spec = ELEMENTS[element]
+    vec = VECTOR[element]
+    ACC = spec.acc
+    load = spec.load
+    vec_lane_reduce = _vec_lane_reducer(kind, element)
+    write_state = _state_writer(kind, element, ops.final)
+    combine = _lane_combiner(kind, element)
+    W, LOG_W = vec.width, vec.log_width
+    LONG = kind in LONG_SHORT_KINDS
+    SHORT_WORDS = VEC_LOADS if LONG else SHORT_LOADS
+    SHORT_COUNT = SHORT_WORDS * W
+    # ``park`` (REDUCE_ROWS_PARK_KERNELS, LONG_SHORT_KINDS): each thread's words of its
+    # next row are parked while the block combines this one, where a row spans at least
+    # PARK_MIN_LANES lanes; elsewhere a thread loads its row when it reaches it
+    PARK = park and LONG
+    SHORT_PARKED = SHORT_WORDS * SHARED_SLOTS if PARK else 1  # blocks of <= SHARED_SLOTS
+    INIT_A, INIT_K = ops.init_a(spec), ops.init_k
+    USES_AUX = ops.uses_aux
+    LAST = MAX_RANK - 1
+    short_row_words, park_short_row, parked_words, fold_short_row = \
+        _short_row_steps(kind, element)
 
     def reduce_rows_vec(x, xv, y, ws_acc, ws_k, aux, out_numel, extent, out_shape, x_strides,
                         y_strides, aux_strides, lanes, splits, chunk_vecs, mode, param, shift):
@@ -632,10 +667,7 @@ def _make_reduce_rows_vec(kind: Any, element: ElementKind,
                 o = group * slots + slot
                 valid = o < out_numel
                 if park:
-                    copy_async_wait()
-                    for u in range(SHORT_WORDS):  # the thread's own slots: no barrier
-                        if u < SHORT_LOADS or whole:
-                            words[u] = parked[tid + u * block]
+                    parked_words(parked, words, tid, block, whole)
                 elif valid:
                     short_row_words(xv, words, o, row_words, lane, lanes, whole)
                 a = ACC(INIT_A)
@@ -644,16 +676,8 @@ def _make_reduce_rows_vec(kind: Any, element: ElementKind,
                 k = int64(INIT_K)
                 if valid:
                     aux_value = load(aux, uint64(o) * aux_stride) if USES_AUX else ACC(0)
-                    if whole:
-                        for u in range(SHORT_WORDS):
-                            unpack(words[u], values, u * W)
-                        a, b, c, k = long_chunk(a, b, c, k, values, int64(lane * W), vspan,
-                                                aux_value)
-                    else:
-                        for u in range(SHORT_LOADS):
-                            unpack(words[u], values, u * W)
-                        a, b, c, k = short_chunk(a, b, c, k, values, int64(lane * W), vspan,
-                                                 aux_value)
+                    a, b, c, k = fold_short_row(a, b, c, k, words, values, lane, vspan,
+                                                aux_value, whole)
                 # the next copies into the slots read above: a thread's own read comes first
                 # in program order, so it cannot see them
                 if park and o + ahead < out_numel:

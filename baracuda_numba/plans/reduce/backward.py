@@ -86,6 +86,7 @@ from .geometry import (
     _cols_reg_layout,
     _cols_vec_geometry,
     _fused_rows_vec_geometry,
+    _Geometry,
     _geometry,
     _guarantee,
     _max_workspace,
@@ -470,6 +471,20 @@ class ReduceBackwardPlan(Plan):
                 stat = _bind_reduce(self._stat_kernel, self._stat_kind, element, x, None, y,
                                     stat_problem, extent, self._out_numel, True, 0.0,
                                     final=False)
+        return self._bind_gradient(dy, dx, x, y, access, geometry, mode, stat, shift,
+                                   out_shape, out_strides)
+
+    def _bind_gradient(self, dy: TensorRef, dx: TensorMut, x: TensorRef | None,
+                       y: TensorRef | None, access: str, geometry: _Geometry, mode: int,
+                       stat: _ReduceLaunch | _TieCount | None, shift: int,
+                       out_shape: tuple[int, ...], out_strides: list[tuple[int, ...]]
+                       ) -> tuple[_ReduceLaunch | _TieCount | None, Any]:
+        """The gradient kernel's launch of ``_bind`` once the access, geometry and mode
+        (0 plain, 1 fused statistic, 2 tie count after dx) are chosen, with the launch
+        of its statistic (``stat``, or the tie count's second pass)."""
+        axis = self._axis
+        extent = self._extent
+        element = self.descriptor.element
         n_stat = (self._out_numel, 0, self._tie_slots)[mode]  # workspace slots used
         grid = (min(geometry.groups, _MAX_GRID_X), geometry.splits)
         dy_view = (0, flat_span(dy.shape, dy.strides))
