@@ -529,16 +529,10 @@ LONG_SHORT_KINDS = (ReduceKind.SUM, ReduceKind.MAX, ReduceKind.MIN, ReduceKind.P
 PARK_MIN_LANES = 8
 
 
-def _short_row_steps(kind: Any, element: ElementKind) -> tuple[Any, Any, Any, Any]:
+def _short_row_steps(kind: Any) -> tuple[Any, Any, Any]:
     """The steps of ``reduce_rows_vec``'s short-row path: ``(short_row_words,
-    park_short_row, parked_words, fold_short_row)``."""
-    vec = VECTOR[element]
-    ACC = ELEMENTS[element].acc
-    unpack = vec.unpack
-    W = vec.width
+    park_short_row, parked_words)``."""
     SHORT_WORDS = VEC_LOADS if kind in LONG_SHORT_KINDS else SHORT_LOADS
-    short_chunk = _vec_chunk(kind, ACC, vec.width, SHORT_LOADS)
-    long_chunk = _vec_chunk(kind, ACC, vec.width)
 
     @cuda.jit(device=True, inline=True)
     def short_row_words(xv, words, o, row_words, lane, lanes, whole):
@@ -570,21 +564,7 @@ def _short_row_steps(kind: Any, element: ElementKind) -> tuple[Any, Any, Any, An
             if u < SHORT_LOADS or whole:
                 words[u] = parked[tid + u * block]
 
-    @cuda.jit(device=True, inline=True)
-    def fold_short_row(a, b, c, k, words, values, lane, vspan, aux_value, whole):
-        """Fold a lane's words of a short row (SHORT_WORDS of them where ``whole``, else
-        SHORT_LOADS) into the state with the kind's chunk."""
-        if whole:
-            for u in range(SHORT_WORDS):
-                unpack(words[u], values, u * W)
-            a, b, c, k = long_chunk(a, b, c, k, values, int64(lane * W), vspan, aux_value)
-        else:
-            for u in range(SHORT_LOADS):
-                unpack(words[u], values, u * W)
-            a, b, c, k = short_chunk(a, b, c, k, values, int64(lane * W), vspan, aux_value)
-        return a, b, c, k
-
-    return short_row_words, park_short_row, parked_words, fold_short_row
+    return short_row_words, park_short_row, parked_words
 
 
 def _make_reduce_rows_vec(kind: Any, element: ElementKind,
@@ -609,8 +589,10 @@ def _make_reduce_rows_vec(kind: Any, element: ElementKind,
     INIT_A, INIT_K = ops.init_a(spec), ops.init_k
     USES_AUX = ops.uses_aux
     LAST = MAX_RANK - 1
-    short_row_words, park_short_row, parked_words, fold_short_row = \
-        _short_row_steps(kind, element)
+    short_chunk = _vec_chunk(kind, ACC, vec.width, SHORT_LOADS)
+    long_chunk = _vec_chunk(kind, ACC, vec.width)
+    unpack = vec.unpack
+    short_row_words, park_short_row, parked_words = _short_row_steps(kind)
 
     def reduce_rows_vec(x, xv, y, ws_acc, ws_k, aux, out_numel, extent, out_shape, x_strides,
                         y_strides, aux_strides, lanes, splits, chunk_vecs, mode, param, shift):
@@ -676,8 +658,16 @@ def _make_reduce_rows_vec(kind: Any, element: ElementKind,
                 k = int64(INIT_K)
                 if valid:
                     aux_value = load(aux, uint64(o) * aux_stride) if USES_AUX else ACC(0)
-                    a, b, c, k = fold_short_row(a, b, c, k, words, values, lane, vspan,
-                                                aux_value, whole)
+                    if whole:
+                        for u in range(SHORT_WORDS):
+                            unpack(words[u], values, u * W)
+                        a, b, c, k = long_chunk(a, b, c, k, values, int64(lane * W), vspan,
+                                                aux_value)
+                    else:
+                        for u in range(SHORT_LOADS):
+                            unpack(words[u], values, u * W)
+                        a, b, c, k = short_chunk(a, b, c, k, values, int64(lane * W), vspan,
+                                                 aux_value)
                 # the next copies into the slots read above: a thread's own read comes first
                 # in program order, so it cannot see them
                 if park and o + ahead < out_numel:
