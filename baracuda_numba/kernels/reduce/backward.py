@@ -9,24 +9,9 @@ from collections.abc import Callable
 from numba import cuda, int64, uint64
 
 from ...types import ElementKind, ReduceKind
-from ..common import (
-    div_f64,
-    load16_words,
-    shfl_xor,
-    store16_words,
-)
-from .forward import (
-    VECTOR,
-    _lane_reducer,
-)
-from .ops import (
-    ELEMENTS,
-    GRAD_OPS,
-    SHARED_SLOTS,
-    TIES,
-    _grad_fns,
-    _offsets4,
-)
+from ..common import div_f64, load16_words, shfl_xor, store16_words
+from .forward import VECTOR, _lane_reducer
+from .ops import ELEMENTS, GRAD_OPS, SHARED_SLOTS, TIES, _grad_fns, _offsets4
 
 
 def _make_backward(kind: ReduceKind, element: ElementKind) -> Callable[..., None]:

@@ -10,28 +10,10 @@ from numba import cuda, int64, uint32, uint64
 
 from ..._runtime import SIMULATOR
 from ...types import ElementKind, ReduceKind
-from ..common import (
-    shfl_idx,
-    shfl_xor,
-)
-from .forward import (
-    _MAX_WIDTH,
-    VEC_LOADS,
-    VECTOR,
-    tie_mask_iters,
-)
-from .ops import (
-    ELEMENTS,
-    GRAD_OPS,
-    _grad_checked,
-    _grad_fns,
-)
-from .ties import (
-    REWRITE_MASKS_COLS,
-    _col_mask_layout,
-    _col_tied_rewriter,
-    _tie_words,
-)
+from ..common import shfl_idx, shfl_xor
+from .forward import _MAX_WIDTH, VEC_LOADS, VECTOR, tie_mask_iters
+from .ops import ELEMENTS, GRAD_OPS, _grad_checked, _grad_fns
+from .ties import REWRITE_MASKS_COLS, _col_mask_layout, _col_tied_rewriter, _tie_words
 
 
 def _cols_vec_steps(kind: ReduceKind, element: ElementKind) -> Any:

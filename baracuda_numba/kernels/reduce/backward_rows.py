@@ -30,19 +30,8 @@ from .forward import (
     _vec_lane_reducer,
     tie_mask_iters,
 )
-from .ops import (
-    ELEMENTS,
-    GRAD_OPS,
-    SHARED_SLOTS,
-    TIES,
-    _grad_fns,
-    _offsets4,
-)
-from .ties import (
-    REWRITE_MASKS_ROWS,
-    _tie_words,
-    _tied_word_rewriter,
-)
+from .ops import ELEMENTS, GRAD_OPS, SHARED_SLOTS, TIES, _grad_fns, _offsets4
+from .ties import REWRITE_MASKS_ROWS, _tie_words, _tied_word_rewriter
 
 
 def _short_rows_gradient(kind: ReduceKind, element: ElementKind) -> Any:

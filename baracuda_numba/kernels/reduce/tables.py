@@ -9,11 +9,7 @@ from numba import float64, int32, int64, types, uint32, uint64
 
 from ...launch import Kernel
 from ...types import ElementKind, ReduceKind
-from .backward import (
-    _make_backward,
-    _make_backward_broadcast,
-    _make_prod_zero_fixup,
-)
+from .backward import _make_backward, _make_backward_broadcast, _make_prod_zero_fixup
 from .backward_cols import (
     REG_COL_STRIP_HELD,
     REG_COL_STRIP_WORDS,
@@ -37,14 +33,7 @@ from .forward import (
     _make_reduce_cols_vec,
     _make_reduce_rows_vec,
 )
-from .ops import (
-    ELEMENTS,
-    FLOAT_ELEMENTS,
-    FORWARD_KINDS,
-    GRAD_OPS,
-    KIND_OPS,
-    TIES,
-)
+from .ops import ELEMENTS, FLOAT_ELEMENTS, FORWARD_KINDS, GRAD_OPS, KIND_OPS, TIES
 
 # -- the kernel tables -------------------------------------------------------------------
 

@@ -38,12 +38,7 @@ from ...kernels.reduce import (
     VECTOR,
     tie_mask_iters,
 )
-from ...types import (
-    ElementKind,
-    MathPrecision,
-    PrecisionGuarantee,
-    ReduceKind,
-)
+from ...types import ElementKind, MathPrecision, PrecisionGuarantee, ReduceKind
 from ..base import Plan, fail, product
 
 #: The value reductions of ReducePlan / ReduceBackwardPlan.
