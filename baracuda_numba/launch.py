@@ -656,18 +656,23 @@ def source_digest(module: str) -> str:
 
 def _imported_kernel_sources(sources: set[pathlib.Path], root: pathlib.Path
                              ) -> set[pathlib.Path]:
-    """The ``kernels/*.py`` modules that ``sources`` import (``from .rope import ...``),
-    transitively: device code taken from another family's module is part of the kernel, so
-    a change there must invalidate this family's cubins too."""
+    """The kernel modules under ``root`` that ``sources`` import (``from .rope import ...``;
+    ``from ..common import ...`` in a family subpackage; every file of an imported
+    subpackage), transitively: device code taken from another family's module is part of
+    the kernel, so a change there must invalidate this family's cubins too."""
     found: set[pathlib.Path] = set()
     pending = [s for s in sources if s.exists()]
     while pending:
-        text = pending.pop().read_text()
-        for name in re.findall(r"^from \.(\w+) import", text, re.M):
-            path = root / f"{name}.py"
-            if path.exists() and path not in sources and path not in found:
-                found.add(path)
-                pending.append(path)
+        source = pending.pop()
+        for dots, name in re.findall(r"^from (\.+)(\w+) import", source.read_text(), re.M):
+            base = source.parents[len(dots) - 1]
+            package = base / name
+            paths = sorted(package.rglob("*.py")) if package.is_dir() else [base / f"{name}.py"]
+            for path in paths:
+                if (path.exists() and path.is_relative_to(root) and path not in sources
+                        and path not in found):
+                    found.add(path)
+                    pending.append(path)
     return found
 
 

@@ -91,6 +91,36 @@ def test_source_digest_follows_imported_kernel_modules():
     assert _imported_kernel_sources({root / "write_slice.py"}, root) == {root / "common.py"}
 
 
+def test_source_digest_covers_a_family_subpackage(tmp_path):
+    """A family split into a subpackage (``kernels/reduce/``) hashes every file of it for
+    each of its modules, and the imports of its files resolve from where they stand
+    (``from ..common``, ``from .ops``, another family's subpackage)."""
+    import pathlib
+
+    from baracuda_numba import kernels
+    from baracuda_numba.launch import _imported_kernel_sources, source_digest
+
+    root = pathlib.Path(kernels.__path__[0])
+    modules = sorted(p.stem for p in (root / "reduce").glob("*.py") if p.stem != "__init__")
+    assert len(modules) > 1
+    digests = {source_digest(f"baracuda_numba.kernels.reduce.{m}") for m in modules}
+    assert len(digests) == 1 and digests != {source_digest("baracuda_numba.kernels.scan")}
+    found = _imported_kernel_sources({root / "reduce" / "backward_rows.py"}, root)
+    assert {root / "common.py", root / "reduce" / "ops.py"} <= found
+
+    fake = tmp_path / "kernels"
+    (fake / "fam").mkdir(parents=True)
+    (fake / "common.py").write_text("X = 1\n")
+    (fake / "other.py").write_text("from .common import X\n")
+    (fake / "fam" / "a.py").write_text("from ..other import X\nfrom .b import Y\n")
+    (fake / "fam" / "b.py").write_text("Y = 2\n")
+    (fake / "user.py").write_text("from .fam import a\nfrom .._runtime import Z\n")
+    assert _imported_kernel_sources({fake / "fam" / "a.py"}, fake) == {
+        fake / "other.py", fake / "common.py", fake / "fam" / "b.py"}
+    assert _imported_kernel_sources({fake / "user.py"}, fake) == {
+        fake / "fam" / "a.py", fake / "fam" / "b.py", fake / "other.py", fake / "common.py"}
+
+
 def test_entry_round_trip_and_damage_is_detected():
     data = cubin_cache.encode(b"_Z6kernel", b"\x7fELF" + bytes(range(256)))
     assert cubin_cache.decode(data) == (b"_Z6kernel", b"\x7fELF" + bytes(range(256)))

@@ -1,0 +1,800 @@
+"""Forward reduction kernels: the generic body (``_make_reduce``) and the word-access rows
+and columns kernels (``_make_reduce_rows_vec``, ``_make_reduce_cols_vec``), with the
+lane reducers the gradients reuse for their statistics.
+"""
+
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from numba import cuda, float32, int32, int64, types, uint16, uint32, uint64
+
+from ..._runtime import SIMULATOR
+from ...types import ElementKind, ReduceKind
+from ..common import (
+    MAX_RANK,
+    copy_async8,
+    copy_async_wait,
+    eq_mask_bf16x4,
+    eq_mask_f16x4,
+    f32_from_bits,
+    opaque,
+    pack_bf16x4,
+    pack_f16x4,
+    pack_f32x2,
+    shfl_xor,
+    unpack_f16x4,
+    unpack_f32x2,
+)
+from .ops import (
+    _SUM_FUNCTIONS,
+    CHUNK,
+    ELEMENTS,
+    INT_ELEMENTS,
+    KIND_OPS,
+    SHARED_SLOTS,
+    _final_a,
+    _offsets4,
+    _store_i64,
+    _welford_for,
+)
+
+# -- the forward kernel ------------------------------------------------------------------
+
+
+_LANE_REDUCERS: dict[tuple[Any, ElementKind], Any] = {}
+_LANE_COMBINERS: dict[tuple[Any, ElementKind], Any] = {}
+
+
+def _lane_combiner(kind: Any, element: ElementKind) -> Any:
+    """Device function: merge the states of the ``lanes`` lanes of each slot (result in
+    lane 0): xor shuffles within a warp (row layout), then a shared-memory tree across
+    warps (row layout) or across lanes strided by ``slots`` (column layout). Every thread
+    of the block calls it."""
+    found = _LANE_COMBINERS.get((kind, element))
+    if found is not None:
+        return found
+    ops = KIND_OPS[kind]
+    merge = ops.functions(ELEMENTS[element].acc)[2]
+    N_ACC, USES_K, ARG = ops.n_acc, ops.uses_k, ops.arg
+
+    @cuda.jit(device=True, inline=True)
+    def combine(a, b, c, k, tid, lane, lanes, slots, row_layout, sa, sb, sk):
+        if row_layout:
+            width = min(lanes, 32) // 2
+            while width >= 1:
+                a2 = shfl_xor(a, width) if N_ACC >= 1 or ARG else a
+                b2 = shfl_xor(b, width) if N_ACC >= 2 else b
+                k2 = shfl_xor(k, width) if USES_K else k
+                a, b, c, k = merge(a, b, c, k, a2, b2, c, k2)
+                width //= 2
+            groups = lanes // 32 if lanes > 32 else 1
+            group_stride = 32
+            group_index = lane // 32
+            leader = lane % 32 == 0
+        else:
+            groups = lanes
+            group_stride = slots
+            group_index = lane
+            leader = True
+        if groups > 1:
+            sa[tid] = a
+            sb[tid] = b
+            sk[tid] = k
+            cuda.syncthreads()
+            half = groups // 2
+            while half >= 1:
+                if leader and group_index < half:
+                    other = tid + half * group_stride
+                    a, b, c, k = merge(a, b, c, k, sa[other], sb[other], c, sk[other])
+                    sa[tid] = a
+                    sb[tid] = b
+                    sk[tid] = k
+                cuda.syncthreads()
+                half //= 2
+            cuda.syncthreads()  # the shared slots are free again when this returns
+        return a, b, c, k
+
+    _LANE_COMBINERS[(kind, element)] = combine
+    return combine
+
+
+def _lane_reducer(kind: Any, element: ElementKind) -> Any:
+    """Device function: the state of output ``o`` over elements ``[begin, end)`` of its
+    row, folded by the block's ``lanes`` lanes of one slot (complete in lane 0). Every
+    thread of the block must call it (shuffles and barriers); ``valid`` threads load."""
+    found = _LANE_REDUCERS.get((kind, element))
+    if found is not None:
+        return found
+    ops = KIND_OPS[kind]
+    spec = ELEMENTS[element]
+    ACC = spec.acc
+    load = spec.load
+    step, fold_chunk, merge = ops.functions(ACC)
+    INIT_A, INIT_K = ops.init_a(spec), ops.init_k
+    combine = _lane_combiner(kind, element)
+
+    @cuda.jit(device=True, inline=True)
+    def lane_reduce(x, x_off, x_axis_stride, aux_value, valid, begin, end, tid, lane, lanes,
+                    slots, row_layout, sa, sb, sk):
+        a = ACC(INIT_A)
+        b = ACC(0)
+        c = ACC(0)
+        k = int64(INIT_K)
+        span = int64(lanes)
+        x_span = span * x_axis_stride
+        if valid:
+            i = begin + lane
+            x_at = x_off + i * x_axis_stride
+            values = cuda.local.array(CHUNK, ACC)
+            while i + (CHUNK - 1) * span < end:  # CHUNK independent loads in flight
+                for u in range(CHUNK):
+                    values[u] = load(x, x_at + u * x_span)
+                a, b, c, k = fold_chunk(a, b, c, k, values, i, span, aux_value)
+                i += CHUNK * span
+                x_at += CHUNK * x_span
+            while i < end:
+                a, b, c, k = step(a, b, c, k, load(x, x_at), i, aux_value)
+                i += span
+                x_at += x_span
+        return combine(a, b, c, k, tid, lane, lanes, slots, row_layout, sa, sb, sk)
+
+    _LANE_REDUCERS[(kind, element)] = lane_reduce
+    return lane_reduce
+
+
+def _state_writer(kind: Any, element: ElementKind, final: Any) -> Any:
+    """Device function that writes output ``o``'s combined state ``(a, b, c, k)``: to
+    ``y[y_off]`` as ``store(final(a, b, c, k, param))``, or with ``to_workspace`` as
+    split ``split``'s partial state (workspace layout: ``ws_acc`` [n_acc][splits][out_numel]
+    accumulators, ``ws_k`` [splits][out_numel] int64 states). Shared by every forward
+    kernel, so the workspace layout is written in one place."""
+    ops = KIND_OPS[kind]
+    store = _store_i64 if ops.arg else ELEMENTS[element].store
+    N_ACC, USES_K = ops.n_acc, ops.uses_k
+
+    @cuda.jit(device=True, inline=True)
+    def write_state(y, y_off, ws_acc, ws_k, to_workspace, a, b, c, k, param, o, out_numel,
+                    split, splits):
+        if not to_workspace:
+            y[uint64(y_off)] = store(final(a, b, c, k, param))
+        else:
+            if N_ACC >= 1:
+                ws_acc[uint64(split * out_numel + o)] = a
+            if N_ACC >= 2:
+                ws_acc[uint64((splits + split) * out_numel + o)] = b
+            if USES_K:
+                ws_k[uint64(split * out_numel + o)] = k
+
+    return write_state
+
+
+def _make_reduce(kind: Any, element: ElementKind) -> Callable[..., None]:
+    ops = KIND_OPS[kind]
+    spec = ELEMENTS[element]
+    ACC = spec.acc
+    load = spec.load
+    merge = ops.functions(ACC)[2]
+    lane_reduce = _lane_reducer(kind, element)
+    combine = _lane_combiner(kind, element)
+    # integer sums must not go through a float division
+    final = _final_a if element in INT_ELEMENTS and kind is ReduceKind.SUM else ops.final
+    write_state = _state_writer(kind, element, final)
+    INIT_A, INIT_K = ops.init_a(spec), ops.init_k
+    N_ACC, USES_K, USES_AUX = ops.n_acc, ops.uses_k, ops.uses_aux
+
+    def reduce_rows(x, y, ws_acc, ws_k, aux, out_numel, extent, x_axis_stride, out_shape,
+                    x_strides, y_strides, aux_strides, lanes, row_layout, splits, chunk_len,
+                    mode, param):
+        """See the module docstring. ``ws_acc``: [n_acc][splits][out_numel] accumulator
+        states, ``ws_k``: [splits][out_numel] int64 states."""
+        tid = cuda.threadIdx.x
+        block = cuda.blockDim.x
+        sa = cuda.shared.array(SHARED_SLOTS, ACC)
+        sb = cuda.shared.array(SHARED_SLOTS, ACC)
+        sk = cuda.shared.array(SHARED_SLOTS, int64)
+        slots = block // lanes
+        if mode >= 2:
+            # merge the split states: consecutive threads own consecutive outputs, the
+            # ``lanes`` lanes of an output take every lanes-th split, then combine
+            lane = tid // slots
+            slot = tid % slots
+            group = int64(cuda.blockIdx.x)
+            while group * slots < out_numel:  # uniform across the block
+                o = group * slots + slot
+                valid = o < out_numel
+                a = ACC(INIT_A)
+                b = ACC(0)
+                c = ACC(0)
+                k = int64(INIT_K)
+                if valid:
+                    s = int64(lane)
+                    while s < splits:
+                        a2 = ws_acc[uint64(s * out_numel + o)] if N_ACC >= 1 else a
+                        b2 = ws_acc[uint64((splits + s) * out_numel + o)] if N_ACC >= 2 else b
+                        k2 = ws_k[uint64(s * out_numel + o)] if USES_K else k
+                        a, b, c, k = merge(a, b, c, k, a2, b2, c, k2)
+                        s += lanes
+                a, b, c, k = combine(a, b, c, k, tid, lane, lanes, slots, 0, sa, sb, sk)
+                if valid and lane == 0:
+                    y_off = int64(0)
+                    if mode != 3:
+                        _, y_off, _, _ = _offsets4(o, out_shape, x_strides, y_strides,
+                                                   aux_strides, aux_strides)
+                    write_state(y, y_off, ws_acc, ws_k, mode == 3, a, b, c, k, param, o,
+                                out_numel, 0, splits)
+                group += cuda.gridDim.x
+            return
+
+        if row_layout:
+            lane = tid % lanes
+            slot = tid // lanes
+        else:
+            lane = tid // slots
+            slot = tid % slots
+        split = int64(cuda.blockIdx.y)
+        begin = split * chunk_len
+        end = min(extent, begin + chunk_len)
+        group = int64(cuda.blockIdx.x)
+        while group * slots < out_numel:  # uniform across the block
+            o = group * slots + slot
+            valid = o < out_numel
+            x_off = y_off = aux_off = int64(0)
+            if valid:
+                x_off, y_off, aux_off, _ = _offsets4(o, out_shape, x_strides, y_strides,
+                                                     aux_strides, aux_strides)
+            aux_value = load(aux, aux_off) if USES_AUX and valid else ACC(0)
+            a, b, c, k = lane_reduce(x, x_off, x_axis_stride, aux_value, valid, begin, end,
+                                     tid, lane, lanes, slots, row_layout, sa, sb, sk)
+            if lane == 0 and valid:
+                write_state(y, y_off, ws_acc, ws_k, mode != 0, a, b, c, k, param, o,
+                            out_numel, split, splits)
+            group += cuda.gridDim.x
+
+    return reduce_rows
+
+
+# -- vector (8-byte word) access of contiguous runs ---------------------------------------
+# The same bytes as the element array, viewed as uint64 words: one load moves 2 f32 or 4
+# f16/bf16 elements (a plain 4-byte load per element falls well short of the copy
+# bandwidth; 8-byte words with 8 loads in flight per thread come close).
+# (Measurements: docs/design/reduce.md, "Measured constants".)
+
+#: Word loads each thread keeps in flight (8 x 8 bytes).
+VEC_LOADS = 8
+
+
+def tie_mask_iters(width: int) -> int:
+    """Word-loop iterations (VEC_LOADS words of ``width`` elements per lane) per 64-bit tie
+    mask of the Max/Min gradient's tie count after dx, one bit per element: 4 for f32, 2
+    for f16/bf16; 1 in the simulator, whose small geometries give a lane only a few
+    iterations per split (every mask boundary is exercised there)."""
+    return 1 if SIMULATOR else 64 // (VEC_LOADS * width)
+
+
+#: Register cap of the forward word kernels: 4 resident 256-thread blocks per SM, which the
+#: plans' one-wave split rule assumes (uncapped: 80 registers for Sum, 127 for bf16 Var;
+#: capped, ptxas spills 36-200 bytes, outside the load loop for Sum).
+VEC_MAX_REGISTERS = 64
+
+@cuda.jit(device=True, inline=True)
+def _unpack_f32(w, values, base):
+    values[base], values[base + 1] = unpack_f32x2(w)
+
+
+@cuda.jit(device=True, inline=True)
+def _unpack_bf16(w, values, base):
+    lo = uint32(w & uint64(0xFFFFFFFF))
+    hi = uint32(w >> uint64(32))
+    values[base] = f32_from_bits(lo << uint32(16))
+    values[base + 1] = f32_from_bits(lo & uint32(0xFFFF0000))
+    values[base + 2] = f32_from_bits(hi << uint32(16))
+    values[base + 3] = f32_from_bits(hi & uint32(0xFFFF0000))
+
+
+@cuda.jit(device=True, inline=True)
+def _unpack_f16(w, values, base):
+    values[base], values[base + 1], values[base + 2], values[base + 3] = unpack_f16x4(w)
+
+
+@cuda.jit(device=True, inline=True)
+def _pack_f32(values):
+    return pack_f32x2(values[0], values[1])
+
+
+@cuda.jit(device=True, inline=True)
+def _pack_bf16(values):
+    return pack_bf16x4(values[0], values[1], values[2], values[3])
+
+
+@cuda.jit(device=True, inline=True)
+def _pack_f16(values):
+    return pack_f16x4(values[0], values[1], values[2], values[3])
+
+
+def _word_storer(width: int, storage: Any) -> Any:
+    """``store_word(dx, dxv, word, w, shift)``: write word ``w`` at word index ``word`` of
+    ``dxv`` (element ``word * width - shift`` of ``dx``). The simulator copies each kernel
+    array in and out separately, so two views of one buffer would overwrite each other's
+    writes: there the word is unpacked into ``dx`` elements instead."""
+    if not SIMULATOR:
+
+        @cuda.jit(device=True, inline=True)
+        def store_word(dx, dxv, word, w, shift):
+            dxv[uint64(word)] = w
+
+        return store_word
+    bits = 64 // width
+    mask = (1 << bits) - 1
+    view = {2: np.float32, 4: None}[width] if storage is not types.float16 else np.float16
+
+    def as_storage(b):
+        if view is np.float32:
+            return np.uint32(b).view(np.float32)
+        if view is np.float16:
+            return np.uint16(b).view(np.float16)
+        return np.uint16(b)
+
+    @cuda.jit(device=True)
+    def sim_store_word(dx, dxv, word, w, shift):
+        for e in range(width):
+            dx[int(word) * width - int(shift) + e] = as_storage((int(w) >> (e * bits)) & mask)
+
+    return sim_store_word
+
+
+@dataclass(frozen=True)
+class VectorSpec:
+    """Word access of an element kind: ``width`` elements per uint64 word, ``unpack(w,
+    values, base)`` writes them (accumulator type) to ``values[base:base + width]`` in
+    memory order, ``pack(values)`` rounds ``values[0:width]`` to the element kind and packs
+    them into a word (bf16 on the GPU: ``cvt.rn.bf16x2.f32`` per pair, NaN canonical)."""
+
+    width: int
+    unpack: Any
+    pack: Any
+    store_word: Any
+    eq_mask: Any = None  # f16/bf16: equality mask of two words (kernels.common.eq_mask_*)
+
+    @property
+    def log_width(self) -> int:
+        return self.width.bit_length() - 1
+
+
+#: Element kinds with word access (f64/i64 words hold one element: nothing to gain; i32
+#: reductions are not a target).
+VECTOR: dict[ElementKind, VectorSpec] = {
+    ElementKind.F16: VectorSpec(4, _unpack_f16, _pack_f16, _word_storer(4, types.float16),
+                                eq_mask_f16x4),
+    ElementKind.BF16: VectorSpec(4, _unpack_bf16, _pack_bf16, _word_storer(4, uint16),
+                                 eq_mask_bf16x4),
+    ElementKind.F32: VectorSpec(2, _unpack_f32, _pack_f32, _word_storer(2, float32)),
+}
+#: The most elements a word holds (f16 / bf16).
+_MAX_WIDTH = max(spec.width for spec in VECTOR.values())
+
+
+def _vec_chunk(kind: Any, acc: types.Type, width: int, loads: int = VEC_LOADS) -> Any:
+    """Fold the ``loads * width`` values of one batch of ``loads`` words (``values[u *
+    width + e]`` at row index ``i0 + u * vspan + e``): Welford exactly (one merge), Sum in
+    ``width`` independent chains, every other kind step by step in index order."""
+    count = loads * width
+    ops = KIND_OPS[kind]
+    step, _, merge = ops.functions(acc)
+    if ops.functions is _welford_for:
+        INV = 1.0 / count
+
+        @cuda.jit(device=True, inline=True)
+        def welford_vec_chunk(a, b, c, k, values, i0, vspan, aux):
+            total = acc(0)
+            for u in range(count):
+                total += values[u]
+            chunk_mean = total * acc(INV)
+            chunk_m2 = acc(0)
+            for u in range(count):
+                d = values[u] - chunk_mean
+                chunk_m2 += d * d
+            return merge(a, b, c, k, chunk_mean, chunk_m2, c, int64(count))
+
+        return welford_vec_chunk
+
+    if ops.functions is _SUM_FUNCTIONS:
+        # Sum/Mean: ``width`` independent chains (one per element position of a word) of
+        # ``loads`` adds each, then the chains in order, then ``a``: a fixed order, so still
+        # deterministic and bit-stable, and a dependency chain of loads + width adds
+        # instead of loads * width (bf16, 8 loads: 12 instead of 32).
+
+        @cuda.jit(device=True, inline=True)
+        def chains_vec_chunk(a, b, c, k, values, i0, vspan, aux):
+            for e in range(width):
+                for u in range(1, loads):
+                    values[e] += values[u * width + e]
+            total = values[0]
+            for e in range(1, width):
+                total += values[e]
+            return a + total, b, c, k
+
+        return chains_vec_chunk
+
+    @cuda.jit(device=True, inline=True)
+    def sequential_vec_chunk(a, b, c, k, values, i0, vspan, aux):
+        for u in range(loads):
+            for e in range(width):
+                a, b, c, k = step(a, b, c, k, values[u * width + e], i0 + u * vspan + e, aux)
+        return a, b, c, k
+
+    return sequential_vec_chunk
+
+
+_VEC_LANE_REDUCERS: dict[tuple[Any, ElementKind], Any] = {}
+
+
+def _vec_lane_reducer(kind: Any, element: ElementKind) -> Any:
+    """Device function: the state of one contiguous row ``x[x_off : x_off + extent]``
+    (split ``split`` of ``splits``: words ``[split * chunk_vecs,...)`` of the row's
+    aligned body; split 0 adds the unaligned head, the last split the tail), folded by the
+    ``lanes`` lanes of one slot with word loads and combined (complete in lane 0). Every
+    thread of the block must call it; ``valid`` threads load. ``shift``: elements between
+    the word-aligned base of ``xv`` and ``x``."""
+    found = _VEC_LANE_REDUCERS.get((kind, element))
+    if found is not None:
+        return found
+    ops = KIND_OPS[kind]
+    spec = ELEMENTS[element]
+    vec = VECTOR[element]
+    ACC = spec.acc
+    load = spec.load
+    unpack = vec.unpack
+    step = ops.functions(ACC)[0]
+    W, LOG_W, MASK = vec.width, vec.log_width, vec.width - 1
+    COUNT = VEC_LOADS * W
+    chunk = _vec_chunk(kind, ACC, W)
+    INIT_A, INIT_K = ops.init_a(spec), ops.init_k
+    combine = _lane_combiner(kind, element)
+
+    @cuda.jit(device=True, inline=True)
+    def vec_lane_reduce(x, xv, x_off, shift, aux_value, valid, extent, split, splits,
+                        chunk_vecs, tid, lane, lanes, slots, sa, sb, sk):
+        a = ACC(INIT_A)
+        b = ACC(0)
+        c = ACC(0)
+        k = int64(INIT_K)
+        if valid:
+            p0 = x_off + shift
+            head = (W - (p0 & MASK)) & MASK
+            if head > extent:
+                head = extent
+            nvec = (extent - head) >> LOG_W
+            base = (p0 + head) >> LOG_W
+            if split == 0:
+                t = int64(lane)
+                while t < head:  # fewer lanes than head elements: rows of few words
+                    a, b, c, k = step(a, b, c, k, load(x, x_off + t), t, aux_value)
+                    t += lanes
+            begin = split * chunk_vecs
+            end = min(nvec, begin + chunk_vecs)
+            span = int64(lanes)
+            vspan = span * W
+            j = begin + lane
+            words = cuda.local.array(VEC_LOADS, uint64)
+            values = cuda.local.array(COUNT, ACC)
+            while j + (VEC_LOADS - 1) * span < end:  # VEC_LOADS word loads in flight
+                for u in range(VEC_LOADS):
+                    words[u] = xv[uint64(base + j + u * span)]
+                for u in range(VEC_LOADS):
+                    unpack(words[u], values, u * W)
+                a, b, c, k = chunk(a, b, c, k, values, head + j * W, vspan, aux_value)
+                j += VEC_LOADS * span
+            if j < end:  # the rest: still one batch of loads, folded word by word
+                for u in range(VEC_LOADS):
+                    if j + u * span < end:
+                        words[u] = xv[uint64(base + j + u * span)]
+                while j < end:
+                    unpack(words[0], values, 0)
+                    for u in range(VEC_LOADS - 1):
+                        words[u] = words[u + 1]
+                    for e in range(W):
+                        a, b, c, k = step(a, b, c, k, values[e], head + j * W + e, aux_value)
+                    j += span
+            if split == splits - 1:
+                t = head + (nvec << LOG_W) + lane
+                while t < extent:
+                    a, b, c, k = step(a, b, c, k, load(x, x_off + t), t, aux_value)
+                    t += lanes
+        return combine(a, b, c, k, tid, lane, lanes, slots, 1, sa, sb, sk)
+
+    _VEC_LANE_REDUCERS[(kind, element)] = vec_lane_reduce
+    return vec_lane_reduce
+
+
+#: Words per lane of the short-row path of ``reduce_rows_vec`` (rows of ``lanes *
+#: SHORT_LOADS`` words; the plans use it for 4 or 8 lanes).
+#: (Measurements: docs/design/reduce.md, "Measured constants".)
+SHORT_LOADS = 4
+#: Kernel kinds whose short-row path also takes rows of exactly ``lanes * VEC_LOADS`` words
+#: (up to a block of lanes): the kinds with one operation per merge. The others keep the
+#: row loop there.
+#: (Measurements: docs/design/reduce.md, "Measured constants".)
+LONG_SHORT_KINDS = (ReduceKind.SUM, ReduceKind.MAX, ReduceKind.MIN, ReduceKind.PROD,
+                    ReduceKind.NORM2)
+
+
+#: Lanes per row from which the short-row path of the LONG_SHORT_KINDS parks each thread's
+#: words of its next row in shared memory (``cp.async``) while the block combines the
+#: current one (the ``REDUCE_ROWS_PARK_KERNELS``), over a one-wave grid of blocks that walk
+#: their rows (``plans.reduce.geometry._SHORT_GRID_X``).
+#: (Measurements: docs/design/reduce.md, "Measured constants".)
+PARK_MIN_LANES = 8
+
+
+def _short_row_steps(kind: Any) -> tuple[Any, Any, Any]:
+    """The steps of ``reduce_rows_vec``'s short-row path: ``(short_row_words,
+    park_short_row, parked_words)``."""
+    SHORT_WORDS = VEC_LOADS if kind in LONG_SHORT_KINDS else SHORT_LOADS
+
+    @cuda.jit(device=True, inline=True)
+    def short_row_words(xv, words, o, row_words, lane, lanes, whole):
+        """Load lane ``lane``'s words of short row ``o`` (as ``park_short_row``) into
+        ``words``, all in flight at once."""
+        at = uint64(o) * row_words + uint64(lane)
+        for u in range(SHORT_WORDS):
+            if u < SHORT_LOADS or whole:
+                words[u] = xv[at + uint64(u * lanes)]
+
+    @cuda.jit(device=True, inline=True)
+    def park_short_row(parked, tid, block, xv, o, row_words, lane, lanes, whole):
+        """Issue ``cp.async`` copies of lane ``lane``'s words of short row ``o`` (words
+        ``lane + u * lanes``: SHORT_LOADS of them, or SHORT_WORDS where ``whole``) into
+        the thread's own slots ``tid + u * block`` of ``parked``, not waited for."""
+        at = uint64(o) * row_words + uint64(lane)
+        # the first slot hidden from the compiler: the slots' addresses stay an immediate
+        # from one register instead of being hoisted out of the row loop
+        here = opaque(int32(tid))
+        for u in range(SHORT_WORDS):
+            if u < SHORT_LOADS or whole:
+                copy_async8(parked, here + u * block, xv, at + uint64(u * lanes))
+
+    @cuda.jit(device=True, inline=True)
+    def parked_words(parked, words, tid, block, whole):
+        """Wait for the thread's parked words of its row and take them into ``words``."""
+        copy_async_wait()
+        for u in range(SHORT_WORDS):  # the thread's own slots: no barrier
+            if u < SHORT_LOADS or whole:
+                words[u] = parked[tid + u * block]
+
+    return short_row_words, park_short_row, parked_words
+
+
+def _make_reduce_rows_vec(kind: Any, element: ElementKind,
+                          park: bool = False) -> Callable[..., None]:
+    ops = KIND_OPS[kind]
+    spec = ELEMENTS[element]
+    vec = VECTOR[element]
+    ACC = spec.acc
+    load = spec.load
+    vec_lane_reduce = _vec_lane_reducer(kind, element)
+    write_state = _state_writer(kind, element, ops.final)
+    combine = _lane_combiner(kind, element)
+    W, LOG_W = vec.width, vec.log_width
+    LONG = kind in LONG_SHORT_KINDS
+    SHORT_WORDS = VEC_LOADS if LONG else SHORT_LOADS
+    SHORT_COUNT = SHORT_WORDS * W
+    # ``park`` (REDUCE_ROWS_PARK_KERNELS, LONG_SHORT_KINDS): each thread's words of its
+    # next row are parked while the block combines this one, where a row spans at least
+    # PARK_MIN_LANES lanes; elsewhere a thread loads its row when it reaches it
+    PARK = park and LONG
+    SHORT_PARKED = SHORT_WORDS * SHARED_SLOTS if PARK else 1  # blocks of <= SHARED_SLOTS
+    INIT_A, INIT_K = ops.init_a(spec), ops.init_k
+    USES_AUX = ops.uses_aux
+    LAST = MAX_RANK - 1
+    short_chunk = _vec_chunk(kind, ACC, vec.width, SHORT_LOADS)
+    long_chunk = _vec_chunk(kind, ACC, vec.width)
+    unpack = vec.unpack
+    short_row_words, park_short_row, parked_words = _short_row_steps(kind)
+
+    def reduce_rows_vec(x, xv, y, ws_acc, ws_k, aux, out_numel, extent, out_shape, x_strides,
+                        y_strides, aux_strides, lanes, splits, chunk_vecs, mode, param, shift):
+        """Contiguous rows (reduce axis stride 1) with word loads: ``lanes`` lanes per row
+        (consecutive threads), ``block / lanes`` rows per block, grid.x over row groups
+        (grid-stride), grid.y over ``splits`` splits of ``chunk_vecs`` words. ``mode`` 0
+        writes ``y``, 1 the split's partial state (merged by the ``reduce`` kernel's modes
+        2/3, same workspace layout).
+
+        ``fused`` for the tie count (Max/Min), three passes over the split rows without
+        re-reading x where every row has exactly one tie: 2 writes dx as if each row's
+        count were 1 and each split's count of ties to ``stat_k[split * out_numel + o]``;
+        after the merge of those counts into ``stat_k[o]``, 3 rewrites the rows whose
+        count is not 1 (ties, or none: a NaN y) and skips the others.
+
+        ``chunk_vecs == 0`` selects the short-row path (plans: one split, one collapsed
+        output dim, ``shift == 0``, rows of exactly ``lanes * SHORT_LOADS`` or, for
+        LONG_SHORT_KINDS, ``lanes * VEC_LOADS`` words starting on a word): lane ``l`` of
+        row ``o`` loads words ``l + u * lanes`` (u < the words per lane) at once and folds
+        them with the kind's chunk; no head, tail or remainder path and one multiply per
+        offset. LONG_SHORT_KINDS with rows of at least PARK_MIN_LANES lanes issue the
+        ``cp.async`` copies of each thread's words of its next row (one grid of groups
+        later) into its own shared slots once it has its current words in registers, so
+        they are in flight while the block combines and writes the current row."""
+        tid = cuda.threadIdx.x
+        block = cuda.blockDim.x
+        sa = cuda.shared.array(SHARED_SLOTS, ACC)
+        sb = cuda.shared.array(SHARED_SLOTS, ACC)
+        sk = cuda.shared.array(SHARED_SLOTS, int64)
+        slots = block // lanes
+        lane = tid % lanes
+        slot = tid // lanes
+        split = int64(cuda.blockIdx.y)
+        group = int64(cuda.blockIdx.x)
+        if chunk_vecs == 0:
+            row_words = uint64(x_strides[LAST]) >> uint64(LOG_W)
+            y_stride = uint64(y_strides[LAST])
+            aux_stride = uint64(aux_strides[LAST])
+            # VEC_LOADS words per lane (LONG_SHORT_KINDS only), else SHORT_LOADS
+            whole = LONG and (extent >> LOG_W) == lanes * VEC_LOADS
+            words = cuda.local.array(SHORT_WORDS, uint64)
+            values = cuda.local.array(SHORT_COUNT, ACC)
+            # each thread's words of its next row, copied while the block combines this one
+            parked = cuda.shared.array(SHORT_PARKED, uint64)
+            vspan = int64(lanes * W)
+            ahead = int64(cuda.gridDim.x) * slots  # the same slot's row one group later
+            # (always true where the plans bind a park kernel; the check keeps its code the
+            # code that was measured, b290639's)
+            park = PARK and lanes >= PARK_MIN_LANES
+            o = group * slots + slot
+            if park and o < out_numel:
+                park_short_row(parked, tid, block, xv, o, row_words, lane, lanes, whole)
+            while group * slots < out_numel:  # uniform across the block
+                o = group * slots + slot
+                valid = o < out_numel
+                if park:
+                    parked_words(parked, words, tid, block, whole)
+                elif valid:
+                    short_row_words(xv, words, o, row_words, lane, lanes, whole)
+                a = ACC(INIT_A)
+                b = ACC(0)
+                c = ACC(0)
+                k = int64(INIT_K)
+                if valid:
+                    aux_value = load(aux, uint64(o) * aux_stride) if USES_AUX else ACC(0)
+                    if whole:
+                        for u in range(SHORT_WORDS):
+                            unpack(words[u], values, u * W)
+                        a, b, c, k = long_chunk(a, b, c, k, values, int64(lane * W), vspan,
+                                                aux_value)
+                    else:
+                        for u in range(SHORT_LOADS):
+                            unpack(words[u], values, u * W)
+                        a, b, c, k = short_chunk(a, b, c, k, values, int64(lane * W), vspan,
+                                                 aux_value)
+                # the next copies into the slots read above: a thread's own read comes first
+                # in program order, so it cannot see them
+                if park and o + ahead < out_numel:
+                    park_short_row(parked, tid, block, xv, o + ahead, row_words, lane, lanes,
+                                   whole)
+                a, b, c, k = combine(a, b, c, k, tid, lane, lanes, slots, 1, sa, sb, sk)
+                if lane == 0 and valid:
+                    write_state(y, int64(uint64(o) * y_stride), ws_acc, ws_k, mode != 0, a, b,
+                                c, k, param, o, out_numel, split, splits)
+                group += cuda.gridDim.x
+            return
+        while group * slots < out_numel:  # uniform across the block
+            o = group * slots + slot
+            valid = o < out_numel
+            x_off = y_off = aux_off = int64(0)
+            if valid:
+                x_off, y_off, aux_off, _ = _offsets4(o, out_shape, x_strides, y_strides,
+                                                     aux_strides, aux_strides)
+            aux_value = load(aux, aux_off) if USES_AUX and valid else ACC(0)
+            a, b, c, k = vec_lane_reduce(x, xv, x_off, shift, aux_value, valid, extent, split,
+                                         splits, chunk_vecs, tid, lane, lanes, slots, sa, sb,
+                                         sk)
+            if lane == 0 and valid:
+                write_state(y, y_off, ws_acc, ws_k, mode != 0, a, b, c, k, param, o,
+                            out_numel, split, splits)
+            group += cuda.gridDim.x
+
+    return reduce_rows_vec
+
+
+def _make_reduce_cols_vec(kind: Any, element: ElementKind) -> Callable[..., None]:
+    ops = KIND_OPS[kind]
+    spec = ELEMENTS[element]
+    vec = VECTOR[element]
+    ACC = spec.acc
+    load = spec.load
+    step, fold_chunk, merge = ops.functions(ACC)
+    combine = _lane_combiner(kind, element)
+    write_state = _state_writer(kind, element, ops.final)
+    unpack = vec.unpack
+    W, LOG_W = vec.width, vec.log_width
+    CHUNK_VALUES = CHUNK * W
+    INIT_A, INIT_K = ops.init_a(spec), ops.init_k
+    USES_AUX = ops.uses_aux
+
+    def reduce_cols_vec(xv, y, ws_acc, ws_k, aux, out_numel, extent, axis_words, y_stride,
+                        aux_stride, lanes, splits, chunk_len, mode, param):
+        """Column layout with word loads: ``x`` is ``extent`` rows of ``out_numel``
+        contiguous outputs, ``axis_words`` words apart (word aligned, ``out_numel`` a
+        multiple of W). Each slot owns the W outputs of one word (W states); consecutive
+        threads own consecutive words, the ``block / slots`` lanes of a slot walk the axis
+        together and meet in a shared-memory tree; grid.y splits the axis (``mode`` as in
+        ``reduce_rows_vec``)."""
+        tid = cuda.threadIdx.x
+        block = cuda.blockDim.x
+        sa = cuda.shared.array(SHARED_SLOTS, ACC)
+        sb = cuda.shared.array(SHARED_SLOTS, ACC)
+        sk = cuda.shared.array(SHARED_SLOTS, int64)
+        slots = block // lanes
+        lane = tid // slots
+        slot = tid % slots
+        split = int64(cuda.blockIdx.y)
+        begin = split * chunk_len
+        end = min(extent, begin + chunk_len)
+        out_words = out_numel >> LOG_W
+        span = int64(lanes)
+        word_span = span * axis_words
+        st_a = cuda.local.array(W, ACC)
+        st_b = cuda.local.array(W, ACC)
+        st_k = cuda.local.array(W, int64)
+        aux_values = cuda.local.array(W, ACC)
+        words = cuda.local.array(CHUNK, uint64)
+        values = cuda.local.array(CHUNK_VALUES, ACC)
+        column = cuda.local.array(CHUNK, ACC)
+        group = int64(cuda.blockIdx.x)
+        while group * slots < out_words:  # uniform across the block
+            ow = group * slots + slot
+            valid = ow < out_words
+            c = ACC(0)
+            for e in range(W):
+                st_a[e] = ACC(INIT_A)
+                st_b[e] = ACC(0)
+                st_k[e] = int64(INIT_K)
+                aux_values[e] = ACC(0)
+                if USES_AUX and valid:
+                    aux_values[e] = load(aux, ((ow << LOG_W) + e) * aux_stride)
+            if valid:
+                i = begin + lane
+                at = i * axis_words + ow
+                while i + (CHUNK - 1) * span < end:  # CHUNK word loads in flight
+                    for u in range(CHUNK):
+                        words[u] = xv[uint64(at + u * word_span)]
+                    for u in range(CHUNK):
+                        unpack(words[u], values, u * W)
+                    for e in range(W):
+                        for u in range(CHUNK):
+                            column[u] = values[u * W + e]
+                        a, b, c, k = fold_chunk(st_a[e], st_b[e], c, st_k[e], column, i, span,
+                                                aux_values[e])
+                        st_a[e] = a
+                        st_b[e] = b
+                        st_k[e] = k
+                    i += CHUNK * span
+                    at += CHUNK * word_span
+                if i < end:  # the rest: one batch of loads, folded word by word
+                    for u in range(CHUNK):
+                        if i + u * span < end:
+                            words[u] = xv[uint64(at + u * word_span)]
+                    while i < end:
+                        unpack(words[0], values, 0)
+                        for u in range(CHUNK - 1):
+                            words[u] = words[u + 1]
+                        for e in range(W):
+                            a, b, c, k = step(st_a[e], st_b[e], c, st_k[e], values[e], i,
+                                              aux_values[e])
+                            st_a[e] = a
+                            st_b[e] = b
+                            st_k[e] = k
+                        i += span
+            for e in range(W):
+                a, b, c, k = combine(st_a[e], st_b[e], c, st_k[e], tid, lane, lanes, slots, 0,
+                                     sa, sb, sk)
+                if lane == 0 and valid:
+                    o = (ow << LOG_W) + e
+                    write_state(y, o * y_stride, ws_acc, ws_k, mode != 0, a, b, c, k, param, o,
+                                out_numel, split, splits)
+            group += cuda.gridDim.x
+
+    return reduce_cols_vec
+

@@ -1,0 +1,290 @@
+"""The registered kernels of the family: one ``Kernel`` per (kind, element) of each
+kernel name, with their signatures.
+"""
+
+
+from typing import Any
+
+from numba import float64, int32, int64, types, uint32, uint64
+
+from ...launch import Kernel
+from ...types import ElementKind, ReduceKind
+from .backward import _make_backward, _make_backward_broadcast, _make_prod_zero_fixup
+from .backward_cols import (
+    REG_COL_STRIP_HELD,
+    REG_COL_STRIP_WORDS,
+    REG_COL_WORDS,
+    REG_COLS_BLOCK,
+    _make_backward_cols_reg,
+    _make_backward_cols_vec,
+)
+from .backward_rows import (
+    HOLD_MAX_REGISTERS,
+    HOLD_WORDS,
+    _make_backward_rows_hold,
+    _make_backward_rows_reg,
+    _make_backward_rows_vec,
+)
+from .forward import (
+    LONG_SHORT_KINDS,
+    VEC_MAX_REGISTERS,
+    VECTOR,
+    _make_reduce,
+    _make_reduce_cols_vec,
+    _make_reduce_rows_vec,
+)
+from .ops import ELEMENTS, FLOAT_ELEMENTS, FORWARD_KINDS, GRAD_OPS, KIND_OPS, TIES
+
+# -- the kernel tables -------------------------------------------------------------------
+
+_TUPLE8 = types.UniTuple(int64, 8)
+
+
+def flat(dtype: types.Type) -> types.Array:
+    """Flat C-contiguous 1-D view (unit stride known at compile time); launch.py passes
+    every array as a contiguous (pointer, extent) pair."""
+    return types.Array(dtype, 1, "C")
+
+
+def _kind_name(kind: Any) -> str:
+    return kind if isinstance(kind, str) else kind.name.lower()
+
+
+def _reduce_signature(kind: Any, element: ElementKind) -> tuple[types.Type,...]:
+    spec = ELEMENTS[element]
+    out = int64 if KIND_OPS[kind].arg else spec.storage
+    return (flat(spec.storage), flat(out), flat(spec.acc), flat(int64), flat(spec.storage),
+            int64, int64, int64, _TUPLE8, _TUPLE8, _TUPLE8, _TUPLE8, int64, int64, int64,
+            int64, int64, float64)
+
+
+def _backward_signature(element: ElementKind) -> tuple[types.Type,...]:
+    spec = ELEMENTS[element]
+    arr = flat(spec.storage)
+    return (arr, arr, arr, arr, flat(spec.acc), flat(int64), int64, int64, int64, int64,
+            _TUPLE8, _TUPLE8, _TUPLE8, _TUPLE8, _TUPLE8, int64, int64, int64, float64, int64)
+
+
+#: (kind, element) -> forward kernel (kind: a ReduceKind or TIES).
+REDUCE_KERNELS: dict[tuple[Any, ElementKind], Kernel] = {
+    (kind, element): Kernel(f"reduce[{_kind_name(kind)},{element.name.lower()}]",
+                            _make_reduce(kind, element), _reduce_signature(kind, element))
+    for element, kinds in FORWARD_KINDS.items() for kind in kinds
+}
+
+#: Kernel kind that computes each gradient kind.
+GRAD_KERNEL_KIND = {ReduceKind.SUM: ReduceKind.MEAN, ReduceKind.MIN: ReduceKind.MAX}
+
+#: (kind, element) -> gradient kernel (float element kinds).
+REDUCE_BACKWARD_KERNELS: dict[tuple[ReduceKind, ElementKind], Kernel] = {
+    (kind, element): Kernel(f"reduce_backward[{_kind_name(kind)},{element.name.lower()}]",
+                            _make_backward(kind, element), _backward_signature(element))
+    for element in FLOAT_ELEMENTS for kind in GRAD_OPS
+}
+
+#: element -> the exact Prod gradient of the lines whose product is 0 (one kernel for every
+#: layout: strided line addressing; launched after the ``dy * y / x`` pass).
+REDUCE_BACKWARD_PROD_ZEROS_KERNELS: dict[ElementKind, Kernel] = {
+    element: Kernel(f"reduce_backward_prod_zeros[{element.name.lower()}]",
+                    _make_prod_zero_fixup(element),
+                    (flat(ELEMENTS[element].storage),) * 4
+                    + (int64, int64, int64, int64, _TUPLE8, _TUPLE8, _TUPLE8, _TUPLE8, _TUPLE8))
+    for element in FLOAT_ELEMENTS
+}
+
+
+def _vec_reduce_signature(kind: Any, element: ElementKind) -> tuple[types.Type,...]:
+    spec = ELEMENTS[element]
+    out = int64 if KIND_OPS[kind].arg else spec.storage
+    return (flat(spec.storage), flat(uint64), flat(out), flat(spec.acc), flat(int64),
+            flat(spec.storage), int64, int64, _TUPLE8, _TUPLE8, _TUPLE8, _TUPLE8, int64, int64,
+            int64, int64, float64, int64)
+
+
+def _vec_cols_signature(kind: Any, element: ElementKind) -> tuple[types.Type,...]:
+    spec = ELEMENTS[element]
+    out = int64 if KIND_OPS[kind].arg else spec.storage
+    return (flat(uint64), flat(out), flat(spec.acc), flat(int64), flat(spec.storage), int64,
+            int64, int64, int64, int64, int64, int64, int64, int64, float64)
+
+
+def _vec_backward_rows_signature(element: ElementKind) -> tuple[types.Type,...]:
+    spec = ELEMENTS[element]
+    arr = flat(spec.storage)
+    words = flat(uint64)
+    return (arr, arr, words, arr, arr, words, flat(spec.acc), flat(int64), int64, int64,
+            _TUPLE8, _TUPLE8, _TUPLE8, _TUPLE8, _TUPLE8, int64, int64, float64, int64, int64)
+
+
+def _vec_backward_cols_signature(element: ElementKind) -> tuple[types.Type,...]:
+    spec = ELEMENTS[element]
+    arr = flat(spec.storage)
+    words = flat(uint64)
+    return (arr, words, arr, arr, words, flat(spec.acc), flat(int64), int64, int64, int64,
+            int64, int64, int64, int64, float64, int64)
+
+
+#: Forward kernel kinds of the word kernels: every one but TIES (the Max/Min gradient's
+#: tie count, which these layouts take after dx; elsewhere the generic kernel).
+VEC_FORWARD_KINDS = {element: tuple(k for k in FORWARD_KINDS[element] if k is not TIES)
+                     for element in VECTOR}
+
+#: (kind, element) -> contiguous-row forward kernel with word loads (the float kinds of
+#: the VECTOR elements).
+REDUCE_ROWS_VEC_KERNELS: dict[tuple[Any, ElementKind], Kernel] = {
+    (kind, element): Kernel(f"reduce_rows_vec[{_kind_name(kind)},{element.name.lower()}]",
+                            _make_reduce_rows_vec(kind, element),
+                            _vec_reduce_signature(kind, element),
+                            max_registers=VEC_MAX_REGISTERS)
+    for element in VECTOR for kind in VEC_FORWARD_KINDS[element]
+}
+
+#: (kind, element) -> the same kernel whose short-row path parks each thread's next row
+#: (``park``; LONG_SHORT_KINDS, which the plans give it for rows of at least
+#: PARK_MIN_LANES lanes). A kernel of its own: with both short-row paths in one kernel,
+#: ptxas spilled more and 4-lane rows were slower (docs/design/reduce.md).
+REDUCE_ROWS_PARK_KERNELS: dict[tuple[Any, ElementKind], Kernel] = {
+    (kind, element): Kernel(f"reduce_rows_park[{_kind_name(kind)},{element.name.lower()}]",
+                            _make_reduce_rows_vec(kind, element, park=True),
+                            _vec_reduce_signature(kind, element),
+                            max_registers=VEC_MAX_REGISTERS)
+    for element in VECTOR for kind in LONG_SHORT_KINDS
+}
+
+#: (kind, element) -> column-layout forward kernel with word loads.
+REDUCE_COLS_VEC_KERNELS: dict[tuple[Any, ElementKind], Kernel] = {
+    (kind, element): Kernel(f"reduce_cols_vec[{_kind_name(kind)},{element.name.lower()}]",
+                            _make_reduce_cols_vec(kind, element),
+                            _vec_cols_signature(kind, element),
+                            max_registers=VEC_MAX_REGISTERS)
+    for element in VECTOR for kind in VEC_FORWARD_KINDS[element]
+}
+
+#: Register caps of the contiguous-row gradient kernels, per kind (the others uncapped).
+#: Prod / Norm2 / LogSumExp use 77-80 registers uncapped (3 resident 256-thread blocks per
+#: SM) and 63-64 without spilling at 64 (4 blocks).
+#: (Measurements: docs/design/reduce.md, "Measured constants".)
+GRAD_ROWS_MAX_REGISTERS = {ReduceKind.PROD: 64, ReduceKind.NORM2: 64,
+                           ReduceKind.LOG_SUM_EXP: 64, ReduceKind.MAX: 128}
+
+#: (kind, element) -> contiguous-row gradient kernel with word loads and stores.
+REDUCE_BACKWARD_ROWS_VEC_KERNELS: dict[tuple[ReduceKind, ElementKind], Kernel] = {
+    (kind, element): Kernel(
+        f"reduce_backward_rows_vec[{_kind_name(kind)},{element.name.lower()}]",
+        _make_backward_rows_vec(kind, element), _vec_backward_rows_signature(element),
+        max_registers=GRAD_ROWS_MAX_REGISTERS.get(kind))
+    for element in VECTOR for kind in GRAD_OPS
+}
+
+#: (kind, element) -> column-layout gradient kernel with word loads and stores (Max/Min:
+#: modes 0 and 2).
+REDUCE_BACKWARD_COLS_VEC_KERNELS: dict[tuple[ReduceKind, ElementKind], Kernel] = {
+    (kind, element): Kernel(
+        f"reduce_backward_cols_vec[{_kind_name(kind)},{element.name.lower()}]",
+        _make_backward_cols_vec(kind, element), _vec_backward_cols_signature(element))
+    for element in VECTOR for kind in GRAD_OPS
+}
+
+#: (kind, element) -> the gradient without a statistic of a contiguous dx in dx's memory
+#: order (rows and columns; Sum / Mean: a broadcast of dy). Mean's is held at 32 registers
+#: (ptxas alone: f16 / bf16 34 uncapped, 32 capped without spilling; f32 30): 2048
+#: resident threads per SM.
+BROADCAST_MAX_REGISTERS = {ReduceKind.MEAN: 32}
+REDUCE_BACKWARD_BROADCAST_KERNELS: dict[tuple[ReduceKind, ElementKind], Kernel] = {
+    (kind, element): Kernel(
+        f"reduce_backward_broadcast[{_kind_name(kind)},{element.name.lower()}]",
+        _make_backward_broadcast(kind, element),
+        (flat(ELEMENTS[element].storage), flat(ELEMENTS[element].storage), flat(uint32),
+         flat(uint32), int64, int64, float64, int64, int64, int64, float64),
+        max_registers=BROADCAST_MAX_REGISTERS.get(kind))
+    for element in VECTOR for kind, ops in GRAD_OPS.items() if ops.stat is None
+}
+
+#: (kind, element) -> the rewrite pass (mode 3) of the column tie count after dx, Max/Min.
+#: Held at 128 registers (f16/bf16 take 154 uncapped in ``ptxas``, with its 8 masks in
+#: flight.
+#: (Measurements: docs/design/reduce.md, "Measured constants".)
+REDUCE_BACKWARD_COLS_REWRITE_KERNELS: dict[tuple[ReduceKind, ElementKind], Kernel] = {
+    (kind, element): Kernel(
+        f"reduce_backward_cols_rewrite[{_kind_name(kind)},{element.name.lower()}]",
+        _make_backward_cols_vec(kind, element, rewrite_pass=True),
+        _vec_backward_cols_signature(element), max_registers=128)
+    for element in VECTOR for kind in GRAD_OPS if GRAD_OPS[kind].stat == "ties"
+}
+
+
+def _reg_backward_signature(element: ElementKind) -> tuple[types.Type,...]:
+    spec = ELEMENTS[element]
+    arr = flat(spec.storage)
+    words = flat(uint64)
+    return (arr, words, arr, arr, words, int64, int64, int64, int64, int64, int32, float64)
+
+
+#: Gradient kinds with a per-row statistic (Max/Min: tie count, Var/Std: mean).
+STAT_GRAD_KINDS = tuple(kind for kind, ops in GRAD_OPS.items() if ops.stat is not None)
+#: Gradients without a statistic that read x (``dx = element(coefficient(dy, y), x)``).
+STREAM_GRAD_KINDS = tuple(kind for kind, ops in GRAD_OPS.items()
+                          if ops.stat is None and ops.reads_x)
+
+#: (kind, element) -> register-resident gradient of word-aligned rows that fit in the
+#: registers of one block (x read once).
+REDUCE_BACKWARD_ROWS_REG_KERNELS: dict[tuple[ReduceKind, ElementKind], Kernel] = {
+    (kind, element): Kernel(
+        f"reduce_backward_rows_reg[{_kind_name(kind)},{element.name.lower()}]",
+        _make_backward_rows_reg(kind, element), _reg_backward_signature(element))
+    for element in VECTOR for kind in STAT_GRAD_KINDS + STREAM_GRAD_KINDS
+}
+def _hold_signature(element: ElementKind) -> tuple[types.Type,...]:
+    spec = ELEMENTS[element]
+    arr = flat(spec.storage)
+    words = flat(uint64)
+    return (arr, words, arr, arr, words, flat(int64), flat(int64), int64, int64, int64,
+            int64, int64, int64, float64)
+
+
+#: (kind, element) -> the Var/Std and Max/Min gradients (Min is Max's kernel) of long
+#: word-aligned rows with x read once: each chunk (two of the plan's ``_sync_layout``
+#: parts) held in registers and, its second half, in shared memory (HOLD_STASH_BYTES a
+#: block) until its row's total is published.
+REDUCE_BACKWARD_ROWS_HOLD_STASH_KERNELS: dict[tuple[ReduceKind, ElementKind], Kernel] = {
+    (kind, element): Kernel(
+        f"reduce_backward_rows_hold_stash[{_kind_name(kind)},{element.name.lower()}]",
+        _make_backward_rows_hold(kind, element, HOLD_WORDS),
+        _hold_signature(element), max_registers=HOLD_MAX_REGISTERS)
+    for element in VECTOR for kind in (ReduceKind.VAR, ReduceKind.STD, ReduceKind.MAX)
+}
+
+
+def _cols_reg_kernels(name: str, max_registers: int, stash: int = 0, wide_words: int = 0,
+                      held: int = REG_COL_WORDS) -> dict[tuple[ReduceKind, ElementKind], Kernel]:
+    """The column register-resident gradients of one table: ``wide_words`` > 0 for strips
+    of up to that many words whose pairs may exceed 32 (each thread then adds its own
+    pairs' warp partials), ``held`` rows a thread in registers."""
+    return {(kind, element): Kernel(f"{name}[{_kind_name(kind)},{element.name.lower()}]",
+                                    _make_backward_cols_reg(kind, element, stash, wide_words,
+                                                            held),
+                                    _reg_backward_signature(element),
+                                    max_registers=max_registers)
+            for element in VECTOR for kind in STAT_GRAD_KINDS}
+
+
+#: (kind, element) -> the column register-resident gradient in 256-byte strips
+#: (REG_COL_STRIP_WORDS column words) of columns of at most REG_COL_STRIP_HELD *
+#: REG_COLS_STRIP_BLOCK / REG_COL_STRIP_WORDS rows, REG_COL_STRIP_HELD rows a thread:
+#: 128 registers (two 256-thread blocks an SM). A copy with this memory work reaches 92-93
+#: % of copy at [256, 2^20] against 83-84 % in 128-byte strips.
+#: (Measurements: docs/design/reduce.md, "Measured constants".)
+REDUCE_BACKWARD_COLS_STRIP_KERNELS = _cols_reg_kernels(
+    "reduce_backward_cols_strip", 128, wide_words=REG_COL_STRIP_WORDS,
+    held=REG_COL_STRIP_HELD)
+
+#: Words per thread the stash kernels below park in dynamic shared memory (on top of
+#: REG_COL_WORDS in registers), and the bytes of it a launch takes (REG_COLS_BLOCK
+#: threads: 128 KiB on the GPU).
+REG_COL_STASH = REG_COL_WORDS
+REG_COLS_STASH_BYTES = REG_COL_STASH * REG_COLS_BLOCK * 8
+#: (kind, element) -> the column register-resident gradient with a shared-memory stash:
+#: strips of twice the width in REG_COLS_BLOCK-thread blocks.
+#: (Measurements: docs/design/reduce.md, "Measured constants".)
+REDUCE_BACKWARD_COLS_STASH_KERNELS = _cols_reg_kernels("reduce_backward_cols_stash", 64,
+                                                       REG_COL_STASH)
