@@ -3,11 +3,12 @@ kernel name, with their signatures.
 """
 
 
+from collections.abc import Callable
 from typing import Any
 
 from numba import float64, int32, int64, types, uint32, uint64
 
-from ...launch import Kernel
+from ...launch import Kernel, LazyTable
 from ...types import ElementKind, ReduceKind
 from .backward import _make_backward, _make_backward_broadcast, _make_prod_zero_fixup
 from .backward_cols import (
@@ -50,6 +51,21 @@ def _kind_name(kind: Any) -> str:
     return kind if isinstance(kind, str) else kind.name.lower()
 
 
+def _kernels(name: str, keys: list[tuple[Any, ElementKind]],
+             make: Callable[[Any, ElementKind], Any],
+             signature: Callable[[Any, ElementKind], tuple[types.Type, ...]],
+             max_registers: Callable[[Any], int | None] = lambda kind: None) -> LazyTable:
+    """``name``'s kernels, one per (kind, element) of ``keys``, each built on its first
+    lookup: ``make(kind, element)`` the function, ``signature(kind, element)`` its types,
+    ``max_registers(kind)`` its register cap (None: uncapped)."""
+    def build(key: tuple[Any, ElementKind]) -> Kernel:
+        kind, element = key
+        return Kernel(f"{name}[{_kind_name(kind)},{element.name.lower()}]",
+                      make(kind, element), signature(kind, element),
+                      max_registers=max_registers(kind))
+    return LazyTable(keys, build)
+
+
 def _reduce_signature(kind: Any, element: ElementKind) -> tuple[types.Type,...]:
     spec = ELEMENTS[element]
     out = int64 if KIND_OPS[kind].arg else spec.storage
@@ -66,31 +82,27 @@ def _backward_signature(element: ElementKind) -> tuple[types.Type,...]:
 
 
 #: (kind, element) -> forward kernel (kind: a ReduceKind or TIES).
-REDUCE_KERNELS: dict[tuple[Any, ElementKind], Kernel] = {
-    (kind, element): Kernel(f"reduce[{_kind_name(kind)},{element.name.lower()}]",
-                            _make_reduce(kind, element), _reduce_signature(kind, element))
-    for element, kinds in FORWARD_KINDS.items() for kind in kinds
-}
+REDUCE_KERNELS = _kernels(
+    "reduce", [(kind, element) for element, kinds in FORWARD_KINDS.items() for kind in kinds],
+    _make_reduce, _reduce_signature)
 
 #: Kernel kind that computes each gradient kind.
 GRAD_KERNEL_KIND = {ReduceKind.SUM: ReduceKind.MEAN, ReduceKind.MIN: ReduceKind.MAX}
 
 #: (kind, element) -> gradient kernel (float element kinds).
-REDUCE_BACKWARD_KERNELS: dict[tuple[ReduceKind, ElementKind], Kernel] = {
-    (kind, element): Kernel(f"reduce_backward[{_kind_name(kind)},{element.name.lower()}]",
-                            _make_backward(kind, element), _backward_signature(element))
-    for element in FLOAT_ELEMENTS for kind in GRAD_OPS
-}
+REDUCE_BACKWARD_KERNELS = _kernels(
+    "reduce_backward", [(kind, element) for element in FLOAT_ELEMENTS for kind in GRAD_OPS],
+    _make_backward, lambda kind, element: _backward_signature(element))
 
 #: element -> the exact Prod gradient of the lines whose product is 0 (one kernel for every
 #: layout: strided line addressing; launched after the ``dy * y / x`` pass).
-REDUCE_BACKWARD_PROD_ZEROS_KERNELS: dict[ElementKind, Kernel] = {
-    element: Kernel(f"reduce_backward_prod_zeros[{element.name.lower()}]",
-                    _make_prod_zero_fixup(element),
-                    (flat(ELEMENTS[element].storage),) * 4
-                    + (int64, int64, int64, int64, _TUPLE8, _TUPLE8, _TUPLE8, _TUPLE8, _TUPLE8))
-    for element in FLOAT_ELEMENTS
-}
+REDUCE_BACKWARD_PROD_ZEROS_KERNELS = LazyTable(
+    FLOAT_ELEMENTS,
+    lambda element: Kernel(f"reduce_backward_prod_zeros[{element.name.lower()}]",
+                           _make_prod_zero_fixup(element),
+                           (flat(ELEMENTS[element].storage),) * 4
+                           + (int64, int64, int64, int64, _TUPLE8, _TUPLE8, _TUPLE8, _TUPLE8,
+                              _TUPLE8)))
 
 
 def _vec_reduce_signature(kind: Any, element: ElementKind) -> tuple[types.Type,...]:
@@ -131,34 +143,22 @@ VEC_FORWARD_KINDS = {element: tuple(k for k in FORWARD_KINDS[element] if k is no
 
 #: (kind, element) -> contiguous-row forward kernel with word loads (the float kinds of
 #: the VECTOR elements).
-REDUCE_ROWS_VEC_KERNELS: dict[tuple[Any, ElementKind], Kernel] = {
-    (kind, element): Kernel(f"reduce_rows_vec[{_kind_name(kind)},{element.name.lower()}]",
-                            _make_reduce_rows_vec(kind, element),
-                            _vec_reduce_signature(kind, element),
-                            max_registers=VEC_MAX_REGISTERS)
-    for element in VECTOR for kind in VEC_FORWARD_KINDS[element]
-}
+_VEC_FORWARD_KEYS = [(kind, element) for element in VECTOR for kind in VEC_FORWARD_KINDS[element]]
+REDUCE_ROWS_VEC_KERNELS = _kernels("reduce_rows_vec", _VEC_FORWARD_KEYS, _make_reduce_rows_vec,
+                                   _vec_reduce_signature, lambda kind: VEC_MAX_REGISTERS)
 
 #: (kind, element) -> the same kernel whose short-row path parks each thread's next row
 #: (``park``; LONG_SHORT_KINDS, which the plans give it for rows of at least
 #: PARK_MIN_LANES lanes). A kernel of its own: with both short-row paths in one kernel,
 #: ptxas spilled more and 4-lane rows were slower (docs/design/reduce.md).
-REDUCE_ROWS_PARK_KERNELS: dict[tuple[Any, ElementKind], Kernel] = {
-    (kind, element): Kernel(f"reduce_rows_park[{_kind_name(kind)},{element.name.lower()}]",
-                            _make_reduce_rows_vec(kind, element, park=True),
-                            _vec_reduce_signature(kind, element),
-                            max_registers=VEC_MAX_REGISTERS)
-    for element in VECTOR for kind in LONG_SHORT_KINDS
-}
+REDUCE_ROWS_PARK_KERNELS = _kernels(
+    "reduce_rows_park", [(kind, element) for element in VECTOR for kind in LONG_SHORT_KINDS],
+    lambda kind, element: _make_reduce_rows_vec(kind, element, park=True),
+    _vec_reduce_signature, lambda kind: VEC_MAX_REGISTERS)
 
 #: (kind, element) -> column-layout forward kernel with word loads.
-REDUCE_COLS_VEC_KERNELS: dict[tuple[Any, ElementKind], Kernel] = {
-    (kind, element): Kernel(f"reduce_cols_vec[{_kind_name(kind)},{element.name.lower()}]",
-                            _make_reduce_cols_vec(kind, element),
-                            _vec_cols_signature(kind, element),
-                            max_registers=VEC_MAX_REGISTERS)
-    for element in VECTOR for kind in VEC_FORWARD_KINDS[element]
-}
+REDUCE_COLS_VEC_KERNELS = _kernels("reduce_cols_vec", _VEC_FORWARD_KEYS, _make_reduce_cols_vec,
+                                   _vec_cols_signature, lambda kind: VEC_MAX_REGISTERS)
 
 #: Register caps of the contiguous-row gradient kernels, per kind (the others uncapped).
 #: Prod / Norm2 / LogSumExp use 77-80 registers uncapped (3 resident 256-thread blocks per
@@ -168,49 +168,40 @@ GRAD_ROWS_MAX_REGISTERS = {ReduceKind.PROD: 64, ReduceKind.NORM2: 64,
                            ReduceKind.LOG_SUM_EXP: 64, ReduceKind.MAX: 128}
 
 #: (kind, element) -> contiguous-row gradient kernel with word loads and stores.
-REDUCE_BACKWARD_ROWS_VEC_KERNELS: dict[tuple[ReduceKind, ElementKind], Kernel] = {
-    (kind, element): Kernel(
-        f"reduce_backward_rows_vec[{_kind_name(kind)},{element.name.lower()}]",
-        _make_backward_rows_vec(kind, element), _vec_backward_rows_signature(element),
-        max_registers=GRAD_ROWS_MAX_REGISTERS.get(kind))
-    for element in VECTOR for kind in GRAD_OPS
-}
+_VEC_GRAD_KEYS = [(kind, element) for element in VECTOR for kind in GRAD_OPS]
+REDUCE_BACKWARD_ROWS_VEC_KERNELS = _kernels(
+    "reduce_backward_rows_vec", _VEC_GRAD_KEYS, _make_backward_rows_vec,
+    lambda kind, element: _vec_backward_rows_signature(element), GRAD_ROWS_MAX_REGISTERS.get)
 
 #: (kind, element) -> column-layout gradient kernel with word loads and stores (Max/Min:
 #: modes 0 and 2).
-REDUCE_BACKWARD_COLS_VEC_KERNELS: dict[tuple[ReduceKind, ElementKind], Kernel] = {
-    (kind, element): Kernel(
-        f"reduce_backward_cols_vec[{_kind_name(kind)},{element.name.lower()}]",
-        _make_backward_cols_vec(kind, element), _vec_backward_cols_signature(element))
-    for element in VECTOR for kind in GRAD_OPS
-}
+REDUCE_BACKWARD_COLS_VEC_KERNELS = _kernels(
+    "reduce_backward_cols_vec", _VEC_GRAD_KEYS, _make_backward_cols_vec,
+    lambda kind, element: _vec_backward_cols_signature(element))
 
 #: (kind, element) -> the gradient without a statistic of a contiguous dx in dx's memory
 #: order (rows and columns; Sum / Mean: a broadcast of dy). Mean's is held at 32 registers
 #: (ptxas alone: f16 / bf16 34 uncapped, 32 capped without spilling; f32 30): 2048
 #: resident threads per SM.
 BROADCAST_MAX_REGISTERS = {ReduceKind.MEAN: 32}
-REDUCE_BACKWARD_BROADCAST_KERNELS: dict[tuple[ReduceKind, ElementKind], Kernel] = {
-    (kind, element): Kernel(
-        f"reduce_backward_broadcast[{_kind_name(kind)},{element.name.lower()}]",
-        _make_backward_broadcast(kind, element),
-        (flat(ELEMENTS[element].storage), flat(ELEMENTS[element].storage), flat(uint32),
-         flat(uint32), int64, int64, float64, int64, int64, int64, float64),
-        max_registers=BROADCAST_MAX_REGISTERS.get(kind))
-    for element in VECTOR for kind, ops in GRAD_OPS.items() if ops.stat is None
-}
+REDUCE_BACKWARD_BROADCAST_KERNELS = _kernels(
+    "reduce_backward_broadcast",
+    [(kind, element) for element in VECTOR for kind, ops in GRAD_OPS.items() if ops.stat is None],
+    _make_backward_broadcast,
+    lambda kind, element: (flat(ELEMENTS[element].storage), flat(ELEMENTS[element].storage),
+                           flat(uint32), flat(uint32), int64, int64, float64, int64, int64,
+                           int64, float64),
+    BROADCAST_MAX_REGISTERS.get)
 
 #: (kind, element) -> the rewrite pass (mode 3) of the column tie count after dx, Max/Min.
 #: Held at 128 registers (f16/bf16 take 154 uncapped in ``ptxas``, with its 8 masks in
 #: flight.
 #: (Measurements: docs/design/reduce.md, "Measured constants".)
-REDUCE_BACKWARD_COLS_REWRITE_KERNELS: dict[tuple[ReduceKind, ElementKind], Kernel] = {
-    (kind, element): Kernel(
-        f"reduce_backward_cols_rewrite[{_kind_name(kind)},{element.name.lower()}]",
-        _make_backward_cols_vec(kind, element, rewrite_pass=True),
-        _vec_backward_cols_signature(element), max_registers=128)
-    for element in VECTOR for kind in GRAD_OPS if GRAD_OPS[kind].stat == "ties"
-}
+REDUCE_BACKWARD_COLS_REWRITE_KERNELS = _kernels(
+    "reduce_backward_cols_rewrite",
+    [(kind, element) for element in VECTOR for kind in GRAD_OPS if GRAD_OPS[kind].stat == "ties"],
+    lambda kind, element: _make_backward_cols_vec(kind, element, rewrite_pass=True),
+    lambda kind, element: _vec_backward_cols_signature(element), lambda kind: 128)
 
 
 def _reg_backward_signature(element: ElementKind) -> tuple[types.Type,...]:
@@ -228,12 +219,10 @@ STREAM_GRAD_KINDS = tuple(kind for kind, ops in GRAD_OPS.items()
 
 #: (kind, element) -> register-resident gradient of word-aligned rows that fit in the
 #: registers of one block (x read once).
-REDUCE_BACKWARD_ROWS_REG_KERNELS: dict[tuple[ReduceKind, ElementKind], Kernel] = {
-    (kind, element): Kernel(
-        f"reduce_backward_rows_reg[{_kind_name(kind)},{element.name.lower()}]",
-        _make_backward_rows_reg(kind, element), _reg_backward_signature(element))
-    for element in VECTOR for kind in STAT_GRAD_KINDS + STREAM_GRAD_KINDS
-}
+REDUCE_BACKWARD_ROWS_REG_KERNELS = _kernels(
+    "reduce_backward_rows_reg",
+    [(kind, element) for element in VECTOR for kind in STAT_GRAD_KINDS + STREAM_GRAD_KINDS],
+    _make_backward_rows_reg, lambda kind, element: _reg_backward_signature(element))
 def _hold_signature(element: ElementKind) -> tuple[types.Type,...]:
     spec = ELEMENTS[element]
     arr = flat(spec.storage)
@@ -246,26 +235,24 @@ def _hold_signature(element: ElementKind) -> tuple[types.Type,...]:
 #: word-aligned rows with x read once: each chunk (two of the plan's ``_sync_layout``
 #: parts) held in registers and, its second half, in shared memory (HOLD_STASH_BYTES a
 #: block) until its row's total is published.
-REDUCE_BACKWARD_ROWS_HOLD_STASH_KERNELS: dict[tuple[ReduceKind, ElementKind], Kernel] = {
-    (kind, element): Kernel(
-        f"reduce_backward_rows_hold_stash[{_kind_name(kind)},{element.name.lower()}]",
-        _make_backward_rows_hold(kind, element, HOLD_WORDS),
-        _hold_signature(element), max_registers=HOLD_MAX_REGISTERS)
-    for element in VECTOR for kind in (ReduceKind.VAR, ReduceKind.STD, ReduceKind.MAX)
-}
+REDUCE_BACKWARD_ROWS_HOLD_STASH_KERNELS = _kernels(
+    "reduce_backward_rows_hold_stash",
+    [(kind, element) for element in VECTOR
+     for kind in (ReduceKind.VAR, ReduceKind.STD, ReduceKind.MAX)],
+    lambda kind, element: _make_backward_rows_hold(kind, element, HOLD_WORDS),
+    lambda kind, element: _hold_signature(element), lambda kind: HOLD_MAX_REGISTERS)
 
 
 def _cols_reg_kernels(name: str, max_registers: int, stash: int = 0, wide_words: int = 0,
-                      held: int = REG_COL_WORDS) -> dict[tuple[ReduceKind, ElementKind], Kernel]:
+                      held: int = REG_COL_WORDS) -> LazyTable:
     """The column register-resident gradients of one table: ``wide_words`` > 0 for strips
     of up to that many words whose pairs may exceed 32 (each thread then adds its own
     pairs' warp partials), ``held`` rows a thread in registers."""
-    return {(kind, element): Kernel(f"{name}[{_kind_name(kind)},{element.name.lower()}]",
-                                    _make_backward_cols_reg(kind, element, stash, wide_words,
-                                                            held),
-                                    _reg_backward_signature(element),
-                                    max_registers=max_registers)
-            for element in VECTOR for kind in STAT_GRAD_KINDS}
+    return _kernels(name, [(kind, element) for element in VECTOR for kind in STAT_GRAD_KINDS],
+                    lambda kind, element: _make_backward_cols_reg(kind, element, stash,
+                                                                  wide_words, held),
+                    lambda kind, element: _reg_backward_signature(element),
+                    lambda kind: max_registers)
 
 
 #: (kind, element) -> the column register-resident gradient in 256-byte strips
