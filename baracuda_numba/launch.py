@@ -603,18 +603,25 @@ def source_digest(module: str) -> str:
 
 def _imported_kernel_sources(sources: set[pathlib.Path], root: pathlib.Path
                              ) -> set[pathlib.Path]:
-    """The ``kernels/*.py`` modules that ``sources`` import (``from .rope import ...``),
-    transitively: device code taken from another family's module is part of the kernel, so
-    a change there must invalidate this family's cubins too."""
+    """The kernel modules under ``root`` that ``sources`` import, transitively: a module
+    (``from .rope import ...`` in ``kernels/softmax.py``, ``from ..common import ...`` in
+    ``kernels/scan/fast.py``) or every file of a family subpackage (``from .rope import``
+    once ``kernels/rope/`` is a package). Device code taken from another family's module is
+    part of the kernel, so a change there must invalidate this family's cubins too."""
     found: set[pathlib.Path] = set()
     pending = [s for s in sources if s.exists()]
     while pending:
-        text = pending.pop().read_text()
-        for name in re.findall(r"^from \.(\w+) import", text, re.M):
-            path = root / f"{name}.py"
-            if path.exists() and path not in sources and path not in found:
-                found.add(path)
-                pending.append(path)
+        source = pending.pop()
+        for dots, name in re.findall(r"^from (\.+)(\w+) import", source.read_text(), re.M):
+            package = source.parents[len(dots) - 1]
+            target = package / name
+            paths = sorted(target.rglob("*.py")) if target.is_dir() else [
+                target.with_suffix(".py")]
+            for path in paths:
+                if (path.exists() and path.is_relative_to(root) and path not in sources
+                        and path not in found):
+                    found.add(path)
+                    pending.append(path)
     return found
 
 

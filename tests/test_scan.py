@@ -237,15 +237,13 @@ def misaligned(values: np.ndarray):
 def used_fast(plan) -> bool:
     """Whether the plan's layouts went to a fast kernel (rows_fast, cols_fast, the
     indexed rows kernel or the fused Cummax/Cummin backward)."""
-    return any(key[0] in ("fast", "indexed", "extremum_backward") and found[0]
-               for key, found in plan._bound.items())
+    return bool(plan.paths_taken & {"fast", "indexed", "extremum_backward"})
 
 
 def used_fused_backward(plan) -> bool:
     """Whether the fused Cummax/Cummin backward ran (rather than the record-flag
     pre-pass and the generic backward kernel)."""
-    return any(key[0] == "extremum_backward" and found[0]
-               for key, found in plan._bound.items())
+    return "extremum_backward" in plan.paths_taken
 
 
 def _no_workspace(workspace):
@@ -1004,7 +1002,7 @@ def test_torch_memo_matches_the_checked_path(kind, axis):
         forward.run(ScanArgs(x_copy, y, indices))
         backward.run(ScanBackwardArgs(dy_copy, dx, x_copy, y))
         results.append((y, dx, indices))
-    assert len(forward._memo._entries) == 1 and len(backward._memo._entries) == 1
+    assert forward.memoised_layouts == 1 and backward.memoised_layouts == 1
     for y, dx, indices in results[1:]:
         assert torch.equal(y, results[0][0]) and torch.equal(dx, results[0][1])
         if with_indices:
