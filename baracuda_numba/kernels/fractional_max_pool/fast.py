@@ -51,6 +51,18 @@ from .placement import PLACEMENT_BARACUDA, candidate_outputs, clamp_sample
 # immediates (about a third fewer instructions than the 64-bit walk).
 
 
+@cuda.jit(device=True, inline=True)
+def _next_depth(od, plane, d_out, new_plane):
+    """(od, plane) after the last output row of depth ``od``, and whether a new plane (its
+    samples) starts."""
+    od += 1
+    if od == d_out:
+        od = 0
+        plane += 1
+        new_plane = True
+    return od, plane, new_plane
+
+
 def magic_divisor(divisor: int) -> tuple[int, int]:
     """Host: ``(multiplier, shift)`` with ``(v * multiplier) >> shift == v // divisor`` for
     every ``0 <= v < 2^31`` (Granlund-Montgomery with N = 31: multiplier =
@@ -306,12 +318,8 @@ def _make_forward_fast(load, torch_start, window_max):
                     oh += 1
                     if oh == h_out:
                         oh = 0
-                        od += 1
                         new_depth = True
-                        if od == d_out:
-                            od = 0
-                            plane += 1
-                            new_plane = True
+                        od, plane, new_plane = _next_depth(od, plane, d_out, new_plane)
                 group += group_step
             ow += int64(cuda.gridDim.x) * cuda.blockDim.x
 
@@ -580,12 +588,8 @@ def _make_forward_rows(load, torch_start, storage, window):
                     oh += 1
                     if oh == h_out:
                         oh = 0
-                        od += 1
                         new_depth = True
-                        if od == d_out:
-                            od = 0
-                            plane += 1
-                            new_plane = True
+                        od, plane, new_plane = _next_depth(od, plane, d_out, new_plane)
                 group += group_step
             ow += int64(cuda.gridDim.x) * cuda.blockDim.x
 

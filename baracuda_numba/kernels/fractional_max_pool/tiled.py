@@ -275,6 +275,53 @@ def _make_backward_tiled(load, store, zero, storage, tile_cap, stage_cap, fused)
     return fractional_max_pool_bw_tiled
 
 
+def _listed_steps(load, store):
+    """Phases 2 and 3 of ``_make_backward_listed``: ``sum_listed`` sums, for each listed
+    element, its chosen dy in ascending output order (f32, from +0.0) and keeps the sum's
+    bits in its mask slot; ``write_tile`` writes the tile's slots to dx, whole rows,
+    coalesced (an unchosen element's slot is 0 = +0.0)."""
+
+    @cuda.jit(device=True, inline=True)
+    def sum_listed(words, stage, listed_count, list_at, stage_from, deltas, d_table, h_table,
+                   w_table, od_lo, oh_lo, staged_h, depth_elems, w_in32, w_out32, tid,
+                   threads):
+        listed = listed_count[0]
+        k = tid
+        while k < listed:
+            packed = words[uint32(list_at + k)]
+            dl = uint32(packed >> uint32(18))
+            hl = uint32((packed >> uint32(10)) & uint32(0xFF))
+            w = uint32(packed & uint32(0x3FF))
+            slot = uint32(dl * depth_elems + hl * w_in32 + w)
+            chosen = words[slot]
+            base = uint32(stage_from + uint32(
+                uint32(uint32((d_table[dl] & _FIRST_MASK) - od_lo) * staged_h
+                       + (h_table[hl] & _FIRST_MASK) - oh_lo) * w_out32
+                + (w_table[w] & _FIRST_MASK)))
+            total = float32(0.0)
+            while chosen != 0:
+                bit, chosen = _pop_lowest_bit(chosen)
+                total += load(stage[uint32(base + deltas[bit])])
+            words[slot] = bitcast(total, uint32)
+            k = uint32(k + threads)
+
+    @cuda.jit(device=True, inline=True)
+    def write_tile(dx, words, tile_origin, tile_rows, tile_depths, depth_elems, hw_in, w_in32,
+                   tid, threads):
+        run = uint32(tile_rows * w_in32)  # valid elements per tile depth
+        dl = uint32(0)
+        while dl < tile_depths:
+            dst = uint32(tile_origin + dl * hw_in)
+            from_at = uint32(dl * depth_elems)
+            j = tid
+            while j < run:
+                dx[uint32(dst + j)] = store(bitcast(words[uint32(from_at + j)], float32))
+                j = uint32(j + threads)
+            dl = uint32(dl + 1)
+
+    return sum_listed, write_tile
+
+
 def _make_backward_listed(load, store, storage, loads):
     """Tiled backward with a list of chosen elements (f16/bf16/f32: f32 sums), tiles in
     dynamic shared memory (sized by the plan, above 48 KiB where it helps).
@@ -298,6 +345,7 @@ def _make_backward_listed(load, store, storage, loads):
     Dynamic shared memory (``words`` = u32 view, ``stage`` = storage view of the same
     bytes): masks at [0, tile slots), list at [list_at, list_at + staged cap),
     staged dy from ``stage_from`` (storage units)."""
+    sum_listed, write_tile = _listed_steps(load, store)
 
     def fractional_max_pool_bw_listed(dy, indices, dx, dims, windows, multipliers, shifts,
                                       tiles):
@@ -396,37 +444,13 @@ def _make_backward_listed(load, store, storage, loads):
             cuda.syncthreads()
             # 2. each listed element: sum its chosen dy in ascending output order, keep
             #    the f32 sum's bits in its mask slot
-            listed = listed_count[0]
-            k = tid
-            while k < listed:
-                packed = words[uint32(list_at + k)]
-                dl = uint32(packed >> uint32(18))
-                hl = uint32((packed >> uint32(10)) & uint32(0xFF))
-                w = uint32(packed & uint32(0x3FF))
-                slot = uint32(dl * depth_elems + hl * w_in32 + w)
-                chosen = words[slot]
-                base = uint32(stage_from + uint32(
-                    uint32(uint32((d_table[dl] & _FIRST_MASK) - od_lo) * staged_h
-                           + (h_table[hl] & _FIRST_MASK) - oh_lo) * w_out32
-                    + (w_table[w] & _FIRST_MASK)))
-                total = float32(0.0)
-                while chosen != 0:
-                    bit, chosen = _pop_lowest_bit(chosen)
-                    total += load(stage[uint32(base + deltas[bit])])
-                words[slot] = bitcast(total, uint32)
-                k = uint32(k + threads)
+            sum_listed(words, stage, listed_count, list_at, stage_from, deltas, d_table, h_table,
+                       w_table, od_lo, oh_lo, staged_h, depth_elems, w_in32, w_out32, tid,
+                       threads)
             cuda.syncthreads()
             # 3. write the tile: whole rows, coalesced
-            run = uint32(tile_rows * w_in32)  # valid elements per tile depth
-            dl = uint32(0)
-            while dl < tile_depths:
-                dst = uint32(tile_origin + dl * hw_in)
-                from_at = uint32(dl * depth_elems)
-                j = tid
-                while j < run:
-                    dx[uint32(dst + j)] = store(bitcast(words[uint32(from_at + j)], float32))
-                    j = uint32(j + threads)
-                dl = uint32(dl + 1)
+            write_tile(dx, words, tile_origin, tile_rows, tile_depths, depth_elems, hw_in, w_in32,
+                       tid, threads)
             cuda.syncthreads()
             tile += cuda.gridDim.x
 

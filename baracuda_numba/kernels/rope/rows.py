@@ -72,21 +72,11 @@ ROPE_SOURCES = ("pos_wide", "pos_plus_s", "cu_count", "cu_wide", "angle_source",
                 "xk_s", "yk_b", "yk_h", "yk_s")
 
 
-def _make_rope_kernel(layout: str, storage, unpack, pack, to_compute, from_compute, sincos,
-                      batch: int):
-    """Kernel body for one ``ROPE_LAYOUTS`` entry.
-
-    ``pairs``: arrays of elements; ``to_compute``/``from_compute`` convert one element.
-    Unit layouts: arrays of 2- or 4-element units; ``unpack``/``pack`` convert one unit.
-    ``storage`` is the array's Numba type (registers hold a batch of heads in it).
-    """
-    width, pairs_per_item = ROPE_LAYOUTS[layout]
-    compute_type = float64 if sincos is rope_sincos64 else float32
-    two_units = layout.startswith("half_split")  # an item reads a unit from each half
-    copy_step = 2 if width == 1 else 1  # a copied item is 2 elements or 1 unit
-
-    # load(array, offset, partner, first, second, k): the item's unit(s) -> slot k
-    # rotate_store(array, offset, partner, first, second, sins, coss)
+def _rotate_store(layout: str, unpack, pack, to_compute, from_compute):
+    """``rotate_store(array, offset, partner, first, second, sins, coss)`` of one
+    ``ROPE_LAYOUTS`` entry: rotate the item's element pair(s) or unit(s) held in
+    ``first`` / ``second`` and store them at ``offset`` (and ``offset + partner``)."""
+    width, _ = ROPE_LAYOUTS[layout]
     # Indices are cast to uint64: Numba then skips the negative-index wrap-around code.
     if width == 1:
 
@@ -137,7 +127,17 @@ def _make_rope_kernel(layout: str, storage, unpack, pack, to_compute, from_compu
             array[uint64(offset)] = pack(ya0, ya1, ya2, ya3)
             array[uint64(offset + partner)] = pack(yb0, yb1, yb2, yb3)
 
+    return rotate_store
+
+
+def _head_batches(layout: str, storage, batch: int, rotate_store):
+    """``rotate_heads`` / ``copy_heads`` of one ``ROPE_LAYOUTS`` entry: ``batch`` heads' items
+    loaded (into registers of the ``storage`` type), then rotated and stored (or copied)."""
+    width, _ = ROPE_LAYOUTS[layout]
+    two_units = layout.startswith("half_split")  # an item reads a unit from each half
     second_member = width == 1 or two_units  # does an item read a second element/unit?
+
+    # load(array, offset, partner, first, second, k): the item's unit(s) -> slot k
 
     @cuda.jit(device=True, inline=True)
     def load(array, offset, partner, first, second, k):
@@ -189,6 +189,24 @@ def _make_rope_kernel(layout: str, storage, unpack, pack, to_compute, from_compu
             for k in range(batch):
                 copy_store(y, y_offset + min(h + k, last) * y_head, first[k], second[k])
             h += batch
+
+    return rotate_heads, copy_heads
+
+
+def _make_rope_kernel(layout: str, storage, unpack, pack, to_compute, from_compute, sincos,
+                      batch: int):
+    """Kernel body for one ``ROPE_LAYOUTS`` entry.
+
+    ``pairs``: arrays of elements; ``to_compute``/``from_compute`` convert one element.
+    Unit layouts: arrays of 2- or 4-element units; ``unpack``/``pack`` convert one unit.
+    ``storage`` is the array's Numba type (registers hold a batch of heads in it).
+    """
+    width, pairs_per_item = ROPE_LAYOUTS[layout]
+    compute_type = float64 if sincos is rope_sincos64 else float32
+    copy_step = 2 if width == 1 else 1  # a copied item is 2 elements or 1 unit
+
+    rotate_store = _rotate_store(layout, unpack, pack, to_compute, from_compute)
+    rotate_heads, copy_heads = _head_batches(layout, storage, batch, rotate_store)
 
     def rope_rows(x, y, positions, cu_seqlens, inv_freq, cos_table, sin_table, dest, x_k,
                   y_k, params, sources, freq_exponent):

@@ -37,6 +37,54 @@ def _line_offsets(line, outer_shape, st0, st1, st2, st_out, st_idx):
     return o0, o1, o2, oo, oi
 
 
+def _rows_tiles(op: ScanOp):
+    """``load_tile`` / ``store_tile`` of the rows kernel: the block's tile of each input
+    (and the one-element halo of the third) from global memory into shared memory,
+    coalesced, widened; the outputs (and indices) of the tile back, narrowed."""
+    items = op.items
+    pad, idx_pad = op.pad, op.idx_pad
+    n_in = op.n_in
+    halo = op.halo
+    with_index = op.with_index
+    widen, narrow = op.widen, op.narrow
+
+    @cuda.jit(device=True, inline=True)
+    def load_tile(in0, in1, in2, t0, t1, t2, b0, b1, b2, ax0, ax1, ax2, base, s_end, extent,
+                  tile, tid, nthreads, reverse):
+        for m in range(items):
+            j = tid + m * nthreads
+            s = base + j
+            if s < extent:
+                pos = extent - 1 - s if reverse else s
+                slot = j + j // pad
+                if s < s_end:
+                    t0[slot] = widen(in0[b0 + pos * ax0])
+                    if n_in >= 2:
+                        t1[slot] = widen(in1[b1 + pos * ax1])
+                if n_in >= 3:
+                    t2[slot] = widen(in2[b2 + pos * ax2])
+        if halo and tid == 0:
+            s = base + tile
+            if s < extent:
+                pos = extent - 1 - s if reverse else s
+                t2[tile + tile // pad] = widen(in2[b2 + pos * ax2])
+
+    @cuda.jit(device=True, inline=True)
+    def store_tile(out0, out_idx, t0, tix, bo, bi, ax_out, ax_idx, base, s_end, extent, tid,
+                   nthreads, reverse, write_index):
+        for m in range(items):
+            j = tid + m * nthreads
+            s = base + j
+            if s < s_end:
+                pos = extent - 1 - s if reverse else s
+                out0[bo + pos * ax_out] = narrow(t0[j + j // pad])
+                if with_index:
+                    if write_index:
+                        out_idx[bi + pos * ax_idx] = tix[j + j // idx_pad]
+
+    return load_tile, store_tile
+
+
 def _make_rows(op: ScanOp):
     """The rows kernel for ``op`` (see the module docstring)."""
     acc, aux = op.acc, op.aux
@@ -53,7 +101,7 @@ def _make_rows(op: ScanOp):
     warps_max = ROWS_BLOCK // 32
     zero = _constants(acc)[0]
     identity, lift, combine, emit = op.identity, op.lift, op.combine, op.emit
-    widen, narrow = op.widen, op.narrow
+    load_tile, store_tile = _rows_tiles(op)
 
     def scan_rows(in0, in1, in2, out0, out_idx, ws_a, ws_b, lines, extent, seg_len, nseg,
                   phase, outer_shape, st0, st1, st2, st_out, st_idx, ax0, ax1, ax2, ax_out,
@@ -85,23 +133,8 @@ def _make_rows(op: ScanOp):
                     carry = combine(carry, stored, code)
             base = s_begin
             while base < s_end:
-                for m in range(items):
-                    j = tid + m * nthreads
-                    s = base + j
-                    if s < extent:
-                        pos = extent - 1 - s if reverse else s
-                        slot = j + j // pad
-                        if s < s_end:
-                            t0[slot] = widen(in0[b0 + pos * ax0])
-                            if n_in >= 2:
-                                t1[slot] = widen(in1[b1 + pos * ax1])
-                        if n_in >= 3:
-                            t2[slot] = widen(in2[b2 + pos * ax2])
-                if halo and tid == 0:
-                    s = base + tile
-                    if s < extent:
-                        pos = extent - 1 - s if reverse else s
-                        t2[tile + tile // pad] = widen(in2[b2 + pos * ax2])
+                load_tile(in0, in1, in2, t0, t1, t2, b0, b1, b2, ax0, ax1, ax2, base, s_end,
+                          extent, tile, tid, nthreads, reverse)
                 cuda.syncthreads()
                 first = tid * items
                 agg = identity(code)
@@ -162,15 +195,8 @@ def _make_rows(op: ScanOp):
                                 tix[j + j // idx_pad] = index
                             run = inc
                     cuda.syncthreads()
-                    for m in range(items):
-                        j = tid + m * nthreads
-                        s = base + j
-                        if s < s_end:
-                            pos = extent - 1 - s if reverse else s
-                            out0[bo + pos * ax_out] = narrow(t0[j + j // pad])
-                            if with_index:
-                                if write_index:
-                                    out_idx[bi + pos * ax_idx] = tix[j + j // idx_pad]
+                    store_tile(out0, out_idx, t0, tix, bo, bi, ax_out, ax_idx, base, s_end,
+                               extent, tid, nthreads, reverse, write_index)
                 carry = total
                 cuda.syncthreads()
                 base += tile
