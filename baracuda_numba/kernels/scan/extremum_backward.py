@@ -382,8 +382,10 @@ def _cols_extremum_tiles(fmt: FastFormat, rows: int):
 
 
 def _cols_extremum_chunks(fmt: FastFormat, rows: int):
-    """The per-chunk steps of ``_make_cols_extremum_backward``: ``sum_chunk`` flags this
-    thread's records (from ``prefix``, the running winner before its chunk) and turns
+    """The per-chunk steps of ``_make_cols_extremum_backward``: ``winner_before`` publishes
+    this thread's x aggregate (slot ``parity`` of ``part_x``), sets ``prefix`` to the
+    running winner before its chunk and advances ``carry`` past the tile; ``sum_chunk``
+    flags this thread's records (from ``prefix``) and turns
     ``gv`` into the chunk's reversed segmented sum (0 entering the chunk's end), leaving
     per column the sum leaving its start in ``q`` and its last record's row and sum in
     ``last_r`` / ``last_v``; ``join_chunks`` walks the chunks' published (sum, last row,
@@ -394,6 +396,28 @@ def _cols_extremum_chunks(fmt: FastFormat, rows: int):
     zero, one, _, _ = _constants(acc)
     combine = fmt.combine
     beats, _ = _extremum_backward_ops(acc)
+
+    @cuda.jit(device=True, inline=True)
+    def winner_before(part_x, xv, prefix, carry, parity, chunk, chunks, width, lane, code):
+        for j in range(per_word):
+            prefix[j] = xv[j]
+        for r in range(1, rows):
+            for j in range(per_word):
+                prefix[j] = combine(prefix[j], xv[r * per_word + j], code)
+        slot = (parity * chunks + chunk) * width + lane
+        for j in range(per_word):
+            part_x[slot + j * 32] = prefix[j]
+        cuda.syncthreads()
+        for j in range(per_word):
+            prefix[j] = carry[j]
+        for c in range(chunk):
+            at = (parity * chunks + c) * width + lane
+            for j in range(per_word):
+                prefix[j] = combine(prefix[j], part_x[at + j * 32], code)
+        for c in range(chunks):
+            at = (parity * chunks + c) * width + lane
+            for j in range(per_word):
+                carry[j] = combine(carry[j], part_x[at + j * 32], code)
 
     @cuda.jit(device=True, inline=True)
     def sum_chunk(xv, gv, prefix, q, last_r, last_v, r0, s_end, ncols, chunk, code):
@@ -449,7 +473,7 @@ def _cols_extremum_chunks(fmt: FastFormat, rows: int):
                     q[j] = part_b[at + j * 32]
                 else:
                     q[j] = acc(q[j] + part_b[at + j * 32])
-    return sum_chunk, join_chunks
+    return winner_before, sum_chunk, join_chunks
 
 
 def _make_cols_extremum_backward(fmt: FastFormat, rows: int, chunks_max: int):
@@ -464,7 +488,7 @@ def _make_cols_extremum_backward(fmt: FastFormat, rows: int, chunks_max: int):
     zero, _, _, _ = _constants(acc)
     identity, combine, narrow = fmt.identity, fmt.combine, fmt.narrow
     load_tile, store_tile = _cols_extremum_tiles(fmt, rows)
-    sum_chunk, join_chunks = _cols_extremum_chunks(fmt, rows)
+    winner_before, sum_chunk, join_chunks = _cols_extremum_chunks(fmt, rows)
     part_slots = chunks_max * width
     part_x_slots = 2 * part_slots
     values = rows * per_word
@@ -515,25 +539,8 @@ def _make_cols_extremum_backward(fmt: FastFormat, rows: int, chunks_max: int):
                 load_tile(x, xw, dy, dyw, xv, gv, r0, s_end, xb, gb, ncols, wide, extent,
                           x_step, dy_step, phase, reverse, code)
                 # chunk x aggregates -> the running winner before each chunk
-                for j in range(per_word):
-                    prefix[j] = xv[j]
-                for r in range(1, rows):
-                    for j in range(per_word):
-                        prefix[j] = combine(prefix[j], xv[r * per_word + j], code)
-                slot = (parity * chunks + chunk) * width + lane
-                for j in range(per_word):
-                    part_x[slot + j * 32] = prefix[j]
-                cuda.syncthreads()
-                for j in range(per_word):
-                    prefix[j] = carry[j]
-                for c in range(chunk):
-                    at = (parity * chunks + c) * width + lane
-                    for j in range(per_word):
-                        prefix[j] = combine(prefix[j], part_x[at + j * 32], code)
-                for c in range(chunks):
-                    at = (parity * chunks + c) * width + lane
-                    for j in range(per_word):
-                        carry[j] = combine(carry[j], part_x[at + j * 32], code)
+                winner_before(part_x, xv, prefix, carry, parity, chunk, chunks, width, lane,
+                              code)
                 parity = 1 - parity
                 if phase != 1:
                     # record flags, then the chunk's reversed segmented sum (0 entering
