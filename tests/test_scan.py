@@ -426,6 +426,30 @@ def test_fast_kernels_odd_unaligned_split(element, rng):
         assert not used_fast(plan)
 
 
+def test_use_kernels_runs_a_variant_and_forgets_the_bound_launches(rng):
+    """``use_kernels`` (benchmark sweeps): an unregistered fast-kernel variant and a
+    geometry override run and give the table kernels' bits; unknown geometry fields and
+    every bound launch are dropped."""
+    from baracuda_numba.kernels.scan import FastKernels
+
+    element = ElementKind.F32
+    x = inputs((4, 70), element, rng)
+    plan = ScanPlan.select(ScanDescriptor(ScanKind.CUMSUM, x.shape, 1, element=element),
+                           PlanPreference(max_workspace_bytes=0))
+    expected = device(poisoned(x.shape, element))
+    plan.run(ScanArgs(device(x), expected))
+    assert plan.paths_taken == {"fast"}
+    plan.use_kernels(fast=FastKernels(element, "sum", words=1, register=False),
+                     fast_rows_nseg=1)
+    assert plan.paths_taken == frozenset()
+    y = device(poisoned(x.shape, element))
+    plan.run(ScanArgs(device(x), y))
+    assert plan.paths_taken == {"fast"}
+    np.testing.assert_array_equal(host(y), host(expected))
+    with pytest.raises(AttributeError, match="no_such_field"):
+        plan.use_kernels(no_such_field=1)
+
+
 @pytest.mark.parametrize("element", (ElementKind.BF16, ElementKind.F16), ids=lambda e: e.name)
 def test_fast_cols_2byte_special_values(element, rng):
     # the packed cols body of 2-byte elements (words kept packed, rescanned, converted in
