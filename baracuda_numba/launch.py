@@ -656,18 +656,20 @@ def source_digest(module: str) -> str:
 
 def _imported_kernel_sources(sources: set[pathlib.Path], root: pathlib.Path
                              ) -> set[pathlib.Path]:
-    """The kernel modules under ``root`` that ``sources`` import (``from .rope import ...``;
-    ``from ..common import ...`` in a family subpackage; every file of an imported
-    subpackage), transitively: device code taken from another family's module is part of
-    the kernel, so a change there must invalidate this family's cubins too."""
+    """The kernel modules under ``root`` that ``sources`` import, transitively: a module
+    (``from .rope import ...`` in ``kernels/softmax.py``, ``from ..common import ...`` in
+    ``kernels/scan/fast.py``) or every file of a family subpackage (``from .rope import``
+    once ``kernels/rope/`` is a package). Device code taken from another family's module is
+    part of the kernel, so a change there must invalidate this family's cubins too."""
     found: set[pathlib.Path] = set()
     pending = [s for s in sources if s.exists()]
     while pending:
         source = pending.pop()
         for dots, name in re.findall(r"^from (\.+)(\w+) import", source.read_text(), re.M):
-            base = source.parents[len(dots) - 1]
-            package = base / name
-            paths = sorted(package.rglob("*.py")) if package.is_dir() else [base / f"{name}.py"]
+            package = source.parents[len(dots) - 1]
+            target = package / name
+            paths = sorted(target.rglob("*.py")) if target.is_dir() else [
+                target.with_suffix(".py")]
             for path in paths:
                 if (path.exists() and path.is_relative_to(root) and path not in sources
                         and path not in found):

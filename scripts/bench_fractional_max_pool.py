@@ -32,12 +32,28 @@ def _plan(shape_in, windows, shape_out, element, placement):
     if len(shape_in) == 4:
         desc = fmp.FractionalMaxPool2dDescriptor.new(batch, channels, *shape_in[2:], *windows,
                                                      *shape_out, element)
-        return (fmp.FractionalMaxPool2dPlan.select(desc.with_placement(placement)),
+        made = (fmp.FractionalMaxPool2dPlan.select(desc.with_placement(placement)),
                 fmp.FractionalMaxPool2dFwArgs, fmp.FractionalMaxPool2dBwArgs)
-    desc = fmp.FractionalMaxPool3dDescriptor.new(batch, channels, *shape_in[2:], *windows,
-                                                 *shape_out, element)
-    return (fmp.FractionalMaxPool3dPlan.select(desc.with_placement(placement)),
-            fmp.FractionalMaxPool3dFwArgs, fmp.FractionalMaxPool3dBwArgs)
+    else:
+        desc = fmp.FractionalMaxPool3dDescriptor.new(batch, channels, *shape_in[2:], *windows,
+                                                     *shape_out, element)
+        made = (fmp.FractionalMaxPool3dPlan.select(desc.with_placement(placement)),
+                fmp.FractionalMaxPool3dFwArgs, fmp.FractionalMaxPool3dBwArgs)
+    _env_defaults(made[0], len(shape_in) - 2)
+    return made
+
+
+def _env_defaults(plan, rank):
+    """Tuning runs: FMP_FUSED_SUMS="2:0,3:1" sets the plan's phase 2 per rank, FMP_ROW_WALK
+    its forward walk for the FAST_WINDOWS ("rows" or "rows32"), through the plan's tuning
+    attributes (the committed defaults live in plans/fractional_max_pool.py)."""
+    for item in filter(None, os.environ.get("FMP_FUSED_SUMS", "").split(",")):
+        item_rank, fused = item.split(":")
+        if int(item_rank) == rank:
+            plan.fused_sums = fused == "1"
+    walk = os.environ.get("FMP_ROW_WALK")
+    if walk and plan.forward_walk in ("rows", "rows32"):
+        plan.forward_walk = walk
 
 
 def _bench_one(ctx, label, shape_in, windows, shape_out, dtype_name, tune,
@@ -109,12 +125,12 @@ def _bench_one(ctx, label, shape_in, windows, shape_out, dtype_name, tune,
     ctx.row(f"{label} bw TORCH placement", dtype_name, us, bw_bytes, torch_bw_us,
             "matches torch" if close else "MISMATCH vs torch")
 
-    if tune_bw_only and plan._tile_shape() is not None:
+    if tune_bw_only and plan.tile_shape() is not None:
         _tune_tiled_backward(ctx, plan, bw, sets, label, dtype_name, bw_bytes, torch_bw_us)
     if tune:  # variants of the same computation, for the notes
         default_walk = plan.forward_walk
         for walk in ("rows", "rows32", "unrolled", "looped"):
-            if walk == default_walk or walk not in plan._fw_fast_kernels:
+            if walk == default_walk or walk not in plan.forward_walks:
                 continue
             plan.forward_walk = walk
             us = ctx.time_gpu(lambda i: plan.run_fw(fw[i]), sets)
@@ -127,7 +143,7 @@ def _bench_one(ctx, label, shape_in, windows, shape_out, dtype_name, tune,
             ctx.row(f"{label} fw {default_walk} {rows} rows/thread", dtype_name, us, fw_bytes,
                     torch_fw_us, "tuning", tuning=True)
         plan.rows_per_thread = None
-        if plan._tile_shape() is not None:
+        if plan.tile_shape() is not None:
             _tune_tiled_backward(ctx, plan, bw, sets, label, dtype_name, bw_bytes,
                                  torch_bw_us)
             plan.tiled_backward = False
@@ -160,7 +176,7 @@ def _tune_tiled_backward(ctx, plan, bw, sets, label, dtype_name, bw_bytes, torch
     bits = torch.int16 if bw[0].dx.element_size() == 2 else torch.int32
     expected = bw[0].dx.clone().view(bits)
     variants = [(False, defaults[1], defaults[2], False, threads) for threads in (256, 512)]
-    if plan._bw_listed_kernels:
+    if plan.listed_loads_available:
         budgets = [int(kib) * 1024 for kib in
                    os.environ.get("FMP_LISTED_KIB", "48,56,64,72").split(",")]
         variants = [(True, budget, loads, False, threads) for budget in budgets
@@ -181,10 +197,10 @@ def _tune_tiled_backward(ctx, plan, bw, sets, label, dtype_name, bw_bytes, torch
 
 
 def _bw_note(plan) -> str:
-    tiles = plan._tile_shape()
+    tiles = plan.tile_shape()
     if tiles is None:
         return "deterministic; leader scatter, zero fill included"
-    if plan._listed:
+    if plan.listed_backward:
         sums = (f"listed sums in {plan.listed_bytes // 1024} KiB, {plan.listed_loads} loads "
                 "per pass")
     else:
@@ -198,12 +214,6 @@ def bench(ctx) -> None:
     tune = getattr(ctx, "sweep", False) or os.environ.get("FMP_TUNE") == "1"
     # FMP_TUNE=bw: only the tiled backward's variants (and the plain rows)
     tune_bw_only = os.environ.get("FMP_TUNE") == "bw"
-    # FMP_FUSED_SUMS="2:0,3:1" overrides the plans' default phase 2 per rank (for tuning
-    # runs; the committed defaults live in plans/fractional_max_pool.py)
-    for item in filter(None, os.environ.get("FMP_FUSED_SUMS", "").split(",")):
-        rank, fused = item.split(":")
-        fmp._FUSED_SUMS[int(rank)] = fused == "1"
-    fmp._ROW_WALK = os.environ.get("FMP_ROW_WALK", fmp._ROW_WALK)  # likewise ("rows32")
     for label, shape_in, windows, shape_out in CASES:
         for dtype_name in DTYPES:
             _bench_one(ctx, label, shape_in, windows, shape_out, dtype_name, tune,

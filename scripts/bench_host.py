@@ -282,7 +282,7 @@ def _breakdown(ctx, torch):
                                                             ((0, 4), (3, 5), (4, 12)), E.F16))
     args = bn.WriteSliceArgs(dest, source)
     plan.run(args)
-    bound = next(iter(plan._launches.values()))
+    bound = plan.bound_launch(args)
     ptr_d, ptr_s = dest.data_ptr(), source.data_ptr()
     kernel = bound._kernel
     per_param = BoundLaunch(kernel, bound._grid, bound._block, bound._args, 0, packed=False)

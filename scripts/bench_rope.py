@@ -167,8 +167,9 @@ def _large(ctx: Any, torch: Any, compiled: dict) -> None:
             label = pairing.name.lower()
             eager_note = f"eager {eager:.0f} µs" if eager else "eager n/a"
             view = forward.can_implement(fwd_args[0])
-            path = forward._kernel_path(*view)
-            if path == "table" and forward._flat_fits(*view[:2]):
+            chosen = forward.choice(*view)
+            path = chosen.path
+            if path == "table" and chosen.flat:
                 path = "table (rope_flat)"
             _row(ctx, f"fwd {list(LARGE)} {label}", name, us_fwd, moved, fused,
                     f"vs torch.compile; {eager_note}; kernel {path}")
@@ -192,7 +193,7 @@ def _tuning(ctx: Any, torch: Any) -> None:
     regs = []
     for kernels in (ROPE_KERNELS, ROPE_TABLE_KERNELS, ROPE_FLAT_KERNELS, ROPE_TILE_KERNELS):
         for kernel in kernels.values():
-            function = kernel.prepare()._function
+            function = kernel.function
             if function:
                 regs.append(f"{kernel.name}: {function_registers(function)}")
     _note(ctx, "registers per thread: " + ", ".join(regs))
@@ -219,7 +220,7 @@ def _tuning(ctx: Any, torch: Any) -> None:
                 us = ctx.time_gpu(lambda i, p=plan, a=args: p.run(a[i]), sets=sets)
                 label = f"rope_flat/planes={per_thread}" if flat \
                     else f"table/planes={per_thread}" if table \
-                    else plan._layout(*plan.can_implement(args[0])[:2])[0]
+                    else plan.choice(*plan.can_implement(args[0])[:2]).layout
                 results.append(f"{label}: {us:.1f}")
             _note(ctx, f"tuning {name} {pairing.name.lower()} fwd µs "
                              f"({moved / 1e6:.0f} MB moved): " + "; ".join(results))
@@ -268,7 +269,7 @@ def _decode(ctx: Any, torch: Any, compiled: dict) -> None:
             args = [RopeArgs(x, y, positions) for x, y in zip(xs, ys)]
             us = ctx.time_gpu(lambda i, a=args, p=plan: p.run(a[i]), sets=sets)
             view = plan.can_implement(args[0])
-            sweep = [f"{plan._kernel_path(*view)} (default)"]
+            sweep = [f"{plan.choice(*view).path} (default)"]
             variants = (("tile/4 heads a block", {"tile_heads_per_block": 4}),
                         ("tile/16 heads a block", {"tile_heads_per_block": 16}),
                         ("rows", {"tile": False})) if ctx.sweep else ()
@@ -278,7 +279,7 @@ def _decode(ctx: Any, torch: Any, compiled: dict) -> None:
                 plan.retune()
                 sweep_us = ctx.time_gpu(lambda i, a=args, p=plan: p.run(a[i]), sets=sets)
                 if label == "rows":
-                    label = plan._layout(*view[:2])[0]
+                    label = plan.choice(*view[:2]).layout
                 sweep.append(f"{label}: {sweep_us:.2f}")
                 plan.tile, plan.tile_heads_per_block = None, None
             plan.retune()

@@ -71,12 +71,13 @@ def _forward(ctx: Any, kind: ScanKind, shape: tuple[int, ...], axis: int, dtype_
     if fast_words:  # tuning: the fast kernels with another tile
         from baracuda_numba.kernels.scan import FAST_FAMILY, FastKernels
 
-        plan._fast = FastKernels(element, FAST_FAMILY[int(kind)], fast_words,
-                                 register=False)
+        plan.use_kernels(fast=FastKernels(element, FAST_FAMILY[int(kind)], fast_words,
+                                          register=False))
     if indexed_cap is not None:  # tuning: the indexed kernel's register cap (0: none)
         from baracuda_numba.kernels.scan import IndexedKernels
 
-        plan._indexed = IndexedKernels(element, register=False, max_registers=indexed_cap)
+        plan.use_kernels(indexed=IndexedKernels(element, register=False,
+                                                max_registers=indexed_cap))
     ws = None
     if workspace and plan.workspace_size:
         ws = torch.empty(plan.workspace_size, dtype=torch.uint8, device="cuda")
@@ -117,13 +118,13 @@ def _backward(ctx: Any, kind: ScanKind, shape: tuple[int, ...], axis: int, dtype
         dxs.append(torch.empty(shape, device="cuda", dtype=dtype))
     plan = ScanBackwardPlan.select(ScanBackwardDescriptor(kind, shape, axis, element=element))
     if fused is False:
-        plan._extremum_backward = None
+        plan.use_kernels(extremum_backward=None)
     elif fused:
         from baracuda_numba.kernels.scan import ExtremumBackwardKernels
 
-        plan._extremum_backward = ExtremumBackwardKernels(element, register=False, **fused)
-        plan._geometry.extremum_backward(plan._extremum_backward, None)
-    ws = torch.empty(max(plan._geometry.workspace_size, 1), dtype=torch.uint8, device="cuda")
+        plan.use_kernels(extremum_backward=ExtremumBackwardKernels(element, register=False,
+                                                                   **fused))
+    ws = torch.empty(max(plan.workspace_size, 1), dtype=torch.uint8, device="cuda")
     args = [ScanBackwardArgs(dy, dx, x.detach(), y) for dy, dx, x, y in zip(dys, dxs, xs, ys)]
     ours = ctx.time_gpu(lambda i: plan.run(args[i], workspace=ws), sets)
     theirs = ctx.time_gpu(lambda i: torch.autograd.grad(graphs[i], xs[i], dys[i],
@@ -149,10 +150,9 @@ def _variant(ctx: Any, shape: tuple[int, ...], axis: int, dtype_name: str = "flo
     ys = [torch.empty_like(x) for x in xs]
     plan = ScanPlan.select(ScanDescriptor(ScanKind.CUMSUM, shape, axis, element=element))
     if words or col_values or cols_cap is not None:
-        plan._fast = FastKernels(element, "sum", words, col_values, register=False,
-                                 cols_max_registers=cols_cap)
-    for name, value in geometry.items():
-        setattr(plan._geometry, name, value)
+        plan.use_kernels(fast=FastKernels(element, "sum", words, col_values, register=False,
+                                          cols_max_registers=cols_cap))
+    plan.use_kernels(**geometry)
     ws = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
     args = [ScanArgs(x, y) for x, y in zip(xs, ys)]
     ours = ctx.time_gpu(lambda i: plan.run(args[i], workspace=ws), sets)

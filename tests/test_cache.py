@@ -87,7 +87,7 @@ def test_source_digest_follows_imported_kernel_modules():
 
     root = pathlib.Path(kernels.__path__[0])
     found = _imported_kernel_sources({root / "softmax.py"}, root)
-    assert root / "rope.py" in found and root / "softmax.py" not in found
+    assert root / "rope" / "units.py" in found and root / "softmax.py" not in found
     assert _imported_kernel_sources({root / "write_slice.py"}, root) == {root / "common.py"}
 
 
@@ -119,6 +119,39 @@ def test_source_digest_covers_a_family_subpackage(tmp_path):
         fake / "other.py", fake / "common.py", fake / "fam" / "b.py"}
     assert _imported_kernel_sources({fake / "user.py"}, fake) == {
         fake / "fam" / "a.py", fake / "fam" / "b.py", fake / "other.py", fake / "common.py"}
+
+
+def test_imported_kernel_sources_follow_subpackages(tmp_path):
+    """A family split into a subpackage is imported whole (``from .fam import`` pulls in
+    every file of ``kernels/fam/``), and its modules' ``from ..other import`` lines are
+    followed; modules outside the kernels folder (``from ...launch``) are not kernel code."""
+    from baracuda_numba.launch import _imported_kernel_sources
+
+    root = tmp_path / "kernels"
+    (root / "fam").mkdir(parents=True)
+    (root / "user.py").write_text("from .fam import THING\n")
+    (root / "fam" / "__init__.py").write_text("from .one import THING\n")
+    (root / "fam" / "one.py").write_text("from ..other import X\nfrom ...launch import K\n")
+    (root / "other.py").write_text("X = 1\n")
+    (root / "unused.py").write_text("Y = 2\n")
+    (tmp_path / "launch.py").write_text("K = 3\n")
+    assert _imported_kernel_sources({root / "user.py"}, root) == {
+        root / "fam" / "__init__.py", root / "fam" / "one.py", root / "other.py"}
+
+
+def test_source_digest_covers_a_split_family():
+    """Every module of a family subpackage (``kernels/scan/``) has the family's digest, and
+    its kernels map to the family (``precompile --only scan`` finds them all)."""
+    from baracuda_numba.launch import kernel_family, registered_kernels, source_digest
+
+    scan_modules = {k.py_func.__module__ for k in registered_kernels()
+                    if k.py_func.__module__.startswith("baracuda_numba.kernels.scan.")}
+    assert len(scan_modules) > 1
+    assert len({source_digest(m) for m in scan_modules}) == 1
+    assert source_digest("baracuda_numba.kernels.scan.fast") != source_digest(
+        "baracuda_numba.kernels.write_slice")
+    assert {kernel_family(k) for k in registered_kernels()
+            if k.py_func.__module__ in scan_modules} == {"scan"}
 
 
 def test_entry_round_trip_and_damage_is_detected():

@@ -134,13 +134,13 @@ def set_path(plan, path):
     test_tile_choice_respects_the_shared_memory)."""
     assert plan.fast  # every test shape qualifies for the fast kernels
     if path == "fast-rows":
-        if "rows" in plan._fw_fast_kernels:
+        if "rows" in plan.forward_walks:
             plan.forward_walk = "rows32" if plan.forward_walk == "rows" else "rows"
         plan.listed_loads = 6 - plan.listed_loads  # the listed kernel's other pass width
     elif path == "fast-tiles":
-        if "unrolled" in plan._fw_fast_kernels:
+        if "unrolled" in plan.forward_walks:
             plan.forward_walk = "unrolled"
-        plan.tile_elems = 2 * plan._w_in
+        plan.tile_elems = 2 * plan.axes[2][0]
         plan.fused_sums = not plan.fused_sums
         plan.listed_sums = not plan.listed_sums
     elif path == "fast-alt":
@@ -399,42 +399,37 @@ def test_fast_window_kernels_are_selected():
         if window in FAST_WINDOWS:
             name = "x".join(map(str, window))
             walk = plan.forward_walk
-            assert plan._fw_fast_kernel.name == f"fractional_max_pool_fw_{walk}[F32,{name}]"
+            assert plan.forward_kernel_name == f"fractional_max_pool_fw_{walk}[F32,{name}]"
             plan.forward_walk = "unrolled"
-            assert plan._fw_fast_kernel.name == f"fractional_max_pool_fw_fast[F32,{name}]"
+            assert plan.forward_kernel_name == f"fractional_max_pool_fw_fast[F32,{name}]"
         else:
-            assert plan._fw_fast_kernel.name == "fractional_max_pool_fw_fast[F32,any]"
+            assert plan.forward_kernel_name == "fractional_max_pool_fw_fast[F32,any]"
 
 
 def test_changing_a_tuning_attribute_forgets_the_memoised_launches():
     """The layout memos key layouts only: setting any tuning attribute clears both, so
     the next ``run`` re-binds with the new value; other attributes leave them."""
     plan = make_plan((1, 2, 9, 9), (2, 2), (5, 5), ElementKind.F32)[0]
-    assert plan._TUNING <= set(vars(plan))  # every tuning attribute exists
-    for name in sorted(plan._TUNING):
-        for memo in (plan._memo_fw, plan._memo_bw):
-            memo._entries["key"] = ("launch", ())
+    assert plan.TUNING <= set(vars(plan))  # every tuning attribute exists
+    for name in sorted(plan.TUNING):
+        for memo in plan.memos:  # as a torch call of a new layout would
+            memo.store("key", lambda *arrays: None, ())
         plan.other = 1
-        assert plan._memo_fw._entries and plan._memo_bw._entries
+        assert plan.memoised_layouts == (1, 1)
         setattr(plan, name, getattr(plan, name))
-        assert not plan._memo_fw._entries and not plan._memo_bw._entries, name
+        assert plan.memoised_layouts == (0, 0), name
 
 
 def test_contiguous_arrays_take_the_fast_path(rng):
-    """Row-major arrays launch the fast kernels (the general ones are not called)."""
+    """Row-major arrays launch the fast kernels (the general ones are not bound)."""
     element = ElementKind.F32
     plan, fw_args, bw_args = make_plan((1, 2, 7, 9), (2, 3), (5, 5), element)
-
-    class Forbidden:
-        def launch(self, *args):
-            raise AssertionError("general kernel launched for contiguous arrays")
-
-    plan._fw_kernel = plan._bw_kernel = Forbidden()
     x = to_device(random_values((1, 2, 7, 9), element, rng))
     y = to_device(poisoned((1, 2, 5, 5), element))
     idx = to_device(poisoned((1, 2, 5, 5), ElementKind.I64))
     plan.run_fw(fw_args(x, y, idx, to_device(samples_for(rng, 1, 2, 2))))
     plan.run_bw(bw_args(y, idx, to_device(poisoned((1, 2, 7, 9), element))))
+    assert plan.paths_taken == {"fw-fast", "bw-fast"}
 
 
 @pytest.mark.parametrize("rows", (None, 3), ids=("rows-default", "rows-3"))
@@ -557,7 +552,7 @@ def test_descriptor_api():
 
 
 @pytest.mark.simulator
-def test_candidate_ranges_cover_every_window(rng):
+def testcandidate_ranges_cover_every_window(rng):
     """The backward's sample-free candidate range of every input coordinate contains every
     output whose window (for the sample drawn) covers it, for both placements (the device
     helper runs as Python in the simulator)."""
@@ -580,18 +575,18 @@ def test_candidate_ranges_cover_every_window(rng):
 
 
 @pytest.mark.simulator
-def test_host_candidate_ranges_equal_the_device_ranges(rng):
+def test_hostcandidate_ranges_equal_the_device_ranges(rng):
     """The plan sizes the tiled backward's shared memory from a host mirror of
     ``candidate_outputs``: it must give the same ranges (device helper run as Python)."""
     from baracuda_numba.kernels.fractional_max_pool import candidate_outputs
-    from baracuda_numba.plans.fractional_max_pool import _candidate_ranges
+    from baracuda_numba.plans.fractional_max_pool import candidate_ranges
 
     for trial in range(120):
         extent = int(rng.integers(1, 3_000_000 if trial % 10 == 0 else 80))
         window = int(rng.integers(1, min(extent, 6) + 1))
         out = int(rng.integers(1, min(2 * (extent - window + 1) + 2, 60)))
         for code in (0, 1):
-            first, end = _candidate_ranges(extent, window, out, code)
+            first, end = candidate_ranges(extent, window, out, code)
             coords = {0, extent - 1} | {int(c) for c in rng.integers(0, extent, 30)}
             for coord in coords:
                 assert (int(first[coord]), int(end[coord])) == tuple(
@@ -604,7 +599,7 @@ def test_tile_choice_respects_the_shared_memory(rng):
     every element's candidate box fits the mask; TORCH placement, boxes over 32 outputs
     and tiles below one row fall back to the leader scatter."""
     from baracuda_numba.kernels.fractional_max_pool import BW_MASK_BITS, BW_TILE_CAPS
-    from baracuda_numba.plans.fractional_max_pool import _candidate_ranges, _staged_outputs
+    from baracuda_numba.plans.fractional_max_pool import candidate_ranges, staged_outputs
 
     cases = [((32, 64, 128, 128), (3, 3), (91, 91)), ((8, 32, 32, 64, 64), (3, 3, 3),
                                                       (22, 45, 45)),
@@ -616,38 +611,37 @@ def test_tile_choice_respects_the_shared_memory(rng):
                 plan = make_plan(shape_in, windows, shape_out, element, placement)[0]
                 assert plan.tiled_backward  # the default where it applies
                 tile_cap, stage_cap = BW_TILE_CAPS[element]
-                ranges = [_candidate_ranges(extent, window, out, placement.value)
-                          for extent, window, out in ((plan._d_in, plan._kd, plan._d_out),
-                                                      (plan._h_in, plan._kh, plan._h_out),
-                                                      (plan._w_in, plan._kw, plan._w_out))]
+                ranges = [candidate_ranges(extent, window, out, placement.value)
+                          for extent, window, out in plan.axes]
                 reach = [int((end - first).max()) for first, end in ranges]
                 if placement is TORCH or np.prod(reach) > BW_MASK_BITS:
                     # the tiled kernel: BARACUDA only, one mask bit per candidate output
                     assert placement is TORCH or shape_out in ((9, 11), (39, 11, 17))
-                    assert plan._tile_shape() is None
+                    assert plan.tile_shape() is None
                     continue
                 for listed in (True, False):
                     plan.listed_sums = listed
-                    tile_d, tile_h, reach_h, reach_w = plan._tile_shape()
+                    tile_d, tile_h, reach_h, reach_w = plan.tile_shape()
                     assert (reach_h, reach_w) == tuple(reach[1:])
-                    _, max_d = _staged_outputs(ranges[0], tile_d)
-                    _, max_h = _staged_outputs(ranges[1], tile_h)
-                    slots, staged = tile_d * tile_h * plan._w_in, max_d * max_h * plan._w_out
-                    if plan._listed:  # u32 mask per slot, u32 list entry + dy per output
+                    _, max_d = staged_outputs(ranges[0], tile_d)
+                    _, max_h = staged_outputs(ranges[1], tile_h)
+                    w_in, _, w_out = plan.axes[2]
+                    slots, staged = tile_d * tile_h * w_in, max_d * max_h * w_out
+                    if plan.listed_backward:  # u32 mask per slot, u32 list entry + dy per output
                         assert element is not ElementKind.F64
                         item = element.storage_bits // 8
                         assert 4 * slots + (4 + item) * staged <= plan.listed_bytes
                     else:
                         assert slots <= tile_cap
                         assert staged <= stage_cap
-                plan.tile_elems = plan._w_in - 1
-                assert plan._tile_shape() is None
+                plan.tile_elems = plan.axes[2][0] - 1
+                assert plan.tile_shape() is None
     # rows wider than the shared column table of candidate ranges take the leader scatter
     from baracuda_numba.kernels.fractional_max_pool import BW_TABLE_W
     wide = make_plan((1, 1, 8, BW_TABLE_W + 1), (2, 2), (5, 700), ElementKind.BF16)[0]
-    assert wide._tile_shape() is None
+    assert wide.tile_shape() is None
     wide = make_plan((1, 1, 8, BW_TABLE_W), (2, 2), (5, 700), ElementKind.BF16)[0]
-    assert wide._tile_shape() is not None
+    assert wide.tile_shape() is not None
 
 
 @pytest.mark.parametrize("case", [SIM_CASES[1], SIM_CASES[5]],
@@ -674,8 +668,8 @@ def test_tiled_backward_is_deterministic_across_tilings(rng, case):
         plan.listed_sums = bool(listed)
         plan.listed_loads = listed or 2
         if tile_rows is not None:
-            plan.tile_elems = tile_rows * plan._w_in
-        assert (plan._tile_shape() is not None) == tiled
+            plan.tile_elems = tile_rows * plan.axes[2][0]
+        assert (plan.tile_shape() is not None) == tiled
         dx = to_device(poisoned(shape_in, element))
         plan.run_bw(bw_args(dy, idx, dx))
         results.append(to_host(dx))
@@ -708,7 +702,7 @@ def test_listed_backward_with_large_tiles(rng, case):
         plan.listed_sums = bool(listed)
         plan.listed_bytes = budget * 1024
         plan.listed_loads = loads
-        assert (plan._tile_shape() is not None) == (listed is not None)
+        assert (plan.tile_shape() is not None) == (listed is not None)
         dx = to_device(poisoned(shape_in, element))
         plan.run_bw(bw_args(dy, idx, dx))
         results.append(to_host(dx))

@@ -119,7 +119,7 @@ PATHS = {"table": {"angle_table": True},
 
 
 def run_plan(desc, x_host, positions, inverse=False, force_pairs=False, out=None,
-             heads_per_thread=None, units16=None, path=None):
+             heads_per_thread=None, units16=None, path=None, grid_limits=None):
     """``path``: a key of ``PATHS`` (forced: "table" takes rope_flat where it fits,
     "flat1" / "flat4" its variants with 1 / 4 planes a thread, "table_planes" never), or
     None (the plan's choice; "rows" when ``heads_per_thread`` or ``units16`` tune the rows
@@ -132,6 +132,8 @@ def run_plan(desc, x_host, positions, inverse=False, force_pairs=False, out=None
         path = "rows"
     for name, value in PATHS.get(path, {}).items():
         setattr(plan, name, value)
+    if grid_limits is not None:  # (grid_x_limit, grid_yz_limit)
+        plan.grid_x_limit, plan.grid_yz_limit = grid_limits
     if heads_per_thread is not None:  # both kernels: 8-byte units and 16-byte units
         plan.heads_per_thread = heads_per_thread
         plan.unit_heads_per_thread = heads_per_thread
@@ -231,7 +233,7 @@ def test_16_byte_units_match_the_other_paths(rng, element, pairing, rotary_dim, 
     plan = RopePlan.select(desc)
     plan.units16 = True
     view = as_mut(to_device(x), "test", "x")
-    assert plan._layout(view, view)[0].endswith("_16B")
+    assert plan.choice(view, view).layout.endswith("_16B")
     wide = run_plan(desc, x, positions, inverse, units16=True)
     narrow = run_plan(desc, x, positions, inverse, units16=False)
     pairs = run_plan(desc, x, positions, inverse, force_pairs=True)
@@ -285,14 +287,14 @@ def test_flat_table_kernel(rng, element, dim, rotary_dim, seq, inverse):
         plan.retune()
         x_dev = to_device(x)
         view = as_mut(x_dev, "test", "x")
-        assert plan._kernel_path(view, view, None) == "table" and plan._flat_fits(view, view)
+        assert plan.choice(view, view, None).path == "table" and plan.choice(view, view).flat
         plan.run(RopeBackwardArgs(x_dev, x_dev) if inverse else RopeArgs(x_dev, x_dev))
         np.testing.assert_array_equal(to_host(x_dev).view(np.uint8),
                                       expected.view(np.uint8), f"in place, planes {planes}")
     check(desc, x, None, inverse, path="table")
 
 
-def test_flat_table_kernel_choice(monkeypatch):
+def test_flat_table_kernel_choice():
     """rope_flat only for interleaved x and y that are both compact, fewer than 2^32 units
     and a grid that covers them (with 1, 2 or 4 planes a thread); ``table_flat = False``
     keeps rope_table."""
@@ -307,7 +309,7 @@ def test_flat_table_kernel_choice(monkeypatch):
             setattr(plan, name, value)
         x = TensorMut(0x10000, dims, x_strides or contiguous_strides(dims), "<f4", 4, None)
         y = TensorMut(0x100000, dims, y_strides or contiguous_strides(dims), "<f4", 4, None)
-        return plan._flat_fits(x, y)
+        return plan.choice(x, y).flat
 
     assert fits()
     assert not fits(HALF_SPLIT)
@@ -319,13 +321,12 @@ def test_flat_table_kernel_choice(monkeypatch):
     # 4 planes a thread: 2^30 threads over 3 * 2^30 units; 5 * 2^30 units do not fit
     assert fits(dims=(3, 1, 1 << 17, 1 << 15), flat_planes_per_thread=4)
     assert not fits(dims=(5, 1, 1 << 17, 1 << 15), flat_planes_per_thread=4)
-    block = rope_plans._FLAT_BLOCK[4]
+    block = rope_plans.FLAT_BLOCK[4]
     for planes in (1, 2, 4):  # 6 planes of 64 units, ceil(6 / planes) groups of them
         threads = -(-6 // planes) * 64
-        monkeypatch.setattr(rope_plans, "_GRID_X_LIMIT", -(-threads // block))
-        assert fits(flat_planes_per_thread=planes), planes
-        monkeypatch.setattr(rope_plans, "_GRID_X_LIMIT", -(-threads // block) - 1)
-        assert not fits(flat_planes_per_thread=planes), planes
+        assert fits(flat_planes_per_thread=planes, grid_x_limit=-(-threads // block)), planes
+        assert not fits(flat_planes_per_thread=planes,
+                        grid_x_limit=-(-threads // block) - 1), planes
 
 
 @pytest.mark.parametrize("pairing", [INTERLEAVED, HALF_SPLIT], ids=lambda p: p.name)
@@ -345,8 +346,8 @@ def test_tile_with_a_partial_last_head_group(rng, pairing, in_place):
     x_dev = to_device(x)
     pos = to_device(positions)
     view = as_mut(x_dev, "test", "x")
-    assert plan._kernel_path(view, view, pos) == "tile"
-    assert plan._tile_heads_per_block(plan._unit_items(view, view)[3]) == 2
+    assert plan.choice(view, view, pos).path == "tile"
+    assert plan.choice(view, view, pos).tile_heads_per_block == 2
     assert SHAPE16[1] % 2 == 1  # a partial last head group
     y_dev = x_dev if in_place else to_device(poisoned(SHAPE16, F16))
     plan.run(RopeArgs(x_dev, y_dev, pos))
@@ -370,8 +371,8 @@ def test_tile_with_more_pairs_than_threads(rng, pairing, positions_kind):
     x_dev = to_device(x)
     pos = None if positions is None else to_device(positions)
     view = as_mut(x_dev, "test", "x")
-    assert plan._kernel_path(view, view, pos) == "tile"
-    assert plan._tile_heads_per_block(plan._unit_items(view, view)[3]) == 1
+    assert plan.choice(view, view, pos).path == "tile"
+    assert plan.choice(view, view, pos).tile_heads_per_block == 1
     y_dev = to_device(poisoned(shape, F16))
     plan.run(RopeArgs(x_dev, y_dev, pos))
     np.testing.assert_array_equal(to_host(y_dev).view(np.uint8), expected.view(np.uint8))
@@ -400,8 +401,8 @@ def test_16_byte_kernels_in_place_and_strided(rng, element, pairing, path):
 
     def takes_path(x_view, y_view):
         if path == "units":
-            return plan._layout(x_view, y_view)[0].endswith("_16B")
-        return plan._kernel_path(x_view, y_view, pos) == path
+            return plan.choice(x_view, y_view).layout.endswith("_16B")
+        return plan.choice(x_view, y_view, pos).path == path
 
     for which in (0, 1):
         view = _view(device, which * heads * dim, SHAPE16, strides)
@@ -438,26 +439,25 @@ def test_16_byte_kernels_in_place_and_strided(rng, element, pairing, path):
 
 @pytest.mark.parametrize("pairing", [INTERLEAVED, HALF_SPLIT], ids=lambda p: p.name)
 @pytest.mark.parametrize("limits", [(1, 1), (2, 3)], ids=["one_block", "two_blocks"])
-def test_table_grid_stride_loops_and_tile_fallback(rng, monkeypatch, pairing, limits):
+def test_table_grid_stride_loops_and_tile_fallback(rng, pairing, limits):
     """Grids capped below the problem (CUDA's limits on huge problems): the table kernel's
     blocks walk several planes; the tile kernel (one tile per block) is not taken, and the
     rows kernels it falls back to give the same bits."""
-    from baracuda_numba.plans import rope as rope_plans
-
-    monkeypatch.setattr(rope_plans, "_GRID_X_LIMIT", limits[0])
-    monkeypatch.setattr(rope_plans, "_GRID_YZ_LIMIT", limits[1])
     desc = RopeDescriptor(*SHAPE16, element=F32, pairing=pairing, rotary_dim=16)
     plan = RopePlan.select(desc)
     plan.tile = True
+    plan.grid_x_limit, plan.grid_yz_limit = limits
     view = TensorMut(0x10000, SHAPE16, contiguous_strides(SHAPE16), "<f4", 4, None)
-    assert plan._kernel_path(view, view, object()) == "rows"
+    assert plan.choice(view, view, object()).path == "rows"
     x = random_values(SHAPE16, F32, rng)
     positions = make_positions("per_sequence", SHAPE16, rng)
     expected = run_plan(desc, x, positions, force_pairs=True)
-    np.testing.assert_array_equal(run_plan(desc, x, positions, path="tile"), expected)
+    np.testing.assert_array_equal(
+        run_plan(desc, x, positions, path="tile", grid_limits=limits), expected)
     expected = run_plan(desc, x, None, force_pairs=True)
     for path in ("table", "tile"):
-        np.testing.assert_array_equal(run_plan(desc, x, None, path=path), expected, path)
+        np.testing.assert_array_equal(
+            run_plan(desc, x, None, path=path, grid_limits=limits), expected, path)
 
 
 def test_kernel_path_choice():
@@ -471,7 +471,7 @@ def test_kernel_path_choice():
             setattr(plan, name, value)
         view = TensorMut(0x10000 + offset * element.byte_width, shape,
                          contiguous_strides(shape), "<f2", element.byte_width, None)
-        return plan._kernel_path(view, view, object() if positions else None)
+        return plan.choice(view, view, object() if positions else None).path
 
     large, decode = (8, 32, 2048, 128), (64, 32, 1, 128)
     for element in (F16, BF16, F32):
@@ -499,21 +499,21 @@ def test_kernel_path_choice():
         view = TensorMut(0x10000, decode, strides, "<f4", 4, None)
         span_units = (63 * batch_stride + 31 * 128 + 128) // 4
         assert (span_units < 1 << 31) == (expected == "tile")
-        assert plan._kernel_path(view, view, object()) == expected
+        assert plan.choice(view, view, object()).path == expected
 
 
 def test_angle_table_is_built_once():
     """The table is built at the first run that takes it and kept (retune included)."""
     shape = (1, 2, 3, 8)
     plan = RopePlan.select(RopeDescriptor(*shape, element=F32))
-    assert plan._table is None
+    assert plan.built_angle_table is None
     x = to_device(np.ones(shape, dtype=np.float32))
     plan.run(RopeArgs(x, x))
-    table = plan._table
+    table = plan.built_angle_table
     assert table is not None and table.shape == (2 * 3 * 4,)
     plan.retune()
     plan.run(RopeArgs(x, x))
-    assert plan._table is table
+    assert plan.built_angle_table is table
     cos_sin = to_host(table).reshape(3, 4, 2)
     theta = np.arange(3)[:, None] * 10000.0 ** (-(2.0 * np.arange(4)) / 8)
     # the reduced angle rounded once to f32 (<= 1.2e-7 rad) and sincosf's 2 ulp
@@ -530,7 +530,7 @@ def test_16_byte_units_choice():
         plan.units16 = units16
         view = TensorMut(0x10000 + offset * element.byte_width, shape,
                          contiguous_strides(shape), "<f2", element.byte_width, None)
-        return plan._layout(view, view)[0]
+        return plan.choice(view, view).layout
 
     assert layout((64, 32, 1, 128), F16) == "interleaved_16B"
     assert layout((64, 32, 1, 128), F16, pairing=HALF_SPLIT) == "half_split4"
@@ -562,8 +562,9 @@ def test_layout_choice(pairing, rotary_dim, offset, layout_f16, layout_f32):
                                               rotary_dim=rotary_dim))
         base = to_device(np.zeros(2 * 5 * 3 * 12 + 4, dtype=element.storage_dtype))
         view = _view(base, offset, shape, contiguous_strides(shape))
-        assert plan._layout(view, view) == (want, {"pairs": 1, "interleaved": 2,
-                                                   "half_split": 2}.get(want, 4))
+        chosen = plan.choice(view, view)
+        assert (chosen.layout, chosen.width) == (want, {"pairs": 1, "interleaved": 2,
+                                                        "half_split": 2}.get(want, 4))
 
 
 @pytest.mark.parametrize("element", FLOAT_ELEMENTS, ids=lambda e: e.name)
@@ -1415,9 +1416,9 @@ def test_more_than_2_31_elements_table_and_tile():
     plan = RopePlan.select(RopeDescriptor(*shape, element=F16))
     before = sample()
     view = as_mut(x, "test", "x")
-    assert plan._flat_fits(view, view)
+    assert plan.choice(view, view).flat
     plan.run(RopeArgs(x, x))
-    assert plan._table is not None  # the table path ran (rope_flat)
+    assert plan.built_angle_table is not None  # the table path ran (rope_flat)
     assert_close(sample(), expect(before, np.array(rows)), rtol, atol * 2, "flat, 2^31")
     plan.table_flat = False  # rope_table
     plan.retune()
@@ -1453,7 +1454,7 @@ def test_first_run_in_a_cuda_graph_capture_leaves_the_table_for_later():
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
         plan.run(RopeArgs(x, y), stream=stream)
-    assert plan._table is None
+    assert plan.built_angle_table is None
     x.normal_()
     graph.replay()
     torch.cuda.synchronize()
@@ -1462,7 +1463,7 @@ def test_first_run_in_a_cuda_graph_capture_leaves_the_table_for_later():
     z = torch.full(shape, float("nan"), device="cuda")
     plan.run(RopeArgs(x, z))
     torch.cuda.synchronize()
-    assert plan._table is not None
+    assert plan.built_angle_table is not None
     assert torch.equal(z, y)
 
 
@@ -1816,7 +1817,7 @@ def test_qk_kernel_matches_reference_and_falls_back(rng):
 
 def test_qk_heads_per_thread_choice():
     """QK_HEAD_BATCH heads a thread for prefill; halved for decode-sized launches."""
-    from baracuda_numba.kernels.rope_qk import QK_HEAD_BATCH
+    from baracuda_numba.kernels.rope.qk import QK_HEAD_BATCH
     from baracuda_numba.plans.rope_qk import qk_heads_per_thread
 
     def per_thread(rows, q_heads, kv_heads, items=8):

@@ -237,15 +237,13 @@ def misaligned(values: np.ndarray):
 def used_fast(plan) -> bool:
     """Whether the plan's layouts went to a fast kernel (rows_fast, cols_fast, the
     indexed rows kernel or the fused Cummax/Cummin backward)."""
-    return any(key[0] in ("fast", "indexed", "extremum_backward") and found[0]
-               for key, found in plan._bound.items())
+    return bool(plan.paths_taken & {"fast", "indexed", "extremum_backward"})
 
 
 def used_fused_backward(plan) -> bool:
     """Whether the fused Cummax/Cummin backward ran (rather than the record-flag
     pre-pass and the generic backward kernel)."""
-    return any(key[0] == "extremum_backward" and found[0]
-               for key, found in plan._bound.items())
+    return "extremum_backward" in plan.paths_taken
 
 
 def _no_workspace(workspace):
@@ -426,6 +424,30 @@ def test_fast_kernels_odd_unaligned_split(element, rng):
     if SIMULATOR:
         plan = check_forward(ScanKind.LOG_CUMSUM_EXP, swapped, 2, True, element)
         assert not used_fast(plan)
+
+
+def test_use_kernels_runs_a_variant_and_forgets_the_bound_launches(rng):
+    """``use_kernels`` (benchmark sweeps): an unregistered fast-kernel variant and a
+    geometry override run and give the table kernels' bits; unknown geometry fields and
+    every bound launch are dropped."""
+    from baracuda_numba.kernels.scan import FastKernels
+
+    element = ElementKind.F32
+    x = inputs((4, 70), element, rng)
+    plan = ScanPlan.select(ScanDescriptor(ScanKind.CUMSUM, x.shape, 1, element=element),
+                           PlanPreference(max_workspace_bytes=0))
+    expected = device(poisoned(x.shape, element))
+    plan.run(ScanArgs(device(x), expected))
+    assert plan.paths_taken == {"fast"}
+    plan.use_kernels(fast=FastKernels(element, "sum", words=1, register=False),
+                     fast_rows_nseg=1)
+    assert plan.paths_taken == frozenset()
+    y = device(poisoned(x.shape, element))
+    plan.run(ScanArgs(device(x), y))
+    assert plan.paths_taken == {"fast"}
+    np.testing.assert_array_equal(host(y), host(expected))
+    with pytest.raises(AttributeError, match="no_such_field"):
+        plan.use_kernels(no_such_field=1)
 
 
 @pytest.mark.parametrize("element", (ElementKind.BF16, ElementKind.F16), ids=lambda e: e.name)
@@ -1004,7 +1026,7 @@ def test_torch_memo_matches_the_checked_path(kind, axis):
         forward.run(ScanArgs(x_copy, y, indices))
         backward.run(ScanBackwardArgs(dy_copy, dx, x_copy, y))
         results.append((y, dx, indices))
-    assert len(forward._memo._entries) == 1 and len(backward._memo._entries) == 1
+    assert forward.memoised_layouts == 1 and backward.memoised_layouts == 1
     for y, dx, indices in results[1:]:
         assert torch.equal(y, results[0][0]) and torch.equal(dx, results[0][1])
         if with_indices:

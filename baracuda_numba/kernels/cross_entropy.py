@@ -299,7 +299,12 @@ def _span_ops(element: ElementKind) -> tuple[Any, Any]:
     """``fold_span`` and ``grad_span`` of one element kind over the columns ``[lo, hi)``
     of a row (``lo`` a multiple of the unit when ``vec``): the block's threads stride over
     8-byte units, then over the scalar tail."""
-    acc, per, load, store, unpack, pack = _element_ops(element)
+    return _fold_span(element), _grad_span(element)
+
+
+def _fold_span(element: ElementKind) -> Any:
+    """``fold_span``: the online (max, sum of exp, smoothing sum) of a row's span."""
+    acc, per, load, _, unpack, _ = _element_ops(element)
     fold, rebase = _fold_ops(acc)
     exp = _exp32 if acc is float32 else math.exp
 
@@ -367,6 +372,14 @@ def _span_ops(element: ElementKind) -> tuple[Any, Any]:
             m, s, a = fold_one(m, s, a, y, col, smooth, has_weight, weight)
             col += step
         return m, s, a
+
+    return fold_span
+
+
+def _grad_span(element: ElementKind) -> Any:
+    """``grad_span``: the gradient of a row's span, written as it is computed."""
+    acc, per, load, store, unpack, pack = _element_ops(element)
+    exp = _exp32 if acc is float32 else math.exp
 
     @cuda.jit(device=True, inline=True)
     def grad_one(value, col, target, coefs, has_weight, weight):
@@ -447,7 +460,7 @@ def _span_ops(element: ElementKind) -> tuple[Any, Any]:
             grad[grad_off + col] = store(g)
             col += step
 
-    return fold_span, grad_span
+    return grad_span
 
 
 # -- per-row terms -----------------------------------------------------------------------

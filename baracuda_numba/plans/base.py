@@ -166,6 +166,11 @@ class LayoutMemo:
             self._entries.clear()
         self._entries[key] = (launch, spans)
 
+    @property
+    def layout_count(self) -> int:
+        """How many argument layouts the memo holds (tests: a repeated call adds none)."""
+        return len(self._entries)
+
     def clear(self) -> None:
         self._entries.clear()
         self.launch = self._slow

@@ -154,7 +154,7 @@ _TILE_AXIS_LIMIT = 1 << 20
 _MAX_GRID_X = (1 << 31) - 1
 
 
-def _candidate_ranges(extent: int, window: int, out: int,
+def candidate_ranges(extent: int, window: int, out: int,
                       placement: int) -> tuple[np.ndarray, np.ndarray]:
     """Host mirror of ``kernels.fractional_max_pool.candidate_outputs`` for every coordinate
     of one axis: ``(first, end)`` arrays (tested equal to the device function)."""
@@ -177,7 +177,7 @@ def _candidate_ranges(extent: int, window: int, out: int,
     return first, end
 
 
-def _staged_outputs(ranges: tuple[np.ndarray, np.ndarray], tile: int) -> tuple[int, int]:
+def staged_outputs(ranges: tuple[np.ndarray, np.ndarray], tile: int) -> tuple[int, int]:
     """(sum, max) over the tiles of length ``tile`` of one axis of the number of outputs
     whose window may meet the tile (the candidate ranges are monotone in the coordinate)."""
     first, end = ranges
@@ -201,10 +201,10 @@ def _choose_tiles(d_in: int, h_in: int, w_in: int, w_out: int,
     tile_rows = tile_cap // w_in
     best = None
     for tile_d in range(1, min(d_in, tile_rows, max_depths) + 1):
-        sum_d, max_d = _staged_outputs(ranges_d, tile_d)
+        sum_d, max_d = staged_outputs(ranges_d, tile_d)
         tile_h = min(h_in, tile_rows // tile_d, max_rows or h_in)
         while tile_h >= 1:
-            sum_h, max_h = _staged_outputs(ranges_h, tile_h)
+            sum_h, max_h = staged_outputs(ranges_h, tile_h)
             staged = max_d * max_h * w_out
             if staged <= stage_cap and (shared is None or tile_d * tile_h * w_in * shared[0]
                                         + staged * shared[1] <= shared[2]):
@@ -215,8 +215,8 @@ def _choose_tiles(d_in: int, h_in: int, w_in: int, w_out: int,
         if shared is not None:  # the same tile count with the smallest tiles: less
             # shared memory per block, more blocks per SM (if they still fit)
             even_d, even_h = -(-d_in // -(-d_in // tile_d)), -(-h_in // -(-h_in // tile_h))
-            even_sum_d, even_max_d = _staged_outputs(ranges_d, even_d)
-            even_sum_h, even_max_h = _staged_outputs(ranges_h, even_h)
+            even_sum_d, even_max_d = staged_outputs(ranges_d, even_d)
+            even_sum_h, even_max_h = staged_outputs(ranges_h, even_h)
             staged = even_max_d * even_max_h * w_out
             if staged <= stage_cap and (even_d * even_h * w_in * shared[0]
                                         + staged * shared[1] <= shared[2]):
@@ -442,7 +442,7 @@ class _FractionalMaxPoolPlan(Plan):
     _rank = 2
     _pool_kind = PoolKind.FRACTIONAL_MAX_POOL2D
     #: The tuning attributes that tests and benchmarks may change (see ``__init__``).
-    _TUNING = frozenset({"fast", "forward_walk", "rows_per_thread", "threads",
+    TUNING = frozenset({"fast", "forward_walk", "rows_per_thread", "threads",
                          "tiled_backward", "fused_sums", "tile_elems", "tile_threads",
                          "listed_sums", "listed_bytes", "listed_loads"})
 
@@ -450,7 +450,7 @@ class _FractionalMaxPoolPlan(Plan):
         """Setting a tuning attribute forgets the memoised launches, so the next ``run``
         takes the checked path with the new value (the memo keys hold layouts only)."""
         object.__setattr__(self, name, value)
-        if name in self._TUNING:
+        if name in self.TUNING:
             self._memo_fw.clear()
             self._memo_bw.clear()
 
@@ -561,9 +561,9 @@ class _FractionalMaxPoolPlan(Plan):
             self._bw_kernel.prepare()
             if self.fast:
                 self._fw_fast_kernel.prepare()
-                if self._tile_shape() is not None:
+                if self.tile_shape() is not None:
                     self._bw_tiled_kernel.prepare()
-                    if self._listed:
+                    if self.listed_backward:
                         self._bw_tiled_kernel.allow_dynamic_shared(BW_LISTED_MAX_DYNAMIC)
                 else:
                     self._bw_fast_kernel.prepare()
@@ -573,23 +573,63 @@ class _FractionalMaxPoolPlan(Plan):
         return self._fw_fast_kernels[self.forward_walk]
 
     @property
-    def _listed(self) -> bool:
+    def listed_backward(self) -> bool:
+        """Whether the tiled backward is the listed kernel (``listed_sums`` and the element
+        kind has one), else the static per-element / fused one."""
         return self.listed_sums and bool(self._bw_listed_kernels)
 
     @property
+    def forward_walks(self) -> tuple[str, ...]:
+        """The values ``forward_walk`` may take for this window ("looped", and for the
+        FAST_WINDOWS "unrolled", "rows" and "rows32")."""
+        return tuple(self._fw_fast_kernels)
+
+    @property
+    def forward_kernel_name(self) -> str:
+        """The name of the fast forward kernel ``forward_walk`` selects."""
+        return self._fw_fast_kernel.name
+
+    @property
+    def listed_loads_available(self) -> tuple[int, ...]:
+        """The values ``listed_loads`` may take (empty: no listed kernel for the element)."""
+        return tuple(self._bw_listed_kernels)
+
+    @property
+    def axes(self) -> tuple[tuple[int, int, int], ...]:
+        """(input extent, window, output extent) along d, h and w (2-D: d is (1, 1, 1))."""
+        return ((self._d_in, self._kd, self._d_out), (self._h_in, self._kh, self._h_out),
+                (self._w_in, self._kw, self._w_out))
+
+    @property
+    def paths_taken(self) -> frozenset[str]:
+        """The kernels of the layouts run so far: "fw-fast" / "fw-general" and
+        "bw-fast" / "bw-general" (fast: contiguous arrays, 32-bit offsets)."""
+        return frozenset(f"{key[0]}-{'fast' if key[1] else 'general'}" for key in self._bound)
+
+    @property
+    def memos(self) -> tuple[LayoutMemo, LayoutMemo]:
+        """The repeated-call memos of ``run_fw`` and ``run_bw`` (torch / CuPy layouts)."""
+        return self._memo_fw, self._memo_bw
+
+    @property
+    def memoised_layouts(self) -> tuple[int, int]:
+        """How many argument layouts the forward and the backward memo hold."""
+        return self._memo_fw.layout_count, self._memo_bw.layout_count
+
+    @property
     def _bw_tiled_kernel(self) -> Any:
-        if self._listed:
+        if self.listed_backward:
             return self._bw_listed_kernels[self.listed_loads]
         return self._bw_tiled_kernels[self.fused_sums]
 
-    def _tile_shape(self) -> tuple[int, int, int, int] | None:
+    def tile_shape(self) -> tuple[int, int, int, int] | None:
         """(tile_d, tile_h, reach_h, reach_w) of the tiled backward, or None where it does
         not apply (then the leader scatter runs): BARACUDA placement, a candidate box of at
         most BW_MASK_BITS outputs, whole rows fitting the tile."""
         if not self.tiled_backward or self._placement != PLACEMENT_BARACUDA:
             return None
         limit = self.tile_elems
-        listed = self._listed
+        listed = self.listed_backward
         key = (limit, listed and self.listed_bytes)
         if key not in self._tiles:
             tile_cap, stage_cap = BW_TILE_CAPS[self.descriptor.element]
@@ -605,10 +645,8 @@ class _FractionalMaxPoolPlan(Plan):
             if (max(self._d_in, self._h_in) <= _TILE_AXIS_LIMIT
                     and self._w_in <= min(tile_cap, BW_TABLE_W)
                     and max(self._d_out, self._h_out, self._w_out) < 1 << CANDIDATE_COUNT_SHIFT):
-                ranges = [_candidate_ranges(extent, window, out, self._placement)
-                          for extent, window, out in ((self._d_in, self._kd, self._d_out),
-                                                      (self._h_in, self._kh, self._h_out),
-                                                      (self._w_in, self._kw, self._w_out))]
+                ranges = [candidate_ranges(extent, window, out, self._placement)
+                          for extent, window, out in self.axes]
                 reach = [int((end - first).max()) for first, end in ranges]
                 if reach[0] * reach[1] * reach[2] <= BW_MASK_BITS:
                     tiles = _choose_tiles(self._d_in, self._h_in, self._w_in, self._w_out,
@@ -622,7 +660,7 @@ class _FractionalMaxPoolPlan(Plan):
     def _staged_max(self, extent: int, window: int, out: int, tile: int) -> int:
         """The most outputs of one axis whose window may meet a tile of ``tile`` coordinates
         (the staged rows / depths per tile)."""
-        return _staged_outputs(_candidate_ranges(extent, window, out, self._placement), tile)[1]
+        return staged_outputs(candidate_ranges(extent, window, out, self._placement), tile)[1]
 
     def _run_length(self, cached: bool = False) -> int:
         """Rows per thread: the override, else the row-caching forwards' or the others'."""
@@ -761,7 +799,7 @@ class _FractionalMaxPoolPlan(Plan):
         dx_span = flat_span(dx.shape, dx.strides)
         arrays = ((0, flat_span(dy.shape, dy.strides)),
                   (0, flat_span(indices.shape, indices.strides)), (0, dx_span))
-        tiles = self._tile_shape() if fast else None
+        tiles = self.tile_shape() if fast else None
         if tiles is not None:
             tile_d, tile_h, reach_h, reach_w = tiles
             tiles_d, tiles_h = -(-self._d_in // tile_d), -(-self._h_in // tile_h)
@@ -771,7 +809,7 @@ class _FractionalMaxPoolPlan(Plan):
             magic += [magic_divisor(self._w_in), magic_divisor(self._h_in * self._w_in),
                       magic_divisor(self._w_out)]
             windows, shared_bytes = self._windows, 0
-            if self._listed:  # masks, list, staged dy in dynamic shared memory
+            if self.listed_backward:  # masks, list, staged dy in dynamic shared memory
                 slots = tile_d * tile_h * self._w_in
                 staged = (self._staged_max(self._d_in, self._kd, self._d_out, tile_d)
                           * self._staged_max(self._h_in, self._kh, self._h_out, tile_h)

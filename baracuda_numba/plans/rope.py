@@ -23,7 +23,7 @@ Rejections (before any launch): ``InvalidProblem`` for bad extents, odd head/rot
 bad base, shape/positions mismatches, innermost stride != 1, partial overlap, backward
 descriptor != forward descriptor; ``Unsupported`` for other element kinds.
 Deterministic and bit-stable: each output element is computed by one thread, and every
-memory layout (``kernels/rope.py``: the widest unit the pointers, strides and rotary dim
+memory layout (``kernels/rope/``: the widest unit the pointers, strides and rotary dim
 allow, picked per call and cached) produces the same bits.
 
 Kernels (:meth:`_RopeBase._kernel_path`), where 16-byte units fit (f16/bf16/f32):
@@ -54,15 +54,11 @@ from typing import Any
 import numpy as np
 from numba import cuda
 
-from .._debug import debug_enabled
 from .._runtime import SIMULATOR
 from ..arrays import TensorMut, TensorRef, as_mut, as_ref, contiguous_strides, flat_span
 from ..driver import stream_capturing, stream_synchronize
 from ..errors import InvalidProblem
 from ..kernels.rope import (
-    ANGLES_BASE,
-    ANGLES_INV_FREQ,
-    ANGLES_TABLE,
     FLAT_PLANES_PER_THREAD,
     ROPE_ANGLES_KERNEL,
     ROPE_ELEMENTS,
@@ -70,7 +66,6 @@ from ..kernels.rope import (
     ROPE_KERNELS,
     ROPE_TABLE_KERNELS,
     ROPE_TILE_KERNELS,
-    TABLE_KINDS,
     TABLE_PLANES_PER_THREAD,
     TILE_MAX_PAIRS,
     build_rope_flat_kernel,
@@ -92,18 +87,11 @@ from ..types import (
     RopePairing,
 )
 from .base import LAUNCHED, LayoutMemo, Plan, fail, plan_args
+from .rope_general import RopeGeneralPath, _nothing, _positions_args
 from .rope_qk import QkPath, qk_eligible
 from .rope_sources import (
-    _SIDE_UNITS,
-    _TABLE_TYPESTRS,
-    _check_overlap,
-    _debug_check_offsets,
-    _debug_check_range,
     _has_extras,
-    _index_view,
     _plain_sources,
-    _wide,
-    _words,
 )
 
 __all__ = [
@@ -152,9 +140,10 @@ _TABLE_ELEMENTS = (ElementKind.F16, ElementKind.BF16, ElementKind.F32)
 _TABLE_BLOCK = 256
 # ``rope_flat``: the table over compact interleaved x and y, one unit of each of
 # ``FLAT_PLANES_PER_THREAD`` (b, h) planes per thread (``ROPE_FLAT_KERNELS``), fewer than
-# 2^32 units; blocks of _FLAT_BLOCK[element bytes] threads, the grid covering the units
+# 2^32 units; blocks of FLAT_BLOCK[element bytes] threads, the grid covering the units
 # (the block and planes sweep: docs/design/rope.md).
-_FLAT_BLOCK = {2: 64, 4: 64} if SIMULATOR else {2: 128, 4: 256}
+#: ``rope_flat``'s threads per block, by element bytes.
+FLAT_BLOCK = {2: 64, 4: 64} if SIMULATOR else {2: 128, 4: 256}
 
 # ``rope_tile`` (positions given, or no table): one row of several heads per block, the
 # row's angles computed once into shared memory. Taken automatically while one 16-byte unit
@@ -162,9 +151,8 @@ _FLAT_BLOCK = {2: 64, 4: 64} if SIMULATOR else {2: 128, 4: 256}
 # blocks of about _TILE_THREADS threads.
 _TILE_MAX_UNITS = 1 << 17
 _TILE_THREADS = 256
-# Grid extents the table and tile launches use at most (CUDA's grid.y/z limit). Tests lower
-# them to make the table kernel's grid-stride loops run, and to check that the tile, which
-# has no such loop, is then not taken.
+# Grid extents the table and tile launches use at most (CUDA's grid.y/z limit): the
+# defaults of the plans' ``grid_x_limit`` / ``grid_yz_limit``.
 _GRID_X_LIMIT = (1 << 31) - 1
 _GRID_YZ_LIMIT = 65535
 
@@ -186,15 +174,6 @@ def _heads_per_thread(rows: int, heads: int, dim: int) -> int:
            and max(dim // 8, 1) * rows * -(-heads // per_thread) < _MIN_THREADS):
         per_thread //= 2
     return per_thread
-
-
-def _positions_args(pos: TensorRef | None) -> tuple[int, int, int, int]:
-    """The kernels' positions arguments: (flat extent, batch stride, sequence stride,
-    present); a ``[S]`` tensor has batch stride 0."""
-    if pos is None:
-        return 0, 0, 0, 0
-    pos_b, pos_s = pos.strides if len(pos.shape) == 2 else (0, pos.strides[0])
-    return flat_span(pos.shape, pos.strides), pos_b, pos_s, 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -277,7 +256,24 @@ class RopeBackwardArgs:
     cu_seqlens: Any = None
 
 
-class _RopeBase(Plan):
+@dataclass(frozen=True, slots=True)
+class RopeChoice:
+    """What :meth:`RopePlan.choice` reports of a call's kernel.
+
+    ``path``: "table" (``rope_table`` / ``rope_flat``), "tile" (``rope_tile``) or "rows"
+    (a ``ROPE_KERNELS`` layout); ``layout`` / ``width``: the widest ``ROPE_KERNELS`` layout
+    the arrays allow and its elements per memory unit; ``flat``: a table call over these
+    arrays takes ``rope_flat``; ``tile_heads_per_block``: heads per ``rope_tile`` block
+    (tile path only)."""
+
+    path: str
+    layout: str
+    width: int
+    flat: bool
+    tile_heads_per_block: int | None
+
+
+class _RopeBase(RopeGeneralPath, Plan):
     """Validation and launch shared by the forward and backward plans."""
 
     _inverse = 0
@@ -355,6 +351,11 @@ class _RopeBase(Plan):
         self.heads_per_thread = _heads_per_thread(batch * seq, heads, dim)
         self.row_blocks = _ROW_BLOCKS
         self.force_pairs = False  # tests: take the element path even when units would do
+        #: grid extents the table and tile launches use at most; tests lower them to make
+        #: the table kernel's grid-stride loops run and to check that the tile, which has
+        #: no such loop, is then not taken
+        self.grid_x_limit = _GRID_X_LIMIT
+        self.grid_yz_limit = _GRID_YZ_LIMIT
         #: 16-byte unit kernel: None = automatic (f32; small interleaved f16/bf16)
         self.units16: bool | None = None
         #: heads per thread of the 16-byte unit kernel (None: from the problem size)
@@ -557,6 +558,22 @@ class _RopeBase(Plan):
                     return layout, width
         return "pairs", 1
 
+    @property
+    def built_angle_table(self) -> Any:
+        """The plan's (cos, sin) table on the device (f32, ``2 * seq_len * rotary_dim / 2``
+        values, (cos, sin) per (s, pair)) once a run has built it, else None."""
+        return self._table
+
+    def choice(self, x: TensorRef, y: TensorMut, positions: Any = None) -> RopeChoice:
+        """The kernel a call with these array views (``arrays.as_ref`` / ``as_mut`` of x
+        and y; ``positions`` given or None) takes, from their layout and the plan's tuning
+        attributes: a pure function, nothing is launched."""
+        path = self._kernel_path(x, y, positions)
+        layout, width = self._layout(x, y)
+        heads = (self._tile_heads_per_block(self._unit_items(x, y)[3]) if path == "tile"
+                 else None)
+        return RopeChoice(path, layout, width, self._flat_fits(x, y), heads)
+
     def _kernel_path(self, x: TensorRef, y: TensorMut, pos: TensorRef | None) -> str:
         """Which kernel family a call takes: ``"table"``, ``"tile"`` or ``"rows"`` (the
         ``ROPE_KERNELS`` layout of :meth:`_layout`)."""
@@ -584,8 +601,8 @@ class _RopeBase(Plan):
         unit offsets reach every element of x and y."""
         batch, heads, seq, dim = self._shape
         width, _, _, items, _ = self._unit_items(x, y)
-        return (seq <= _GRID_X_LIMIT and batch <= _GRID_YZ_LIMIT
-                and -(-heads // self._tile_heads_per_block(items)) <= _GRID_YZ_LIMIT
+        return (seq <= self.grid_x_limit and batch <= self.grid_yz_limit
+                and -(-heads // self._tile_heads_per_block(items)) <= self.grid_yz_limit
                 and max(flat_span(x.shape, x.strides), flat_span(y.shape, y.strides))
                 < width << 31)
 
@@ -765,7 +782,7 @@ class _RopeBase(Plan):
         units = math.prod(self._shape) * self._itemsize // 16
         threads = self._flat_threads(self._flat_planes())
         return (x.strides == compact and y.strides == compact and units < 1 << 32
-                and -(-threads // _FLAT_BLOCK[self._itemsize]) <= _GRID_X_LIMIT)
+                and -(-threads // FLAT_BLOCK[self._itemsize]) <= self.grid_x_limit)
 
     def _flat_planes(self) -> int:
         """(b, h) planes per ``rope_flat`` thread."""
@@ -794,7 +811,7 @@ class _RopeBase(Plan):
             params = (threads, row_items, _log2_or_minus1(row_items), rot_items, seq,
                       self._rotary // 2, int(x.ptr == y.ptr), self._inverse,
                       _log2_or_minus1(seq * row_items), batch * heads)
-            block = _FLAT_BLOCK[self._itemsize]
+            block = FLAT_BLOCK[self._itemsize]
             kernel, grid = self._flat_kernel, -(-threads // block)
             if per_thread != FLAT_PLANES_PER_THREAD[self.descriptor.element]:
                 kernel = _flat_variant(self.descriptor.element, per_thread)
@@ -802,8 +819,8 @@ class _RopeBase(Plan):
             plane_units = seq * items
             per_thread = TABLE_PLANES_PER_THREAD[layout] \
                 if self.table_planes_per_thread is None else self.table_planes_per_thread
-            grid = (min(-(-plane_units // _TABLE_BLOCK), _GRID_X_LIMIT),
-                    min(-(-(batch * heads) // per_thread), _GRID_YZ_LIMIT))
+            grid = (min(-(-plane_units // _TABLE_BLOCK), self.grid_x_limit),
+                    min(-(-(batch * heads) // per_thread), self.grid_yz_limit))
             params = ((plane_units, items, rot_items, partner, self._rotary // width, heads,
                        batch * heads) + xs + ys + (self._rotary // 2, self._inverse))
             kernel, block = self._table_kernels[layout], _TABLE_BLOCK
@@ -831,198 +848,6 @@ class _RopeBase(Plan):
             (seq, batch, -(-heads // per_block)), (items, per_block),
             ((0, x_words), (0, y_words), (0, pos_extent), params, self._freq_exponent))
 
-    # -- the general path: k, BSHD / THD, inv_freq, cos/sin, int32 positions, cu_seqlens --
-
-    def _run_general(self, args: Any, stream: Any) -> None:
-        """Check every array, then one ``rope_rows`` launch for q and k together."""
-        tensors, arrays, sources = self._general_views(args)
-        handle = stream_handle(stream)
-        (x, y, shape), *rest = tensors
-        k = (rest[0][0], rest[0][1], rest[0][2][1], None) if rest else None
-        if not math.prod(shape) and (k is None or not math.prod(rest[0][2])):
-            return
-        launch = self._general_launch(x, y, shape, arrays, sources, k=k)
-        pointers = tuple(0 if a is None else a.ptr for a in arrays)
-        k_pointers = (0, 0) if k is None else (k[0].ptr, k[1].ptr)
-        launch(handle, x.ptr, y.ptr, *pointers, *k_pointers)
-
-    def _general_launch(self, x: TensorRef, y: TensorMut, shape: tuple[int, int, int, int],
-                        arrays: tuple[Any, ...], sources: tuple[int, ...],
-                        pos_args: tuple[int, int, int, int] | None = None,
-                        y_span: int | None = None,
-                        k: tuple[Any, Any, int, int | None] | None = None) -> Any:
-        """The cached ``rope_rows`` launch for one layout of (x, y) and the side arrays
-        (``pos_args``: the positions' (words, batch stride, sequence stride, present), by
-        default from ``arrays[0]``; ``y_span``: y's extent in elements where its rows are
-        placed by a destination index; ``k``: (x_k, y_k, heads, y_k's span or None) in the
-        same launch)."""
-        layout, width = self._layout(x, y, units16_ok=False)
-        k_key = None
-        if k is not None:  # the narrower of the two tensors' layouts
-            k_layout, k_width = self._layout(k[0], k[1], units16_ok=False)
-            if k_width < width:
-                layout, width = k_layout, k_width
-            k_key = (k[2], k[0].strides, k[1].strides, (k[0].ptr | k[1].ptr) & 15,
-                     k[0].ptr == k[1].ptr, k[3])
-        extents = tuple(0 if a is None else _words(a, unit)
-                        for a, unit in zip(arrays[1:], _SIDE_UNITS))
-        pos = arrays[0]
-        if pos_args is None:
-            pos_args = (0, 0, 0, 0) if pos is None else _general_positions(pos)
-        key = (shape, x.strides, y.strides, (x.ptr | y.ptr) & 15, x.ptr == y.ptr, layout,
-               pos_args, extents, sources, y_span, k_key)
-        launch = self._general_launches.get(key)
-        if launch is None:
-            bound = self._bind_rows(x, y, shape, layout, width, pos_args, sources, extents,
-                                    y_span, k)
-            launch = _nothing if bound is None else getattr(bound, "fast", bound)
-            if len(self._general_launches) > 64:
-                self._general_launches.clear()
-            self._general_launches[key] = launch
-        return launch
-
-    def _logical(self, array: Any, arg: str, heads: int, write: bool) -> Any:
-        """A view of q/k-shaped ``array`` as [B, H, S, D] (``desc.layout``'s axes
-        permuted; THD as [1, H, T, D]), after the shape, dtype and innermost-stride
-        checks."""
-        desc = self.descriptor
-        batch, _, seq, dim = desc.batch_size, heads, desc.seq_len, desc.head_dim
-        layout = desc.layout
-        shape = {RopeLayout.BHSD: (batch, heads, seq, dim),
-                 RopeLayout.BSHD: (batch, seq, heads, dim),
-                 RopeLayout.THD: (seq, heads, dim)}[layout]
-        view = (as_mut if write else as_ref)(array, self.name, arg, desc.element, shape)
-        if dim > 1 and view.numel and view.strides[-1] != 1:
-            fail(self.name, InvalidProblem, f"{arg}.strides[{len(shape) - 1}]",
-                 f"= {view.strides[-1]} must be 1 (pairs are read along the feature axis)")
-        st = view.strides
-        if layout is RopeLayout.BSHD:
-            shape, strides = (batch, heads, seq, dim), (st[0], st[2], st[1], st[3])
-        elif layout is RopeLayout.THD:
-            shape, strides = (1, heads, seq, dim), (0, st[1], st[0], st[2])
-        else:
-            strides = st
-        return type(view)(view.ptr, shape, strides, view.typestr, view.itemsize, view.owner)
-
-    def _general_views(self, args: Any) -> tuple[list, tuple, tuple[int, ...]]:
-        """((x, y, logical shape) per tensor; (positions, cu_seqlens, inv_freq, cos, sin,
-        destination index) views or None; the ``ROPE_SOURCES`` tuple), every check done."""
-        desc = self.descriptor
-        name = self.name
-        fields_ = tuple(getattr(args, f) for f in type(args).__slots__)
-        source, dest, positions, k_in, k_out, inv_freq, cos, sin, cu_seqlens = fields_
-        tensors = []
-        heads_k = desc.num_kv_heads
-        pairs = [(self._in_name, self._out_name, source, dest, desc.num_heads)]
-        k_name = "k" if self._inverse == 0 else "dk"
-        if heads_k:
-            if k_in is None or k_out is None:
-                fail(name, InvalidProblem, k_name, f"and {k_name}_out are required when "
-                     f"desc.num_kv_heads = {heads_k} > 0")
-            pairs.append((k_name, f"{k_name}_out", k_in, k_out, heads_k))
-        elif k_in is not None or k_out is not None:
-            fail(name, InvalidProblem, k_name, "is given but desc.num_kv_heads = 0")
-        for in_name, out_name, a, b, heads in pairs:
-            x = self._logical(a, in_name, heads, False)
-            y = self._logical(b, out_name, heads, True)
-            _check_overlap(name, x, y, in_name, out_name, self._itemsize)
-            tensors.append((x, y, x.shape))
-        seq = desc.seq_len
-        thd = desc.layout is RopeLayout.THD
-        cu = None
-        if cu_seqlens is not None:
-            if not thd:
-                fail(name, InvalidProblem, "cu_seqlens", "is only for desc.layout = THD")
-            cu = _index_view(name, "cu_seqlens", cu_seqlens, (desc.batch_size + 1,))
-            if desc.batch_size and cu.strides[0] != 1:
-                fail(name, InvalidProblem, "cu_seqlens.strides[0]",
-                     f"= {cu.strides[0]} must be 1")
-            if debug_enabled():
-                _debug_check_offsets(name, cu, seq)
-        pos = None
-        if positions is not None:
-            if cu is not None:
-                shapes = ((desc.batch_size,),)
-            elif thd:
-                shapes = ((seq,),)
-            else:
-                shapes = ((seq,), (desc.batch_size, seq))
-            pos = _index_view(name, "positions", positions, *shapes)
-        inv = cos_view = sin_view = None
-        angles = desc.angles
-        half = self._rotary // 2
-        if angles is RopeAngleSource.INV_FREQ:
-            if inv_freq is None:
-                fail(name, InvalidProblem, "inv_freq", "is required (desc.angles = INV_FREQ)")
-            inv = as_ref(inv_freq, name, "inv_freq", ElementKind.F32, (half,))
-            if half > 1 and inv.strides[0] != 1:
-                fail(name, InvalidProblem, "inv_freq.strides[0]", f"= {inv.strides[0]} must be 1")
-        elif inv_freq is not None:
-            fail(name, InvalidProblem, "inv_freq", f"is given but desc.angles = {angles.name}")
-        table = (0,) * 6
-        if angles in (RopeAngleSource.COS_SIN_CACHE, RopeAngleSource.COS_SIN_GATHERED):
-            cos_view, sin_view, table = self._cos_sin(cos, sin, pos, cu)
-        elif cos is not None or sin is not None:
-            fail(name, InvalidProblem, "cos", f"is given but desc.angles = {angles.name}")
-        source_kind = {RopeAngleSource.BASE: ANGLES_BASE,
-                       RopeAngleSource.INV_FREQ: ANGLES_INV_FREQ}.get(angles, ANGLES_TABLE)
-        sources = (_wide(pos), 0, 0 if cu is None else desc.batch_size, _wide(cu),
-                   source_kind) + table[:5] + (0,) * 14
-        return tensors, (pos, cu, inv, cos_view, sin_view, None), sources
-
-    def _cos_sin(self, cos: Any, sin: Any, pos: Any, cu: Any) -> tuple[Any, Any, tuple]:
-        """Views of the cos/sin tables and (kind, batch, sequence, position, column
-        strides) for ``ROPE_SOURCES``; a cache must cover every position the host knows."""
-        desc, name = self.descriptor, self.name
-        if cos is None or sin is None:
-            fail(name, InvalidProblem, "cos", f"and sin are required (desc.angles = "
-                 f"{desc.angles.name})")
-        cos_view = as_ref(cos, name, "cos")
-        sin_view = as_ref(sin, name, "sin")
-        kind = _TABLE_TYPESTRS.get(cos_view.typestr)
-        if kind is None:
-            fail(name, InvalidProblem, "cos", f"has dtype {cos_view.typestr}; it must be f16, "
-                 "bf16, f32 or f64")
-        if (sin_view.typestr != cos_view.typestr or sin_view.shape != cos_view.shape
-                or sin_view.strides != cos_view.strides):
-            fail(name, InvalidProblem, "sin", "must have cos's dtype, shape and strides")
-        shape, st = cos_view.shape, cos_view.strides
-        rotary = self._rotary
-        width = shape[-1] if shape else -1
-        if width not in (rotary, rotary // 2) or not shape:
-            fail(name, InvalidProblem, "cos", f"has shape {shape}; its last axis must be "
-                 f"rotary_dim = {rotary} or rotary_dim / 2 = {rotary // 2}")
-        column = st[-1] * (2 if width == rotary and not self._half_split else 1)
-        seq, batch = desc.seq_len, desc.batch_size
-        if desc.angles is RopeAngleSource.COS_SIN_CACHE:
-            if len(shape) != 2:
-                fail(name, InvalidProblem, "cos", f"has shape {shape}; a cache is [S_max, "
-                     f"{rotary} | {rotary // 2}]")
-            if pos is None and cu is None and shape[0] < seq:
-                fail(name, InvalidProblem, "cos", f"has {shape[0]} rows; positions up to "
-                     f"{seq - 1} need seq_len = {seq}")
-            if debug_enabled():
-                _debug_check_range(name, "positions", pos, 0, shape[0])
-            return cos_view, sin_view, (TABLE_KINDS[kind], 0, 0, st[0], column, 0)
-        thd = desc.layout is RopeLayout.THD
-        if thd and len(shape) == 2 and shape[0] == seq:
-            return cos_view, sin_view, (TABLE_KINDS[kind], 0, st[0], 0, column, 0)
-        if len(shape) == 2 and shape[0] == seq and not thd:
-            return cos_view, sin_view, (TABLE_KINDS[kind], 0, st[0], 0, column, 0)
-        if len(shape) == 3 and shape[1] == seq and shape[0] in (1, batch):
-            stride_b = st[0] if shape[0] == batch and batch > 1 else 0
-            return cos_view, sin_view, (TABLE_KINDS[kind], stride_b, st[1], 0, column, 0)
-        fail(name, InvalidProblem, "cos", f"has shape {shape}; gathered tables are "
-             f"[1 | B, S, {rotary} | {rotary // 2}] = [1 | {batch}, {seq}, ...]"
-             + (" or [T, ...]" if thd else ""))
-        raise AssertionError  # unreachable: fail raises
-
-
-def _general_positions(pos: Any) -> tuple[int, int, int, int]:
-    """(extent in 32-bit words, batch stride, sequence stride, present) of positions."""
-    extent, pos_b, pos_s, present = _positions_args(pos)
-    return extent * pos.itemsize // 4, pos_b, pos_s, present
-
 
 def _unit_views(x: TensorRef, y: TensorMut, width: int) -> tuple[int, int, tuple[int, ...],
                                                                tuple[int, ...]]:
@@ -1049,10 +874,6 @@ def _flat_variant(element: ElementKind, per_thread: int) -> Any:
 def _table_variant(element: ElementKind, layout: str, per_thread: int) -> Any:
     """An unregistered ``rope_table`` kernel with another number of planes per thread."""
     return build_rope_table_kernel(element, layout, per_thread, register=False).prepare()
-
-
-def _nothing(*_: Any) -> None:
-    """The memoised launch of an in-place call with nothing to rotate."""
 
 
 class RopePlan(_RopeBase):

@@ -24,7 +24,7 @@ from typing import Any
 
 from .._debug import debug_enabled
 from ..arrays import flat_span
-from ..kernels.rope_qk import QK_HEAD_BATCH, ROPE_QK_KERNELS
+from ..kernels.rope.qk import QK_HEAD_BATCH, ROPE_QK_KERNELS
 from ..streams import stream_handle
 from ..types import ElementKind, RopeAngleSource
 from .base import LAUNCHED, LayoutMemo

@@ -20,7 +20,7 @@ Saved tensors for ``ScanBackwardArgs``: Cumsum none; Cumprod ``x`` and ``y``;
 Cummax/Cummin ``x``; LogCumsumExp ``x`` and ``y``. ``dx`` must not overlap ``dy``, ``x``
 or ``y``. A missing saved tensor is ``InvalidProblem``.
 
-Kernels (``kernels/scan.py``). When ``x`` and ``y`` (and ``indices``) collapse to
+Kernels (``kernels/scan/``). When ``x`` and ``y`` (and ``indices``) collapse to
 [outer, extent, inner] with contiguous inner axes and a uniform outer pitch (any
 C-contiguous tensor, for instance): *rows_fast* (inner = 1, extent >= 64: one warp per
 line, 8-byte word accesses when pointers and pitches allow) or *cols_fast* (inner >= 32:
@@ -366,6 +366,10 @@ def _collapse(shape: tuple[int, ...], axis: int, view_strides: tuple[tuple[int, 
     return out
 
 
+#: ``use_kernels``: leave this kernel set as it is.
+_KEEP = object()
+
+
 class _ScanLauncher(Plan):
     """What the two plans share: descriptor checks, geometry and the launch."""
 
@@ -424,6 +428,43 @@ class _ScanLauncher(Plan):
                 for kernel in (self._extremum_backward.rows, self._extremum_backward.cols,
                                self._extremum_backward.fixup):
                     kernel.prepare()
+
+    @property
+    def paths_taken(self) -> frozenset[str]:
+        """The kernel paths of the layouts run so far: ``"generic"`` (rows / lines),
+        ``"fast"`` (rows_fast / cols_fast), ``"indexed"`` (the indexed rows kernel) and
+        ``"extremum_backward"`` (the fused Cummax/Cummin backward)."""
+        return frozenset(key[0] if isinstance(key[0], str) else "generic"
+                         for key, found in self._bound.items() if found[0])
+
+    @property
+    def memoised_layouts(self) -> int:
+        """How many argument layouts the repeated-call memo holds."""
+        return self._memo.layout_count
+
+    def use_kernels(self, *, fast: Any = _KEEP, indexed: Any = _KEEP,
+                    extremum_backward: Any = _KEEP, **geometry: int) -> None:
+        """Tuning (benchmark sweeps): run kernel variants in place of the table's
+        (``FastKernels``, ``IndexedKernels``, ``ExtremumBackwardKernels`` built with
+        ``register=False``; ``extremum_backward=None``: the record-flag pre-pass and the
+        generic kernels) and override launch-geometry fields by name (``_Geometry``'s
+        attributes, e.g. ``rows_block``). ``workspace_size`` follows; the bound launches
+        and the memo are dropped."""
+        if fast is not _KEEP:
+            self._fast = fast
+        if indexed is not _KEEP:
+            self._indexed = indexed
+        if extremum_backward is not _KEEP:
+            self._extremum_backward = extremum_backward
+            if extremum_backward is not None:
+                self._geometry.extremum_backward(extremum_backward, None)
+        for name, value in geometry.items():
+            if not hasattr(self._geometry, name):
+                raise AttributeError(f"{self.name}.use_kernels: no geometry field {name!r}")
+            setattr(self._geometry, name, value)
+        self._workspace_size = self._geometry.workspace_size
+        self._bound.clear()
+        self._memo.clear()
 
     def _remember(self, key: Any, calls: _Calls, views: tuple[TensorRef | None, ...]
                   ) -> None:

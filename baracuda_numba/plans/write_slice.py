@@ -203,6 +203,13 @@ class WriteSlicePlan(Plan):
         self._memo.store(memo_key, launch, (0, 0))
         launch(handle, dest.ptr, source.ptr)
 
+    def bound_launch(self, args: WriteSliceArgs) -> BoundLaunch:
+        """The row kernel's launch bound for the layout of ``args`` (checked as ``run``
+        checks them), even where ``run`` takes a driver copy: host benchmarks time its
+        parts."""
+        dest, source = self.can_implement(args)
+        return self._bind_rows(dest, source)
+
     def _launcher(self, dest: TensorMut, source: TensorRef) -> Callable[[int, int, int], None]:
         """``launch(stream, dest_ptr, source_ptr)`` for this layout: a driver copy when the
         window is contiguous runs of contiguous tensors, else the row kernel."""

@@ -33,16 +33,16 @@ from __future__ import annotations
 
 from numba import cuda, float32, int64, types, uint32, uint64
 
-from ..launch import Kernel
-from ..types import ElementKind
-from .common import load16, store16
-from .rope import (
+from ...launch import Kernel
+from ...types import ElementKind
+from ..common import load16, store16
+from .angles import load_index
+from .units import (
     ROPE_UNIT_TABLE,
     _rotate_half4,
     _rotate_half8,
     _rotate_interleaved4,
     _rotate_interleaved8,
-    load_index,
 )
 
 #: Heads whose loads are in flight together per thread (two 16-byte loads each for

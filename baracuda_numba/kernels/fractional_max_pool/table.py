@@ -1,0 +1,167 @@
+"""Fractional max pool: the dtype table and every compiled kernel of the family."""
+
+from __future__ import annotations
+
+from numba import float32, float64, int64, types, uint16
+from numba.types import float16
+
+from ...launch import Kernel, flat
+from ...types import ElementKind
+from ..common import bf16_to_f32, f32_to_bf16
+from .fast import (
+    FAST_WINDOWS,
+    _make_backward_fast,
+    _make_forward_fast,
+    _make_forward_rows,
+    _make_forward_rows32,
+    _make_window_max,
+)
+from .generic import _make_backward, _make_forward
+from .placement import _load_f16, _same, _store_f16, torch_window_start_f32, torch_window_start_f64
+from .tiled import _make_backward_listed, _make_backward_tiled
+
+# -- the dtype table -------------------------------------------------------------------------
+
+_TUPLE8 = types.UniTuple(int64, 8)
+
+
+def _dense(storage):
+    """A flat, unit-stride device view (``flat`` with C layout: the kernels never need the
+    array's byte stride, which saves a register and a multiply per access)."""
+    return types.Array(storage, 1, "C")
+
+
+#: element -> (storage type, widen to compare/accumulate type, narrow back, zero of the
+#: accumulate type, PyTorch placement arithmetic).
+FRACTIONAL_MAX_POOL_TABLE = {
+    ElementKind.F16: (float16, _load_f16, _store_f16, float32(0.0), torch_window_start_f32),
+    ElementKind.BF16: (uint16, bf16_to_f32, f32_to_bf16, float32(0.0), torch_window_start_f32),
+    ElementKind.F32: (float32, _same, _same, float32(0.0), torch_window_start_f32),
+    ElementKind.F64: (float64, _same, _same, float64(0.0), torch_window_start_f64),
+}
+
+FRACTIONAL_MAX_POOL_ELEMENTS = tuple(FRACTIONAL_MAX_POOL_TABLE)
+
+
+def _signature(storage):
+    return (_dense(storage), _dense(storage), _dense(int64), flat(float32), _TUPLE8, _TUPLE8,
+            _TUPLE8, _TUPLE8, _TUPLE8, _TUPLE8, int64)
+
+
+def _backward_signature(storage):
+    return (_dense(storage), _dense(int64), _dense(storage), _TUPLE8, _TUPLE8, _TUPLE8, _TUPLE8,
+            _TUPLE8, int64)
+
+
+FRACTIONAL_MAX_POOL_FW_KERNELS = {
+    element: Kernel(f"fractional_max_pool_fw[{element.name}]",
+                    _make_forward(load, torch_start),
+                    _signature(storage), grid_stride=True)
+    for element, (storage, load, _store, _zero, torch_start)
+    in FRACTIONAL_MAX_POOL_TABLE.items()
+}
+
+FRACTIONAL_MAX_POOL_BW_KERNELS = {
+    element: Kernel(f"fractional_max_pool_bw[{element.name}]",
+                    _make_backward(load, store, zero),
+                    _backward_signature(storage), grid_stride=True)
+    for element, (storage, load, store, zero, _torch_start)
+    in FRACTIONAL_MAX_POOL_TABLE.items()
+}
+
+
+def _fast_signature(storage):
+    return (_dense(storage), _dense(storage), _dense(int64), flat(float32), _TUPLE8, _TUPLE8,
+            _TUPLE8, _TUPLE8, _TUPLE8, int64)
+
+
+def _fast_backward_signature(storage):
+    return (_dense(storage), _dense(int64), _dense(storage), _TUPLE8, _TUPLE8, _TUPLE8,
+            _TUPLE8, int64)
+
+
+def _window_name(window):
+    return "any" if window is None else "x".join(map(str, window))
+
+
+#: (element, window (kd, kh, kw) in FAST_WINDOWS, or None for any window) -> kernel with
+#: the window walked by ``_make_window_max`` (unrolled, or looped for None).
+FRACTIONAL_MAX_POOL_FW_FAST_KERNELS = {
+    (element, window): Kernel(
+        f"fractional_max_pool_fw_fast[{element.name},{_window_name(window)}]",
+        _make_forward_fast(load, torch_start, _make_window_max(load, storage, window)),
+        _fast_signature(storage), grid_stride=True)
+    for element, (storage, load, _store, _zero, torch_start)
+    in FRACTIONAL_MAX_POOL_TABLE.items()
+    for window in (None,) + FAST_WINDOWS
+}
+
+#: (walk, element, window in FAST_WINDOWS) -> the row-caching forward: walk "rows32" (32-bit
+#: offsets, the default for these windows) or "rows" (64-bit offsets).
+FRACTIONAL_MAX_POOL_FW_ROWS_KERNELS = {
+    (walk, element, window): Kernel(
+        f"fractional_max_pool_fw_{walk}[{element.name},{_window_name(window)}]",
+        make(load, torch_start, storage, window), _fast_signature(storage), grid_stride=True)
+    for walk, make in (("rows", _make_forward_rows), ("rows32", _make_forward_rows32))
+    for element, (storage, load, _store, _zero, torch_start)
+    in FRACTIONAL_MAX_POOL_TABLE.items()
+    for window in FAST_WINDOWS
+}
+
+FRACTIONAL_MAX_POOL_BW_FAST_KERNELS = {
+    element: Kernel(f"fractional_max_pool_bw_fast[{element.name}]",
+                    _make_backward_fast(load, store, zero),
+                    _fast_backward_signature(storage), grid_stride=True)
+    for element, (storage, load, store, zero, _torch_start)
+    in FRACTIONAL_MAX_POOL_TABLE.items()
+}
+
+#: element -> (tile elements, staged outputs) of the tiled backward's shared memory, below
+#: the 48 KiB of static shared memory a block may hold next to the candidate tables
+#: (5.5 KiB): a u32 mask per tile element, dy in storage per staged output (f16/bf16:
+#: 24 + 14 KiB; f32: 20 + 20 KiB; f64: 16 + 22 KiB).
+BW_TILE_CAPS = {
+    ElementKind.F16: (6144, 7168),
+    ElementKind.BF16: (6144, 7168),
+    ElementKind.F32: (5120, 5120),
+    ElementKind.F64: (4096, 2816),
+}
+
+
+def _tiled_backward_signature(storage):
+    return (_dense(storage), _dense(int64), _dense(storage), _TUPLE8, _TUPLE8, _TUPLE8,
+            _TUPLE8, _TUPLE8)
+
+
+#: (element, fused phase 2) -> the tiled backward (see ``_make_backward_tiled``).
+FRACTIONAL_MAX_POOL_BW_TILED_KERNELS = {
+    (element, fused): Kernel(
+        f"fractional_max_pool_bw_tiled[{element.name}{',fused' if fused else ''}]",
+        _make_backward_tiled(load, store, zero, storage, *BW_TILE_CAPS[element], fused),
+        _tiled_backward_signature(storage), grid_stride=True)
+    for element, (storage, load, store, zero, _torch_start)
+    in FRACTIONAL_MAX_POOL_TABLE.items()
+    for fused in (False, True)
+}
+
+
+#: Elements of the listed tiled backward (f32 sums kept in the u32 mask slots).
+BW_LISTED_ELEMENTS = (ElementKind.F16, ElementKind.BF16, ElementKind.F32)
+#: The listed kernel's dynamic shared memory limit: sm_90 allows 227 KiB per block, of
+#: which its static tables take 5.4 KiB (ptxas: 5520 bytes); kept a little below.
+BW_LISTED_MAX_DYNAMIC = 220 * 1024
+
+#: Independent loads per pass of the listed kernel's staging loop.
+BW_LISTED_LOADS = (2, 4)
+
+#: (element, loads per pass) -> the listed tiled backward (see ``_make_backward_listed``).
+FRACTIONAL_MAX_POOL_BW_LISTED_KERNELS = {
+    (element, loads): Kernel(
+        f"fractional_max_pool_bw_listed[{element.name},{loads}]",
+        _make_backward_listed(FRACTIONAL_MAX_POOL_TABLE[element][1],
+                              FRACTIONAL_MAX_POOL_TABLE[element][2],
+                              FRACTIONAL_MAX_POOL_TABLE[element][0], loads),
+        _tiled_backward_signature(FRACTIONAL_MAX_POOL_TABLE[element][0]), grid_stride=True)
+    for element in BW_LISTED_ELEMENTS
+    for loads in BW_LISTED_LOADS
+}

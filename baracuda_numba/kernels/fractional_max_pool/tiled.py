@@ -1,0 +1,583 @@
+"""Fractional max pool: the tiled backward kernels (candidate masks per tile element in
+shared memory; the static and the listed variant)."""
+
+from __future__ import annotations
+
+from numba import cuda, float32, int64, uint32
+
+from ..common import bitcast
+from .fast import fast_div
+
+
+@cuda.jit(device=True, inline=True)
+def candidates_baracuda(coord, extent, window, out, multiplier, shift):
+    """``candidate_outputs_fast`` for the BARACUDA placement only (no general fallback
+    compiled in)."""
+    max_start = extent - window
+    last = out - 1
+    if max_start <= 0 or last <= 0:
+        return int64(0), out
+    first = int64(0)
+    below = coord - window - 1
+    if below >= 0:
+        first = min(out, fast_div((below + 1) * last + max_start - 1, multiplier, shift))
+    end = min(out, fast_div((coord + 1) * last + max_start - 1, multiplier, shift))
+    return first, end
+
+
+#: Packed candidate range of one coordinate in the tiled backward's tables:
+#: ``first | count << CANDIDATE_COUNT_SHIFT`` (first < 2^24, count <= 255: the plan checks).
+CANDIDATE_COUNT_SHIFT = 24
+_FIRST_MASK = (1 << CANDIDATE_COUNT_SHIFT) - 1
+
+
+@cuda.jit(device=True, inline=True)
+def _fill_candidates(table, coord0, count, extent, window, out, multiplier, shift):
+    """``table[j]`` = packed candidate range of coordinate ``coord0 + j``, j < count (the
+    block's threads share the work; the caller synchronises)."""
+    j = int64(cuda.threadIdx.x)
+    while j < count:
+        first, end = candidates_baracuda(coord0 + j, extent, window, out, multiplier, shift)
+        table[j] = uint32(first | ((end - first) << CANDIDATE_COUNT_SHIFT))
+        j += cuda.blockDim.x
+
+
+@cuda.jit(device=True, inline=True)
+def _candidate_offset(packed, coord):
+    """(coord - first) of a packed candidate range as uint32, and whether coord is in it
+    (no wraparound below ``first``: the result is then 0 and out of the range)."""
+    first = packed & _FIRST_MASK
+    rel = uint32(coord - min(first, coord))
+    return rel, (coord >= first) & (rel < (packed >> CANDIDATE_COUNT_SHIFT))
+
+
+@cuda.jit(device=True, inline=True)
+def _pop_lowest_bit(mask):
+    """(index of the lowest set bit, mask without it) of a non-zero uint32 mask."""
+    below = uint32(mask - uint32(1))
+    return uint32(cuda.popc(uint32(mask ^ below)) - 1), uint32(mask & below)
+
+
+@cuda.jit(device=True, inline=True)
+def _first_choice_offset(rem, dl, d_table, h_table, w_table, od_lo, oh_lo, staged_h, w_in,
+                         w_out, m_row, s_row):
+    """Staged offset of the first candidate output of the tile element at depth ``dl``,
+    offset ``rem`` in that depth (row ``rem // w_in``, column ``rem % w_in``)."""
+    hl = uint32(fast_div(rem, m_row, s_row))
+    w = uint32(rem - hl * w_in)
+    return uint32(uint32(uint32((d_table[dl] & _FIRST_MASK) - od_lo) * staged_h
+                         + (h_table[hl] & _FIRST_MASK) - oh_lo) * w_out
+                  + (w_table[w] & _FIRST_MASK))
+
+
+@cuda.jit(device=True, inline=True)
+def _sum_choices_fused(masks, dy_stage, deltas, d_table, h_table, w_table, dx, tile_origin,
+                       tile_slots, depth_elems, run, hw_in, od_lo, oh_lo, staged_h, w_in,
+                       w_out, m_row, s_row, load, store, zero):
+    """Phase 2 of the tiled backward as one loop per thread over its mask slots
+    ``e = tid, tid + threads, ...`` (slot ``e`` = depth ``e // depth_elems``, offset
+    ``rem``; offsets from ``run`` on are rows past the tile's end: never chosen, never
+    stored). Each step either adds the dy of the current element's lowest remaining bit
+    or, once no bit is left, stores the element and loads the next mask: the same sums
+    in the same order as the per-element loop."""
+    threads = uint32(cuda.blockDim.x)
+    e = uint32(cuda.threadIdx.x)
+    rem = e
+    dl = uint32(0)
+    while rem >= depth_elems:
+        rem = uint32(rem - depth_elems)
+        dl = uint32(dl + 1)
+    chosen = uint32(0)
+    base = uint32(0)
+    total = zero
+    if e < tile_slots:
+        chosen = masks[e]
+        if chosen != 0:
+            base = _first_choice_offset(rem, dl, d_table, h_table, w_table, od_lo, oh_lo,
+                                        staged_h, w_in, w_out, m_row, s_row)
+    while e < tile_slots:
+        if chosen != 0:
+            bit, chosen = _pop_lowest_bit(chosen)
+            total += load(dy_stage[uint32(base + deltas[bit])])
+        else:
+            if rem < run:
+                dx[uint32(tile_origin + dl * hw_in + rem)] = store(total)
+            total = zero
+            e = uint32(e + threads)
+            rem = uint32(rem + threads)
+            while rem >= depth_elems:
+                rem = uint32(rem - depth_elems)
+                dl = uint32(dl + 1)
+            if e < tile_slots:
+                chosen = masks[e]
+                if chosen != 0:
+                    base = _first_choice_offset(rem, dl, d_table, h_table, w_table, od_lo,
+                                                oh_lo, staged_h, w_in, w_out, m_row, s_row)
+
+
+@cuda.jit(device=True, inline=True)
+def _tiled_sizes(dims, multipliers, shifts, tiles):
+    """The 32-bit sizes and the magic divisors the tiled backward kernels use per tile:
+    (h_in * w_in, h_out * w_out, d_out * h_out * w_out, w_in, w_out, then the multiplier
+    and shift of w_in, h_in * w_in and w_out), then the tile count and the reach along h
+    and w."""
+    h_in, w_in = dims[3], dims[4]
+    d_out, h_out, w_out = dims[5], dims[6], dims[7]
+    hw_in = uint32(h_in * w_in)
+    out_hw = uint32(h_out * w_out)
+    out_plane = uint32(d_out * out_hw)
+    return (hw_in, out_hw, out_plane, uint32(w_in), uint32(w_out), multipliers[3],
+            shifts[3], multipliers[4], shifts[4], multipliers[5], shifts[5], tiles[4],
+            tiles[5], tiles[6])
+
+
+@cuda.jit(device=True, inline=True)
+def _zero_slots(words, count, tid, threads):
+    """words[0:count] = 0, the block's threads striding."""
+    j = tid
+    while j < count:
+        words[j] = uint32(0)
+        j = uint32(j + threads)
+
+
+@cuda.jit(device=True, inline=True)
+def _fill_tile_tables(h_table, d_table, deltas, h0, h1, d0, d1, dims, windows, multipliers,
+                      shifts, reach_h, reach_w, staged_h, w_out32, tid):
+    """The candidate tables of the tile's rows [h0, h1) and depths [d0, d1), and
+    ``deltas``: mask bit (dd, dh, dw) -> staged offset from the element's first candidate."""
+    _fill_candidates(h_table, h0, h1 - h0, dims[3], windows[1], dims[6], multipliers[1],
+                     shifts[1])
+    _fill_candidates(d_table, d0, d1 - d0, dims[2], windows[0], dims[5], multipliers[0],
+                     shifts[0])
+    if tid < BW_MASK_BITS:
+        bit_w = tid % reach_w
+        bit_h = (tid // reach_w) % reach_h
+        bit_d = tid // (reach_w * reach_h)
+        deltas[tid] = uint32((bit_d * staged_h + bit_h) * w_out32 + bit_w)
+
+
+def _make_backward_tiled(load, store, zero, storage, tile_cap, stage_cap, fused):
+    """Tiled backward kernel for one element kind: no float atomics, no pre-zeroed dx,
+    every dx element written once with a coalesced store.
+
+    A block owns a dx *tile* of one plane: input depths [d0, d1) x rows [h0, h1) x all
+    columns (at most ``tile_cap`` elements). The outputs whose window may contain a tile
+    element (the tile's sample-free candidate box: whole output rows, contiguous per
+    output depth, at most ``stage_cap``) are staged, dy into shared memory; each element
+    ``i`` of the tile gets a 32-bit mask in shared memory of the candidate outputs of
+    ``i`` that chose it::
+
+        bit(o) = ((od - od_first(i)) * reach_h + (oh - oh_first(i))) * reach_w + ow - ow_first(i)
+
+    (``reach_a`` = the most candidates one coordinate has on axis ``a``; the plan uses
+    this kernel only for the BARACUDA placement and ``reach_d * reach_h * reach_w <= 32``).
+    1. Zero the masks and fill shared tables of the packed candidate range of every
+       column and of the tile's rows and depths; each staged output o whose saved index i
+       lies in the tile and that is a candidate of i (else the index is foreign and
+       ignored) sets its bit with an integer ``atomic_or``: OR is commutative, so the
+       masks do not depend on the order of the calls.
+    2. Each tile element sums dy over the set bits of its mask in ascending bit order,
+       which is ascending (od, oh, ow) order, in the accumulate type, and writes dx (0
+       where no output chose it). A bit's staged offset relative to the element's first
+       candidate is a per-tile table. ``fused``: each thread walks its elements and
+       their bits in one loop (an element with no bit left is stored and the thread moves
+       on while others still sum), instead of one element per pass with the pass as long
+       as its lane with the most bits: local maxima are chosen by up to ~10 outputs in 3-D,
+       and a warp then waited on a few lanes.
+    Same (o, i) pairs, same order and same accumulate type as the gather: bit-identical
+    to it, deterministic. All per-element arithmetic is 32-bit (the plan requires
+    offsets below 2^31 on this path): Nsight Compute showed the previous 64-bit version
+    issue-bound at ~330 instructions per staged output and element."""
+
+    def fractional_max_pool_bw_tiled(dy, indices, dx, dims, windows, multipliers, shifts,
+                                     tiles):
+        """multipliers/shifts: magic divisors of (ms_d, ms_h, ms_w, w_in, h_in*w_in, w_out,
+        ...); tiles = (tile_d, tile_h, tiles_d, tiles_h, total_tiles, reach_h, reach_w,
+        ...). dy, indices, dx row-major contiguous; one block per tile (grid-strided)."""
+        masks = cuda.shared.array(tile_cap, uint32)
+        dy_stage = cuda.shared.array(stage_cap, storage)
+        w_table = cuda.shared.array(BW_TABLE_W, uint32)
+        h_table = cuda.shared.array(BW_TABLE_H, uint32)
+        d_table = cuda.shared.array(BW_TABLE_D, uint32)
+        deltas = cuda.shared.array(BW_MASK_BITS, uint32)
+        (hw_in, out_hw, out_plane, w_in32, w_out32, m_row, s_row, m_depth, s_depth, m_wout,
+         s_wout, total_tiles, reach_h, reach_w) = _tiled_sizes(dims, multipliers, shifts, tiles)
+        tid = uint32(cuda.threadIdx.x)
+        threads = uint32(cuda.blockDim.x)
+        _fill_candidates(w_table, int64(0), dims[4], dims[4], windows[2], dims[7],
+                         multipliers[2], shifts[2])
+        tile = int64(cuda.blockIdx.x)
+        while tile < total_tiles:
+            (plane, d0, d1, h0, h1, od_lo, od_hi, oh_lo, staged_h, row_len, tile_origin,
+             tile_rows, tile_depths, tile_span, depth_elems) = _tile_box(
+                tile, tiles, dims, windows, multipliers, shifts)
+            _zero_slots(masks, tile_depths * depth_elems, tid, threads)
+            _fill_tile_tables(h_table, d_table, deltas, h0, h1, d0, d1, dims, windows,
+                              multipliers, shifts, reach_h, reach_w, staged_h, w_out32, tid)
+            cuda.syncthreads()
+            # 1. stage dy, mark each choice in its element's mask
+            stage_at = uint32(0)
+            o_d = od_lo
+            while o_d < od_hi:
+                src = uint32(plane * out_plane + o_d * out_hw + oh_lo * dims[7])
+                s = tid
+                while s < row_len:  # two independent index and dy loads per pass
+                    s1 = uint32(s + threads)
+                    at1 = uint32(src + min(s1, uint32(row_len - 1)))
+                    target0 = indices[uint32(src + s)]
+                    target1 = indices[at1]
+                    raw0 = dy[uint32(src + s)]
+                    raw1 = dy[at1]
+                    dy_stage[uint32(stage_at + s)] = raw0
+                    _mark_choice(masks, target0, s, o_d, oh_lo, tile_origin, tile_span,
+                                 hw_in, w_in32, depth_elems, tile_rows, w_table, h_table,
+                                 d_table, reach_h, reach_w, m_wout, s_wout, w_out32,
+                                 m_row, s_row, m_depth, s_depth)
+                    if s1 < row_len:
+                        dy_stage[uint32(stage_at + s1)] = raw1
+                        _mark_choice(masks, target1, s1, o_d, oh_lo, tile_origin,
+                                     tile_span, hw_in, w_in32, depth_elems, tile_rows,
+                                     w_table, h_table, d_table, reach_h, reach_w, m_wout,
+                                     s_wout, w_out32, m_row, s_row, m_depth, s_depth)
+                    s = uint32(s + 2 * threads)
+                stage_at = uint32(stage_at + row_len)
+                o_d += 1
+            cuda.syncthreads()
+            # 2. sum the chosen dy of every element in ascending output order; write dx
+            run = uint32(tile_rows * w_in32)  # valid elements per tile depth
+            if fused:
+                _sum_choices_fused(masks, dy_stage, deltas, d_table, h_table, w_table, dx,
+                                   tile_origin, uint32(tile_depths * depth_elems),
+                                   depth_elems, run, hw_in, od_lo, oh_lo, staged_h,
+                                   w_in32, w_out32, m_row, s_row, load, store, zero)
+            else:
+                dl = uint32(0)
+                while dl < tile_depths:
+                    dst = uint32(tile_origin + dl * hw_in)
+                    from_at = uint32(dl * depth_elems)
+                    j = tid
+                    while j < run:
+                        chosen = masks[uint32(from_at + j)]
+                        total = zero
+                        if chosen != 0:
+                            base = _first_choice_offset(j, dl, d_table, h_table, w_table,
+                                                        od_lo, oh_lo, staged_h, w_in32,
+                                                        w_out32, m_row, s_row)
+                            while chosen != 0:
+                                bit, chosen = _pop_lowest_bit(chosen)
+                                total += load(dy_stage[uint32(base + deltas[bit])])
+                        dx[uint32(dst + j)] = store(total)
+                        j = uint32(j + threads)
+                    dl = uint32(dl + 1)
+            cuda.syncthreads()
+            tile += cuda.gridDim.x
+
+    return fractional_max_pool_bw_tiled
+
+
+def _listed_steps(load, store):
+    """Phases 2 and 3 of ``_make_backward_listed``: ``sum_listed`` sums, for each listed
+    element, its chosen dy in ascending output order (f32, from +0.0) and keeps the sum's
+    bits in its mask slot; ``write_tile`` writes the tile's slots to dx, whole rows,
+    coalesced (an unchosen element's slot is 0 = +0.0)."""
+
+    @cuda.jit(device=True, inline=True)
+    def sum_listed(words, stage, listed_count, list_at, stage_from, deltas, d_table, h_table,
+                   w_table, od_lo, oh_lo, staged_h, depth_elems, w_in32, w_out32, tid,
+                   threads):
+        listed = listed_count[0]
+        k = tid
+        while k < listed:
+            packed = words[uint32(list_at + k)]
+            dl = uint32(packed >> uint32(18))
+            hl = uint32((packed >> uint32(10)) & uint32(0xFF))
+            w = uint32(packed & uint32(0x3FF))
+            slot = uint32(dl * depth_elems + hl * w_in32 + w)
+            chosen = words[slot]
+            base = uint32(stage_from + uint32(
+                uint32(uint32((d_table[dl] & _FIRST_MASK) - od_lo) * staged_h
+                       + (h_table[hl] & _FIRST_MASK) - oh_lo) * w_out32
+                + (w_table[w] & _FIRST_MASK)))
+            total = float32(0.0)
+            while chosen != 0:
+                bit, chosen = _pop_lowest_bit(chosen)
+                total += load(stage[uint32(base + deltas[bit])])
+            words[slot] = bitcast(total, uint32)
+            k = uint32(k + threads)
+
+    @cuda.jit(device=True, inline=True)
+    def write_tile(dx, words, tile_origin, tile_rows, tile_depths, depth_elems, hw_in, w_in32,
+                   tid, threads):
+        run = uint32(tile_rows * w_in32)  # valid elements per tile depth
+        dl = uint32(0)
+        while dl < tile_depths:
+            dst = uint32(tile_origin + dl * hw_in)
+            from_at = uint32(dl * depth_elems)
+            j = tid
+            while j < run:
+                dx[uint32(dst + j)] = store(bitcast(words[uint32(from_at + j)], float32))
+                j = uint32(j + threads)
+            dl = uint32(dl + 1)
+
+    return sum_listed, write_tile
+
+
+def _make_backward_listed(load, store, storage, loads):
+    """Tiled backward with a list of chosen elements (f16/bf16/f32: f32 sums), tiles in
+    dynamic shared memory (sized by the plan, above 48 KiB where it helps).
+
+    Same tiles, staging, masks and candidate tables as ``_make_backward_tiled``, but
+    phase 2 visits only the elements some output chose: when an output's mark turns its
+    element's mask from 0 to non-zero, the element's packed tile coordinates are appended
+    to a list (an integer ``atomic_add`` on a shared counter; the list's order varies, its
+    content does not). Then each thread takes list entries, sums dy over the entry's bits
+    in ascending bit = output order (f32, from +0.0: the gather's sum) and writes the
+    sum's bits over the entry's mask; a last pass writes the whole tile to dx, coalesced,
+    reading each slot as f32 (an unchosen element's mask is 0 = +0.0, the gather's empty
+    sum). Bit-identical to the gather. The per-element phase 2 of the other tiled kernel
+    runs a warp as long as its lane with the most bits while ~3 of 32 lanes have any in
+    3-D (~10% of the elements are chosen); here all lanes hold chosen elements.
+
+    Phase 1 walks the tile's staged box as one range, ``loads`` (2 or 4) independent
+    index and dy loads per pass (the static kernel's loop per output depth waits for one
+    round trip per depth: ~10 in sequence for a 3-D tile).
+
+    Dynamic shared memory (``words`` = u32 view, ``stage`` = storage view of the same
+    bytes): masks at [0, tile slots), list at [list_at, list_at + staged cap),
+    staged dy from ``stage_from`` (storage units)."""
+    sum_listed, write_tile = _listed_steps(load, store)
+
+    def fractional_max_pool_bw_listed(dy, indices, dx, dims, windows, multipliers, shifts,
+                                      tiles):
+        """As ``fractional_max_pool_bw_tiled``; windows = (kd, kh, kw, placement, list_at,
+        stage_from, 0, 0)."""
+        words = cuda.shared.array(0, uint32)
+        stage = cuda.shared.array(0, storage)
+        listed_count = cuda.shared.array(1, uint32)
+        w_table = cuda.shared.array(BW_TABLE_W, uint32)
+        h_table = cuda.shared.array(BW_TABLE_H, uint32)
+        d_table = cuda.shared.array(BW_TABLE_D, uint32)
+        deltas = cuda.shared.array(BW_MASK_BITS, uint32)
+        list_at = uint32(windows[4])
+        stage_from = uint32(windows[5])
+        (hw_in, out_hw, out_plane, w_in32, w_out32, m_row, s_row, m_depth, s_depth, m_wout,
+         s_wout, total_tiles, reach_h, reach_w) = _tiled_sizes(dims, multipliers, shifts, tiles)
+        tid = uint32(cuda.threadIdx.x)
+        threads = uint32(cuda.blockDim.x)
+        _fill_candidates(w_table, int64(0), dims[4], dims[4], windows[2], dims[7],
+                         multipliers[2], shifts[2])
+        tile = int64(cuda.blockIdx.x)
+        while tile < total_tiles:
+            (plane, d0, d1, h0, h1, od_lo, od_hi, oh_lo, staged_h, row_len, tile_origin,
+             tile_rows, tile_depths, tile_span, depth_elems) = _tile_box(
+                tile, tiles, dims, windows, multipliers, shifts)
+            _zero_slots(words, tile_depths * depth_elems, tid, threads)
+            if tid == 0:
+                listed_count[0] = uint32(0)
+            _fill_tile_tables(h_table, d_table, deltas, h0, h1, d0, d1, dims, windows,
+                              multipliers, shifts, reach_h, reach_w, staged_h, w_out32, tid)
+            cuda.syncthreads()
+            # 1. stage dy, mark each choice in its element's mask, list new elements. The
+            #    staged box (n_od output depths x row_len outputs) is walked as one range
+            #    s = dd * row_len + r, ``loads`` outputs per pass, (dd, r) advanced by
+            #    ``threads`` without dividing: every load of a pass is independent.
+            staged_total = uint32(uint32(od_hi - od_lo) * row_len)
+            out_base = uint32(plane * out_plane + od_lo * out_hw + oh_lo * dims[7])
+            row_div = max(row_len, uint32(1))  # an empty box has no pass
+            step_dd = uint32(threads // row_div)
+            step_r = uint32(threads - step_dd * row_div)
+            s = tid
+            dd = uint32(s // row_div)
+            r = uint32(s - dd * row_div)
+            while s < staged_total:
+                at0 = uint32(out_base + dd * out_hw + r)
+                s1 = uint32(s + threads)
+                dd1, r1 = _advance(dd, r, step_dd, step_r, row_len)
+                at1 = at0 if s1 >= staged_total else uint32(out_base + dd1 * out_hw + r1)
+                target0 = indices[at0]
+                target1 = indices[at1]
+                if loads == 4:
+                    s2 = uint32(s1 + threads)
+                    dd2, r2 = _advance(dd1, r1, step_dd, step_r, row_len)
+                    s3 = uint32(s2 + threads)
+                    dd3, r3 = _advance(dd2, r2, step_dd, step_r, row_len)
+                    at2 = at0 if s2 >= staged_total else uint32(out_base + dd2 * out_hw + r2)
+                    at3 = at0 if s3 >= staged_total else uint32(out_base + dd3 * out_hw + r3)
+                    target2 = indices[at2]
+                    target3 = indices[at3]
+                    raw2 = dy[at2]
+                    raw3 = dy[at3]
+                raw0 = dy[at0]
+                raw1 = dy[at1]
+                stage[uint32(stage_from + s)] = raw0
+                _mark_listed(words, listed_count, list_at, target0, r, uint32(od_lo + dd),
+                             oh_lo, tile_origin, tile_span, hw_in, w_in32, depth_elems,
+                             tile_rows, w_table, h_table, d_table, reach_h, reach_w,
+                             m_wout, s_wout, w_out32, m_row, s_row, m_depth, s_depth)
+                if s1 < staged_total:
+                    stage[uint32(stage_from + s1)] = raw1
+                    _mark_listed(words, listed_count, list_at, target1, r1,
+                                 uint32(od_lo + dd1), oh_lo, tile_origin, tile_span, hw_in,
+                                 w_in32, depth_elems, tile_rows, w_table, h_table, d_table,
+                                 reach_h, reach_w, m_wout, s_wout, w_out32, m_row, s_row,
+                                 m_depth, s_depth)
+                if loads == 4:
+                    if s2 < staged_total:
+                        stage[uint32(stage_from + s2)] = raw2
+                        _mark_listed(words, listed_count, list_at, target2, r2,
+                                     uint32(od_lo + dd2), oh_lo, tile_origin, tile_span,
+                                     hw_in, w_in32, depth_elems, tile_rows, w_table, h_table,
+                                     d_table, reach_h, reach_w, m_wout, s_wout, w_out32,
+                                     m_row, s_row, m_depth, s_depth)
+                    if s3 < staged_total:
+                        stage[uint32(stage_from + s3)] = raw3
+                        _mark_listed(words, listed_count, list_at, target3, r3,
+                                     uint32(od_lo + dd3), oh_lo, tile_origin, tile_span,
+                                     hw_in, w_in32, depth_elems, tile_rows, w_table, h_table,
+                                     d_table, reach_h, reach_w, m_wout, s_wout, w_out32,
+                                     m_row, s_row, m_depth, s_depth)
+                    s = uint32(s3 + threads)
+                    dd, r = _advance(dd3, r3, step_dd, step_r, row_len)
+                else:
+                    s = uint32(s1 + threads)
+                    dd, r = _advance(dd1, r1, step_dd, step_r, row_len)
+            cuda.syncthreads()
+            # 2. each listed element: sum its chosen dy in ascending output order, keep
+            #    the f32 sum's bits in its mask slot
+            sum_listed(words, stage, listed_count, list_at, stage_from, deltas, d_table, h_table,
+                       w_table, od_lo, oh_lo, staged_h, depth_elems, w_in32, w_out32, tid,
+                       threads)
+            cuda.syncthreads()
+            # 3. write the tile: whole rows, coalesced
+            write_tile(dx, words, tile_origin, tile_rows, tile_depths, depth_elems, hw_in, w_in32,
+                       tid, threads)
+            cuda.syncthreads()
+            tile += cuda.gridDim.x
+
+    return fractional_max_pool_bw_listed
+
+
+@cuda.jit(device=True, inline=True)
+def _advance(dd, r, step_dd, step_r, row_len):
+    """(dd, r) of position dd * row_len + r advanced by step_dd * row_len + step_r
+    (step_r < row_len): no division."""
+    dd = uint32(dd + step_dd)
+    r = uint32(r + step_r)
+    if r >= row_len:
+        r = uint32(r - row_len)
+        dd = uint32(dd + 1)
+    return dd, r
+
+
+@cuda.jit(device=True, inline=True)
+def _choice_bit(target, staged, od, oh_lo, tile_origin, tile_span, hw_in, w_in,
+                depth_elems, tile_rows, w_table, h_table, d_table, reach_h, reach_w,
+                m_wout, s_wout, w_out, m_row, s_row, m_depth, s_depth):
+    """(mask slot, bit, packed tile coordinates ``d << 18 | h << 10 | w``) of staged output
+    ``(od, oh_lo + staged // w_out, staged % w_out)``'s choice ``target``; bit 0 (no
+    choice) unless the saved index lies in the tile (``tile_span`` elements from
+    ``tile_origin``: depths of ``hw_in``, rows of ``w_in``, ``tile_rows`` rows per depth)
+    and the output is one of its candidates (else the index is foreign: ignored). 32-bit
+    arithmetic only."""
+    slot = uint32(0)
+    bit_mask = uint32(0)
+    packed = uint32(0)
+    local64 = target - int64(tile_origin)
+    if local64 >= 0 and local64 < int64(tile_span):
+        local = uint32(local64)
+        d_rel = uint32(0)
+        if local >= hw_in:
+            d_rel = uint32(fast_div(local, m_depth, s_depth))
+        rem = uint32(local - d_rel * hw_in)
+        h_rel = uint32(fast_div(rem, m_row, s_row))
+        if h_rel < tile_rows:
+            w = uint32(rem - h_rel * w_in)
+            oh_rel = uint32(fast_div(staged, m_wout, s_wout))
+            ow = uint32(staged - oh_rel * w_out)
+            rel_w, in_w = _candidate_offset(w_table[w], ow)
+            rel_h, in_h = _candidate_offset(h_table[h_rel], uint32(oh_lo + oh_rel))
+            rel_d, in_d = _candidate_offset(d_table[d_rel], uint32(od))
+            if in_w and in_h and in_d:
+                bit = uint32((rel_d * reach_h + rel_h) * reach_w + rel_w)
+                slot = uint32(d_rel * depth_elems + rem)
+                bit_mask = uint32(uint32(1) << bit)
+                packed = uint32((d_rel << uint32(18)) | (h_rel << uint32(10)) | w)
+    return slot, bit_mask, packed
+
+
+@cuda.jit(device=True, inline=True)
+def _tile_box(tile, tiles, dims, windows, multipliers, shifts):
+    """Geometry of dx tile ``tile`` of the tiled backward kernels: its plane, input depths
+    ``[d0, d1)`` and rows ``[h0, h1)`` (all columns), the staged output box (depths
+    ``[od_lo, od_hi)``, rows from ``oh_lo``: ``staged_h`` rows, ``row_len`` outputs per
+    output depth), the tile's flat input origin and span, its rows and depths, and the
+    mask slots per tile depth (``tile_h * w_in``). 32-bit where the kernels need it."""
+    d_in, h_in, w_in = dims[2], dims[3], dims[4]
+    d_out, h_out, w_out = dims[5], dims[6], dims[7]
+    kd, kh = windows[0], windows[1]
+    tile_d, tile_h, tiles_d, tiles_h = tiles[0], tiles[1], tiles[2], tiles[3]
+    m_d, m_h = multipliers[0], multipliers[1]
+    s_d, s_h = shifts[0], shifts[1]
+    hw_in = uint32(h_in * w_in)
+    w_in32 = uint32(w_in)
+    rest = int64(uint32(tile) // uint32(tiles_h))
+    h0 = (tile - rest * tiles_h) * tile_h
+    plane = int64(uint32(rest) // uint32(tiles_d))
+    d0 = (rest - plane * tiles_d) * tile_d
+    d1 = min(d0 + tile_d, d_in)
+    h1 = min(h0 + tile_h, h_in)
+    od_lo, _ = candidates_baracuda(d0, d_in, kd, d_out, m_d, s_d)
+    _, od_hi = candidates_baracuda(d1 - 1, d_in, kd, d_out, m_d, s_d)
+    oh_lo, _ = candidates_baracuda(h0, h_in, kh, h_out, m_h, s_h)
+    _, oh_hi = candidates_baracuda(h1 - 1, h_in, kh, h_out, m_h, s_h)
+    staged_h = uint32(oh_hi - oh_lo)
+    row_len = uint32(staged_h * uint32(w_out))  # staged outputs per output depth
+    plane_in = uint32(plane * uint32(d_in * hw_in))
+    tile_origin = uint32(plane_in + d0 * hw_in + h0 * w_in)
+    tile_rows = uint32(h1 - h0)
+    tile_depths = uint32(d1 - d0)
+    tile_span = uint32((tile_depths - 1) * hw_in + tile_rows * w_in32)
+    depth_elems = uint32(tile_h * w_in32)  # mask slots per tile depth
+    return (plane, d0, d1, h0, h1, od_lo, od_hi, oh_lo, staged_h, row_len, tile_origin,
+            tile_rows, tile_depths, tile_span, depth_elems)
+
+
+@cuda.jit(device=True, inline=True)
+def _mark_choice(masks, target, staged, od, oh_lo, tile_origin, tile_span, hw_in, w_in,
+                 depth_elems, tile_rows, w_table, h_table, d_table, reach_h, reach_w,
+                 m_wout, s_wout, w_out, m_row, s_row, m_depth, s_depth):
+    """Set the bit of a staged output's choice (``_choice_bit``) in its element's mask.
+    Integer OR: the masks do not depend on the order of the calls."""
+    slot, bit_mask, _ = _choice_bit(target, staged, od, oh_lo, tile_origin, tile_span,
+                                    hw_in, w_in, depth_elems, tile_rows, w_table, h_table,
+                                    d_table, reach_h, reach_w, m_wout, s_wout, w_out, m_row,
+                                    s_row, m_depth, s_depth)
+    if bit_mask != 0:
+        cuda.atomic.or_(masks, slot, bit_mask)
+
+
+@cuda.jit(device=True, inline=True)
+def _mark_listed(words, listed_count, list_at, target, staged, od, oh_lo, tile_origin,
+                 tile_span, hw_in, w_in, depth_elems, tile_rows, w_table, h_table, d_table,
+                 reach_h, reach_w, m_wout, s_wout, w_out, m_row, s_row, m_depth, s_depth):
+    """``_mark_choice`` that also appends the element's packed coordinates to the tile's
+    list of chosen elements when its mask was empty (integer atomics: the set of listed
+    elements does not depend on the order, only their positions do)."""
+    slot, bit_mask, packed = _choice_bit(target, staged, od, oh_lo, tile_origin, tile_span,
+                                         hw_in, w_in, depth_elems, tile_rows, w_table,
+                                         h_table, d_table, reach_h, reach_w, m_wout, s_wout,
+                                         w_out, m_row, s_row, m_depth, s_depth)
+    if bit_mask != 0:
+        if cuda.atomic.or_(words, slot, bit_mask) == 0:
+            at = cuda.atomic.add(listed_count, 0, uint32(1))
+            words[uint32(list_at + at)] = packed
+
+
+
+#: The masks hold one bit per candidate output of an element.
+BW_MASK_BITS = 32
+#: Entries of the tiled backward's candidate tables: input columns (the whole row), tile
+#: rows and tile depths (the plan falls back to the leader scatter beyond them).
+BW_TABLE_W = 1024
+BW_TABLE_H = 256
+BW_TABLE_D = 64

@@ -1,0 +1,357 @@
+"""RoPE: the per-element kernel skeleton (``rope``), specialised per element kind and
+layout, and its table."""
+
+from __future__ import annotations
+
+from numba import cuda, float32, float64, int64, types, uint16, uint32, uint64
+from numba.types import float16
+
+from ...launch import Kernel
+from ...types import ElementKind
+from ..common import (
+    bf16_to_f32,
+    f32_to_bf16,
+    pack_bf16x2,
+    pack_bf16x4,
+    pack_f16x2,
+    pack_f16x4,
+    pack_f32x2,
+    unpack_bf16x2,
+    unpack_bf16x4,
+    unpack_f16x2,
+    unpack_f16x4,
+    unpack_f32x2,
+)
+from .angles import (
+    ANGLES_INV_FREQ,
+    ANGLES_TABLE,
+    HEAD_BATCH,
+    _f16_load,
+    _f16_store,
+    _f32_load,
+    _f64_load,
+    load_index,
+    load_real,
+    rope_inv_freq,
+    rope_sincos32,
+    rope_sincos64,
+    rotate_pair,
+    row_position,
+)
+
+# -- the kernel skeleton, specialised per element kind and layout ------------------------
+
+#: layout -> (elements per memory unit, pairs per item); see the module docstring.
+ROPE_LAYOUTS = {
+    "pairs": (1, 1),
+    "interleaved": (2, 1),
+    "half_split": (2, 2),
+    "interleaved4": (4, 2),
+    "half_split4": (4, 4),
+}
+
+#: Named fields of the kernel's int64 parameter tuple (one tuple: fewer launch arguments
+#: to pack per call).
+ROPE_PARAMS = ("rows", "seq_len", "num_heads", "heads_per_thread", "items_per_row",
+               "rot_items", "pair_step", "partner", "copy_offset", "x_b", "x_h", "x_s",
+               "y_b", "y_h", "y_s", "pos_b", "pos_s", "has_positions", "rotary_dim",
+               "inverse")
+
+#: Named fields of ``rope_rows``' second int64 tuple: positions int64 (``pos_wide``) or
+#: int32 words, ``pos_plus_s`` (positions are per-sequence starts), ``cu_count`` sequences
+#: of packed tokens (0: none), the angle source (``ANGLES_*``), the cos/sin tables' kind and
+#: strides (batch, sequence, position, pair column), and an optional destination row index
+#: per (b, s) (``dest``, int32/int64: ``y`` row (``has_dest`` 1; 2: ``y_k`` row)
+#: ``+= dest[b·dest_b + s·dest_s] · y_dest``;
+#: the row is skipped unless ``0 <= dest[..] + s·dest_plus_s < dest_limit``, as upstream's
+#: ``KvCacheAppendPlan`` skips targets outside the cache); ``k_heads`` heads of k (0: none)
+#: rotated in the same launch, with k's outer strides.
+ROPE_SOURCES = ("pos_wide", "pos_plus_s", "cu_count", "cu_wide", "angle_source", "cs_kind",
+                "cs_b", "cs_s", "cs_pos", "cs_col", "has_dest", "dest_wide", "dest_b",
+                "dest_s", "y_dest", "dest_plus_s", "dest_limit", "k_heads", "xk_b", "xk_h",
+                "xk_s", "yk_b", "yk_h", "yk_s")
+
+
+def _rotate_store(layout: str, unpack, pack, to_compute, from_compute):
+    """``rotate_store(array, offset, partner, first, second, sins, coss)`` of one
+    ``ROPE_LAYOUTS`` entry: rotate the item's element pair(s) or unit(s) held in
+    ``first`` / ``second`` and store them at ``offset`` (and ``offset + partner``)."""
+    width, _ = ROPE_LAYOUTS[layout]
+    # Indices are cast to uint64: Numba then skips the negative-index wrap-around code.
+    if width == 1:
+
+        @cuda.jit(device=True, inline=True)
+        def rotate_store(array, offset, partner, first, second, sins, coss):
+            ya, yb = rotate_pair(to_compute(first), to_compute(second), sins[0], coss[0])
+            array[uint64(offset)] = from_compute(ya)
+            array[uint64(offset + partner)] = from_compute(yb)
+
+    elif layout == "interleaved":
+
+        @cuda.jit(device=True, inline=True)
+        def rotate_store(array, offset, partner, first, second, sins, coss):
+            a, b = unpack(first)
+            ya, yb = rotate_pair(a, b, sins[0], coss[0])
+            array[uint64(offset)] = pack(ya, yb)
+
+    elif layout == "half_split":
+
+        @cuda.jit(device=True, inline=True)
+        def rotate_store(array, offset, partner, first, second, sins, coss):
+            a0, a1 = unpack(first)
+            b0, b1 = unpack(second)
+            ya0, yb0 = rotate_pair(a0, b0, sins[0], coss[0])
+            ya1, yb1 = rotate_pair(a1, b1, sins[1], coss[1])
+            array[uint64(offset)] = pack(ya0, ya1)
+            array[uint64(offset + partner)] = pack(yb0, yb1)
+
+    elif layout == "interleaved4":
+
+        @cuda.jit(device=True, inline=True)
+        def rotate_store(array, offset, partner, first, second, sins, coss):
+            a0, b0, a1, b1 = unpack(first)
+            ya0, yb0 = rotate_pair(a0, b0, sins[0], coss[0])
+            ya1, yb1 = rotate_pair(a1, b1, sins[1], coss[1])
+            array[uint64(offset)] = pack(ya0, yb0, ya1, yb1)
+
+    else:  # half_split4
+
+        @cuda.jit(device=True, inline=True)
+        def rotate_store(array, offset, partner, first, second, sins, coss):
+            a0, a1, a2, a3 = unpack(first)
+            b0, b1, b2, b3 = unpack(second)
+            ya0, yb0 = rotate_pair(a0, b0, sins[0], coss[0])
+            ya1, yb1 = rotate_pair(a1, b1, sins[1], coss[1])
+            ya2, yb2 = rotate_pair(a2, b2, sins[2], coss[2])
+            ya3, yb3 = rotate_pair(a3, b3, sins[3], coss[3])
+            array[uint64(offset)] = pack(ya0, ya1, ya2, ya3)
+            array[uint64(offset + partner)] = pack(yb0, yb1, yb2, yb3)
+
+    return rotate_store
+
+
+def _head_batches(layout: str, storage, batch: int, rotate_store):
+    """``rotate_heads`` / ``copy_heads`` of one ``ROPE_LAYOUTS`` entry: ``batch`` heads' items
+    loaded (into registers of the ``storage`` type), then rotated and stored (or copied)."""
+    width, _ = ROPE_LAYOUTS[layout]
+    two_units = layout.startswith("half_split")  # an item reads a unit from each half
+    second_member = width == 1 or two_units  # does an item read a second element/unit?
+
+    # load(array, offset, partner, first, second, k): the item's unit(s) -> slot k
+
+    @cuda.jit(device=True, inline=True)
+    def load(array, offset, partner, first, second, k):
+        first[k] = array[uint64(offset)]
+        if second_member:
+            second[k] = array[uint64(offset + partner)]
+
+    @cuda.jit(device=True, inline=True)
+    def copy_load(array, offset, first, second, k):
+        first[k] = array[uint64(offset)]
+        if width == 1:
+            second[k] = array[uint64(offset + 1)]
+
+    @cuda.jit(device=True, inline=True)
+    def copy_store(array, offset, first, second):
+        array[uint64(offset)] = first
+        if width == 1:
+            array[uint64(offset + 1)] = second
+
+    # `batch` loads in flight before any store. The batch lives in a local array
+    # (constant-trip loops: unrolled and kept in registers by NVVM) so that each helper is
+    # inlined once: Numba inlines at the IR level and hand-unrolled bodies cost minutes of
+    # compile time. A last, partial batch repeats the last head: the same thread loads all
+    # of a batch before storing any, so the repeat rewrites the same value.
+
+    @cuda.jit(device=True, inline=True)
+    def rotate_heads(x, y, x_offset, y_offset, x_head, y_head, heads, partner, sins, coss):
+        first = cuda.local.array(batch, storage)
+        second = cuda.local.array(batch, storage)
+        last = heads - 1
+        h = int64(0)
+        while h < heads:
+            for k in range(batch):
+                load(x, x_offset + min(h + k, last) * x_head, partner, first, second, k)
+            for k in range(batch):
+                rotate_store(y, y_offset + min(h + k, last) * y_head, partner, first[k],
+                             second[k], sins, coss)
+            h += batch
+
+    @cuda.jit(device=True, inline=True)
+    def copy_heads(x, y, x_offset, y_offset, x_head, y_head, heads):
+        first = cuda.local.array(batch, storage)
+        second = cuda.local.array(batch, storage)
+        last = heads - 1
+        h = int64(0)
+        while h < heads:
+            for k in range(batch):
+                copy_load(x, x_offset + min(h + k, last) * x_head, first, second, k)
+            for k in range(batch):
+                copy_store(y, y_offset + min(h + k, last) * y_head, first[k], second[k])
+            h += batch
+
+    return rotate_heads, copy_heads
+
+
+def _make_rope_kernel(layout: str, storage, unpack, pack, to_compute, from_compute, sincos,
+                      batch: int):
+    """Kernel body for one ``ROPE_LAYOUTS`` entry.
+
+    ``pairs``: arrays of elements; ``to_compute``/``from_compute`` convert one element.
+    Unit layouts: arrays of 2- or 4-element units; ``unpack``/``pack`` convert one unit.
+    ``storage`` is the array's Numba type (registers hold a batch of heads in it).
+    """
+    width, pairs_per_item = ROPE_LAYOUTS[layout]
+    compute_type = float64 if sincos is rope_sincos64 else float32
+    copy_step = 2 if width == 1 else 1  # a copied item is 2 elements or 1 unit
+
+    rotate_store = _rotate_store(layout, unpack, pack, to_compute, from_compute)
+    rotate_heads, copy_heads = _head_batches(layout, storage, batch, rotate_store)
+
+    def rope_rows(x, y, positions, cu_seqlens, inv_freq, cos_table, sin_table, dest, x_k,
+                  y_k, params, sources, freq_exponent):
+        """Items along x (grid-stride), rows (b, s) along y, block.y consecutive rows per
+        block (grid-stride); ``params`` holds the ``ROPE_PARAMS`` fields, ``sources`` the
+        ``ROPE_SOURCES`` ones (where positions, angles and destination rows come from, and
+        k: head groups past q's rotate ``x_k`` into ``y_k`` with the same angles)."""
+        (rows, seq_len, num_heads, heads_per_thread, items_per_row, rot_items, pair_step,
+         partner, copy_offset, x_b, x_h, x_s, y_b, y_h, y_s, pos_b, pos_s, has_positions,
+         rotary_dim, inverse) = params
+        (pos_wide, pos_plus_s, cu_count, cu_wide, angle_source, cs_kind, cs_b, cs_s, cs_pos,
+         cs_col, has_dest, dest_wide, dest_b, dest_s, y_dest, dest_plus_s, dest_limit,
+         k_heads, xk_b, xk_h, xk_s, yk_b, yk_h, yk_s) = sources
+        q_groups = (num_heads + heads_per_thread - 1) // heads_per_thread
+        groups = q_groups + (k_heads + heads_per_thread - 1) // heads_per_thread
+        work = items_per_row * groups
+        row_first = int64(cuda.threadIdx.y) + int64(cuda.blockIdx.y) * int64(cuda.blockDim.y)
+        row_step = int64(cuda.blockDim.y) * int64(cuda.gridDim.y)
+        r = int64(cuda.threadIdx.x) + int64(cuda.blockIdx.x) * int64(cuda.blockDim.x)
+        r_step = int64(cuda.blockDim.x) * int64(cuda.gridDim.x)
+        invs = cuda.local.array(pairs_per_item, float64)
+        sins = cuda.local.array(pairs_per_item, compute_type)
+        coss = cuda.local.array(pairs_per_item, compute_type)
+        while r < work:
+            group = r // items_per_row
+            item = r - group * items_per_row
+            is_k = group >= q_groups
+            if is_k:  # a group of k's heads: k's arrays and strides
+                head0 = (group - q_groups) * heads_per_thread
+                heads = min(k_heads - head0, heads_per_thread)
+                in_b, in_h, in_s, out_b, out_h, out_s = xk_b, xk_h, xk_s, yk_b, yk_h, yk_s
+            else:
+                head0 = group * heads_per_thread
+                heads = min(num_heads - head0, heads_per_thread)
+                in_b, in_h, in_s, out_b, out_h, out_s = x_b, x_h, x_s, y_b, y_h, y_s
+            source = x_k if is_k else x
+            target = y_k if is_k else y
+            rotating = item < rot_items
+            if rotating:
+                offset = item * pair_step
+                for p in range(pairs_per_item):
+                    pair = item * pairs_per_item + p
+                    if angle_source == ANGLES_INV_FREQ:
+                        invs[p] = float64(inv_freq[uint64(pair)])
+                    else:
+                        invs[p] = rope_inv_freq(pair, freq_exponent)
+            else:
+                offset = copy_offset + (item - rot_items) * copy_step
+            row = row_first
+            while row < rows:
+                b = row // seq_len
+                s = row - b * seq_len
+                y_row = b * out_b + s * out_s
+                inside = True
+                # the index places y's rows (has_dest 1) or k's (2, k fused with q)
+                if has_dest == (2 if is_k else 1):  # outside [0, dest_limit): skipped
+                    slot = load_index(dest, b * dest_b + s * dest_s, dest_wide)
+                    y_row += slot * y_dest
+                    at = slot + s * dest_plus_s
+                    inside = at >= 0 and at < dest_limit
+                x_row = b * in_b + s * in_s + head0 * in_h + offset
+                y_row += head0 * out_h + offset
+                if inside and rotating:
+                    pos = row_position(positions, cu_seqlens, b, s, pos_b, pos_s,
+                                       has_positions, pos_wide, pos_plus_s, cu_count, cu_wide)
+                    if angle_source == ANGLES_TABLE:
+                        table_row = b * cs_b + s * cs_s + pos * cs_pos
+                        for p in range(pairs_per_item):
+                            column = table_row + (item * pairs_per_item + p) * cs_col
+                            coss[p] = compute_type(load_real(cos_table, column, cs_kind))
+                            sin_t = compute_type(load_real(sin_table, column, cs_kind))
+                            sins[p] = -sin_t if inverse else sin_t
+                    else:
+                        for p in range(pairs_per_item):
+                            sins[p], coss[p] = sincos(pos, invs[p], inverse)
+                    rotate_heads(source, target, x_row, y_row, in_h, out_h, heads, partner,
+                                 sins, coss)
+                elif inside:
+                    copy_heads(source, target, x_row, y_row, in_h, out_h, heads)
+                row += row_step
+            r += r_step
+
+    return rope_rows
+
+
+# -- the table ------------------------------------------------------------------------------
+
+#: element kind -> (element storage type, to_compute, from_compute, sincos,
+#:                  {unit width: (unit storage type, unpack, pack)})
+ROPE_TABLE = {
+    ElementKind.F16: (float16, _f16_load, _f16_store, rope_sincos32,
+                      {2: (uint32, unpack_f16x2, pack_f16x2),
+                       4: (uint64, unpack_f16x4, pack_f16x4)}),
+    ElementKind.BF16: (uint16, bf16_to_f32, f32_to_bf16, rope_sincos32,
+                       {2: (uint32, unpack_bf16x2, pack_bf16x2),
+                        4: (uint64, unpack_bf16x4, pack_bf16x4)}),
+    ElementKind.F32: (float32, _f32_load, _f32_load, rope_sincos32,
+                      {2: (uint64, unpack_f32x2, pack_f32x2)}),
+    ElementKind.F64: (float64, _f64_load, _f64_load, rope_sincos64, {}),
+}
+
+ROPE_ELEMENTS = tuple(ROPE_TABLE)
+
+
+def _flat_c(storage: types.Type) -> types.Array:
+    # "C" rather than launch.flat's "A": the element stride is then a constant, which saves a
+    # 64-bit multiply per access (the arrays are flat views of contiguous memory anyway).
+    return types.Array(storage, 1, "C")
+
+
+def _signature(storage: types.Type) -> tuple[types.Type, ...]:
+    words, halves = _flat_c(uint32), _flat_c(uint16)
+    return (_flat_c(storage), _flat_c(storage), words, words, _flat_c(float32), halves,
+            halves, words, _flat_c(storage), _flat_c(storage),
+            types.UniTuple(int64, len(ROPE_PARAMS)),
+            types.UniTuple(int64, len(ROPE_SOURCES)), float64)
+
+
+#: Batches other than HEAD_BATCH, from the benchmark's sweep: 16 for the 4-element
+#: interleaved units (more loads in flight), 4 for bf16 half_split4 (registers); figures
+#: in docs/design/rope.md.
+ROPE_BATCH = {(ElementKind.F16, "interleaved4"): 16, (ElementKind.BF16, "interleaved4"): 16,
+              (ElementKind.BF16, "half_split4"): 4}
+
+
+def build_rope_kernel(element: ElementKind, layout: str, batch: int = 0,
+                      register: bool = True) -> Kernel:
+    """The kernel of table entry ``element`` for ``layout`` (``batch``: heads per batch, 0
+    for the table's choice; benchmarks build unregistered variants)."""
+    default = ROPE_BATCH.get((element, layout), HEAD_BATCH)
+    batch = batch or default
+    storage, to_c, from_c, sincos, units = ROPE_TABLE[element]
+    width = ROPE_LAYOUTS[layout][0]
+    unit, unpack, pack = (storage, None, None) if width == 1 else units[width]
+    body = _make_rope_kernel(layout, unit, unpack, pack, to_c, from_c, sincos, batch)
+    suffix = "" if batch == default else f",batch{batch}"
+    return Kernel(f"rope_rows[{element.name},{layout}{suffix}]", body, _signature(unit),
+                  grid_stride=True, register=register)
+
+
+def _build() -> dict[tuple[ElementKind, str], Kernel]:
+    return {(element, layout): build_rope_kernel(element, layout)
+            for element, entry in ROPE_TABLE.items() for layout, (width, _) in
+            ROPE_LAYOUTS.items() if width == 1 or width in entry[4]}
+
+
+#: (element kind, layout) -> Kernel, for every layout the element kind has units for.
+ROPE_KERNELS = _build()
