@@ -123,22 +123,33 @@ def axis_layout(shape: tuple[int, ...], strides: tuple[int, ...],
                 axes: tuple[int, ...]) -> AxisLayout:
     """The :class:`AxisLayout` of a reduction over ``axes`` (sorted) of an array of
     ``shape`` / element ``strides`` (a pure function of the layout)."""
-    keep_shape = tuple(1 if d in axes else n for d, n in enumerate(shape))
+    # lists and loops only (no generator expressions): torch.compile traces this function
+    keep_shape = tuple([1 if d in axes else n for d, n in enumerate(shape)])
     big = [d for d in axes if shape[d] != 1]
+    kept = [d for d in range(len(shape)) if d not in axes]
     if not big:  # only extent-1 axes: reduce a trailing axis of 1
-        return AxisLayout(None, tuple(n for d, n in enumerate(shape) if d not in axes)
-                          + (1,), len(shape) - len(axes), keep_shape)
-    merged = all(strides[a] == strides[b] * shape[b] for a, b in zip(big, big[1:]))
-    between = any(shape[d] != 1 for d in range(big[0], big[-1] + 1) if d not in axes)
+        return AxisLayout(None, tuple([shape[d] for d in kept]) + (1,), len(kept), keep_shape)
+    merged = True
+    for a, b in zip(big, big[1:]):
+        merged = merged and strides[a] == strides[b] * shape[b]
+    between = False
+    for d in range(big[0], big[-1] + 1):
+        between = between or (d not in axes and shape[d] != 1)
     if merged and not between:
-        kept_before = [n for d, n in enumerate(shape[:big[0]]) if d not in axes]
-        kept_after = [n for d, n in enumerate(shape) if d > big[-1] and d not in axes]
-        extent = math.prod(shape[d] for d in big)
-        return AxisLayout(None, (*kept_before, extent, *kept_after), len(kept_before),
-                          keep_shape)
-    kept = tuple(d for d in range(len(shape)) if d not in axes)
-    return AxisLayout(kept + tuple(axes), (math.prod(shape[d] for d in kept),
-                                           math.prod(shape[d] for d in axes)), 1, keep_shape)
+        kept_before = [shape[d] for d in kept if d < big[0]]
+        kept_after = [shape[d] for d in kept if d > big[-1]]
+        return AxisLayout(None, (*kept_before, _product([shape[d] for d in big]), *kept_after),
+                          len(kept_before), keep_shape)
+    return AxisLayout(tuple(kept) + tuple(axes), (_product([shape[d] for d in kept]),
+                                                  _product([shape[d] for d in axes])),
+                      1, keep_shape)
+
+
+def _product(values: list[int]) -> int:
+    total = 1
+    for value in values:
+        total *= value
+    return total
 
 
 def _permute(x: Any, perm: tuple[int, ...]) -> Any:
