@@ -119,15 +119,23 @@ class LazyTable(dict):  # type: ignore[type-arg]
         self._keys = tuple(keys)
         self._known = frozenset(self._keys)
         self._build = build
+        self._builders: dict[Any, Callable[[Any], Any]] = {}
         self._lock = threading.RLock()
         _LAZY_TABLES.append(self)
+
+    def extend(self, keys: Any, build: Callable[[Any], Any]) -> None:
+        """More entries, built by ``build`` (another kernel of the same table's keys)."""
+        new = [key for key in keys if key not in self._known]
+        self._keys += tuple(new)
+        self._known = self._known | frozenset(new)
+        self._builders.update(dict.fromkeys(new, build))
 
     def __missing__(self, key: Any) -> Any:
         if key not in self._known:
             raise KeyError(key)
         with self._lock:
             if not dict.__contains__(self, key):
-                dict.__setitem__(self, key, self._build(key))
+                dict.__setitem__(self, key, self._builders.get(key, self._build)(key))
         return dict.__getitem__(self, key)
 
     def get(self, key: Any, default: Any = None) -> Any:

@@ -41,7 +41,7 @@ from typing import Any
 from numba import cuda, float32, float64, int64, types, uint16, uint32, uint64
 from numba.types import float16
 
-from ..launch import Kernel, flat
+from ..launch import Kernel, LazyTable, flat
 from ..types import ElementKind
 from .common import (
     bf16_to_f32,
@@ -756,12 +756,10 @@ def _finalize_kernel(acc: Any, weight: ElementKind) -> Kernel:
 
 
 #: (activation, weight, layer) -> kernel
-NORM_FORWARD_KERNELS = {(e, w, layer): _forward_kernel(e, w, layer)
-                        for e, weights in NORM_WEIGHT_ELEMENTS.items() for w in weights
-                        for layer in (False, True)}
-NORM_BACKWARD_KERNELS = {(e, w, layer): _backward_kernel(e, w, layer)
-                         for e, weights in NORM_WEIGHT_ELEMENTS.items() for w in weights
-                         for layer in (False, True)}
+_GENERIC_KEYS = [(e, w, layer) for e, weights in NORM_WEIGHT_ELEMENTS.items()
+                 for w in weights for layer in (False, True)]
+NORM_FORWARD_KERNELS = LazyTable(_GENERIC_KEYS, lambda key: _forward_kernel(*key))
+NORM_BACKWARD_KERNELS = LazyTable(_GENERIC_KEYS, lambda key: _backward_kernel(*key))
 def _vec_forward_kernel(element: ElementKind, weight: ElementKind, pair: bool) -> Kernel:
     name = f"norm_forward_vec{'_pair' if pair else ''}[{element.name},w={weight.name}]"
     words = flat(uint32)
@@ -773,9 +771,9 @@ def _vec_forward_kernel(element: ElementKind, weight: ElementKind, pair: bool) -
 
 #: (activation, weight) -> the row-in-registers forward (VEC_ELEMENTS only; RMSNorm or
 #: LayerNorm by FLAG_LAYER: one signature for both halves the generated code to compile)
-NORM_VEC_FORWARD_KERNELS = {(e, w, pair): _vec_forward_kernel(e, w, pair)
-                            for e in VEC_ELEMENTS for w in NORM_WEIGHT_ELEMENTS[e]
-                            for pair in (False, True)}
+NORM_VEC_FORWARD_KERNELS = LazyTable(
+    [(e, w, pair) for e in VEC_ELEMENTS for w in NORM_WEIGHT_ELEMENTS[e] for pair in (False, True)],
+    lambda key: _vec_forward_kernel(*key))
 def _vec_backward_kernel(element: ElementKind, weight: ElementKind) -> Kernel:
     name = f"norm_backward_vec[{element.name},w={weight.name}]"
     words = flat(uint32)
@@ -786,12 +784,14 @@ def _vec_backward_kernel(element: ElementKind, weight: ElementKind) -> Kernel:
 
 
 #: (activation, weight) -> the row-in-registers backward (VEC_ELEMENTS only; FLAG_LAYER)
-NORM_VEC_BACKWARD_KERNELS = {(e, w): _vec_backward_kernel(e, w)
-                             for e in VEC_ELEMENTS for w in NORM_WEIGHT_ELEMENTS[e]}
+NORM_VEC_BACKWARD_KERNELS = LazyTable(
+    [(e, w) for e in VEC_ELEMENTS for w in NORM_WEIGHT_ELEMENTS[e]],
+    lambda key: _vec_backward_kernel(*key))
 #: (statistics type name, weight) -> kernel
 _FINALIZE_KEYS = {(str(stats_type(e)), w): (stats_type(e), w)  # each pair once (registry)
                   for e, weights in NORM_WEIGHT_ELEMENTS.items() for w in weights}
-NORM_FINALIZE_KERNELS = {key: _finalize_kernel(*kinds) for key, kinds in _FINALIZE_KEYS.items()}
+NORM_FINALIZE_KERNELS = LazyTable(_FINALIZE_KEYS,
+                                  lambda key: _finalize_kernel(*_FINALIZE_KEYS[key]))
 
 __all__ = ["FLAG_BIAS", "FLAG_LAYER", "FLAG_RESIDUAL", "FLAG_WEIGHT", "MAX_BLOCK",
            "FINALIZE_BLOCK", "MAX_COLUMNS_PER_THREAD",

@@ -66,7 +66,7 @@ import numpy as np
 from numba import cuda, float32, float64, int64, types, uint16, uint32, uint64
 
 from .._runtime import SIMULATOR
-from ..launch import Kernel, flat
+from ..launch import Kernel, LazyTable, flat
 from ..types import ElementKind
 from .common import (
     bitcast,
@@ -797,12 +797,9 @@ UNIT_LAYOUTS = {"rows_registers": functools.partial(_make_units, stream=False),
 SOFTMAX_LAYOUTS = {"rows": _make_rows, "cols": _make_cols, **UNIT_LAYOUTS}
 
 #: ``(layout, element, backward) -> Kernel``: 4 layouts x 4 elements x 2 directions.
-SOFTMAX_KERNELS: dict[tuple[str, ElementKind, bool], Kernel] = {
-    (layout, element, backward): Kernel(
-        f"softmax_{layout}{'_backward' if backward else ''}[{element.name}]",
-        factory(element, backward), _signature(element, layout),
-        max_registers=ROW_REGISTERS if layout != "cols" else None)
-    for layout, factory in SOFTMAX_LAYOUTS.items()
-    for element in SOFTMAX_ELEMENTS
-    for backward in (False, True)
-}
+SOFTMAX_KERNELS: dict[tuple[str, ElementKind, bool], Kernel] = LazyTable(
+    [(layout, element, backward) for layout in SOFTMAX_LAYOUTS for element in SOFTMAX_ELEMENTS
+     for backward in (False, True)],
+    lambda key: Kernel(f"softmax_{key[0]}{'_backward' if key[2] else ''}[{key[1].name}]",
+                       SOFTMAX_LAYOUTS[key[0]](key[1], key[2]), _signature(key[1], key[0]),
+                       max_registers=ROW_REGISTERS if key[0] != "cols" else None))

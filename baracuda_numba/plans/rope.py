@@ -401,12 +401,13 @@ class _RopeBase(RopeGeneralPath, Plan):
         # θ's exponent step: inv_freq(pair) = 2^(pair · (−2·log2(base) / R)), evaluated in
         # f64 by the kernels (``rope_inv_freq``)
         self._freq_exponent = -2.0 * math.log2(desc.base) / rotary if rotary else 0.0
-        self._kernels = {layout: kernel for (kind, layout), kernel in ROPE_KERNELS.items()
+        # only this element's entries of the tables (each built on its first lookup)
+        self._kernels = {layout: ROPE_KERNELS[kind, layout] for kind, layout in ROPE_KERNELS
                          if kind is element}
-        self._table_kernels = {layout: kernel for (kind, layout), kernel
-                               in ROPE_TABLE_KERNELS.items() if kind is element}
-        self._tile_kernels = {layout: kernel for (kind, layout), kernel
-                              in ROPE_TILE_KERNELS.items() if kind is element}
+        self._table_kernels = {layout: ROPE_TABLE_KERNELS[kind, layout]
+                               for kind, layout in ROPE_TABLE_KERNELS if kind is element}
+        self._tile_kernels = {layout: ROPE_TILE_KERNELS[kind, layout]
+                              for kind, layout in ROPE_TILE_KERNELS if kind is element}
         self._flat_kernel = None if self._half_split else ROPE_FLAT_KERNELS.get(element)
         if not self._empty:
             for kernel in (*self._kernels.values(), *self._table_kernels.values(),

@@ -86,8 +86,8 @@ class QkPath:
     def __init__(self, plan: Any) -> None:
         self._plan = plan
         element = plan.descriptor.element
-        self._kernels = {pairing: kernel for (kind, pairing), kernel
-                         in ROPE_QK_KERNELS.items() if kind is element}
+        self._kernels = {pairing: ROPE_QK_KERNELS[kind, pairing]
+                         for kind, pairing in ROPE_QK_KERNELS if kind is element}
         for kernel in self._kernels.values():
             kernel.prepare()
         # (x, y, k, k_out, cos, sin, positions) layout key -> launch

@@ -5,7 +5,7 @@ from __future__ import annotations
 from numba import float32, float64, int64, types, uint16
 from numba.types import float16
 
-from ...launch import Kernel, flat
+from ...launch import Kernel, LazyTable, flat
 from ...types import ElementKind
 from ..common import bf16_to_f32, f32_to_bf16
 from .fast import (
@@ -53,21 +53,22 @@ def _backward_signature(storage):
             _TUPLE8, int64)
 
 
-FRACTIONAL_MAX_POOL_FW_KERNELS = {
-    element: Kernel(f"fractional_max_pool_fw[{element.name}]",
-                    _make_forward(load, torch_start),
-                    _signature(storage), grid_stride=True)
-    for element, (storage, load, _store, _zero, torch_start)
-    in FRACTIONAL_MAX_POOL_TABLE.items()
-}
+def _spec(element: ElementKind) -> tuple:
+    """(storage, load, store, zero, torch_start) of ``element``."""
+    return FRACTIONAL_MAX_POOL_TABLE[element]
 
-FRACTIONAL_MAX_POOL_BW_KERNELS = {
-    element: Kernel(f"fractional_max_pool_bw[{element.name}]",
-                    _make_backward(load, store, zero),
-                    _backward_signature(storage), grid_stride=True)
-    for element, (storage, load, store, zero, _torch_start)
-    in FRACTIONAL_MAX_POOL_TABLE.items()
-}
+
+FRACTIONAL_MAX_POOL_FW_KERNELS = LazyTable(
+    FRACTIONAL_MAX_POOL_TABLE,
+    lambda element: Kernel(f"fractional_max_pool_fw[{element.name}]",
+                           _make_forward(_spec(element)[1], _spec(element)[4]),
+                           _signature(_spec(element)[0]), grid_stride=True))
+
+FRACTIONAL_MAX_POOL_BW_KERNELS = LazyTable(
+    FRACTIONAL_MAX_POOL_TABLE,
+    lambda element: Kernel(f"fractional_max_pool_bw[{element.name}]",
+                           _make_backward(*_spec(element)[1:4]),
+                           _backward_signature(_spec(element)[0]), grid_stride=True))
 
 
 def _fast_signature(storage):
@@ -86,35 +87,38 @@ def _window_name(window):
 
 #: (element, window (kd, kh, kw) in FAST_WINDOWS, or None for any window) -> kernel with
 #: the window walked by ``_make_window_max`` (unrolled, or looped for None).
-FRACTIONAL_MAX_POOL_FW_FAST_KERNELS = {
-    (element, window): Kernel(
-        f"fractional_max_pool_fw_fast[{element.name},{_window_name(window)}]",
-        _make_forward_fast(load, torch_start, _make_window_max(load, storage, window)),
-        _fast_signature(storage), grid_stride=True)
-    for element, (storage, load, _store, _zero, torch_start)
-    in FRACTIONAL_MAX_POOL_TABLE.items()
-    for window in (None,) + FAST_WINDOWS
-}
+def _forward_fast(element: ElementKind, window: tuple[int, int, int] | None) -> Kernel:
+    storage, load, _store, _zero, torch_start = _spec(element)
+    return Kernel(f"fractional_max_pool_fw_fast[{element.name},{_window_name(window)}]",
+                  _make_forward_fast(load, torch_start, _make_window_max(load, storage, window)),
+                  _fast_signature(storage), grid_stride=True)
+
+
+FRACTIONAL_MAX_POOL_FW_FAST_KERNELS = LazyTable(
+    [(element, window) for element in FRACTIONAL_MAX_POOL_TABLE
+     for window in (None,) + FAST_WINDOWS], lambda key: _forward_fast(*key))
 
 #: (walk, element, window in FAST_WINDOWS) -> the row-caching forward: walk "rows32" (32-bit
 #: offsets, the default for these windows) or "rows" (64-bit offsets).
-FRACTIONAL_MAX_POOL_FW_ROWS_KERNELS = {
-    (walk, element, window): Kernel(
-        f"fractional_max_pool_fw_{walk}[{element.name},{_window_name(window)}]",
-        make(load, torch_start, storage, window), _fast_signature(storage), grid_stride=True)
-    for walk, make in (("rows", _make_forward_rows), ("rows32", _make_forward_rows32))
-    for element, (storage, load, _store, _zero, torch_start)
-    in FRACTIONAL_MAX_POOL_TABLE.items()
-    for window in FAST_WINDOWS
-}
+_ROW_WALKS = {"rows": _make_forward_rows, "rows32": _make_forward_rows32}
 
-FRACTIONAL_MAX_POOL_BW_FAST_KERNELS = {
-    element: Kernel(f"fractional_max_pool_bw_fast[{element.name}]",
-                    _make_backward_fast(load, store, zero),
-                    _fast_backward_signature(storage), grid_stride=True)
-    for element, (storage, load, store, zero, _torch_start)
-    in FRACTIONAL_MAX_POOL_TABLE.items()
-}
+
+def _forward_rows(walk: str, element: ElementKind, window: tuple[int, int, int]) -> Kernel:
+    storage, load, _store, _zero, torch_start = _spec(element)
+    return Kernel(f"fractional_max_pool_fw_{walk}[{element.name},{_window_name(window)}]",
+                  _ROW_WALKS[walk](load, torch_start, storage, window),
+                  _fast_signature(storage), grid_stride=True)
+
+
+FRACTIONAL_MAX_POOL_FW_ROWS_KERNELS = LazyTable(
+    [(walk, element, window) for walk in _ROW_WALKS for element in FRACTIONAL_MAX_POOL_TABLE
+     for window in FAST_WINDOWS], lambda key: _forward_rows(*key))
+
+FRACTIONAL_MAX_POOL_BW_FAST_KERNELS = LazyTable(
+    FRACTIONAL_MAX_POOL_TABLE,
+    lambda element: Kernel(f"fractional_max_pool_bw_fast[{element.name}]",
+                           _make_backward_fast(*_spec(element)[1:4]),
+                           _fast_backward_signature(_spec(element)[0]), grid_stride=True))
 
 #: element -> (tile elements, staged outputs) of the tiled backward's shared memory, below
 #: the 48 KiB of static shared memory a block may hold next to the candidate tables
@@ -134,15 +138,17 @@ def _tiled_backward_signature(storage):
 
 
 #: (element, fused phase 2) -> the tiled backward (see ``_make_backward_tiled``).
-FRACTIONAL_MAX_POOL_BW_TILED_KERNELS = {
-    (element, fused): Kernel(
-        f"fractional_max_pool_bw_tiled[{element.name}{',fused' if fused else ''}]",
-        _make_backward_tiled(load, store, zero, storage, *BW_TILE_CAPS[element], fused),
-        _tiled_backward_signature(storage), grid_stride=True)
-    for element, (storage, load, store, zero, _torch_start)
-    in FRACTIONAL_MAX_POOL_TABLE.items()
-    for fused in (False, True)
-}
+def _backward_tiled(element: ElementKind, fused: bool) -> Kernel:
+    storage, load, store, zero, _torch_start = _spec(element)
+    return Kernel(f"fractional_max_pool_bw_tiled[{element.name}{',fused' if fused else ''}]",
+                  _make_backward_tiled(load, store, zero, storage, *BW_TILE_CAPS[element],
+                                       fused),
+                  _tiled_backward_signature(storage), grid_stride=True)
+
+
+FRACTIONAL_MAX_POOL_BW_TILED_KERNELS = LazyTable(
+    [(element, fused) for element in FRACTIONAL_MAX_POOL_TABLE for fused in (False, True)],
+    lambda key: _backward_tiled(*key))
 
 
 #: Elements of the listed tiled backward (f32 sums kept in the u32 mask slots).
@@ -155,13 +161,9 @@ BW_LISTED_MAX_DYNAMIC = 220 * 1024
 BW_LISTED_LOADS = (2, 4)
 
 #: (element, loads per pass) -> the listed tiled backward (see ``_make_backward_listed``).
-FRACTIONAL_MAX_POOL_BW_LISTED_KERNELS = {
-    (element, loads): Kernel(
-        f"fractional_max_pool_bw_listed[{element.name},{loads}]",
-        _make_backward_listed(FRACTIONAL_MAX_POOL_TABLE[element][1],
-                              FRACTIONAL_MAX_POOL_TABLE[element][2],
-                              FRACTIONAL_MAX_POOL_TABLE[element][0], loads),
-        _tiled_backward_signature(FRACTIONAL_MAX_POOL_TABLE[element][0]), grid_stride=True)
-    for element in BW_LISTED_ELEMENTS
-    for loads in BW_LISTED_LOADS
-}
+FRACTIONAL_MAX_POOL_BW_LISTED_KERNELS = LazyTable(
+    [(element, loads) for element in BW_LISTED_ELEMENTS for loads in BW_LISTED_LOADS],
+    lambda key: Kernel(
+        f"fractional_max_pool_bw_listed[{key[0].name},{key[1]}]",
+        _make_backward_listed(_spec(key[0])[1], _spec(key[0])[2], _spec(key[0])[0], key[1]),
+        _tiled_backward_signature(_spec(key[0])[0]), grid_stride=True))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from numba import cuda, float32, int64, types, uint32, uint64
 
-from ...launch import Kernel
+from ...launch import Kernel, LazyTable
 from ...types import ElementKind
 from ..common import (
     load16,
@@ -127,4 +127,4 @@ def build_rope_flat_kernel(element: ElementKind, planes_per_thread: int = 0,
 
 
 #: element kind -> ``rope_flat`` kernel (interleaved pairing).
-ROPE_FLAT_KERNELS = {element: build_rope_flat_kernel(element) for element in ROPE_UNIT_TABLE}
+ROPE_FLAT_KERNELS = LazyTable(ROPE_UNIT_TABLE, build_rope_flat_kernel)

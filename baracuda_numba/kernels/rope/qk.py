@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from numba import cuda, float32, int64, types, uint32, uint64
 
-from ...launch import Kernel
+from ...launch import Kernel, LazyTable
 from ...types import ElementKind
 from ..common import load16, store16
 from .angles import load_index
@@ -166,5 +166,6 @@ def build_rope_qk_kernel(element: ElementKind, pairing: str) -> Kernel:
 
 
 #: (element kind, pairing) -> ``rope_qk`` kernel: f16, bf16, f32 x two pairings.
-ROPE_QK_KERNELS = {(element, pairing): build_rope_qk_kernel(element, pairing)
-                   for element in ROPE_UNIT_TABLE for pairing in ROPE_QK_PAIRINGS}
+ROPE_QK_KERNELS = LazyTable(
+    [(element, pairing) for element in ROPE_UNIT_TABLE for pairing in ROPE_QK_PAIRINGS],
+    lambda key: build_rope_qk_kernel(*key))

@@ -6,7 +6,7 @@ from __future__ import annotations
 from numba import cuda, float32, float64, int64, types, uint16, uint32, uint64
 from numba.types import float16
 
-from ...launch import Kernel
+from ...launch import Kernel, LazyTable
 from ...types import ElementKind
 from ..common import (
     bf16_to_f32,
@@ -347,11 +347,8 @@ def build_rope_kernel(element: ElementKind, layout: str, batch: int = 0,
                   grid_stride=True, register=register)
 
 
-def _build() -> dict[tuple[ElementKind, str], Kernel]:
-    return {(element, layout): build_rope_kernel(element, layout)
-            for element, entry in ROPE_TABLE.items() for layout, (width, _) in
-            ROPE_LAYOUTS.items() if width == 1 or width in entry[4]}
-
-
 #: (element kind, layout) -> Kernel, for every layout the element kind has units for.
-ROPE_KERNELS = _build()
+ROPE_KERNELS = LazyTable(
+    [(element, layout) for element, entry in ROPE_TABLE.items()
+     for layout, (width, _) in ROPE_LAYOUTS.items() if width == 1 or width in entry[4]],
+    lambda key: build_rope_kernel(*key))

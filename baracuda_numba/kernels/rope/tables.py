@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from numba import cuda, float32, float64, int32, int64, types, uint32, uint64
 
-from ...launch import Kernel
+from ...launch import Kernel, LazyTable
 from ...types import ElementKind
 from ..common import (
     div_mod,
@@ -217,5 +217,6 @@ def build_rope_table_kernel(element: ElementKind, layout: str, planes_per_thread
 
 
 #: (element kind, 16-byte layout) -> ``rope_table`` kernel.
-ROPE_TABLE_KERNELS = {(element, layout): build_rope_table_kernel(element, layout)
-                      for element in ROPE_UNIT_TABLE for layout in ROPE_UNIT_LAYOUTS}
+ROPE_TABLE_KERNELS = LazyTable(
+    [(element, layout) for element in ROPE_UNIT_TABLE for layout in ROPE_UNIT_LAYOUTS],
+    lambda key: build_rope_table_kernel(*key))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from numba import cuda, float32, float64, int64, types, uint32, uint64
 
-from ...launch import Kernel
+from ...launch import Kernel, LazyTable
 from ...types import ElementKind
 from ..common import (
     store16,
@@ -106,5 +106,6 @@ def build_rope_tile_kernel(element: ElementKind, layout: str) -> Kernel:
 
 
 #: (element kind, 16-byte layout) -> ``rope_tile`` kernel.
-ROPE_TILE_KERNELS = {(element, layout): build_rope_tile_kernel(element, layout)
-                     for element in ROPE_UNIT_TABLE for layout in ROPE_UNIT_LAYOUTS}
+ROPE_TILE_KERNELS = LazyTable(
+    [(element, layout) for element in ROPE_UNIT_TABLE for layout in ROPE_UNIT_LAYOUTS],
+    lambda key: build_rope_tile_kernel(*key))

@@ -273,5 +273,5 @@ def build_rope_units_kernel(element: ElementKind, layout: str, register: bool = 
                   grid_stride=True, register=register, max_registers=max_registers)
 
 
-ROPE_KERNELS.update({(element, layout): build_rope_units_kernel(element, layout)
-                     for element in ROPE_UNIT_TABLE for layout in ROPE_UNIT_LAYOUTS})
+ROPE_KERNELS.extend([(element, layout) for element in ROPE_UNIT_TABLE
+                     for layout in ROPE_UNIT_LAYOUTS], lambda key: build_rope_units_kernel(*key))

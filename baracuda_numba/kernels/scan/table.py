@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from numba import boolean, int64, types
 
-from ...launch import Kernel, flat
+from ...launch import Kernel, LazyTable, flat
 from ...types import ElementKind, ScanKind
 from .extremum_backward import ExtremumBackwardKernels
 from .fast import FAST_ELEMENTS, FastKernels
@@ -48,20 +48,17 @@ class ScanKernels:
 
 
 #: (backward?, element kind) -> kernels; forward at every element kind any kind supports.
-SCAN_KERNELS: dict[tuple[bool, ElementKind], ScanKernels] = {
-    (False, e): ScanKernels(False, e) for e in FLOAT_ELEMENTS + INT_ELEMENTS
-} | {(True, e): ScanKernels(True, e) for e in FLOAT_ELEMENTS}
+SCAN_KERNELS: dict[tuple[bool, ElementKind], ScanKernels] = LazyTable(
+    [(False, e) for e in FLOAT_ELEMENTS + INT_ELEMENTS] + [(True, e) for e in FLOAT_ELEMENTS],
+    lambda key: ScanKernels(*key))
 
 #: (family, element kind) -> fast kernels (forward, scalar-state kinds, uniform pitch).
-FAST_KERNELS: dict[tuple[str, ElementKind], FastKernels] = {
-    (family, e): FastKernels(e, family) for family, elements in FAST_ELEMENTS.items()
-    for e in elements
-}
+FAST_KERNELS: dict[tuple[str, ElementKind], FastKernels] = LazyTable(
+    [(family, e) for family, elements in FAST_ELEMENTS.items() for e in elements],
+    lambda key: FastKernels(key[1], key[0]))
 #: element kind -> the indexed rows kernel (Cummax/Cummin with indices, record flags).
-INDEXED_KERNELS: dict[ElementKind, IndexedKernels] = {
-    e: IndexedKernels(e) for e in FLOAT_ELEMENTS + INT_ELEMENTS
-}
+INDEXED_KERNELS: dict[ElementKind, IndexedKernels] = LazyTable(
+    FLOAT_ELEMENTS + INT_ELEMENTS, IndexedKernels)
 #: element kind -> the fused Cummax/Cummin backward (uniform-pitch layouts).
-EXTREMUM_BACKWARD_KERNELS: dict[ElementKind, ExtremumBackwardKernels] = {
-    e: ExtremumBackwardKernels(e) for e in SCAN_BACKWARD_ELEMENTS[ScanKind.CUMMAX]
-}
+EXTREMUM_BACKWARD_KERNELS: dict[ElementKind, ExtremumBackwardKernels] = LazyTable(
+    SCAN_BACKWARD_ELEMENTS[ScanKind.CUMMAX], ExtremumBackwardKernels)
