@@ -342,7 +342,7 @@ class PlanPreference:
     allow_sm90a: bool = True
 
 
-# Enum's own __hash__ is a Python-level hash(self._name_) (~0.5 µs); plan caches and layout
+# Enum's own __hash__ is a Python-level hash(self._name_) (a Python call); plan caches and layout
 # keys hash these members on every call. Members are singletons compared by identity
 # (Enum) or as ints (IntEnum), so the C-level hash of the same notion is consistent.
 for _enum in (ElementKind, MathPrecision, OpCategory, BackendKind, ArchSku, RopePairing):
