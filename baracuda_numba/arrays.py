@@ -198,6 +198,23 @@ _TORCH_TENSOR: type | None = None
 _CUPY_ARRAY: type | None = None
 
 
+def array_types() -> tuple[type | None, type | None]:
+    """``(torch.Tensor, cupy.ndarray)`` as found so far (each None until the first tensor /
+    CuPy array went through :func:`as_ref`): the classes that :func:`layout_signature`,
+    :func:`layout_lines` and the plans' layout memos take for a torch tensor and a CuPy
+    array."""
+    return _TORCH_TENSOR, _CUPY_ARRAY
+
+
+def set_array_types(torch_tensor: type | None, cupy_array: type | None) -> None:
+    """Make ``torch_tensor`` / ``cupy_array`` the classes of :func:`array_types` (a test's
+    stand-ins with the attributes the layout keys read; restore the pair
+    :func:`array_types` gave afterwards). :func:`as_ref` still finds the real classes
+    itself and sets them when it first meets one."""
+    global _TORCH_TENSOR, _CUPY_ARRAY
+    _TORCH_TENSOR, _CUPY_ARRAY = torch_tensor, cupy_array
+
+
 def _extractor_for(cls: type, obj: Any) -> Callable[[Any], _Extracted]:
     found = _EXTRACTORS.get(cls)
     if found is not None:

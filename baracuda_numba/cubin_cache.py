@@ -40,7 +40,7 @@ except ImportError:  # not POSIX: the atomic rename alone (a kernel may compile 
     fcntl = None  # type: ignore[assignment]
 
 __all__ = ["cache_dir", "decode", "encode", "entry_key", "lookup_or_fill", "read_entry",
-           "write_entry"]
+           "reset_warnings", "write_entry"]
 
 #: First bytes of every entry; bump the digit when the layout below changes.
 MAGIC = b"BARACUDA-CUBIN-1\n"
@@ -179,3 +179,10 @@ def warn_once(topic: str, message: str) -> None:
             return
         _warned.add(topic)
     warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+
+def reset_warnings() -> None:
+    """Forget which topics :func:`warn_once` warned about, so each warns again once (a
+    test that expects a warning sees it whatever ran before)."""
+    with _warn_lock:
+        _warned.clear()

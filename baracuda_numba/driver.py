@@ -226,7 +226,7 @@ def launch_kernel(function: int, grid: tuple[int, int, int], block: tuple[int, i
 
 
 @functools.cache
-def _launcher() -> tuple[str, Any]:
+def launcher() -> tuple[str, Any]:
     """The ``cuLaunchKernel`` binding of :func:`pointer_launcher`: ``("cupy", CuPy's
     launchKernel)``, ``("bindings", cuda.bindings.driver)`` or ``("ctypes", libcuda())``.
 
@@ -234,7 +234,8 @@ def _launcher() -> tuple[str, Any]:
     typed C integer arguments, the cheapest call (``cuda.bindings`` builds Python objects
     for the stream, the parameters and the result).
     ``$BARACUDA_LAUNCHER`` = ``cupy``, ``bindings`` or ``ctypes`` picks one (falling back
-    down the list when it is not installed)."""
+    down the list when it is not installed). Cached: ``launcher.cache_clear()`` re-reads
+    the variable for launchers generated after it."""
     choice = os.environ.get("BARACUDA_LAUNCHER", "").lower()
     if choice in ("", "cupy"):
         try:  # the driver module alone: no ``import cupy``
@@ -257,12 +258,13 @@ def pointer_launcher(function: int, grid: tuple[int, int, int], block: tuple[int
                      shared_bytes: int, params: int, extra: int, slots: list[Any],
                      lock: Any, direct: list[bool], fallback: Callable[..., None],
                      failed: Callable[..., None], order: tuple[str, ...] | None = None,
-                     arity: int = 0, cooperative: bool = False) -> Callable[..., None]:
+                     arity: int = 0, cooperative: bool = False,
+                     binding: tuple[str, Any] | None = None) -> Callable[..., None]:
     """``launch(stream, pointer_0, ..., pointer_n-1)`` for one kernel, launch shape and
     parameter block, generated as one flat Python function (the host cost of every
     ``run``): under ``lock`` it writes the pointers into ``slots`` (``ctypes.c_uint64``
     views of the block) and calls ``cuLaunchKernel`` (through the binding
-    :func:`_launcher` picks) with ``params`` (address of a ``void*[]``) or ``extra`` (a
+    :func:`launcher` picks) with ``params`` (address of a ``void*[]``) or ``extra`` (a
     ``CU_LAUNCH_PARAM_BUFFER_*`` list); exactly one of them is non-zero. While
     ``direct[0]`` is false it calls ``fallback(stream, *pointers)`` instead; a non-zero
     ``CUresult`` goes to ``failed(code, stream, *pointers)``.
@@ -271,7 +273,8 @@ def pointer_launcher(function: int, grid: tuple[int, int, int], block: tuple[int
     and writes slot ``i`` from the expression ``order[i]`` (one of those names, or
     ``"0"``): a memo's arrays in their own order, with no frame in between to reorder
     them. ``cooperative``: ``cuLaunchCooperativeKernel`` through ctypes (``params``
-    only), for kernels whose blocks wait on each other.
+    only), for kernels whose blocks wait on each other. ``binding``: the ``(kind,
+    module)`` to call instead of :func:`launcher`'s (a test's stand-in driver).
 
     Generated code rather than a generic ``__call__`` (a ``with lock`` block, a loop over
     the slots and a closure around the driver call): close to the bare driver call's host
@@ -282,7 +285,7 @@ def pointer_launcher(function: int, grid: tuple[int, int, int], block: tuple[int
     parameters = names if order is None else [f"a{i}" for i in range(arity)]
     namespace: dict[str, Any] = {"direct": direct, "fallback": fallback, "failed": failed,
                                  "acquire": lock.acquire, "release": lock.release}
-    kind, binding = _launcher()
+    kind, binding = launcher() if binding is None else binding
     shape = f"{gx}, {gy}, {gz}, {bx}, {by}, {bz}, {shared_bytes}, stream"
     if cooperative:
         assert params and not extra

@@ -321,6 +321,24 @@ class Kernel:
         return f"Kernel({self.name!r})"
 
     @property
+    def packable(self) -> bool:
+        """Whether every parameter type has a packed (natural alignment) format, so a
+        launch can pass the parameter block whole through ``extra``."""
+        return self._packable
+
+    @property
+    def packed_format(self) -> str:
+        """The ``struct`` format of the packed parameter block (``"@"``, native alignment,
+        then one code per slot: 7 ``q`` per array, the codes of tuples and scalars)."""
+        return self._packed.format
+
+    @property
+    def dynamic_shared_bytes(self) -> int:
+        """Bytes of dynamic shared memory this kernel is opted in to so far
+        (:meth:`allow_dynamic_shared`; 0 before any opt-in and in the simulator)."""
+        return self._dynamic_shared
+
+    @property
     def dispatcher(self) -> Any:
         if self._dispatcher_obj is None:
             self._dispatcher_obj = _dispatcher(self.py_func, self.max_registers)
@@ -585,6 +603,40 @@ class BoundLaunch:
 
     def __call__(self, stream: int, *pointers: int) -> None:
         self.fast(stream, *pointers)
+
+    @property
+    def kernel(self) -> Kernel:
+        """The kernel this launch runs."""
+        return self._kernel
+
+    @property
+    def grid(self) -> tuple[int, int, int]:
+        """The launch grid ``(x, y, z)`` (:meth:`Kernel.bind`'s, padded with 1s)."""
+        return self._grid
+
+    @property
+    def block(self) -> tuple[int, int, int]:
+        """The block shape ``(x, y, z)`` (:meth:`Kernel.bind`'s, padded with 1s)."""
+        return self._block
+
+    @property
+    def args(self) -> tuple[Any, ...]:
+        """The bound argument values in the kernel's order (arrays as ``(pointer,
+        extent)``; the pointers are the ones given at bind time, each call passes its own)."""
+        return self._args
+
+    @property
+    def extra(self) -> int | None:
+        """The address of the ``extra`` array passed to ``cuLaunchKernel`` (the whole
+        packed parameter block); 0 where the launch passes one pointer per parameter,
+        None in the simulator / dispatcher path (no parameter block)."""
+        return self._extra
+
+    @property
+    def params_address(self) -> int | None:
+        """The address of the per-parameter pointer array passed as ``kernelParams``; 0
+        where the launch passes the block through ``extra``, None in the simulator."""
+        return self._params_address
 
     def taking(self, order: tuple[str, ...], arity: int) -> Callable[..., None] | None:
         """``launch(stream, a0, ..., a{arity-1})`` that passes pointer ``i`` from the

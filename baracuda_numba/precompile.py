@@ -19,7 +19,7 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-__all__ = ["main", "select_kernels", "warmup"]
+__all__ = ["Progress", "main", "select_kernels", "warmup"]
 
 #: The byte width that kernels moving raw units use for each element kind.
 _WIDTH = {"f16": "2b", "bf16": "2b", "f32": "4b", "f64": "8b", "i32": "4b", "i64": "8b",
@@ -84,7 +84,7 @@ def warmup(ops: Sequence[str] | None = None, dtypes: Sequence[Any] | None = None
     if not missing:
         return 0
     jobs = max(1, min(jobs or min(16, os.cpu_count() or 1), len(missing)))
-    bar = _Progress(len(missing), enabled=progress)
+    bar = Progress(len(missing), enabled=progress)
     try:
         if jobs == 1 or cubin_cache.cache_dir() is None:
             for kernel in missing:
@@ -97,7 +97,7 @@ def warmup(ops: Sequence[str] | None = None, dtypes: Sequence[Any] | None = None
     return len(missing)
 
 
-def _in_processes(names: list[str], jobs: int, bar: _Progress) -> None:
+def _in_processes(names: list[str], jobs: int, bar: Progress) -> None:
     import concurrent.futures
     import multiprocessing
 
@@ -125,9 +125,11 @@ def _load_by_name(name: str) -> None:
     by_name[name].load()
 
 
-class _Progress:
-    """tqdm when installed, else one ``precompile: 12/180 kernels, 23 s, about 41 s left``
-    line on stderr at most every two seconds (and at the end)."""
+class Progress:
+    """The progress of :func:`warmup` over ``total`` kernels (``update()`` per kernel
+    done, ``close()`` at the end): tqdm when installed, else one ``precompile: 12/180
+    kernels, 23 s, about 41 s left`` line on stderr at most every two seconds (and at the
+    end); nothing shown unless ``enabled``."""
 
     def __init__(self, total: int, enabled: bool = True) -> None:
         self.total = total

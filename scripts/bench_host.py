@@ -232,8 +232,8 @@ def bench(ctx) -> None:
                      "pointer mod 16; aliasing checks per call), and from the second "
                      "call on the memo's hot layout (torch: one TensorGuards call; CuPy: "
                      "inline attribute tests); launches go through "
-                     f"the '{driver._launcher()[0]}' binding of cuLaunchKernel "
-                     "(driver._launcher).")
+                     f"the '{driver.launcher()[0]}' binding of cuLaunchKernel "
+                     "(driver.launcher).")
 
 
 PLAN_LABEL = "cumsum: ScanPlan.run with preallocated y (torch)"
@@ -284,8 +284,8 @@ def _breakdown(ctx, torch):
     plan.run(args)
     bound = plan.bound_launch(args)
     ptr_d, ptr_s = dest.data_ptr(), source.data_ptr()
-    kernel = bound._kernel
-    per_param = BoundLaunch(kernel, bound._grid, bound._block, bound._args, 0, packed=False)
+    kernel = bound.kernel
+    per_param = BoundLaunch(kernel, bound.grid, bound.block, bound.args, 0, packed=False)
     launch = libcuda().cuLaunchKernel
     current = torch.cuda.current_stream()
     rows = [
@@ -303,7 +303,7 @@ def _breakdown(ctx, torch):
         ("  breakdown: bound launch, one pointer per parameter",
          lambda: per_param(0, ptr_d, ptr_s)),
         ("  breakdown: bare ctypes cuLaunchKernel with the parameter buffer",
-         lambda: launch(kernel._function, 1, 1, 1, 32, 1, 1, 0, 0, None, bound._extra)),
+         lambda: launch(kernel.function, 1, 1, 1, 32, 1, 1, 0, 0, None, bound.extra)),
         ("  breakdown: layout_signature((dest, source)) (memo key)",
          lambda: layout_signature((dest, source))),
         ("  breakdown: plan.run(args)", lambda: plan.run(args)),

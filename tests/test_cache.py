@@ -39,9 +39,9 @@ KEY = dict(source_digest="abc", name="scan_rows[BF16]", signature="(array(uint16
 @pytest.fixture
 def fresh_warnings():
     """Forget which cache warnings this process already gave (each test sees its first)."""
-    cubin_cache._warned.clear()
+    cubin_cache.reset_warnings()
     yield
-    cubin_cache._warned.clear()
+    cubin_cache.reset_warnings()
 
 
 def _counting_build(calls: list[str], name: bytes = b"kernel", payload: bytes = b"\x7fELF"):
@@ -391,7 +391,7 @@ def test_progress_counter_without_tqdm(capsys, monkeypatch):
     from baracuda_numba import precompile
 
     monkeypatch.setitem(sys.modules, "tqdm", None)  # import tqdm -> ImportError
-    bar = precompile._Progress(3)
+    bar = precompile.Progress(3)
     for _ in range(3):
         bar.update()
     bar.close()

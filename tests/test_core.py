@@ -268,7 +268,7 @@ def test_cooperative_launch():
     bound = kernel.bind(1, block, ((0, n), n), shared_bytes=n * 4, cooperative=True)
     if not SIMULATOR:
         assert bound.fast.__globals__["call"] is driver.libcuda().cuLaunchCooperativeKernel
-        assert bound._params_address and not bound._extra
+        assert bound.params_address and not bound.extra
     bound(0, as_mut(out, "test", "out").ptr)
     cuda.synchronize()
     np.testing.assert_array_equal(out.copy_to_host(), np.arange(n, dtype=np.float32)[::-1])
@@ -279,7 +279,7 @@ def test_cooperative_launch():
                         cooperative=True)(0, as_mut(out, "test", "out").ptr)
 
 
-def test_pointer_launcher_writes_pointers_then_calls_the_driver(monkeypatch):
+def test_pointer_launcher_writes_pointers_then_calls_the_driver():
     """The generated launcher of BoundLaunch.fast (the three driver bindings, faked): pointers
     land in their slots before the one cuLaunchKernel call, with the launch shape and the
     parameter block fixed at bind time; the dispatcher flag reroutes; a failing CUresult
@@ -321,10 +321,10 @@ def test_pointer_launcher_writes_pointers_then_calls_the_driver(monkeypatch):
     for backend, binding in (("cupy", FakeCupy), ("bindings", FakeBindings),
                              ("ctypes", fake_lib())):
         calls.clear()
-        monkeypatch.setattr(driver, "_launcher", lambda b=backend, d=binding: (b, d))
         launch = driver.pointer_launcher(
             0x1234, (3, 2, 1), (128, 1, 1), 48, 0, 0xBEEF, slots, threading.Lock(), direct,
-            lambda *a: rerouted.append(a), lambda *a: failures.append(a))
+            lambda *a: rerouted.append(a), lambda *a: failures.append(a),
+            binding=(backend, binding))
         launch(7, 0x1000, 0x2000)
         args, written = calls[-1]
         function = ("CUfunction", 0x1234) if backend == "bindings" else 0x1234
@@ -342,7 +342,8 @@ def test_pointer_launcher_writes_pointers_then_calls_the_driver(monkeypatch):
         # order: the launcher takes a memo's arrays (a0, a1, a2) and reorders them itself
         taking = driver.pointer_launcher(
             0x1234, (3, 2, 1), (128, 1, 1), 48, 0, 0xBEEF, slots, threading.Lock(), direct,
-            lambda *a: rerouted.append(a), lambda *a: failures.append(a), ("a2", "0"), 3)
+            lambda *a: rerouted.append(a), lambda *a: failures.append(a), ("a2", "0"), 3,
+            binding=(backend, binding))
         taking(4, 0x10, 0x20, 0x30)
         assert calls[-1][1] == [0x30, 0] and calls[-1][0][8] == 4
         direct[0] = False
@@ -401,15 +402,33 @@ class _FakeCupy:
         self._c_contiguous = dense or 0 in shape
 
 
-def test_layout_signature_keys_and_pointers(monkeypatch):
+@pytest.fixture
+def array_types():
+    """``use(torch_tensor=..., cupy_array=...)``: the classes the layout keys take for torch
+    tensors and CuPy arrays (``arrays.set_array_types``; one left out keeps its class),
+    restored after the test."""
+    from baracuda_numba import arrays
+
+    saved = arrays.array_types()
+    keep = object()
+
+    def use(torch_tensor=keep, cupy_array=keep):
+        torch_now, cupy_now = arrays.array_types()
+        arrays.set_array_types(torch_now if torch_tensor is keep else torch_tensor,
+                               cupy_now if cupy_array is keep else cupy_array)
+
+    yield use
+    arrays.set_array_types(*saved)
+
+
+def test_layout_signature_keys_and_pointers(array_types):
     """arrays.layout_signature (generated per number of arrays): the key holds shape,
     strides, dtype and pointer mod 16 of each tensor or CuPy array (None for an absent
     one), the pointers come back in order (0 for None), and anything but a CUDA tensor
     or CuPy array of the registered types gives None."""
     from baracuda_numba import arrays
 
-    monkeypatch.setattr(arrays, "_TORCH_TENSOR", _FakeTensor)
-    monkeypatch.setattr(arrays, "_CUPY_ARRAY", _FakeCupy)
+    array_types(_FakeTensor, _FakeCupy)
     a = _FakeTensor(0x1004, (2, 3), (3, 1))
     b = _FakeTensor(0x2000, (3,), (1,), "bf16")
     key, pointers = arrays.layout_signature((a, None, b))
@@ -425,15 +444,13 @@ def test_layout_signature_keys_and_pointers(monkeypatch):
         (((2, 3), (12, 4), "float32", 8), ((2, 3), (3, 1), "f32", 4)), [0x3008, 0x1004])
 
 
-def test_layout_memo_launch_and_lookup(monkeypatch):
+def test_layout_memo_launch_and_lookup(array_types):
     """LayoutMemo: a stored layout launches with the stream handle and the pointers and
     returns LAUNCHED; a new layout, other ``extra``, or overlapping arrays that must be
     disjoint return the key without launching; arrays of other types return None."""
-    from baracuda_numba import arrays
     from baracuda_numba.plans.base import LAUNCHED, LayoutMemo
 
-    monkeypatch.setattr(arrays, "_TORCH_TENSOR", _FakeTensor)
-    monkeypatch.setattr(arrays, "_CUPY_ARRAY", _FakeCupy)
+    array_types(_FakeTensor, _FakeCupy)
     seen = []
     memo = LayoutMemo(3, ((1, 0),))
     x = _FakeTensor(0x1000, (4,), (1,))
@@ -456,7 +473,7 @@ def test_layout_memo_launch_and_lookup(monkeypatch):
     assert memo.launch(None, "e", x, y, None) == key
 
 
-def test_layout_memo_hot_layout_matches_the_dict_path(monkeypatch):
+def test_layout_memo_hot_layout_matches_the_dict_path(array_types):
     """LayoutMemo's hot layout (one torch ``TensorGuards`` call instead of per-tensor key
     reads): it launches exactly where the dict path would for the stored key, and falls
     back to the dict path for another shape, stride, dtype, pointer residue mod 16,
@@ -464,22 +481,26 @@ def test_layout_memo_hot_layout_matches_the_dict_path(monkeypatch):
     non-tensor. CPU tensors stand for CUDA ones (the guard compares dispatch keys, so a
     CPU guard only passes CPU tensors); clear() drops the hot layout."""
     torch = pytest.importorskip("torch")
-    from baracuda_numba import arrays
-    from baracuda_numba.plans import base
     from baracuda_numba.plans.base import LAUNCHED, LayoutMemo
 
-    if base._tensor_guards() is None:
+    try:
+        torch._C._dynamo.guards.TensorGuards  # noqa: B018 (the class the hot layout uses)
+    except AttributeError:
         pytest.skip("this torch has no TensorGuards")
-    monkeypatch.setattr(arrays, "_TORCH_TENSOR", torch.Tensor)
+    array_types(torch.Tensor)
     seen, slow = [], []
     memo = LayoutMemo(3, ((1, 0),))
-    memo._slow = memo.launch = lambda *a: slow.append(a) or "slow"
+
+    def dict_path(*a):  # stands for the dict path behind the hot layout
+        return slow.append(a) or "slow"
+
+    memo.launch = dict_path
     x = torch.zeros(64)[4:36].view(4, 8)  # pointer residue 0 (the storage is aligned)
     y = torch.zeros(4, 8)
     key = ((tuple(x.shape), x.stride(), x.dtype, x.data_ptr() & 15), (tuple(y.shape),
            y.stride(), y.dtype, y.data_ptr() & 15), None), "e"
-    memo._make_hot(key, lambda *a: seen.append(a), (128, 128, 0), x, y, None)
-    assert memo.launch is not memo._slow
+    memo.make_hot(key, lambda *a: seen.append(a), (128, 128, 0), x, y, None)
+    assert memo.launch is not dict_path
     assert memo.launch(None, "e", x, y, None) is LAUNCHED
     assert memo.launch(5, "e", y, x, None) is LAUNCHED  # same layouts, other pointers
     assert seen == [(0, x.data_ptr(), y.data_ptr(), 0), (5, y.data_ptr(), x.data_ptr(), 0)]
@@ -503,32 +524,30 @@ def test_layout_memo_hot_layout_matches_the_dict_path(monkeypatch):
     assert memo.launch(None, "e", big[32:64].view(4, 8), big[0:32].view(4, 8), None) \
         is LAUNCHED
     # a CuPy layout made hot too tests first, then falls back to the torch one
-    monkeypatch.setattr(arrays, "_CUPY_ARRAY", _FakeCupy)
+    array_types(cupy_array=_FakeCupy)
     cx, cy = _FakeCupy(0x1000, (4, 8), (32, 4)), _FakeCupy(0x2000, (4, 8), (32, 4))
     layout = ((4, 8), (32, 4), "float32", 0)
     torch_hot = memo.launch
-    memo._make_hot(((layout, layout, None), "e"), lambda *a: seen.append(a), (128, 128, 0),
-                   cx, cy, None)
-    assert memo.launch is not torch_hot and memo._promote[0] is None
+    memo.make_hot(((layout, layout, None), "e"), lambda *a: seen.append(a), (128, 128, 0),
+                  cx, cy, None)
+    assert memo.launch is not torch_hot and not memo.promoting
     assert memo.launch(None, "e", cx, cy, None) is LAUNCHED
     assert seen[-1] == (0, 0x1000, 0x2000, 0)
     assert memo.launch(None, "e", x, y, None) is LAUNCHED
     assert seen[-1] == (0, x.data_ptr(), y.data_ptr(), 0)
     assert memo.launch(None, "e", x.double(), y, None) == "slow"
     memo.clear()
-    assert memo.launch is memo._slow and memo._promote[0] is not None
+    assert not memo.hot and memo.promoting
 
 
-def test_layout_memo_hot_layout_for_cupy_arrays(monkeypatch):
+def test_layout_memo_hot_layout_for_cupy_arrays(array_types):
     """LayoutMemo promotes a CuPy layout after its first dict hit: later calls compare
     shape, strides, dtype and pointer residue inline (no key to build) and launch; any
     difference, a None pattern change, an overlap or another type goes to the dict
     path, which still finds the stored layouts. clear() drops the hot layout."""
-    from baracuda_numba import arrays
     from baracuda_numba.plans.base import LAUNCHED, LayoutMemo
 
-    monkeypatch.setattr(arrays, "_TORCH_TENSOR", _FakeTensor)
-    monkeypatch.setattr(arrays, "_CUPY_ARRAY", _FakeCupy)
+    array_types(_FakeTensor, _FakeCupy)
     seen = []
     memo = LayoutMemo(3, ((1, 0),))
     x, y = _FakeCupy(0x1000, (2, 4), (16, 4)), _FakeCupy(0x2000, (2, 4), (16, 4))
@@ -564,7 +583,7 @@ def test_layout_memo_hot_layout_for_cupy_arrays(monkeypatch):
     key = dense.launch(None, None, x, y)
     dense.store(key, lambda *a: seen.append(a), (32, 24))
     dense.launch(None, None, x, y)
-    assert dense.launch is not dense._slow
+    assert dense.hot
     assert dense.launch(None, None, _FakeCupy(0x3000, (2, 4), (16, 4)), y) is LAUNCHED
     for other in (_FakeCupy(0x1000, (2, 4), (32, 4)),  # rows apart: not contiguous
                   _FakeCupy(0x1000, (4, 2), (8, 4)),  # contiguous, other shape
@@ -575,7 +594,7 @@ def test_layout_memo_hot_layout_for_cupy_arrays(monkeypatch):
     row = _FakeCupy(0x1000, (1, 4), (16, 4))
     ones.store(ones.launch(None, None, row), lambda *a: seen.append(a), (16,))
     ones.launch(None, None, row)
-    assert ones.launch is not ones._slow
+    assert ones.hot
     odd = _FakeCupy(0x1000, (1, 4), (64, 4))
     assert odd._c_contiguous and ones.launch(None, None, odd) is not LAUNCHED
 
@@ -644,10 +663,7 @@ def test_cupy_memo_matches_the_checked_path():
                 outs.append(cp.full(shape, poison, dtype=dtype))
             run(outs)
             results.append(outs)
-        memos = [getattr(plan, attr) for attr in ("_memo", "_memo_fw")
-                 if hasattr(plan, attr)]
-        entries = memos[0]._entries if hasattr(memos[0], "_entries") else memos[0]
-        assert len(entries) == 1, name
+        assert plan.layout_memos[0].layout_count == 1, name
         assert all(bool(cp.isfinite(out).all()) for out in results[0]), name
         for outs in results[1:]:
             for got, first in zip(outs, results[0]):
@@ -666,7 +682,7 @@ def test_cupy_memo_matches_the_checked_path():
     dx = cp.empty_like(x)
     for _ in range(3):
         scan_bw.run(bn.ScanBackwardArgs(dy, dx, x, y))
-    assert scan_bw._memo.launch is not scan_bw._memo._slow
+    assert scan_bw.layout_memos[0].hot
     fortran = cp.asfortranarray(x)
     dx_f = cp.full_like(x, cp.nan)
     scan_bw.run(bn.ScanBackwardArgs(dy, dx_f, fortran, y))
@@ -704,9 +720,9 @@ def test_torch_hot_layout_falls_back_on_any_change():
     def close(dx):
         return bool(((dx.double() - expected).abs() <= bound).all())
 
-    memo = plan._memo
-    assert close(gradient(x)) and memo.launch is memo._slow  # checked path, stored
-    assert close(gradient(x)) and memo.launch is not memo._slow  # dict hit, made hot
+    memo = plan.layout_memos[0]
+    assert close(gradient(x)) and not memo.hot  # checked path, stored
+    assert close(gradient(x)) and memo.hot  # dict hit, made hot
     assert close(gradient(x))  # hot
     hot = memo.launch
     transposed = x.t().contiguous().t()
@@ -738,9 +754,9 @@ def test_each_launcher_binding_runs_kernels(monkeypatch, backend):
     if SIMULATOR:
         pytest.skip("needs a GPU")
     monkeypatch.setenv("BARACUDA_LAUNCHER", backend)
-    driver._launcher.cache_clear()
+    driver.launcher.cache_clear()
     try:
-        kind, binding = driver._launcher()
+        kind, binding = driver.launcher()
         if kind != backend:
             pytest.skip(f"{backend} is not installed")
         kernel = Kernel("test_launcher_binding", _dynamic_shared_kernel,
@@ -759,7 +775,7 @@ def test_each_launcher_binding_runs_kernels(monkeypatch, backend):
                                       np.arange(n, dtype=np.float32)[::-1])
     finally:
         monkeypatch.delenv("BARACUDA_LAUNCHER")
-        driver._launcher.cache_clear()
+        driver.launcher.cache_clear()
 
 
 @pytest.mark.simulator

@@ -47,12 +47,12 @@ def check_packed_layouts(ptx):
     by_name = {k.name: k for k in registered_kernels()}
     for name, text in ptx.items():
         kernel = by_name[name]
-        assert kernel._packable, f"{name}: a parameter type has no packed format"
+        assert kernel.packable, f"{name}: a parameter type has no packed format"
         entry = text[text.index(".entry"):]
         declared = re.findall(r"\.param\s+\.[a-z]+(\d+)\s+\S+?(\[\d+\])?\s*[,)]",
                               entry[:entry.index(")") + 1])
         assert all(not count for _, count in declared), f"{name}: an aggregate parameter"
-        fields = [sizes[c] for c in kernel._packed.format.lstrip("@")]
+        fields = [sizes[c] for c in kernel.packed_format.lstrip("@")]
         assert [int(bits) // 8 for bits, _ in declared] == fields, name
     print(f"packed layouts match the PTX parameters of {len(ptx)} kernels", flush=True)
 """

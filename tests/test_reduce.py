@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 from conftest import EDGE_LENGTHS, FLOAT_ELEMENTS, SIMULATOR, torch_or_skip
 
-import baracuda_numba.plans.reduce.backward as plans_reduce_backward
 from baracuda_numba.errors import InvalidProblem, Unsupported, WorkspaceTooSmall
 from baracuda_numba.kernels.reduce import (
     CHUNK,
@@ -38,19 +37,20 @@ from baracuda_numba.plans.reduce import (
     ReducePlan,
 )
 from baracuda_numba.plans.reduce.geometry import (
-    _HOLD_ROWS_IN_FLIGHT,
-    _HOLD_TIES_ROWS_IN_FLIGHT,
-    _REG_STREAM_MIN_LANES,
-    _STREAM_MIN_BATCHES,
-    _STREAM_TARGET_BLOCKS,
-    _SYNC_BATCHES,
-    _VEC_TARGET_BLOCKS,
-    _cols_reg_layout,
-    _cols_vec_geometry,
-    _reg_lanes,
-    _rows_vec_geometry,
-    _split_aim,
-    _sync_layout,
+    BROADCAST_MIN_X_ROW_BYTES,
+    HOLD_ROWS_IN_FLIGHT,
+    HOLD_TIES_ROWS_IN_FLIGHT,
+    REG_STREAM_MIN_LANES,
+    STREAM_MIN_BATCHES,
+    STREAM_TARGET_BLOCKS,
+    SYNC_BATCHES,
+    VEC_TARGET_BLOCKS,
+    cols_reg_layout,
+    cols_vec_geometry,
+    reg_lanes,
+    rows_vec_geometry,
+    split_aim,
+    sync_layout,
 )
 from baracuda_numba.testing import (
     TOLERANCE,
@@ -451,47 +451,48 @@ def test_unsplit_column_geometry():
     one-wave target, each block keeps a 32-byte run of every row (4 words / 8 elements),
     and there are no more lanes than rows."""
     from baracuda_numba.plans.reduce.geometry import (
-        _BLOCK,
-        _TARGET_BLOCKS,
-        _VEC_TARGET_BLOCKS,
-        _cols_vec_geometry,
-        _geometry,
-        _lanes_first,
+        BLOCK,
+        TARGET_BLOCKS,
+        VEC_TARGET_BLOCKS,
+        cols_vec_geometry,
+        generic_geometry,
+        takes_lanes_first,
     )
 
     def check(got, split, units, extent, min_slots, target):
-        slots = _BLOCK // got.lanes
+        slots = BLOCK // got.lanes
         assert got.splits == 1 and got.groups == -(-units // slots)
         assert got.lanes >= split.lanes and (got.lanes == split.lanes or got.lanes <= extent)
-        assert slots >= min(min_slots, _BLOCK // split.lanes)
+        assert slots >= min(min_slots, BLOCK // split.lanes)
         assert got.groups <= max(target, split.groups)
         # one halving more would break a rule
         assert slots // 2 < min_slots or -(-units // (slots // 2)) > target \
-            or _BLOCK // (slots // 2) > extent
+            or BLOCK // (slots // 2) > extent
 
     for out_numel, extent in ((4096, 4096), (64, 37), (200_000, 3), (64, 1_000_000)):
         for width in (2, 4):
-            check(_cols_vec_geometry(out_numel, extent, width, 1),
-                  _cols_vec_geometry(out_numel, extent, width, 1 << 16), out_numel // width,
-                  extent, 4, _VEC_TARGET_BLOCKS)
-        check(_geometry(out_numel, extent, False, 1),
-              _geometry(out_numel, extent, False, 1 << 16), out_numel, extent, 8,
-              _TARGET_BLOCKS)
-    assert _cols_vec_geometry(64, 37, 2, 1).lanes > _cols_vec_geometry(64, 37, 2, 1 << 16).lanes
-    assert _geometry(64, 37, False, 1).lanes > _geometry(64, 37, False, 1 << 16).lanes
+            check(cols_vec_geometry(out_numel, extent, width, 1),
+                  cols_vec_geometry(out_numel, extent, width, 1 << 16), out_numel // width,
+                  extent, 4, VEC_TARGET_BLOCKS)
+        check(generic_geometry(out_numel, extent, False, 1),
+              generic_geometry(out_numel, extent, False, 1 << 16), out_numel, extent, 8,
+              TARGET_BLOCKS)
+    assert cols_vec_geometry(64, 37, 2, 1).lanes > cols_vec_geometry(64, 37, 2, 1 << 16).lanes
+    assert generic_geometry(64, 37, False, 1).lanes > generic_geometry(64, 37, False, 1 << 16).lanes
     if not SIMULATOR:  # f32 [4096, 4096] along axis 0 ran in 8 blocks of one lane per word
-        assert _cols_vec_geometry(4096, 4096, 2, 1).groups == 512
+        assert cols_vec_geometry(4096, 4096, 2, 1).groups == 512
         # the forward's lanes first: [4096, 4096] unsplit with a workspace too, [1e6, 64]
         # (64 columns) keeps whole rows per block and splits
-        assert _cols_vec_geometry(4096, 4096, 2, 1 << 16, True) \
-            == _cols_vec_geometry(4096, 4096, 2, 1)
+        assert cols_vec_geometry(4096, 4096, 2, 1 << 16, True) \
+            == cols_vec_geometry(4096, 4096, 2, 1)
         for width in (2, 4):
-            assert _cols_vec_geometry(64, 10**6, width, 1 << 16, True) \
-                == _cols_vec_geometry(64, 10**6, width, 1 << 16)
-    lanes_first = _cols_vec_geometry(64, 37, 2, 1 << 16, True)
+            assert cols_vec_geometry(64, 10**6, width, 1 << 16, True) \
+                == cols_vec_geometry(64, 10**6, width, 1 << 16)
+    lanes_first = cols_vec_geometry(64, 37, 2, 1 << 16, True)
     assert lanes_first.splits == 1 and lanes_first.lanes > 1
-    assert _lanes_first(K.SUM, E.BF16) and _lanes_first(K.LOG_SUM_EXP, E.F32)
-    assert not _lanes_first(K.LOG_SUM_EXP, E.BF16) and not _lanes_first(K.LOG_SUM_EXP, E.F16)
+    assert takes_lanes_first(K.SUM, E.BF16) and takes_lanes_first(K.LOG_SUM_EXP, E.F32)
+    assert not takes_lanes_first(K.LOG_SUM_EXP, E.BF16)
+    assert not takes_lanes_first(K.LOG_SUM_EXP, E.F16)
 
 
 @pytest.mark.parametrize("element", [E.F32, E.BF16, E.F64], ids=lambda e: e.name)
@@ -723,7 +724,7 @@ def storage_of(view, element):
 
 
 def _forward_access(plan):
-    return next(iter(plan._launches.values())).access
+    return next(iter(plan.bound_launches().values())).access
 
 
 @pytest.mark.parametrize("kind, element, layout", kinds_elements_layouts(
@@ -756,10 +757,10 @@ def test_word_access_forward(kind, element, layout, rng):
 
 def _short_rows(shape, strides, element, ptr=0):
     """The chunk_len 0 (short-row path) test of the forward row geometry."""
-    from baracuda_numba.plans.reduce.geometry import _problem
+    from baracuda_numba.plans.reduce.geometry import problem_layout
 
-    problem = _problem(shape, len(shape) - 1, [strides, strides[:-1] + (1,)], True, 1 << 16,
-                       element, K.SUM, ptr)
+    problem = problem_layout(shape, len(shape) - 1, [strides, strides[:-1] + (1,)], True, 1 << 16,
+                             element, K.SUM, ptr)
     return problem.access == "rows" and problem.geometry.chunk_len == 0, problem.geometry
 
 
@@ -792,18 +793,18 @@ def test_longer_short_rows_selection(element):
     power of two up to a block; the other kinds and the gradients keep 4 or 8 lanes x
     SHORT_LOADS words."""
     from baracuda_numba.kernels.reduce import VEC_LOADS, VECTOR
-    from baracuda_numba.plans.reduce.geometry import _BLOCK, _problem, _short_rows_geometry
+    from baracuda_numba.plans.reduce.geometry import BLOCK, problem_layout, short_rows_geometry
 
     width = VECTOR[element].width
-    for lanes in (8, _BLOCK):
+    for lanes in (8, BLOCK):
         n = lanes * VEC_LOADS * width
         taken, geometry = _short_rows((50, n), (n, 1), element)
         assert taken and (geometry.lanes, geometry.splits) == (lanes, 1), (lanes, geometry)
-        assert _short_rows_geometry(50, n, width, (50,), (n,), 0) is None  # gradients
+        assert short_rows_geometry(50, n, width, (50,), (n,), 0) is None  # gradients
         for kind in (K.VAR, K.LOG_SUM_EXP, K.ARGMAX):
-            problem = _problem((50, n), 1, [(n, 1), (1, 1)], True, 1 << 16, element, kind)
+            problem = problem_layout((50, n), 1, [(n, 1), (1, 1)], True, 1 << 16, element, kind)
             assert problem.geometry.chunk_len != 0, kind
-    for words in (6 * VEC_LOADS, 2 * _BLOCK * VEC_LOADS, _BLOCK * VEC_LOADS + 4):
+    for words in (6 * VEC_LOADS, 2 * BLOCK * VEC_LOADS, BLOCK * VEC_LOADS + 4):
         n = words * width  # 6 lanes: not a power of two; more than a block; not 8 per lane
         assert not _short_rows((50, n), (n, 1), element)[0], words
 
@@ -838,11 +839,11 @@ def test_longer_short_rows(element):
     VEC_LOADS words (the short-row path for LONG_SHORT_KINDS, the row loop for the
     others), with NaN / inf / ties / -0, against NumPy and bit-identical on a rerun."""
     from baracuda_numba.kernels.reduce import LONG_SHORT_KINDS, VEC_LOADS, VECTOR
-    from baracuda_numba.plans.reduce.geometry import _BLOCK, _problem
+    from baracuda_numba.plans.reduce.geometry import BLOCK, problem_layout
 
     width = VECTOR[element].width
     rng = np.random.default_rng(11)
-    for lanes in (8, _BLOCK):
+    for lanes in (8, BLOCK):
         n = lanes * VEC_LOADS * width
         # magnitudes near 1: the products of 2048 values stay within f16 range
         rows = rng.choice([-1.0, 1.0], (5, n)) * rng.uniform(0.95, 1.05, (5, n))
@@ -856,8 +857,8 @@ def test_longer_short_rows(element):
         _check_rows_every_kind(x, x64, element, f"{lanes} x {VEC_LOADS} words")
         for kind in REDUCE_KINDS:
             kernel_kind = K.SUM if kind is K.MEAN else kind
-            problem = _problem(x.shape, 1, [(n, 1), (1, 1)], True, 1 << 16, element,
-                               kernel_kind)
+            problem = problem_layout(x.shape, 1, [(n, 1), (1, 1)], True, 1 << 16, element,
+                                     kernel_kind)
             assert (problem.geometry.chunk_len == 0) == (kernel_kind in LONG_SHORT_KINDS)
         _check_arg_rows(x, x64, element)
 
@@ -867,7 +868,7 @@ def test_short_rows_parked(element, rng, monkeypatch):
     """The short-row path of LONG_SHORT_KINDS with rows of at least PARK_MIN_LANES lanes
     runs the ``reduce_rows_park`` kernels, which park each thread's words of its next row
     (``cp.async``) while the block combines the current one, over a grid capped at
-    _SHORT_GRID_X blocks: here every block walks several groups and the last group is
+    SHORT_GRID_X blocks: here every block walks several groups and the last group is
     partial (rows of 8 lanes x SHORT_LOADS and x VEC_LOADS words; 4-lane rows keep
     ``reduce_rows_vec``, which loads a row where it reaches it), against NumPy into
     poisoned outputs, bit-identical on a rerun."""
@@ -879,7 +880,7 @@ def test_short_rows_parked(element, rng, monkeypatch):
         VECTOR,
     )
     from baracuda_numba.launch import Kernel
-    from baracuda_numba.plans.reduce.geometry import _BLOCK, _MAX_GRID_X, _SHORT_GRID_X, _problem
+    from baracuda_numba.plans.reduce.geometry import BLOCK, MAX_GRID_X, SHORT_GRID_X, problem_layout
 
     bound = []  # (kernel family, grid) of every launch bound
     bind = Kernel.bind
@@ -889,22 +890,22 @@ def test_short_rows_parked(element, rng, monkeypatch):
     for lanes, per_lane in ((PARK_MIN_LANES, SHORT_LOADS), (PARK_MIN_LANES, VEC_LOADS),
                             (4, SHORT_LOADS)):
         n = lanes * per_lane * width
-        slots = _BLOCK // lanes
-        rows = 2 * _SHORT_GRID_X * slots + 5  # more groups than blocks, the last partial
+        slots = BLOCK // lanes
+        rows = 2 * SHORT_GRID_X * slots + 5  # more groups than blocks, the last partial
         x = to_storage(rng.uniform(0.9, 1.1, (rows, n)) * rng.choice([-1.0, 1.0], (rows, n)),
                        element)
         x64 = from_storage(x, element)
         for kind in LONG_SHORT_KINDS + (K.MEAN,):
             kernel_kind = K.SUM if kind is K.MEAN else kind
-            geometry = _problem(x.shape, 1, [(n, 1), (1, 1)], True, 1 << 16, element,
-                                kernel_kind).geometry
+            geometry = problem_layout(x.shape, 1, [(n, 1), (1, 1)], True, 1 << 16, element,
+                                      kernel_kind).geometry
             assert (geometry.chunk_len, geometry.lanes) == (0, lanes), (kind, geometry)
-            assert geometry.groups > _SHORT_GRID_X
+            assert geometry.groups > SHORT_GRID_X
             bound.clear()
             got, plan = run_forward(kind, x, 1, element)
             parked = lanes >= PARK_MIN_LANES
             name = "reduce_rows_park" if parked else "reduce_rows_vec"
-            cap = _SHORT_GRID_X if parked else _MAX_GRID_X
+            cap = SHORT_GRID_X if parked else MAX_GRID_X
             assert bound == [(name, (min(geometry.groups, cap), 1))], (kind, lanes, bound)
             again, _ = run_forward(kind, x, 1, element)
             what = f"{kind.name} {rows} rows of {lanes} x {per_lane} words"
@@ -1026,10 +1027,10 @@ def test_short_rows_backward(kind, element, layout, rng):
     written[index] = True
     whole = dx_base if SIMULATOR else storage_of(dx._base, element)
     np.testing.assert_array_equal(whole[~written], poisoned(base_shape, element)[~written])
-    access, gradient = next(iter(plan._launches.values()))[1]
+    access, gradient = next(iter(plan.bound_launches().values()))[1]
     short = layout == "rows_short" or (layout == "rows_short_padded" and element is E.F32)
     assert access == "rows", what
-    assert (gradient._args[16] == 0) == short, what  # chunk_vecs 0: the short-row path
+    assert (gradient.args[16] == 0) == short, what  # chunk_vecs 0: the short-row path
 
 
 @pytest.mark.parametrize("element", WORD_ELEMENTS, ids=lambda e: e.name)
@@ -1038,10 +1039,10 @@ def test_longer_short_rows_backward(element, rng):
     of a block of lanes x VEC_LOADS words too (contiguous and padded rows), into a
     poisoned buffer whose padding must survive; the gradients that read x do not."""
     from baracuda_numba.kernels.reduce import VEC_LOADS, VECTOR
-    from baracuda_numba.plans.reduce.geometry import _BLOCK
+    from baracuda_numba.plans.reduce.geometry import BLOCK
 
     width = VECTOR[element].width
-    for lanes in (8, _BLOCK):
+    for lanes in (8, BLOCK):
         n = lanes * VEC_LOADS * width
         for pad in (0, width):
             base = poisoned((3, n + pad), element)
@@ -1066,11 +1067,11 @@ def test_longer_short_rows_backward(element, rng):
                 check_backward(got, expected, element, what)
                 whole = dx_base if SIMULATOR else storage_of(dx._base, element)
                 np.testing.assert_array_equal(whole[:, n:], base[:, n:], what)
-                access, gradient = next(iter(plan._launches.values()))[1]
+                access, gradient = next(iter(plan.bound_launches().values()))[1]
                 if kind is K.NORM2:
-                    assert access != "rows" or gradient._args[16] != 0, what
+                    assert access != "rows" or gradient.args[16] != 0, what
                 else:
-                    assert access == "rows" and gradient._args[16] == 0, what
+                    assert access == "rows" and gradient.args[16] == 0, what
 
 
 
@@ -1097,15 +1098,13 @@ def _broadcast_layouts():
 @pytest.mark.parametrize("kind", [K.SUM, K.MEAN, K.PROD, K.NORM2, K.LOG_SUM_EXP],
                          ids=lambda k: k.name)
 @pytest.mark.parametrize("layout", list(_broadcast_layouts()))
-def test_broadcast_backward(kind, element, layout, rng, monkeypatch):
+def test_broadcast_backward(kind, element, layout, rng):
     """The gradients without a statistic in dx's memory order (``reduce_backward_broadcast``)
     exactly where dx (and x, in the same layout) is contiguous and 16-byte aligned and its
     units lie in one line, against NumPy and bit for bit against the word kernels
     (``plan.broadcast = False``), with a strided dy and y (every other element of a
     buffer), into poisoned buffers whose rest must survive. The kinds that read x take
     it here for every row length and element (test_broadcast_selection: the plan's rule)."""
-    monkeypatch.setattr(plans_reduce_backward, "_BROADCAST_MIN_X_ROW_BYTES", 0)
-    monkeypatch.setattr(plans_reduce_backward, "_BROADCAST_X_COL_BYTES", (2, 4))
     base_shape, index, shape, axis, broadcast = _broadcast_layouts()[layout]
     saved = kind not in (K.SUM, K.MEAN)
     x_base = inputs_for(kind, base_shape, element, rng)
@@ -1138,6 +1137,7 @@ def test_broadcast_backward(kind, element, layout, rng, monkeypatch):
         plan = ReduceBackwardPlan.select(ReduceBackwardDescriptor(kind, shape, axis, element),
                                          NO_WORKSPACE)
         plan.broadcast = use_broadcast
+        plan.broadcast_min_x_row_bytes, plan.broadcast_x_col_bytes = 0, (2, 4)
         plan.run(ReduceBackwardArgs(dy, dx, x, y))
         what = f"{kind.name} {element.name} {layout} broadcast={use_broadcast}"
         got = storage_of(dx, element)
@@ -1157,9 +1157,9 @@ def test_broadcast_backward(kind, element, layout, rng, monkeypatch):
 @pytest.mark.parametrize("kind", [K.SUM, K.PROD, K.NORM2, K.LOG_SUM_EXP], ids=lambda k: k.name)
 def test_broadcast_selection(kind):
     """Sum / Mean take the broadcast wherever it applies; the kinds that read x only for
-    rows longer than _BROADCAST_MIN_X_ROW_BYTES and for columns of 2-byte elements (where
+    rows longer than BROADCAST_MIN_X_ROW_BYTES and for columns of 2-byte elements (where
     it measured faster than the word and register-resident kernels). Binding only."""
-    limit = plans_reduce_backward._BROADCAST_MIN_X_ROW_BYTES
+    limit = BROADCAST_MIN_X_ROW_BYTES
     saved = kind is not K.SUM
     for element in (E.BF16, E.F32):
         row = limit // element.byte_width
@@ -1170,25 +1170,25 @@ def test_broadcast_selection(kind):
                                    element.storage_dtype))
             plan = ReduceBackwardPlan.select(ReduceBackwardDescriptor(kind, shape, axis,
                                                                       element))
-            dy, dx, x_ref, y_ref = plan.can_implement(ReduceBackwardArgs(
-                y, to_device(np.zeros(shape, element.storage_dtype)), x if saved else None,
-                y if saved else None))
+            args = ReduceBackwardArgs(y, to_device(np.zeros(shape, element.storage_dtype)),
+                                      x if saved else None, y if saved else None)
+            _, dx, x_ref, _ = plan.can_implement(args)
             if dx.ptr % 16 or (saved and x_ref.ptr % 16):
                 pytest.skip("host buffers not 16-byte aligned")
-            access = plan._bind(dy, dx, x_ref, y_ref, False)[1][0]
+            access = plan.bind_choice(args)
             assert (access == "broadcast") == expected, (kind, element, shape, axis)
 
 
 
-def test_broadcast_follows_the_alignment_of_x(rng, monkeypatch):
+def test_broadcast_follows_the_alignment_of_x(rng):
     """A plan that bound the broadcast for a 16-byte aligned x re-binds (to the word
     kernels) for an x of the same strides 8 bytes further on, and both gradients are
     right."""
-    monkeypatch.setattr(plans_reduce_backward, "_BROADCAST_MIN_X_ROW_BYTES", 0)
     shape, element = (3, 64), E.F32
     base = inputs_for(K.PROD, (3 * 64 + 2,), element, rng)
     plan = ReduceBackwardPlan.select(ReduceBackwardDescriptor(K.PROD, shape, 1, element),
                                      NO_WORKSPACE)
+    plan.broadcast_min_x_row_bytes = 0
     accesses = []
     for start in (0, 2):
         x_host = np.ascontiguousarray(base[start:start + 192].reshape(shape))
@@ -1200,8 +1200,8 @@ def test_broadcast_follows_the_alignment_of_x(rng, monkeypatch):
         dx = to_device(poisoned(shape, element))
         plan.run(ReduceBackwardArgs(to_device(dy), dx, x, to_device(y)))
         check_backward(from_storage(host(dx), element), expected, element, f"start {start}")
-        key = next(k for k in plan._launches if k[-1] == (8 if start else 0))
-        accesses.append(plan._launches[key][1][0])
+        key = next(k for k in plan.bound_launches() if k[-1] == (8 if start else 0))
+        accesses.append(plan.bound_launches()[key][1][0])
     assert accesses[0] == "broadcast" and accesses[1] != "broadcast", accesses
 
 
@@ -1209,16 +1209,16 @@ def test_store_only_rows_geometry():
     """The f32 Sum/Mean gradient (stores only) takes 8 lanes for rows of 128-2048 words
     when there are at least 4096 rows; everything else (2-byte elements included) keeps
     the shared row geometry."""
-    from baracuda_numba.plans.reduce.geometry import _rows_vec_geometry
+    from baracuda_numba.plans.reduce.geometry import rows_vec_geometry
 
     for words in (128, 1000, 2048):
-        geometry = _rows_vec_geometry(4096, words * 2, 2, 1 << 16, store_only=True)
+        geometry = rows_vec_geometry(4096, words * 2, 2, 1 << 16, store_only=True)
         assert geometry.lanes == 8 and geometry.splits == 1 and geometry.chunk_len > words, \
             (words, geometry)
     for width, rows, words in ((2, 4096, 127), (2, 4096, 2049), (2, 4095, 1000),
                                (2, 4096, 32), (4, 4096, 128), (4, 4096, 1024)):
-        assert _rows_vec_geometry(rows, words * width, width, 1 << 16, store_only=True) \
-            == _rows_vec_geometry(rows, words * width, width, 1 << 16), (width, rows, words)
+        assert rows_vec_geometry(rows, words * width, width, 1 << 16, store_only=True) \
+            == rows_vec_geometry(rows, words * width, width, 1 << 16), (width, rows, words)
 
 
 def test_warp_rows_geometry():
@@ -1227,29 +1227,29 @@ def test_warp_rows_geometry():
     rows and rows a warp already covers keep the shared geometry; the plans' workspace
     covers the most splits either geometry takes."""
     from baracuda_numba.plans.reduce.geometry import (
-        _BLOCK,
-        _VEC_TARGET_BLOCKS,
-        _max_workspace,
-        _rows_vec_geometry,
-        _warp_rows,
+        BLOCK,
+        VEC_TARGET_BLOCKS,
+        max_workspace,
+        rows_vec_geometry,
+        takes_warp_rows,
     )
 
-    assert _warp_rows(E.BF16, K.SUM) and _warp_rows(E.F16, K.MAX)
-    assert _warp_rows(E.BF16, "ties")  # the Max/Min gradient's statistic pass
-    assert not _warp_rows(E.F32, K.SUM) and not _warp_rows(E.BF16, K.VAR)
-    assert not _warp_rows(E.F16, K.STD) and not _warp_rows(E.BF16, K.LOG_SUM_EXP)
-    rows, words = max(_BLOCK, 8), 64 * VEC_LOADS * 64  # long rows: more than a warp's worth
-    base = _rows_vec_geometry(rows, words * 4, 4, 1 << 16)
-    warp = _rows_vec_geometry(rows, words * 4, 4, 1 << 16, warp_rows=True)
-    if base.lanes > 32 and -(-rows // (_BLOCK // 32)) < _VEC_TARGET_BLOCKS:  # the GPU's
+    assert takes_warp_rows(E.BF16, K.SUM) and takes_warp_rows(E.F16, K.MAX)
+    assert takes_warp_rows(E.BF16, "ties")  # the Max/Min gradient's statistic pass
+    assert not takes_warp_rows(E.F32, K.SUM) and not takes_warp_rows(E.BF16, K.VAR)
+    assert not takes_warp_rows(E.F16, K.STD) and not takes_warp_rows(E.BF16, K.LOG_SUM_EXP)
+    rows, words = max(BLOCK, 8), 64 * VEC_LOADS * 64  # long rows: more than a warp's worth
+    base = rows_vec_geometry(rows, words * 4, 4, 1 << 16)
+    warp = rows_vec_geometry(rows, words * 4, 4, 1 << 16, warp_rows=True)
+    if base.lanes > 32 and -(-rows // (BLOCK // 32)) < VEC_TARGET_BLOCKS:  # the GPU's
         assert warp.lanes == 32 and warp.splits > base.splits, (base, warp)
         assert warp.splits * warp.chunk_len >= words and warp.chunk_len % (32 * VEC_LOADS) == 0
     else:  # the simulator's 64-thread blocks never take it
         assert warp == base
     for args in ((rows, words * 4, 4, 1), (rows - 1, words * 4, 4, 1 << 16),
                  (rows, 1024 * 4, 4, 1 << 16)):
-        assert _rows_vec_geometry(*args, warp_rows=True) == _rows_vec_geometry(*args), args
-    assert _max_workspace(K.SUM, E.BF16, rows, words * 4, 1 << 16)[0] >= warp.splits
+        assert rows_vec_geometry(*args, warp_rows=True) == rows_vec_geometry(*args), args
+    assert max_workspace(K.SUM, E.BF16, rows, words * 4, 1 << 16)[0] >= warp.splits
 
 
 @pytest.mark.gpu
@@ -1284,7 +1284,7 @@ def test_gpu_warp_rows(kind, element, rng):
         again, _ = run_forward(kind, x_host, 1, element, x_dev=x_dev, workspace=True)
         check_forward(got, reference(kind, x64, 1), kind, element, x64, 1, what)
         np.testing.assert_array_equal(got.view(np.uint8), again.view(np.uint8), what)
-    launch = next(iter(plan._launches.values()))
+    launch = next(iter(plan.bound_launches().values()))
     assert launch.access == "rows" and len(launch.launches) == 2, what  # split + merge
 
 
@@ -1450,7 +1450,7 @@ def test_register_resident_backward(kind, element, layout, rng):
     results = []
     # the stash kernel's wider strips beat the tie count after dx
     layout_words = shape[1 - axis] // width if len(shape) == 2 else 0
-    cols_reg = _cols_reg_layout(shape[axis], width, out_words=layout_words) \
+    cols_reg = cols_reg_layout(shape[axis], width, out_words=layout_words) \
         if access == "reg_cols" else None
     stash = cols_reg is not None and cols_reg[2]
     strip = cols_reg is not None and cols_reg[3]
@@ -1476,7 +1476,7 @@ def test_register_resident_backward(kind, element, layout, rng):
             expected_access = "sync"  # 3 one-chunk rows: the hold kernel (next section)
         assert chosen == expected_access, what
         if chosen == "reg_cols":
-            name = next(iter(plan._launches.values()))[1][1]._kernel.name
+            name = next(iter(plan.bound_launches().values()))[1][1].kernel.name
             assert ("stash" in name) == stash, (what, name)
             assert ("strip" in name) == strip, (what, name)
         results.append(got.tobytes())
@@ -1510,8 +1510,8 @@ def test_register_resident_stream_backward(kind, element, layout, rng):
     dy = random_values(y.shape, element, rng)
     expected = backward_reference(kind, from_storage(dy, element), from_storage(x_host, element),
                                   from_storage(y, element), axis)
-    lanes = _reg_lanes(shape[axis], width)
-    expected_access = "reg" if access == "reg" and lanes >= _REG_STREAM_MIN_LANES else "rows"
+    lanes = reg_lanes(shape[axis], width)
+    expected_access = "reg" if access == "reg" and lanes >= REG_STREAM_MIN_LANES else "rows"
     assert expected_access == "reg" or layout in ("reg_rows", "reg_padded", "reg_pairs8",
                                                   "too_long")
     results = []
@@ -1525,7 +1525,7 @@ def test_register_resident_stream_backward(kind, element, layout, rng):
         what = f"{kind.name} backward {element.name} {layout}"
         got = storage_of(dx, element)
         check_backward(from_storage(got, element), expected, element, what)
-        launch = next(iter(plan._launches.values()))[1]
+        launch = next(iter(plan.bound_launches().values()))[1]
         assert launch[0] == expected_access, what
         if layout.endswith("padded") and SIMULATOR:
             assert np.all(np.isnan(from_storage(dx_base[:, 16:], element))), what
@@ -1572,28 +1572,28 @@ def test_register_resident_tie_specials(kind, element):
 
 def test_stream_gradient_split_geometry():
     """The gradients without a statistic split lines that split anyway (fewer groups than
-    half of _VEC_TARGET_BLOCKS) down to _STREAM_MIN_BATCHES batches per thread, aiming
-    at _STREAM_TARGET_BLOCKS blocks; lines with more groups split as the kernels with a
+    half of VEC_TARGET_BLOCKS) down to STREAM_MIN_BATCHES batches per thread, aiming
+    at STREAM_TARGET_BLOCKS blocks; lines with more groups split as the kernels with a
     statistic do."""
-    stream_rows = stream_cols = {"target": _STREAM_TARGET_BLOCKS,
-                                 "min_batches": _STREAM_MIN_BATCHES}
-    assert _split_aim(1, 1 << 20) == 1 << 20
-    assert _split_aim(_VEC_TARGET_BLOCKS - 1, 1 << 20) == _VEC_TARGET_BLOCKS
+    stream_rows = stream_cols = {"target": STREAM_TARGET_BLOCKS,
+                                 "min_batches": STREAM_MIN_BATCHES}
+    assert split_aim(1, 1 << 20) == 1 << 20
+    assert split_aim(VEC_TARGET_BLOCKS - 1, 1 << 20) == VEC_TARGET_BLOCKS
     # one long row, one column word over many rows: a split per batch, up to the target
     long = 1 << 22
     for width in (1, 2, 4):
-        row = _rows_vec_geometry(1, long * width, width, 1 << 16, **stream_rows)
-        base = _rows_vec_geometry(1, long * width, width, 1 << 16)
+        row = rows_vec_geometry(1, long * width, width, 1 << 16, **stream_rows)
+        base = rows_vec_geometry(1, long * width, width, 1 << 16)
         batch = row.lanes * VEC_LOADS
-        assert row.splits == min(_STREAM_TARGET_BLOCKS, long // batch) > base.splits
+        assert row.splits == min(STREAM_TARGET_BLOCKS, long // batch) > base.splits
         assert row.chunk_len % batch == 0
-        col = _cols_vec_geometry(width, long, width, 1 << 16, **stream_cols)
-        base = _cols_vec_geometry(width, long, width, 1 << 16)
+        col = cols_vec_geometry(width, long, width, 1 << 16, **stream_cols)
+        base = cols_vec_geometry(width, long, width, 1 << 16)
         assert col.splits > base.splits and col.chunk_len % (col.lanes * CHUNK) == 0
-        # groups that fill half of _VEC_TARGET_BLOCKS or more: as before
-        rows = (_VEC_TARGET_BLOCKS - 1) * 8  # (GPU) 8 rows of 32 lanes per block
-        many = _rows_vec_geometry(rows, 1024 * width, width, 1 << 16, **stream_rows)
-        assert many == _rows_vec_geometry(rows, 1024 * width, width, 1 << 16)
+        # groups that fill half of VEC_TARGET_BLOCKS or more: as before
+        rows = (VEC_TARGET_BLOCKS - 1) * 8  # (GPU) 8 rows of 32 lanes per block
+        many = rows_vec_geometry(rows, 1024 * width, width, 1 << 16, **stream_rows)
+        assert many == rows_vec_geometry(rows, 1024 * width, width, 1 << 16)
 
 
 def test_stash_needs_its_shared_memory(monkeypatch, rng):
@@ -1615,8 +1615,8 @@ def test_stash_needs_its_shared_memory(monkeypatch, rng):
         dx = to_device(poisoned(shape, E.F32))
         plan.run(ReduceBackwardArgs(to_device(dy), dx, to_device(x_host), to_device(y)))
         check_backward(to_host(dx), expected, E.F32, f"VAR stash fits={fits}")
-        access, bound = next(iter(plan._launches.values()))[1]
-        names.append((access, bound._kernel.name))
+        access, bound = next(iter(plan.bound_launches().values()))[1]
+        names.append((access, bound.kernel.name))
     assert names == [("reg_cols", "reduce_backward_cols_stash[var,f32]"),
                      ("generic", "reduce_backward[var,f32]")], names
 
@@ -1629,7 +1629,7 @@ def test_gpu_dynamic_shared_limit():
     limit = kernel.dynamic_shared_limit()
     assert REG_COLS_STASH_BYTES <= limit < 256 * 1024, limit  # H100 / H200: 227 KiB less 8
     kernel.allow_dynamic_shared(1 << 30)
-    assert kernel._dynamic_shared == limit
+    assert kernel.dynamic_shared_bytes == limit
 
 
 # -- the Var/Std and Max/Min gradients of long rows in one launch (access "sync") ---------
@@ -1645,7 +1645,7 @@ def _sync_layouts(width: int) -> dict:
     after dx), "many_rows", more rows than the GPU's blocks (the word-row kernels would
     take them a block each, but the hold kernel reads x once) and "stash_rows" (101 parts
     a row, the last partial and alone in the kernel's last chunk)."""
-    chunk = _SYNC_BATCHES * SYNC_BLOCK * VEC_LOADS * width
+    chunk = SYNC_BATCHES * SYNC_BLOCK * VEC_LOADS * width
     every = (slice(None), slice(None))
     long = chunk * 5 // 2
     layouts = {
@@ -1655,7 +1655,7 @@ def _sync_layouts(width: int) -> dict:
     }
     if not SIMULATOR:
         layouts["long_rows"] = ((3, 300 * chunk - width), every, (3, 300 * chunk - width))
-        many = _VEC_TARGET_BLOCKS + 72
+        many = VEC_TARGET_BLOCKS + 72
         layouts["many_rows"] = ((many, long), every, (many, long))
         stash = chunk * 201 // 2
         layouts["stash_rows"] = ((3, stash), every, (3, stash))
@@ -1674,7 +1674,7 @@ def _hold_expected(kind, element, parts: int) -> bool:
     parts (chunks of two) on this device."""
     if parts > HOLD_POLL_SLOTS * SYNC_BLOCK:  # a thread reads at most two part totals
         return False
-    in_flight = _HOLD_TIES_ROWS_IN_FLIGHT if kind in (K.MAX, K.MIN) else _HOLD_ROWS_IN_FLIGHT
+    in_flight = HOLD_TIES_ROWS_IN_FLIGHT if kind in (K.MAX, K.MIN) else HOLD_ROWS_IN_FLIGHT
     chunks = -(-parts // 2)
     resident = _hold_resident(kind, element)
     return resident > 0 and (chunks == 1 or in_flight * chunks <= resident)
@@ -1710,7 +1710,7 @@ def test_row_sync_backward(kind, element, layout, rng):
     expected = backward_reference(kind, from_storage(dy, element), from_storage(x_host, element),
                                   from_storage(y, element), axis, correction)
     ties = kind in (K.MAX, K.MIN)
-    parts = _sync_layout(shape[0] if len(shape) > 1 else 1, shape[-1], width)[0]
+    parts = sync_layout(shape[0] if len(shape) > 1 else 1, shape[-1], width)[0]
     resident = _hold_resident(kind, element)
     hold = _hold_expected(kind, element, parts)
     results = []
@@ -1725,7 +1725,7 @@ def test_row_sync_backward(kind, element, layout, rng):
         what = f"{kind.name} backward {element.name} {layout} workspace={workspace}"
         got = storage_of(dx, element)
         check_backward(from_storage(got, element), expected, element, what)
-        access, launch = next(iter(plan._launches.values()))[1]
+        access, launch = next(iter(plan.bound_launches().values()))[1]
         assert (access == "sync") == (workspace and hold), (what, access, parts, resident)
         results.append(got.tobytes())
         if layout == "padded":
@@ -1734,11 +1734,11 @@ def test_row_sync_backward(kind, element, layout, rng):
                             element), element), element))), what
     assert results[0] == results[1], f"{kind.name} {layout}: not deterministic"
     # the hold kernel (x read once) where the device holds the chunks of
-    # _HOLD_ROWS_IN_FLIGHT (Max/Min: _HOLD_TIES_ROWS_IN_FLIGHT) rows at once; the other
+    # HOLD_ROWS_IN_FLIGHT (Max/Min: HOLD_TIES_ROWS_IN_FLIGHT) rows at once; the other
     # way (row_hold forced the other way, where it can run: twice a row's chunks; the
     # tie count after dx, or the word rows) gives the same bits for Max/Min (the same dy /
     # count) and the float64 result for Var/Std (its own order of the sums)
-    assert ReduceBackwardPlan.select(desc)._sync[0] == parts
+    assert ReduceBackwardPlan.select(desc).hold_layout[0] == parts
     chunks = -(-parts // 2)
     fits = resident > 0 and (chunks == 1 or 2 * chunks <= resident) \
         and parts <= HOLD_POLL_SLOTS * SYNC_BLOCK
@@ -1749,7 +1749,7 @@ def test_row_sync_backward(kind, element, layout, rng):
         ws = to_device(np.full(plan.workspace_size, 0xFF, np.uint8))
         plan.run(ReduceBackwardArgs(to_device(dy), dx, device_view(base, index, shape, element),
                                     to_device(y)), workspace=ws)
-        access, launch = next(iter(plan._launches.values()))[1]
+        access, launch = next(iter(plan.bound_launches().values()))[1]
         assert (access == "sync") is not hold, (what, access)
         got = storage_of(dx, element)
         if ties:
@@ -1781,21 +1781,21 @@ def _one_chunk_params() -> list:
 def test_row_hold_backward_poll_slots(kind):
     """The hold kernel's threads read HOLD_POLL_SLOTS of a row's part totals each: rows of
     more than HOLD_POLL_SLOTS * SYNC_BLOCK parts never take it, even forced (``row_hold``:
-    ``_hold_kernel`` gives None, the plan's sign to take the other way); one-chunk rows
+    ``hold_kernel`` gives None, the plan's sign to take the other way); one-chunk rows
     always fit."""
     plan = ReduceBackwardPlan.select(ReduceBackwardDescriptor(kind, (3, 1024), 1, E.F32))
     plan.row_hold = True
     limit = HOLD_POLL_SLOTS * SYNC_BLOCK
-    assert plan._hold_kernel(kind, E.F32, limit + 1) is None
-    assert plan._hold_kernel(kind, E.F32, 4 * limit) is None
+    assert plan.hold_kernel(kind, E.F32, limit + 1) is None
+    assert plan.hold_kernel(kind, E.F32, 4 * limit) is None
     for parts in (1, 2):
-        kernel, grid = plan._hold_kernel(kind, E.F32, parts)
+        kernel, grid = plan.hold_kernel(kind, E.F32, parts)
         assert grid >= 1 and kernel.name.startswith("reduce_backward_rows_hold_stash")
 
 
 @IEEE_SPECIALS
 @pytest.mark.parametrize("kind, element, full, two", _one_chunk_params())
-def test_row_hold_backward_one_chunk_rows(kind, element, full, two, rng, monkeypatch):
+def test_row_hold_backward_one_chunk_rows(kind, element, full, two, rng):
     """Rows of one chunk, partial (a thread's last words past the row: the predicated
     loads) or full (every thread's words in the row: the unpredicated loads), forced
     onto the hold kernel's path (no register-resident rows; for every element: a chunk
@@ -1805,10 +1805,8 @@ def test_row_hold_backward_one_chunk_rows(kind, element, full, two, rng, monkeyp
     rerun. ``two``: rows of two parts (the chunk's second half through shared memory),
     else one (the shared-memory half empty); the other way (the tie count after dx, or
     the word rows) gives the same bits for Max/Min, the float64 result for Var/Std."""
-
-    monkeypatch.setattr(plans_reduce_backward, "_reg_lanes", lambda extent, width: 0)
     width = 2 if element is E.F32 else 4
-    chunk = _SYNC_BATCHES * SYNC_BLOCK * VEC_LOADS * (2 if two else 1)
+    chunk = SYNC_BATCHES * SYNC_BLOCK * VEC_LOADS * (2 if two else 1)
     shape = (3, (chunk if full else chunk - SYNC_BLOCK * 5 // 2) * width)
     x_host = rng.uniform(-2.0, 2.0, size=shape)
     x_host[0, 5] = np.inf
@@ -1823,12 +1821,13 @@ def test_row_hold_backward_one_chunk_rows(kind, element, full, two, rng, monkeyp
     for hold in (True, True, False):
         plan = ReduceBackwardPlan.select(ReduceBackwardDescriptor(kind, shape, 1, element, 1))
         plan.row_hold = hold
-        assert plan._sync[0] == (2 if two else 1)
+        plan.register_rows = False
+        assert plan.hold_layout[0] == (2 if two else 1)
         ws = to_device(np.full(plan.workspace_size, 0xFF, np.uint8))
         dx = to_device(poisoned(shape, element))
         plan.run(ReduceBackwardArgs(to_device(dy), dx, to_device(x_host), to_device(y)),
                  workspace=ws)
-        access, launch = next(iter(plan._launches.values()))[1]
+        access, launch = next(iter(plan.bound_launches().values()))[1]
         assert (access == "sync") == hold, access
         got = to_host(dx)
         check_backward(from_storage(got, element), expected, element,
@@ -1891,10 +1890,10 @@ def test_tie_count_after_dx(kind, element, layout, rng):
         what = f"{kind.name} backward {element.name} {layout} workspace={workspace}"
         check_backward(from_storage(got, element), expected, element, what)
         results.append(got.tobytes())
-        stat, (access, gradient) = next(iter(plan._launches.values()))
+        stat, (access, gradient) = next(iter(plan.bound_launches().values()))
         if workspace:
             assert access == layout and type(stat).__name__ == "_TieCount", what
-            assert gradient._grid[1] > 1, f"{what}: not split"
+            assert gradient.grid[1] > 1, f"{what}: not split"
     assert results[0] == results[1], f"{kind.name} {layout}: not deterministic"
     single = [from_storage(np.frombuffer(r, got.dtype), element) for r in results[1:]]
     np.testing.assert_array_equal(single[0], single[1], f"{kind.name} {layout}: single pass")
@@ -1955,9 +1954,9 @@ def test_gpu_tie_masks_long(element, layout, rng):
     check_backward(from_storage(results[0], element), expected, element,
                    f"MAX backward {element.name} {layout} {shape}")
     assert results[0].tobytes() == results[1].tobytes(), "not deterministic"
-    stat, (access, gradient) = next(iter(plan._launches.values()))
+    stat, (access, gradient) = next(iter(plan.bound_launches().values()))
     assert access == layout and type(stat).__name__ == "_TieCount"
-    lanes, chunk = gradient._args[15:17] if layout == "rows" else gradient._args[12:14]
+    lanes, chunk = gradient.args[15:17] if layout == "rows" else gradient.args[12:14]
     assert -(-chunk // (VEC_LOADS * lanes)) > tie_mask_iters(width), "one mask per lane and split"
 
 
@@ -2148,7 +2147,7 @@ def test_gpu_more_than_2_31_elements():
         dx = x[:shape[0] * shape[1]].view(shape)
         dx.fill_(float("nan"))
         back.run(ReduceBackwardArgs(dy, dx))
-        assert next(iter(back._launches.values()))[1][0] == "broadcast"
+        assert next(iter(back.bound_launches().values()))[1][0] == "broadcast"
         expected = (dy.double() / shape[axis]).float()
         for index in (0, -1):
             got = dx[index][-4:] if axis == 1 else dx[index]
@@ -2175,7 +2174,7 @@ def test_gpu_col_ties_more_than_2_31_elements():
     ws = torch.empty(plan.workspace_size, device="cuda", dtype=torch.uint8).fill_(0xA5)
     dx = torch.full_like(x, float("nan"))
     plan.run(ReduceBackwardArgs(dy, dx, x, y), workspace=ws)
-    stat, (access, _) = next(iter(plan._launches.values()))
+    stat, (access, _) = next(iter(plan.bound_launches().values()))
     assert access == "cols" and type(stat).__name__ == "_TieCount"
     tied = x == y
     del x
@@ -2228,12 +2227,12 @@ def test_gpu_row_hold_more_than_2_31_elements(kind):
     else:
         y = torch.ones((rows, 1), device="cuda", dtype=torch.bfloat16)  # not read by Var
     plan = ReduceBackwardPlan.select(ReduceBackwardDescriptor(kind, (rows, n), 1, E.BF16))
-    plan.row_hold = True  # fewer than _HOLD_ROWS_IN_FLIGHT rows in flight: forced
+    plan.row_hold = True  # fewer than HOLD_ROWS_IN_FLIGHT rows in flight: forced
     ws = torch.empty(plan.workspace_size, device="cuda", dtype=torch.uint8)
     dx = torch.full_like(x, float("nan"))
     plan.run(ReduceBackwardArgs(dy, dx, x, y), workspace=ws)
-    access, launch = next(iter(plan._launches.values()))[1]
-    assert access == "sync", (access, plan._sync, _hold_resident(kind, E.BF16))
+    access, launch = next(iter(plan.bound_launches().values()))[1]
+    assert access == "sync", (access, plan.hold_layout, _hold_resident(kind, E.BF16))
     for r in (0, 1, rows - 1):
         if kind is K.MAX:
             top = int(x[r].argmax())

@@ -148,7 +148,7 @@ class LayoutMemo:
         factory = _MEMO_FACTORIES.get((arrays, disjoint))
         if factory is None:
             factory = _MEMO_FACTORIES[(arrays, disjoint)] = _memo_factory(arrays, disjoint)
-        self._promote: list[Any] = [self._make_hot]
+        self._promote: list[Any] = [self.make_hot]
         self._tried: set[str] = set()  # frameworks whose hot layout was made or refused
         self.launch, self._find = factory(self._entries, stream_handle, LAUNCHED,
                                           self._promote)
@@ -171,14 +171,28 @@ class LayoutMemo:
         """How many argument layouts the memo holds (tests: a repeated call adds none)."""
         return len(self._entries)
 
+    @property
+    def hot(self) -> bool:
+        """Whether ``launch`` tests a hot layout first (:meth:`make_hot`) rather than
+        being the dict path it started as (again after :meth:`clear`)."""
+        return self.launch is not self._slow
+
+    @property
+    def promoting(self) -> bool:
+        """Whether a dict hit may still make its layout hot: False once a torch and a
+        CuPy layout were each made hot or refused (until :meth:`clear`)."""
+        return self._promote[0] is not None
+
     def clear(self) -> None:
         self._entries.clear()
         self.launch = self._slow
-        self._promote[0] = self._make_hot
+        self._promote[0] = self.make_hot
         self._tried.clear()
 
-    def _make_hot(self, key: Any, go: Any, spans: tuple[int, ...], *arrays: Any) -> None:
-        """Make ``launch`` test this stored layout first, without building a key.
+    def make_hot(self, key: Any, go: Any, spans: tuple[int, ...], *arrays: Any) -> None:
+        """Make ``launch`` test this stored layout (``key``, its launch ``go`` and
+        ``spans``, the ``arrays`` it was stored for) first, without building a key; the
+        layout test falls back to the ``launch`` in force before.
 
         Called by the dict path of ``launch`` after a hit, once per framework (until
         ``clear``): a torch layout and a CuPy layout can both be hot, the one made later
@@ -310,7 +324,7 @@ def _dense(layout: tuple[Any, ...], array: Any) -> bool:
 def _hot_factory(kind: str, present: tuple[bool, ...], disjoint: tuple[tuple[int, int], ...],
                  dense: tuple[bool, ...] = ()) -> Callable[..., Any]:
     """``factory(check, go, extra_key, slow, stream_handle, LAUNCHED, *spans, *residues,
-    *layouts) -> launch`` for :meth:`LayoutMemo._make_hot`: the memo's ``launch`` for one
+    *layouts) -> launch`` for :meth:`LayoutMemo.make_hot`: the memo's ``launch`` for one
     stored layout with the arrays at ``present`` given (the others None), torch tensors
     (``kind`` "torch": ``check(*tensors)`` tests them) or CuPy arrays ("cupy": ``layouts``
     holds each given array's shape, strides and dtype, compared inline; the dtype by
@@ -379,6 +393,13 @@ class Plan:
     @property
     def precision_guarantee(self) -> PrecisionGuarantee:
         return self._sku.precision_guarantee
+
+    @property
+    def layout_memos(self) -> tuple[LayoutMemo, ...]:
+        """The plan's layout memos (the repeated-call path of ``run``), in the order it
+        made them; empty for a plan without one. What tests read (``layout_count``,
+        ``hot``)."""
+        return tuple(v for v in vars(self).values() if isinstance(v, LayoutMemo))
 
     @property
     def workspace_size(self) -> int:

@@ -56,49 +56,49 @@ from .forward import (
     _ReduceLaunch,
 )
 from .geometry import (
-    _BLOCK,
     _BROADCAST_BLOCK,
     _BROADCAST_COL_BLOCK,
     _BROADCAST_MIN_COL_BYTES,
-    _BROADCAST_MIN_X_ROW_BYTES,
-    _BROADCAST_X_COL_BYTES,
-    _HOLD_ROWS_IN_FLIGHT,
-    _HOLD_TIES_ROWS_IN_FLIGHT,
-    _MAX_GRID_X,
     _MIN_ROW_LANES,
-    _REG_STREAM_MIN_LANES,
     _STORE_ONLY_SHORT,
-    _STREAM_MIN_BATCHES,
-    _STREAM_TARGET_BLOCKS,
-    _VEC_TARGET_BLOCKS,
+    BLOCK,
     BROADCAST,
+    BROADCAST_MIN_X_ROW_BYTES,
+    BROADCAST_X_COL_BYTES,
     COLS,
     GENERIC,
+    HOLD_ROWS_IN_FLIGHT,
+    HOLD_TIES_ROWS_IN_FLIGHT,
+    MAX_GRID_X,
     REDUCE_BACKWARD_ELEMENTS,
     REDUCE_KINDS,
     REG,
     REG_COLS,
+    REG_STREAM_MIN_LANES,
     ROWS,
+    STREAM_MIN_BATCHES,
+    STREAM_TARGET_BLOCKS,
     SYNC,
+    VEC_TARGET_BLOCKS,
     _check_common,
     _check_correction,
     _collapse,
-    _cols_reg_layout,
-    _cols_vec_geometry,
     _fused_rows_vec_geometry,
     _Geometry,
-    _geometry,
     _guarantee,
-    _max_workspace,
-    _problem,
-    _reg_lanes,
-    _rows_vec_geometry,
-    _short_rows_geometry,
     _stash_fits,
-    _sync_layout,
     _tie_cols_geometry,
     _tie_slots,
     _word_access,
+    cols_reg_layout,
+    cols_vec_geometry,
+    generic_geometry,
+    max_workspace,
+    problem_layout,
+    reg_lanes,
+    rows_vec_geometry,
+    short_rows_geometry,
+    sync_layout,
 )
 
 # ---------------------------------------------------------------------------------------
@@ -108,7 +108,7 @@ from .geometry import (
 #: Blocks of the column tie count's rewrite pass (two in the simulator: each block walks
 #: every other split there, so the tests take the GPU's split step, not only its loop). Half
 #: a wave of blocks. (Measurements: docs/design/reduce.md, "Measured constants".)
-_TIE_REWRITE_BLOCKS = 2 if SIMULATOR else _VEC_TARGET_BLOCKS // 2
+_TIE_REWRITE_BLOCKS = 2 if SIMULATOR else VEC_TARGET_BLOCKS // 2
 
 
 @dataclass(frozen=True)
@@ -250,8 +250,8 @@ class ReduceBackwardPlan(Plan):
         self._stat_kind = {ReduceKind.MAX: TIES, ReduceKind.MIN: TIES,
                            ReduceKind.VAR: MEAN_STAT, ReduceKind.STD: MEAN_STAT}.get(kind)
         # without a statistic nothing merges the splits of the word kernels' lines
-        self._stream_split = {"target": _STREAM_TARGET_BLOCKS,
-                              "min_batches": _STREAM_MIN_BATCHES} \
+        self._stream_split = {"target": STREAM_TARGET_BLOCKS,
+                              "min_batches": STREAM_MIN_BATCHES} \
             if self._stat_kind is None else {}
         self._launches: dict[Any, tuple[_ReduceLaunch | None, Any]] = {}
         # (dy, dx, x, y) layout key -> gradient runner (run fast path)
@@ -263,12 +263,12 @@ class ReduceBackwardPlan(Plan):
             limit = 1 << 30
             if pref is not None and pref.max_workspace_bytes is not None:
                 limit = 1
-                while limit < 65535 and _max_workspace(self._stat_kind, desc.element,
-                                                       self._out_numel, extent, limit * 2)[1] \
+                while limit < 65535 and max_workspace(self._stat_kind, desc.element,
+                                                      self._out_numel, extent, limit * 2)[1] \
                         <= pref.max_workspace_bytes:
                     limit *= 2
-            self._max_splits, workspace = _max_workspace(self._stat_kind, desc.element,
-                                                         self._out_numel, extent, limit)
+            self._max_splits, workspace = max_workspace(self._stat_kind, desc.element,
+                                                        self._out_numel, extent, limit)
             if pref is not None and pref.max_workspace_bytes is not None \
                     and workspace > pref.max_workspace_bytes:
                 # no room for the statistic pass: the fused single-pass gradient
@@ -285,15 +285,23 @@ class ReduceBackwardPlan(Plan):
         # the hold kernel of long Var/Std and Max/Min rows (its ticket and chunk partials)
         self._sync: tuple[int, int] | None = None
         #: the hold kernel (x read once): None = where the device holds
-        #: _HOLD_ROWS_IN_FLIGHT (Max/Min: _HOLD_TIES_ROWS_IN_FLIGHT) rows' chunks at once,
+        #: HOLD_ROWS_IN_FLIGHT (Max/Min: HOLD_TIES_ROWS_IN_FLIGHT) rows' chunks at once,
         #: True = where it holds twice a row's chunks (the least that cannot deadlock),
         #: False = never
         self.row_hold: bool | None = None
         #: the gradients without a statistic: the broadcast kernel where it applies
         #: (``_bind_broadcast``); set before the first ``run``
         self.broadcast = True
+        #: the broadcast's rules for the kinds that read x (``_bind_broadcast``): rows
+        #: longer than this many bytes, columns of these element widths; set before the
+        #: first ``run`` (a test sets them to take it everywhere)
+        self.broadcast_min_x_row_bytes = BROADCAST_MIN_X_ROW_BYTES
+        self.broadcast_x_col_bytes: tuple[int, ...] = BROADCAST_X_COL_BYTES
+        #: the register-resident row gradient (REG) where a row fits a block; False =
+        #: never (the hold and word kernels take those rows); set before the first ``run``
+        self.register_rows = True
         if self._stat_kind is not None and self._numel and desc.element in VECTOR:
-            layout = _sync_layout(self._out_numel, extent, VECTOR[desc.element].width)
+            layout = sync_layout(self._out_numel, extent, VECTOR[desc.element].width)
             if pref is None or pref.max_workspace_bytes is None \
                     or layout[1] <= pref.max_workspace_bytes:
                 self._sync = layout
@@ -378,6 +386,29 @@ class ReduceBackwardPlan(Plan):
         runner(handle, dy.ptr, dx.ptr, x.ptr if x is not None else 0,
                y.ptr if y is not None else 0)
 
+    @property
+    def hold_layout(self) -> tuple[int, int] | None:
+        """``(parts of a row, workspace bytes)`` of the hold gradient (SYNC:
+        ``geometry.sync_layout``), or None where this plan has no hold layout (no
+        statistic, not a word element, or no room in ``max_workspace_bytes``)."""
+        return self._sync
+
+    def bound_launches(self) -> dict[Any, tuple[Any, tuple[str, Any]]]:
+        """The launches bound so far (a copy), keyed by layout ``(dy, dx, x, y strides,
+        with workspace, dx.ptr & 15, x.ptr & 15)``: ``(statistic launch or tie count or
+        None, (access, gradient launch))``, the gradient a
+        :class:`~baracuda_numba.launch.BoundLaunch` (SYNC: its ``fast`` call and
+        workspace bytes). What tests and benchmarks read; ``choice`` is the last one's
+        access."""
+        return dict(self._launches)
+
+    def bind_choice(self, args: ReduceBackwardArgs, with_workspace: bool = False) -> str:
+        """The access (GENERIC, ROWS, COLS, REG, REG_COLS, SYNC or BROADCAST) that ``run``
+        would take for ``args`` (and a workspace or not), binding its launches but
+        launching nothing and caching nothing."""
+        dy, dx, x, y = self.can_implement(args)
+        return self._bind(dy, dx, x, y, with_workspace)[1][0]
+
     def _bind(self, dy: TensorRef, dx: TensorMut, x: TensorRef | None, y: TensorRef | None,
               with_workspace: bool) -> tuple[_ReduceLaunch | None, Any]:
         """The launches for a layout: for Max/Min/Var/Std either the fused gradient (the
@@ -405,7 +436,7 @@ class ReduceBackwardPlan(Plan):
             if access == COLS and self._stat_kind is not None:
                 width = VECTOR[element].width
                 out_words = self._out_numel // width
-                cols_reg = _cols_reg_layout(extent, width, out_words=out_words)
+                cols_reg = cols_reg_layout(extent, width, out_words=out_words)
                 if cols_reg is not None and (cols_reg[3] or _stash_fits(
                         self.descriptor.kind, element)):
                     log2_cw, block, stash, strip = cols_reg
@@ -417,14 +448,14 @@ class ReduceBackwardPlan(Plan):
         stream = self.descriptor.kind in STREAM_GRAD_KINDS
         if access == ROWS and (self._stat_kind is not None or stream):
             width = VECTOR[element].width
-            lanes = _reg_lanes(extent, width)
+            lanes = reg_lanes(extent, width) if self.register_rows else 0
             whole_words = dx.ptr % 8 == 0 and extent % width == 0 and len(out_shape) <= 1 \
                 and all(s % width == 0 for s in out_strides[0])
-            if stream and lanes < _REG_STREAM_MIN_LANES:
+            if stream and lanes < REG_STREAM_MIN_LANES:
                 lanes = 0
             if lanes and whole_words:
                 return None, (REG, self._bind_reg(dy, dx, y, out_strides,
-                                                  lanes.bit_length() - 1, _BLOCK, None))
+                                                  lanes.bit_length() - 1, BLOCK, None))
             if whole_words and with_workspace and self._sync is not None:
                 sync = self._bind_sync(dy, dx, y, out_strides)
                 if sync is not None:
@@ -434,21 +465,21 @@ class ReduceBackwardPlan(Plan):
             width = VECTOR[element].width
             geometry = None
             if self._stat_kind is None:  # the kernel's short-row path (chunk_len 0)
-                geometry = _short_rows_geometry(self._out_numel, extent, width, out_shape,
-                                                out_strides[0], shift,
-                                                _STORE_ONLY_SHORT and not self._needs_saved)
+                geometry = short_rows_geometry(self._out_numel, extent, width, out_shape,
+                                               out_strides[0], shift,
+                                               _STORE_ONLY_SHORT and not self._needs_saved)
             if geometry is None:
-                geometry = _rows_vec_geometry(self._out_numel, extent, width, 1 << 16,
-                                              store_only=not self._needs_saved,
-                                              **self._stream_split)
+                geometry = rows_vec_geometry(self._out_numel, extent, width, 1 << 16,
+                                             store_only=not self._needs_saved,
+                                             **self._stream_split)
         elif access == COLS:
-            geometry = _cols_vec_geometry(self._out_numel, extent, VECTOR[element].width,
-                                          1 << 16, **self._stream_split)
+            geometry = cols_vec_geometry(self._out_numel, extent, VECTOR[element].width,
+                                         1 << 16, **self._stream_split)
         else:
             # stores: at least one full 32-byte sector of a row per warp instruction.
             # (Measurements: docs/design/reduce.md, "Measured constants".)
             min_lanes = max(_MIN_ROW_LANES, 32 // element.byte_width)
-            geometry = _geometry(self._out_numel, extent, row_layout, 1 << 16, min_lanes)
+            geometry = generic_geometry(self._out_numel, extent, row_layout, 1 << 16, min_lanes)
         stat: _ReduceLaunch | _TieCount | None = None
         mode = 0  # of the gradient kernel: 1 fused statistic, 2 tie count after dx
         if self._stat_kind is not None:
@@ -457,17 +488,18 @@ class ReduceBackwardPlan(Plan):
                 mode = 1
                 geometry = (_fused_rows_vec_geometry(self._out_numel, extent,
                                                      VECTOR[element].width) if access == ROWS
-                            else _geometry(self._out_numel, extent, row_layout, 1, min_lanes))
+                            else generic_geometry(self._out_numel, extent, row_layout, 1,
+                                                  min_lanes))
             elif self._stat_kind is TIES and access in (ROWS, COLS) and self._tie_slots:
                 mode = 2
                 width = VECTOR[element].width
-                geometry = _rows_vec_geometry(self._out_numel, extent, width,
-                                              self._max_splits) if access == ROWS \
+                geometry = rows_vec_geometry(self._out_numel, extent, width,
+                                             self._max_splits) if access == ROWS \
                     else _tie_cols_geometry(self._out_numel, extent, width)
             else:
-                stat_problem = _problem(self._shape, axis, [x.strides, y.strides, y.strides],
-                                        x.strides[axis] == 1, self._max_splits, element,
-                                        self._stat_kind, x.ptr)
+                stat_problem = problem_layout(self._shape, axis, [x.strides, y.strides, y.strides],
+                                              x.strides[axis] == 1, self._max_splits, element,
+                                              self._stat_kind, x.ptr)
                 stat = _bind_reduce(self._stat_kernel, self._stat_kind, element, x, None, y,
                                     stat_problem, extent, self._out_numel, True, 0.0,
                                     final=False)
@@ -486,7 +518,7 @@ class ReduceBackwardPlan(Plan):
         extent = self._extent
         element = self.descriptor.element
         n_stat = (self._out_numel, 0, self._tie_slots)[mode]  # workspace slots used
-        grid = (min(geometry.groups, _MAX_GRID_X), geometry.splits)
+        grid = (min(geometry.groups, MAX_GRID_X), geometry.splits)
         dy_view = (0, flat_span(dy.shape, dy.strides))
         x_view = (0, flat_span(x.shape, x.strides) if x is not None else 0)
         y_view = (0, flat_span(y.shape, y.strides) if y is not None else 0)
@@ -505,7 +537,7 @@ class ReduceBackwardPlan(Plan):
             kernel = REDUCE_BACKWARD_ROWS_VEC_KERNELS[(grad_kind, element)]
             if mode == 2:
                 stat = self._tie_count(kernel, grid, args, geometry.splits)
-            return stat, (ROWS, kernel.bind(grid, _BLOCK, args))
+            return stat, (ROWS, kernel.bind(grid, BLOCK, args))
         if access == COLS:
             width = VECTOR[element].width
             words = (0, dx_view[1] * element.byte_width // 8)
@@ -519,9 +551,9 @@ class ReduceBackwardPlan(Plan):
                 stat = self._col_tie_count(
                     REDUCE_BACKWARD_COLS_REWRITE_KERNELS[(grad_kind, element)], grid, args,
                     geometry.splits)
-            return stat, (COLS, kernel.bind(grid, _BLOCK, args))
+            return stat, (COLS, kernel.bind(grid, BLOCK, args))
         gradient = self._kernel.bind(
-            grid, _BLOCK,
+            grid, BLOCK,
             (dy_view, x_view, y_view, dx_view, *stat_views, self._out_numel, extent,
              x.strides[axis] if x is not None else 0, dx.strides[axis], pad8(out_shape, 1),
              *[pad8(s, 0) for s in (out_strides[3], out_strides[1], out_strides[2],
@@ -538,11 +570,11 @@ class ReduceBackwardPlan(Plan):
         out_shape, out_strides = _collapse(self._shape, axis, [dx.strides, x.strides,
                                                                y.strides, dy.strides])
         dx_s, x_s, y_s, dy_s = [pad8(s, 0) for s in out_strides]
-        warps = _BLOCK // 32
-        grid = min(-(-self._out_numel // (32 * warps)), _MAX_GRID_X)
+        warps = BLOCK // 32
+        grid = min(-(-self._out_numel // (32 * warps)), MAX_GRID_X)
         views = [(0, flat_span(a.shape, a.strides)) for a in (dy, x, y, dx)]
         assert self._zero_fixup is not None
-        return self._zero_fixup.bind(grid, _BLOCK, (
+        return self._zero_fixup.bind(grid, BLOCK, (
             *views, self._out_numel, self._extent, x.strides[axis], dx.strides[axis],
             pad8(out_shape, 1), dy_s, x_s, y_s, dx_s)).fast
 
@@ -574,7 +606,7 @@ class ReduceBackwardPlan(Plan):
             else (0, 0)
         if inner == 1:
             if extent % per_unit or (x is not None and extent * element.byte_width
-                                     <= _BROADCAST_MIN_X_ROW_BYTES):
+                                     <= self.broadcast_min_x_row_bytes):
                 return None
             line_units = extent // per_unit
             blocks = -(-units // (_BROADCAST_BLOCK * BROADCAST_UNITS))
@@ -583,7 +615,7 @@ class ReduceBackwardPlan(Plan):
                                 y_stride, self._param))
         if product(shape[:axis]) != 1 or inner % per_unit \
                 or inner * element.byte_width < _BROADCAST_MIN_COL_BYTES \
-                or (x is not None and element.byte_width not in _BROADCAST_X_COL_BYTES):
+                or (x is not None and element.byte_width not in self.broadcast_x_col_bytes):
             return None
         line_units = inner // per_unit
         # one wave: 8 blocks of 256 a SM where 1056 were launched but only 6 resident (34
@@ -609,7 +641,7 @@ class ReduceBackwardPlan(Plan):
                   self._extent, 0, pad8((out_numel,), 1), zeros, zeros, zeros, 1, 0, splits,
                   0)
         merge = _bind_merge(self._stat_kernel, common, out_numel, splits, False, 0.0)
-        return _TieCount(merge.fast, kernel.bind(grid, _BLOCK, tuple(rewrite)).fast)
+        return _TieCount(merge.fast, kernel.bind(grid, BLOCK, tuple(rewrite)).fast)
 
     def _col_tie_count(self, kernel: Any, grid: tuple[int, int], args: tuple[Any,...],
                        splits: int) -> _TieCount:
@@ -619,7 +651,7 @@ class ReduceBackwardPlan(Plan):
         the mode, the last, = 3) takes about _TIE_REWRITE_BLOCKS blocks whatever the first
         pass's ``splits`` (its blocks loop over them)."""
         grid_y = max(1, min(splits, _TIE_REWRITE_BLOCKS // grid[0]))
-        rewrite = kernel.bind((grid[0], grid_y), _BLOCK, (*args[:-1], 3))
+        rewrite = kernel.bind((grid[0], grid_y), BLOCK, (*args[:-1], 3))
         return _TieCount(None, rewrite.fast, self._out_numel * 8)
 
     def _word_arrays(self, dy: TensorRef, dx: TensorMut, y: TensorRef | None,
@@ -637,20 +669,20 @@ class ReduceBackwardPlan(Plan):
                   (0, flat_span(y.shape, y.strides)), dx_view, _dx_words(words))
         return arrays, dx_s, y_s, dy_s
 
-    def _hold_kernel(self, grad_kind: ReduceKind, element: ElementKind,
+    def hold_kernel(self, grad_kind: ReduceKind, element: ElementKind,
                      parts: int) -> tuple[Kernel, int] | None:
         """``(kernel, grid)`` of the hold kernel for rows of ``parts`` parts, or None where
         it does not fit. Its chunks (two parts: registers and a shared-memory stash) wait
         for the rest of their row, so a row's chunks must all be resident: at most 1 /
-        _HOLD_ROWS_IN_FLIGHT (Max/Min: _HOLD_TIES_ROWS_IN_FLIGHT) of the resident blocks,
+        HOLD_ROWS_IN_FLIGHT (Max/Min: HOLD_TIES_ROWS_IN_FLIGHT) of the resident blocks,
         or half when forced (``row_hold``); one-chunk rows never wait. A thread reads at
         most HOLD_POLL_SLOTS of a row's part totals: ``parts`` <= HOLD_POLL_SLOTS *
         SYNC_BLOCK (512; the rules above allow far fewer on a device of 132 SMs unless
         ``row_hold`` forces the kernel)."""
         if self.row_hold is False or parts > HOLD_POLL_SLOTS * SYNC_BLOCK:
             return None
-        in_flight = 2 if self.row_hold else _HOLD_TIES_ROWS_IN_FLIGHT \
-            if self._stat_kind is TIES else _HOLD_ROWS_IN_FLIGHT
+        in_flight = 2 if self.row_hold else HOLD_TIES_ROWS_IN_FLIGHT \
+            if self._stat_kind is TIES else HOLD_ROWS_IN_FLIGHT
         kernel = REDUCE_BACKWARD_ROWS_HOLD_STASH_KERNELS[(grad_kind, element)].prepare()
         kernel.allow_dynamic_shared(HOLD_STASH_BYTES)
         resident = kernel.resident_blocks(SYNC_BLOCK, HOLD_STASH_BYTES)
@@ -669,7 +701,7 @@ class ReduceBackwardPlan(Plan):
         assert self._sync is not None
         parts, workspace = self._sync
         grad_kind = GRAD_KERNEL_KIND.get(self.descriptor.kind, self.descriptor.kind)
-        hold = self._hold_kernel(grad_kind, element, parts)
+        hold = self.hold_kernel(grad_kind, element, parts)
         if hold is None:
             return None
         arrays, dx_s, y_s, dy_s = self._word_arrays(dy, dx, y, out_strides)
@@ -709,6 +741,6 @@ class ReduceBackwardPlan(Plan):
                 kernel.allow_dynamic_shared(shared)
         arrays, dx_s, y_s, dy_s = self._word_arrays(dy, dx, y, out_strides)
         stride_words = (dx_s if axis_stride is None else axis_stride) // width
-        return kernel.bind(min(groups, _MAX_GRID_X), block, (
+        return kernel.bind(min(groups, MAX_GRID_X), block, (
             *arrays, self._out_numel, self._extent, stride_words, dy_s, y_s, log2_lanes,
             self._param), shared)

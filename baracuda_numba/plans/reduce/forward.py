@@ -34,25 +34,25 @@ from ...types import (
 )
 from ..base import LAUNCHED, LayoutMemo, Plan, fail, plan_args, product
 from .geometry import (
-    _BLOCK,
-    _MAX_GRID_X,
-    _SHORT_GRID_X,
     _STATES_PER_LANE,
     ARG_REDUCE_KINDS,
+    BLOCK,
     COLS,
     GENERIC,
+    MAX_GRID_X,
     REDUCE_ELEMENTS,
     REDUCE_KINDS,
     ROWS,
+    SHORT_GRID_X,
     _check_common,
     _check_correction,
     _guarantee,
-    _lanes_first,
-    _max_workspace,
     _pow2_at_least,
     _Problem,
-    _problem,
     _state_bytes,
+    max_workspace,
+    problem_layout,
+    takes_lanes_first,
 )
 
 # ---------------------------------------------------------------------------------------
@@ -162,17 +162,17 @@ class _ForwardPlan(Plan):
         self._out_numel = product(self._out_shape)
         self._kernel = REDUCE_KERNELS[(kernel_kind, desc.element)]
         self._kernel_kind = kernel_kind
-        self._lanes_first = _lanes_first(kernel_kind, desc.element)
+        self._lanes_first = takes_lanes_first(kernel_kind, desc.element)
         self._param = param
         limit = 1 << 30
         if pref is not None and pref.max_workspace_bytes is not None:
             limit = 1
-            while limit < 65535 and _max_workspace(kernel_kind, desc.element, self._out_numel,
-                                                   self._extent, limit * 2)[1] \
+            while limit < 65535 and max_workspace(kernel_kind, desc.element, self._out_numel,
+                                                  self._extent, limit * 2)[1] \
                     <= pref.max_workspace_bytes:
                 limit *= 2
-        self._max_splits, workspace = _max_workspace(kernel_kind, desc.element,
-                                                     self._out_numel, self._extent, limit)
+        self._max_splits, workspace = max_workspace(kernel_kind, desc.element,
+                                                    self._out_numel, self._extent, limit)
         if self._max_splits <= 1:
             workspace = 0
         self._max_splits = max(1, self._max_splits)
@@ -190,6 +190,12 @@ class _ForwardPlan(Plan):
         x = as_ref(args.x, self.name, "x", element, self._shape)
         y = as_mut(args.y, self.name, "y", self._out_element or element, self._out_shape)
         return x, y
+
+    def bound_launches(self) -> dict[Any, _ReduceLaunch]:
+        """The launches bound so far (a copy), keyed by layout ``(x strides, y strides,
+        with workspace, x.ptr & 7)``; each value's ``access`` is the layout the kernel
+        reads (GENERIC, ROWS or COLS). What tests and benchmarks read."""
+        return dict(self._launches)
 
     def layout_launch(self, args: Any) -> Callable[..., None] | None:
         """``launch(stream_handle, x_ptr, y_ptr)``: see :meth:`Plan.layout_launch`."""
@@ -215,11 +221,11 @@ class _ForwardPlan(Plan):
         key = (x.strides, y.strides, with_workspace, x.ptr & 7)
         launch = self._launches.get(key)
         if launch is None:
-            problem = _problem(self._shape, self._axis, [x.strides, y.strides],
-                               x.strides[self._axis] == 1,
-                               self._max_splits if with_workspace else 1,
-                               self.descriptor.element, self._kernel_kind, x.ptr,
-                               lanes_first=self._lanes_first)
+            problem = problem_layout(self._shape, self._axis, [x.strides, y.strides],
+                                     x.strides[self._axis] == 1,
+                                     self._max_splits if with_workspace else 1,
+                                     self.descriptor.element, self._kernel_kind, x.ptr,
+                                     lanes_first=self._lanes_first)
             launch = _bind_reduce(self._kernel, self._kernel_kind, self.descriptor.element, x,
                                   y, None, problem, self._extent, self._out_numel,
                                   with_workspace, self._param, final=True)
@@ -295,24 +301,24 @@ def _bind_reduce(kernel: Any, kernel_kind: Any, element: ElementKind, x: TensorR
     mode = 0 if splits == 1 and final else 1
     parked = problem.access == ROWS and geometry.chunk_len == 0 \
         and kernel_kind in LONG_SHORT_KINDS and geometry.lanes >= PARK_MIN_LANES
-    grid = (min(geometry.groups, _SHORT_GRID_X if parked else _MAX_GRID_X), splits)
+    grid = (min(geometry.groups, SHORT_GRID_X if parked else MAX_GRID_X), splits)
     if problem.access == ROWS:
         x_words = (0, (flat_span(x.shape, x.strides) + problem.shift) * element.byte_width // 8)
         table = REDUCE_ROWS_PARK_KERNELS if parked else REDUCE_ROWS_VEC_KERNELS
-        first = table[(kernel_kind, element)].bind(grid, _BLOCK, (
+        first = table[(kernel_kind, element)].bind(grid, BLOCK, (
             x_view, x_words, y_view, acc_view, k_view, aux_view, out_numel, extent, out_shape,
             x_strides, y_strides, aux_strides, geometry.lanes, splits, geometry.chunk_len,
             mode, param, problem.shift))
     elif problem.access == COLS:
         width = VECTOR[element].width
         x_words = (0, flat_span(x.shape, x.strides) * element.byte_width // 8)
-        first = REDUCE_COLS_VEC_KERNELS[(kernel_kind, element)].bind(grid, _BLOCK, (
+        first = REDUCE_COLS_VEC_KERNELS[(kernel_kind, element)].bind(grid, BLOCK, (
             x_words, y_view, acc_view, k_view, aux_view, out_numel, extent,
             x.strides[problem.axis] // width, problem.strides[1][0],
             problem.strides[2][0] if aux is not None else 0, geometry.lanes, splits,
             geometry.chunk_len, mode, param))
     else:
-        first = kernel.bind(grid, _BLOCK, common + (mode, param))
+        first = kernel.bind(grid, BLOCK, common + (mode, param))
     launches = [first]
     if splits > 1:
         launches.append(_bind_merge(kernel, common, out_numel, splits, final, param))
@@ -325,11 +331,11 @@ def _bind_merge(kernel: Any, common: tuple[Any,...], out_numel: int, splits: int
     """The launch of ``kernel`` that merges the ``splits`` partial states of each output
     (mode 2: into ``y``; 3, not ``final``: into workspace slot 0); ``common`` as the
     reduction's arguments."""
-    lanes = min(_BLOCK, _pow2_at_least(-(-splits // _STATES_PER_LANE)))
-    slots = _BLOCK // lanes
+    lanes = min(BLOCK, _pow2_at_least(-(-splits // _STATES_PER_LANE)))
+    slots = BLOCK // lanes
     merge_args = list(common)
     merge_args[12:14] = [lanes, 0]
-    return kernel.bind(min(-(-out_numel // slots), _MAX_GRID_X), _BLOCK,
+    return kernel.bind(min(-(-out_numel // slots), MAX_GRID_X), BLOCK,
                        tuple(merge_args) + (2 if final else 3, param))
 
 

@@ -62,35 +62,35 @@ REDUCE_ELEMENTS: dict[ReduceKind, tuple[ElementKind,...]] = {
 #: Gradients exist for the float kinds.
 REDUCE_BACKWARD_ELEMENTS = FLOAT_ELEMENTS
 
-# Launch geometry. Block of 256 threads: the kernels' shared arrays hold 256 slots. The
-# simulator runs one Python thread per CUDA thread, so it gets 64-thread blocks.
-_BLOCK = 64 if SIMULATOR else 256
-# Blocks that fill the GPU (8 resident 256-thread blocks on each of 132 SMs); fewer output
-# groups than this split the axis.
-_TARGET_BLOCKS = 4 if SIMULATOR else 1056
+#: Launch geometry. Block of 256 threads: the kernels' shared arrays hold 256 slots. The
+#: simulator runs one Python thread per CUDA thread, so it gets 64-thread blocks.
+BLOCK = 64 if SIMULATOR else 256
+#: Blocks that fill the GPU (8 resident 256-thread blocks on each of 132 SMs); fewer output
+#: groups than this split the axis.
+TARGET_BLOCKS = 4 if SIMULATOR else 1056
 # Each thread of a split still walks at least this many elements (4 chunks of 8 loads).
 _MIN_PER_THREAD = 4 if SIMULATOR else 32
 # Row layout: aim for this many elements per lane (at least 4 lanes per row, so a warp
 # load still covers >= 16 contiguous bytes of a row and L1 serves the rest of the sector).
 _PER_LANE = 16
 _MIN_ROW_LANES = 4
-# Grid cap: each block then loops over several output groups (4 waves of 8 resident
-# blocks on 132 SMs), so short rows do not pay one block launch per 256 threads of work.
-_MAX_GRID_X = 2 if SIMULATOR else 132 * 8 * 4
+#: Grid cap: each block then loops over several output groups (4 waves of 8 resident
+#: blocks on 132 SMs), so short rows do not pay one block launch per 256 threads of work.
+MAX_GRID_X = 2 if SIMULATOR else 132 * 8 * 4
 #: Grid cap of the forward's short-row path where it parks the next group's rows
 #: (``kernels.reduce.PARK_MIN_LANES``): one wave of resident blocks (4 per SM at the word
 #: kernels' 64 registers) that walk their groups.
 #: (Measurements: docs/design/reduce.md, "Measured constants".)
-_SHORT_GRID_X = 2 if SIMULATOR else 132 * 4
+SHORT_GRID_X = 2 if SIMULATOR else 132 * 4
 # Merge of split states: each lane merges about this many states before the lanes combine.
 _STATES_PER_LANE = 4
 
 
-# Word-access kernels (8-byte words, ``kernels.reduce.VECTOR``, capped at 64 registers: 4
-# resident 256-thread blocks per SM): fewer row groups than one wave of blocks (132 SMs x
-# 4) split the axis into at most that many blocks, so the splits run in one wave.
-# (Measurements: docs/design/reduce.md, "Measured constants".)
-_VEC_TARGET_BLOCKS = 4 if SIMULATOR else 132 * 4
+#: Word-access kernels (8-byte words, ``kernels.reduce.VECTOR``, capped at 64 registers: 4
+#: resident 256-thread blocks per SM): fewer row groups than one wave of blocks (132 SMs x
+#: 4) split the axis into at most that many blocks, so the splits run in one wave.
+#: (Measurements: docs/design/reduce.md, "Measured constants".)
+VEC_TARGET_BLOCKS = 4 if SIMULATOR else 132 * 4
 _VEC_MIN_BATCHES = 1 if SIMULATOR else 4
 # Row words per lane aimed at (8 batches), before more lanes (up to the block) share a row;
 # rows of >= _VEC_WARP_ROW_WORDS words get at least a warp (one row per warp, no split for
@@ -126,52 +126,54 @@ BROADCAST = "broadcast"
 _BROADCAST_BLOCK = 64 if SIMULATOR else 128
 _BROADCAST_COL_BLOCK = 64 if SIMULATOR else 256
 _BROADCAST_MIN_COL_BYTES = 1024
-# The kinds that read x (Prod / Norm2 / LogSumExp), same rounds against the word and
-# register-resident kernels.
-# (Measurements: docs/design/reduce.md, "Measured constants".)
-_BROADCAST_MIN_X_ROW_BYTES = 2048 * 8
-_BROADCAST_X_COL_BYTES = (2,)
+#: The kinds that read x (Prod / Norm2 / LogSumExp) take the broadcast for rows longer
+#: than BROADCAST_MIN_X_ROW_BYTES and columns of BROADCAST_X_COL_BYTES-byte elements
+#: (the defaults of ReduceBackwardPlan's ``broadcast_min_x_row_bytes`` /
+#: ``broadcast_x_col_bytes``), same rounds against the word and register-resident
+#: kernels. (Measurements: docs/design/reduce.md, "Measured constants".)
+BROADCAST_MIN_X_ROW_BYTES = 2048 * 8
+BROADCAST_X_COL_BYTES = (2,)
 
-# The hold gradient's parts of a row (``_sync_layout``): _SYNC_BATCHES batches of
-# VEC_LOADS words a thread of SYNC_BLOCK (a hold chunk is two parts).
-_SYNC_BATCHES = 1 if SIMULATOR else 2
+#: The hold gradient's parts of a row (``sync_layout``): SYNC_BATCHES batches of
+#: VEC_LOADS words a thread of SYNC_BLOCK (a hold chunk is two parts).
+SYNC_BATCHES = 1 if SIMULATOR else 2
 # the hold kernels cut rows into the same chunks (their partials are the same sums)
-assert _SYNC_BATCHES * VEC_LOADS == HOLD_WORDS
+assert SYNC_BATCHES * VEC_LOADS == HOLD_WORDS
 #: The long Var/Std rows take the hold kernel (x read once:
 #: ``reduce_backward_rows_hold_stash``) where the device holds this many rows' chunks at
 #: once (resident blocks / chunks a row); a row's first chunks wait for its last, so the
 #: fewer rows in flight, the longer the waits.
 #: (Measurements: docs/design/reduce.md, "Measured constants".)
-_HOLD_ROWS_IN_FLIGHT = 4
+HOLD_ROWS_IN_FLIGHT = 4
 #: The same for the Max/Min gradient of long rows (its tie count summed the same way),
 #: whose other way is the tie count after dx (x read once, dx written, then the tied
 #: rows rewritten), which measured faster than the hold kernel below this.
-_HOLD_TIES_ROWS_IN_FLIGHT = 8
+HOLD_TIES_ROWS_IN_FLIGHT = 8
 
 
-def _sync_layout(out_numel: int, extent: int, width: int) -> tuple[int, int]:
+def sync_layout(out_numel: int, extent: int, width: int) -> tuple[int, int]:
     """``(parts, workspace bytes)`` of the hold gradient: rows of ``extent // width`` words
-    cut into ``parts`` parts of _SYNC_BATCHES * SYNC_BLOCK * VEC_LOADS words (a hold chunk
+    cut into ``parts`` parts of SYNC_BATCHES * SYNC_BLOCK * VEC_LOADS words (a hold chunk
     is two); the workspace holds the ticket, then one published partial per part (int64,
     all zeroed before each launch)."""
     words = max(extent // width, 1)
-    chunk = _SYNC_BATCHES * SYNC_BLOCK * VEC_LOADS
+    chunk = SYNC_BATCHES * SYNC_BLOCK * VEC_LOADS
     parts = -(-words // chunk)
     return parts, 8 * (1 + out_numel * parts)
 
 
-def _split_aim(groups: int, target: int) -> int:
+def split_aim(groups: int, target: int) -> int:
     """The blocks a split of ``groups`` line groups aims at: ``target`` where the groups
-    fill less than half of _VEC_TARGET_BLOCKS (they split anyway), else _VEC_TARGET_BLOCKS
+    fill less than half of VEC_TARGET_BLOCKS (they split anyway), else VEC_TARGET_BLOCKS
     (at most one wave, as the kernels with a statistic to merge)."""
-    return target if _VEC_TARGET_BLOCKS // groups > 1 else _VEC_TARGET_BLOCKS
+    return target if VEC_TARGET_BLOCKS // groups > 1 else VEC_TARGET_BLOCKS
 
 
 def _pow2_at_least(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
 
 
-#: Row lengths in words that the store-only gradient gives 8 lanes (``_rows_vec_geometry``).
+#: Row lengths in words that the store-only gradient gives 8 lanes (``rows_vec_geometry``).
 _STORE_ONLY_WORDS = range(128, 2049)
 _STORE_ONLY_ROWS = 4096
 
@@ -185,9 +187,9 @@ class _Geometry:
     groups: int
 
 
-def _rows_vec_geometry(out_numel: int, extent: int, width: int, max_splits: int,
-                       store_only: bool = False, warp_rows: bool = False, target: int = 0,
-                       min_batches: int = 0) -> _Geometry:
+def rows_vec_geometry(out_numel: int, extent: int, width: int, max_splits: int,
+                      store_only: bool = False, warp_rows: bool = False, target: int = 0,
+                      min_batches: int = 0) -> _Geometry:
     """Lanes per row and splits for the word-access row kernels: a row of ``extent //
     width`` words gets about _VEC_WORDS_PER_LANE words per lane (short rows: one batch per
     lane, at least 4 lanes = a 32-byte sector per row and load), split only when there are
@@ -197,29 +199,30 @@ def _rows_vec_geometry(out_numel: int, extent: int, width: int, max_splits: int,
     2-byte elements keep the shared geometry (measured even).
 
     ``warp_rows`` (the forward kernel of f16/bf16 for the kinds with little work per
-    element; see ``_warp_rows``): long rows that split anyway, at least a block of them, get a warp
-    each (8 rows per block) and more splits, instead of up to a block per row.
+    element; see ``takes_warp_rows``): long rows that split anyway, at least a block of
+    them, get a warp each (8 rows per block) and more splits, instead of up to a block per
+    row.
 
-    ``target`` / ``min_batches`` (0: _VEC_TARGET_BLOCKS / _VEC_MIN_BATCHES): the blocks a
-    split aims at and the batches each split keeps at least (``_split_aim``)."""
-    target = target or _VEC_TARGET_BLOCKS
+    ``target`` / ``min_batches`` (0: VEC_TARGET_BLOCKS / _VEC_MIN_BATCHES): the blocks a
+    split aims at and the batches each split keeps at least (``split_aim``)."""
+    target = target or VEC_TARGET_BLOCKS
     min_batches = min_batches or _VEC_MIN_BATCHES
     words = max(extent // width, 1)
     if store_only and width == 2 and words in _STORE_ONLY_WORDS \
             and out_numel >= _STORE_ONLY_ROWS:
-        return _Geometry(8, True, 1, words + 1, -(-out_numel // (_BLOCK // 8)))
+        return _Geometry(8, True, 1, words + 1, -(-out_numel // (BLOCK // 8)))
     lanes = _pow2_at_least(-(-words // _VEC_WORDS_PER_LANE))
     if words >= _VEC_WARP_ROW_WORDS:
         lanes = max(lanes, 32)
-    lanes = min(_BLOCK, max(lanes, min(_pow2_at_least(words), _MIN_ROW_LANES)))
-    if warp_rows and lanes > 32 and max_splits > 1 and out_numel >= _BLOCK \
-            and -(-out_numel // (_BLOCK // 32)) < _VEC_TARGET_BLOCKS:
+    lanes = min(BLOCK, max(lanes, min(_pow2_at_least(words), _MIN_ROW_LANES)))
+    if warp_rows and lanes > 32 and max_splits > 1 and out_numel >= BLOCK \
+            and -(-out_numel // (BLOCK // 32)) < VEC_TARGET_BLOCKS:
         lanes = 32
-    groups = max(1, -(-out_numel // (_BLOCK // lanes)))
+    groups = max(1, -(-out_numel // (BLOCK // lanes)))
     batch = lanes * VEC_LOADS
     splits = 1
-    if groups < _VEC_TARGET_BLOCKS and max_splits > 1:
-        splits = min(max(1, _split_aim(groups, target) // groups),
+    if groups < VEC_TARGET_BLOCKS and max_splits > 1:
+        splits = min(max(1, split_aim(groups, target) // groups),
                      max(1, words // (batch * min_batches)), max_splits)
     chunk = -(-words // splits)
     chunk = -(-chunk // batch) * batch if splits > 1 else words + 1
@@ -228,19 +231,19 @@ def _rows_vec_geometry(out_numel: int, extent: int, width: int, max_splits: int,
 
 
 #: Forward kernel kinds with more work per element than a compare or an add: they keep the
-#: shared row geometry (``_rows_vec_geometry``'s ``warp_rows`` measured slower for them).
+#: shared row geometry (``rows_vec_geometry``'s ``warp_rows`` measured slower for them).
 _HEAVY_KINDS = (ReduceKind.VAR, ReduceKind.STD, ReduceKind.LOG_SUM_EXP)
 
 
-def _warp_rows(element: ElementKind, kernel_kind: Any) -> bool:
-    """Whether the forward row kernel of ``kernel_kind`` takes ``_rows_vec_geometry``'s
+def takes_warp_rows(element: ElementKind, kernel_kind: Any) -> bool:
+    """Whether the forward row kernel of ``kernel_kind`` takes ``rows_vec_geometry``'s
     ``warp_rows``: 2-byte elements, every kind but Var / Std (Welford) and LogSumExp."""
     return element.byte_width == 2 and kernel_kind not in _HEAVY_KINDS
 
 
-def _short_rows_geometry(out_numel: int, extent: int, width: int, out_shape: tuple[int,...],
-                         x_out_strides: tuple[int,...], shift: int,
-                         longer: bool = False) -> _Geometry | None:
+def short_rows_geometry(out_numel: int, extent: int, width: int, out_shape: tuple[int,...],
+                        x_out_strides: tuple[int,...], shift: int,
+                        longer: bool = False) -> _Geometry | None:
     """The short-row path of ``reduce_rows_vec`` (``chunk_len`` 0): rows of exactly
     ``lanes * SHORT_LOADS`` words with lanes 4 or 8 (f32 rows of 32 or 64 elements, f16/bf16
     of 64 or 128), word aligned (``shift`` 0, row stride a whole number of words), over one
@@ -252,7 +255,7 @@ def _short_rows_geometry(out_numel: int, extent: int, width: int, out_shape: tup
     store-only Sum / Mean gradient) also takes rows of ``lanes * VEC_LOADS`` words, lanes a
     power of two from 4 to a block (64 to 2048 words): the whole row in flight at once,
     where the row loop gives a warp the row in batches of VEC_LOADS words (the gradient:
-    the row's stores without the loop; it precedes ``_rows_vec_geometry``'s 8-lane f32
+    the row's stores without the loop; it precedes ``rows_vec_geometry``'s 8-lane f32
     rule for these rows). None where it does not
     apply."""
     if shift or extent % width or len(out_shape) != 1 or x_out_strides[0] < 0 \
@@ -264,9 +267,9 @@ def _short_rows_geometry(out_numel: int, extent: int, width: int, out_shape: tup
             or lanes > 2 * _MIN_ROW_LANES:
         lanes = words // VEC_LOADS
         if not longer or words % VEC_LOADS or lanes & (lanes - 1) or lanes < _MIN_ROW_LANES \
-                or lanes > _BLOCK:
+                or lanes > BLOCK:
             return None
-    groups = max(1, -(-out_numel // (_BLOCK // lanes)))
+    groups = max(1, -(-out_numel // (BLOCK // lanes)))
     return _Geometry(lanes, True, 1, 0, groups)
 
 
@@ -275,12 +278,12 @@ def _fused_rows_vec_geometry(out_numel: int, extent: int, width: int) -> _Geomet
     batch of words per lane (up to a row per block) keeps a block's rows small enough for
     the second read to hit L1/L2."""
     words = max(extent // width, 1)
-    lanes = min(_BLOCK, max(_pow2_at_least(-(-words // VEC_LOADS)), _MIN_ROW_LANES))
-    groups = max(1, -(-out_numel // (_BLOCK // lanes)))
+    lanes = min(BLOCK, max(_pow2_at_least(-(-words // VEC_LOADS)), _MIN_ROW_LANES))
+    groups = max(1, -(-out_numel // (BLOCK // lanes)))
     return _Geometry(lanes, True, 1, words + 1, groups)
 
 
-def _reg_lanes(extent: int, width: int) -> int:
+def reg_lanes(extent: int, width: int) -> int:
     """Lanes per row of the register-resident gradient (a power of two, at least 4: a
     32-byte sector per row and load): about _REG_SHORT_WORDS words per lane while the row
     fits in a warp that way, else up to VEC_LOADS; 0 when the row does not fit in one
@@ -288,31 +291,31 @@ def _reg_lanes(extent: int, width: int) -> int:
     words = extent // width
     per_lane = _REG_SHORT_WORDS if words <= 32 * _REG_SHORT_WORDS else VEC_LOADS
     lanes = max(_pow2_at_least(-(-words // per_lane)), _MIN_ROW_LANES)
-    return lanes if lanes <= _BLOCK else 0
+    return lanes if lanes <= BLOCK else 0
 
 
 #: The gradients without a statistic that read x (``STREAM_GRAD_KINDS``: Prod, Norm2,
 #: LogSumExp) take the register-resident row kernel (every load of a row in flight, then
-#: every store) where a row spans at least _REG_STREAM_MIN_LANES lanes; shorter rows keep
+#: every store) where a row spans at least REG_STREAM_MIN_LANES lanes; shorter rows keep
 #: the word row kernel's short-row path.
 #: (Measurements: docs/design/reduce.md, "Measured constants".)
-_REG_STREAM_MIN_LANES = 32
+REG_STREAM_MIN_LANES = 32
 #: The word-kernel gradients without a statistic (Sum, Mean, Prod, Norm2, LogSumExp)
-#: whose lines split anyway (``_split_aim``): the blocks a split aims at and the batches
+#: whose lines split anyway (``split_aim``): the blocks a split aims at and the batches
 #: a split keeps at least. Nothing merges their splits, so they split until a thread has
 #: one batch: every load of a thread in flight, then every store, and more blocks to
 #: overlap one block's stores with another's loads.
 #: (Measurements: docs/design/reduce.md, "Measured constants".)
-_STREAM_TARGET_BLOCKS = 8 * _VEC_TARGET_BLOCKS
-_STREAM_MIN_BATCHES = 1
+STREAM_TARGET_BLOCKS = 8 * VEC_TARGET_BLOCKS
+STREAM_MIN_BATCHES = 1
 #: The blocks and batches of the column tie count's first pass (``_tie_cols_geometry``).
 #: (Measurements: docs/design/reduce.md, "Measured constants".)
-_TIE_COLS_TARGET = 4 * _VEC_TARGET_BLOCKS
+_TIE_COLS_TARGET = 4 * VEC_TARGET_BLOCKS
 _TIE_COLS_MIN_BATCHES = 1
 
 
-def _cols_reg_layout(extent: int, width: int,
-                     out_words: int = 0) -> tuple[int, int, bool, bool] | None:
+def cols_reg_layout(extent: int, width: int,
+                    out_words: int = 0) -> tuple[int, int, bool, bool] | None:
     """(log2 of the column words per block, block threads, stash, strip) of the column
     register-resident gradient, or None where it does not apply (those columns keep the
     tie count after dx or the statistic pass).
@@ -363,30 +366,30 @@ def _unsplit_col_slots(slots: int, units: int, extent: int, min_slots: int,
     at most ``extent``. (Without it a wide column reduction ran in a handful of blocks,
     several times slower: docs/design/reduce.md, "Measured constants".)"""
     while slots > min_slots and -(-units // (slots // 2)) <= target \
-            and _BLOCK // (slots // 2) <= extent:
+            and BLOCK // (slots // 2) <= extent:
         slots //= 2
     return slots
 
 
 #: Blocks (one per SM) that the forward column kernel's lanes must reach without a split
-#: for ``_cols_vec_geometry``'s ``lanes_first``.
-_LANES_FIRST_BLOCKS = _VEC_TARGET_BLOCKS // 4
+#: for ``cols_vec_geometry``'s ``lanes_first``.
+_LANES_FIRST_BLOCKS = VEC_TARGET_BLOCKS // 4
 #: Columns taller than this split instead: narrow slots (a 32-byte sector of each row a
 #: block) lose a quarter of the bandwidth on tall columns ([65536, 4096] along axis 0),
 #: where the merge launch is cheap against the pass over the input.
 _LANES_FIRST_MAX_EXTENT = 8192
 
 
-def _lanes_first(kernel_kind: Any, element: ElementKind) -> bool:
-    """Whether the forward word columns take ``_cols_vec_geometry``'s ``lanes_first``:
+def takes_lanes_first(kernel_kind: Any, element: ElementKind) -> bool:
+    """Whether the forward word columns take ``cols_vec_geometry``'s ``lanes_first``:
     every kind but the LogSumExp of 2-byte elements, whose lane combine (an exp per merge,
     for each of a word's 4 elements) outweighs the split it saves."""
     return kernel_kind is not ReduceKind.LOG_SUM_EXP or element.byte_width > 2
 
 
-def _cols_vec_geometry(out_numel: int, extent: int, width: int, max_splits: int,
-                       lanes_first: bool = False, target: int = 0,
-                       min_batches: int = 0) -> _Geometry:
+def cols_vec_geometry(out_numel: int, extent: int, width: int, max_splits: int,
+                      lanes_first: bool = False, target: int = 0,
+                      min_batches: int = 0) -> _Geometry:
     """Slots (words of outputs) and lanes for the word-access column kernels:
     consecutive threads own consecutive words of outputs, the remaining threads of the
     block walk the axis with them; split the axis when there are too few groups (or, when
@@ -395,26 +398,26 @@ def _cols_vec_geometry(out_numel: int, extent: int, width: int, max_splits: int,
     least _LANES_FIRST_BLOCKS blocks, which saves the merge launch and the workspace
     round trip. Few columns ([1e6, 64]) keep whole rows per block and split.
 
-    ``target`` / ``min_batches`` (0: _VEC_TARGET_BLOCKS / _VEC_MIN_BATCHES): the blocks a
-    split aims at and the batches each split keeps at least (``_split_aim``)."""
-    target = target or _VEC_TARGET_BLOCKS
+    ``target`` / ``min_batches`` (0: VEC_TARGET_BLOCKS / _VEC_MIN_BATCHES): the blocks a
+    split aims at and the batches each split keeps at least (``split_aim``)."""
+    target = target or VEC_TARGET_BLOCKS
     min_batches = min_batches or _VEC_MIN_BATCHES
     out_words = max(out_numel // width, 1)
-    slots = min(_BLOCK, _pow2_at_least(out_words))
+    slots = min(BLOCK, _pow2_at_least(out_words))
     unsplit = max_splits <= 1
     if unsplit or lanes_first:
-        fewer = _unsplit_col_slots(slots, out_words, extent, 4, _VEC_TARGET_BLOCKS)
+        fewer = _unsplit_col_slots(slots, out_words, extent, 4, VEC_TARGET_BLOCKS)
         if not unsplit and fewer < slots and -(-out_words // fewer) >= _LANES_FIRST_BLOCKS \
                 and extent <= _LANES_FIRST_MAX_EXTENT:
             unsplit = True
         if unsplit:
             slots = fewer
-    lanes = _BLOCK // slots
+    lanes = BLOCK // slots
     groups = -(-out_words // slots)
     batch = lanes * CHUNK
     splits = 1
-    if groups < _VEC_TARGET_BLOCKS and not unsplit:
-        splits = min(max(1, _split_aim(groups, target) // groups),
+    if groups < VEC_TARGET_BLOCKS and not unsplit:
+        splits = min(max(1, split_aim(groups, target) // groups),
                      max(1, extent // (batch * min_batches)), max_splits)
     chunk = -(-max(extent, 1) // splits)
     chunk = -(-chunk // batch) * batch if splits > 1 else max(extent, 1)
@@ -422,22 +425,22 @@ def _cols_vec_geometry(out_numel: int, extent: int, width: int, max_splits: int,
     return _Geometry(lanes, False, splits, chunk, groups)
 
 
-def _geometry(out_numel: int, extent: int, row_layout: bool, max_splits: int,
-              min_row_lanes: int = _MIN_ROW_LANES) -> _Geometry:
+def generic_geometry(out_numel: int, extent: int, row_layout: bool, max_splits: int,
+                     min_row_lanes: int = _MIN_ROW_LANES) -> _Geometry:
     """Lanes per output, layout and axis splits for a reduction of ``out_numel`` rows."""
     if row_layout:
-        lanes = min(_BLOCK, max(_pow2_at_least(-(-extent // _PER_LANE)),
-                                min(min_row_lanes, _pow2_at_least(extent))))
+        lanes = min(BLOCK, max(_pow2_at_least(-(-extent // _PER_LANE)),
+                               min(min_row_lanes, _pow2_at_least(extent))))
     else:
-        slots = min(_BLOCK, _pow2_at_least(max(out_numel, 1)))
+        slots = min(BLOCK, _pow2_at_least(max(out_numel, 1)))
         if max_splits <= 1:
-            slots = _unsplit_col_slots(slots, out_numel, extent, 8, _TARGET_BLOCKS)
-        lanes = _BLOCK // slots
-    slots = _BLOCK // lanes
+            slots = _unsplit_col_slots(slots, out_numel, extent, 8, TARGET_BLOCKS)
+        lanes = BLOCK // slots
+    slots = BLOCK // lanes
     groups = max(1, -(-out_numel // slots))
     splits = 1
-    if groups < _TARGET_BLOCKS and max_splits > 1:
-        splits = min(-(-_TARGET_BLOCKS // groups), max(1, extent // (lanes * _MIN_PER_THREAD)),
+    if groups < TARGET_BLOCKS and max_splits > 1:
+        splits = min(-(-TARGET_BLOCKS // groups), max(1, extent // (lanes * _MIN_PER_THREAD)),
                      max_splits)
     chunk_len = max(1, -(-extent // splits))
     splits = max(1, -(-extent // chunk_len))
@@ -454,7 +457,7 @@ def _tie_slots(out_numel: int, extent: int, width: int, max_splits: int) -> int:
     def masks(geometry: _Geometry, lines: int) -> int:
         batches = -(-geometry.chunk_len // (VEC_LOADS * geometry.lanes))
         return geometry.splits * lines * -(-batches // tie_mask_iters(width)) * geometry.lanes
-    rows = _rows_vec_geometry(out_numel, extent, width, max_splits)
+    rows = rows_vec_geometry(out_numel, extent, width, max_splits)
     cols = _tie_cols_geometry(out_numel, extent, width)
     return max(rows.splits * out_numel + masks(rows, out_numel),
                out_numel + masks(cols, max(out_numel // width, 1)))
@@ -463,8 +466,8 @@ def _tie_slots(out_numel: int, extent: int, width: int, max_splits: int) -> int:
 def _tie_cols_geometry(out_numel: int, extent: int, width: int) -> _Geometry:
     """The column tie count's first pass: its counts meet through atomics, so its splits
     are not bounded by a merge, only by the masks' workspace (``_tie_slots``)."""
-    return _cols_vec_geometry(out_numel, extent, width, 1 << 16, target=_TIE_COLS_TARGET,
-                              min_batches=_TIE_COLS_MIN_BATCHES)
+    return cols_vec_geometry(out_numel, extent, width, 1 << 16, target=_TIE_COLS_TARGET,
+                             min_batches=_TIE_COLS_MIN_BATCHES)
 
 
 def _state_bytes(kind: Any, element: ElementKind, out_numel: int, splits: int) -> tuple[int, int]:
@@ -476,16 +479,16 @@ def _state_bytes(kind: Any, element: ElementKind, out_numel: int, splits: int) -
     return acc_bytes, acc_bytes + k_bytes
 
 
-def _max_workspace(kind: Any, element: ElementKind, out_numel: int, extent: int,
-                   limit: int) -> tuple[int, int]:
+def max_workspace(kind: Any, element: ElementKind, out_numel: int, extent: int,
+                  limit: int) -> tuple[int, int]:
     """(most splits any layout uses, bytes) under ``limit`` splits."""
-    splits = max(_geometry(out_numel, extent, row, limit).splits for row in (True, False))
+    splits = max(generic_geometry(out_numel, extent, row, limit).splits for row in (True, False))
     if element in VECTOR:
         width = VECTOR[element].width
-        splits = max(splits, _rows_vec_geometry(out_numel, extent, width, limit).splits,
-                     _rows_vec_geometry(out_numel, extent, width, limit,
-                                        warp_rows=True).splits,
-                     _cols_vec_geometry(out_numel, extent, width, limit).splits)
+        splits = max(splits, rows_vec_geometry(out_numel, extent, width, limit).splits,
+                     rows_vec_geometry(out_numel, extent, width, limit,
+                                       warp_rows=True).splits,
+                     cols_vec_geometry(out_numel, extent, width, limit).splits)
     return splits, _state_bytes(kind, element, out_numel, splits)[1]
 
 
@@ -582,11 +585,11 @@ def _word_access(element: ElementKind, kernel_kind: Any, extent: int, row_layout
     return GENERIC
 
 
-def _problem(shape: tuple[int,...], axis: int, strides: list[tuple[int,...]],
-             row_layout: bool, max_splits: int, element: ElementKind | None = None,
-             kernel_kind: Any = None, x_ptr: int = 0, lanes_first: bool = False) -> _Problem:
+def problem_layout(shape: tuple[int,...], axis: int, strides: list[tuple[int,...]],
+                   row_layout: bool, max_splits: int, element: ElementKind | None = None,
+                   kernel_kind: Any = None, x_ptr: int = 0, lanes_first: bool = False) -> _Problem:
     """The layout of a reduction pass over ``x`` (``lanes_first``: the forward's word
-    columns, see ``_cols_vec_geometry``; the gradients' statistic pass keeps the split
+    columns, see ``cols_vec_geometry``; the gradients' statistic pass keeps the split
     chunks its gradient walks)."""
     extent = shape[axis]
     out_shape, out_strides = _collapse(shape, axis, strides)
@@ -599,17 +602,17 @@ def _problem(shape: tuple[int,...], axis: int, strides: list[tuple[int,...]],
     if access == ROWS:
         width = VECTOR[element].width
         shift = (x_ptr & 7) // element.byte_width
-        geometry = _short_rows_geometry(out_numel, extent, width, out_shape, out_strides[0],
-                                        shift, kernel_kind in _LONG_SHORT_KINDS)
+        geometry = short_rows_geometry(out_numel, extent, width, out_shape, out_strides[0],
+                                       shift, kernel_kind in _LONG_SHORT_KINDS)
         if geometry is None:
-            geometry = _rows_vec_geometry(out_numel, extent, width, max_splits,
-                                          warp_rows=_warp_rows(element, kernel_kind))
+            geometry = rows_vec_geometry(out_numel, extent, width, max_splits,
+                                         warp_rows=takes_warp_rows(element, kernel_kind))
         return _Problem(out_shape, out_strides, geometry, axis, ROWS, shift)
     if access == COLS:
-        geometry = _cols_vec_geometry(out_numel, extent, VECTOR[element].width, max_splits,
-                                      lanes_first)
+        geometry = cols_vec_geometry(out_numel, extent, VECTOR[element].width, max_splits,
+                                     lanes_first)
         return _Problem(out_shape, out_strides, geometry, axis, COLS)
-    geometry = _geometry(out_numel, extent, row_layout, max_splits)
+    geometry = generic_geometry(out_numel, extent, row_layout, max_splits)
     return _Problem(out_shape, out_strides, geometry, axis)
 
 
