@@ -113,8 +113,10 @@ for kind, dtype, shape, axis in rows:
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record(); plan.run(args, workspace=ws); b.record(); b.synchronize()
         times.append(a.elapsed_time(b) * 1e3)
-    stat, (access, bound) = next(iter(plan._launches.values()))
-    kernel = getattr(getattr(bound, "_kernel", None), "name", "")
+    # the public accessors; the base side may be a package from before they existed
+    launches = plan.bound_launches() if hasattr(plan, "bound_launches") else plan._launches
+    stat, (access, bound) = next(iter(launches.values()))
+    kernel = getattr(getattr(bound, "kernel", getattr(bound, "_kernel", None)), "name", "")
     nbytes = 2 * x.numel() * x.element_size() + 2 * y.numel() * y.element_size()
     out["rows"][f"{kind}|{dtype}|{shape[0]}x{shape[1]}|{axis}"] = {
         "us": statistics.median(times), "bytes": nbytes, "choice": plan.choice,

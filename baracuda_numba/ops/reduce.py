@@ -18,6 +18,7 @@ from .._frameworks import allocator, element_of
 from .._runtime import SIMULATOR
 from ..arrays import as_ref, contiguous_strides
 from ..errors import InvalidProblem
+from ..plans.base import product
 from ..plans.reduce import (
     ArgReduceArgs,
     ArgReduceDescriptor,
@@ -138,18 +139,11 @@ def axis_layout(shape: tuple[int, ...], strides: tuple[int, ...],
     if merged and not between:
         kept_before = [shape[d] for d in kept if d < big[0]]
         kept_after = [shape[d] for d in kept if d > big[-1]]
-        return AxisLayout(None, (*kept_before, _product([shape[d] for d in big]), *kept_after),
+        return AxisLayout(None, (*kept_before, product([shape[d] for d in big]), *kept_after),
                           len(kept_before), keep_shape)
-    return AxisLayout(tuple(kept) + tuple(axes), (_product([shape[d] for d in kept]),
-                                                  _product([shape[d] for d in axes])),
+    return AxisLayout(tuple(kept) + tuple(axes), (product([shape[d] for d in kept]),
+                                                  product([shape[d] for d in axes])),
                       1, keep_shape)
-
-
-def _product(values: list[int]) -> int:
-    total = 1
-    for value in values:
-        total *= value
-    return total
 
 
 def _permute(x: Any, perm: tuple[int, ...]) -> Any:
