@@ -862,12 +862,28 @@ def storage_ulp(values, element):
     return 2.0 ** (exponent - bits)
 
 
+def pair_magnitude(x, rotary_dim, pairing):
+    """|a| + |b| of each rotated pair (a, b), at both of its positions: the scale of the f32
+    rounding in a·cos − b·sin, which cancellation can leave far above the result itself."""
+    if pairing is INTERLEAVED:
+        first, second = slice(0, rotary_dim, 2), slice(1, rotary_dim, 2)
+    else:
+        first, second = slice(0, rotary_dim // 2), slice(rotary_dim // 2, rotary_dim)
+    magnitude = np.zeros_like(x)
+    total = np.abs(x[..., first]) + np.abs(x[..., second])
+    magnitude[..., first] = total
+    magnitude[..., second] = total
+    return magnitude
+
+
 @pytest.mark.parametrize("element", [F16, BF16, F32], ids=lambda e: e.name)
 @pytest.mark.parametrize("pairing", [INTERLEAVED, HALF_SPLIT], ids=lambda p: p.name)
 @pytest.mark.parametrize("path", [None, "rows"], ids=["auto", "rows"])
 def test_long_positions_against_exact_angles(rng, element, pairing, path):
     """Positions up to 2^20 against the float64 θ: f32 within 4e-6 absolute for unit-normal
-    x, f16/bf16 within one rounding (1 ulp) of the exact result; forward and backward."""
+    x; f16/bf16 within one rounding (1 ulp) of the exact result plus the f32 arithmetic's
+    own error, a few f32 ulps of |a| + |b| (it shows where a·cos − b·sin cancels to a
+    subnormal result); forward and backward."""
     shape = (1, 2, 4, 16)
     positions = np.array([999_999, 1 << 20, 65_535, (1 << 20) - 1], dtype=np.int64)
     x_host = to_storage(rng.standard_normal(shape), element)
@@ -880,7 +896,8 @@ def test_long_positions_against_exact_angles(rng, element, pairing, path):
             assert_close(got, y64, 0.0, 4e-6, f"f32 {pairing.name} inverse={inverse}")
         else:
             error = np.abs(got - y64)
-            bad = error > storage_ulp(y64, element)
+            f32_error = 4 * np.finfo(np.float32).eps * pair_magnitude(x64, 16, pairing)
+            bad = error > storage_ulp(y64, element) + f32_error
             assert not bad.any(), (element.name, np.argwhere(bad)[:4], got[bad][:4],
                                    y64[bad][:4])
 
