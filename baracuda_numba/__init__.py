@@ -14,6 +14,7 @@ from typing import Any
 # so ``baracuda-check`` and the tests can choose the simulator before Numba loads.
 _LAZY = {
     "arrays": ("TensorMut", "TensorRef", "as_mut", "as_ref"),
+    "debug": ("debug_enabled", "set_debug"),
     "errors": ("BaracudaError", "BufferTooSmall", "DriverError", "InvalidProblem",
                "MisalignedOperand", "Unsupported", "WorkspaceTooSmall"),
     "plans.write_slice": ("WriteSliceArgs", "WriteSliceDescriptor", "WriteSlicePlan"),

@@ -207,12 +207,16 @@ def array_types() -> tuple[type | None, type | None]:
 
 
 def set_array_types(torch_tensor: type | None, cupy_array: type | None) -> None:
-    """Make ``torch_tensor`` / ``cupy_array`` the classes of :func:`array_types` (a test's
-    stand-ins with the attributes the layout keys read; restore the pair
-    :func:`array_types` gave afterwards). :func:`as_ref` still finds the real classes
-    itself and sets them when it first meets one."""
+    """Make ``torch_tensor`` / ``cupy_array`` the classes of :func:`array_types`, and have
+    :func:`as_ref` read their instances as it reads a torch tensor / CuPy array (a test's
+    stand-ins with the attributes those read; restore the pair :func:`array_types` gave
+    afterwards). :func:`as_ref` still finds the real classes itself and sets them when it
+    first meets one."""
     global _TORCH_TENSOR, _CUPY_ARRAY
     _TORCH_TENSOR, _CUPY_ARRAY = torch_tensor, cupy_array
+    for cls, extract in ((torch_tensor, _extract_torch), (cupy_array, _extract_cupy)):
+        if cls is not None:
+            _EXTRACTORS.setdefault(cls, extract)
 
 
 def _extractor_for(cls: type, obj: Any) -> Callable[[Any], _Extracted]:

@@ -66,10 +66,12 @@ __all__ = [
     "LazyTable",
     "compile_all_ptx",
     "flat",
+    "imported_kernel_sources",
     "launch_mode",
     "precompile",
     "registered_kernels",
     "set_launch_mode",
+    "source_digest",
 ]
 
 _REGISTRY: list[Kernel] = []
@@ -706,7 +708,7 @@ def source_digest(module: str) -> str:
             sources.add(pathlib.Path(file))
         else:  # unknown origin: every kernel source
             sources.update(root.rglob("*.py"))
-    sources |= _imported_kernel_sources(sources, root)
+    sources |= imported_kernel_sources(sources, root)
     for source in sorted(s for s in sources if s.exists()):
         digest.update(str(source.relative_to(root) if source.is_relative_to(root)
                           else source.name).encode())
@@ -714,7 +716,7 @@ def source_digest(module: str) -> str:
     return digest.hexdigest()
 
 
-def _imported_kernel_sources(sources: set[pathlib.Path], root: pathlib.Path
+def imported_kernel_sources(sources: set[pathlib.Path], root: pathlib.Path
                              ) -> set[pathlib.Path]:
     """The kernel modules under ``root`` that ``sources`` import, transitively: a module
     (``from .rope import ...`` in ``kernels/softmax.py``, ``from ..common import ...`` in

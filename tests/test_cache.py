@@ -83,12 +83,12 @@ def test_source_digest_follows_imported_kernel_modules():
     import pathlib
 
     from baracuda_numba import kernels
-    from baracuda_numba.launch import _imported_kernel_sources
+    from baracuda_numba.launch import imported_kernel_sources
 
     root = pathlib.Path(kernels.__path__[0])
-    found = _imported_kernel_sources({root / "softmax.py"}, root)
+    found = imported_kernel_sources({root / "softmax.py"}, root)
     assert root / "rope" / "units.py" in found and root / "softmax.py" not in found
-    assert _imported_kernel_sources({root / "write_slice.py"}, root) == {root / "common.py"}
+    assert imported_kernel_sources({root / "write_slice.py"}, root) == {root / "common.py"}
 
 
 def test_source_digest_covers_a_family_subpackage(tmp_path):
@@ -98,14 +98,14 @@ def test_source_digest_covers_a_family_subpackage(tmp_path):
     import pathlib
 
     from baracuda_numba import kernels
-    from baracuda_numba.launch import _imported_kernel_sources, source_digest
+    from baracuda_numba.launch import imported_kernel_sources, source_digest
 
     root = pathlib.Path(kernels.__path__[0])
     modules = sorted(p.stem for p in (root / "reduce").glob("*.py") if p.stem != "__init__")
     assert len(modules) > 1
     digests = {source_digest(f"baracuda_numba.kernels.reduce.{m}") for m in modules}
     assert len(digests) == 1 and digests != {source_digest("baracuda_numba.kernels.scan")}
-    found = _imported_kernel_sources({root / "reduce" / "backward_rows.py"}, root)
+    found = imported_kernel_sources({root / "reduce" / "backward_rows.py"}, root)
     assert {root / "common.py", root / "reduce" / "ops.py"} <= found
 
     fake = tmp_path / "kernels"
@@ -115,9 +115,9 @@ def test_source_digest_covers_a_family_subpackage(tmp_path):
     (fake / "fam" / "a.py").write_text("from ..other import X\nfrom .b import Y\n")
     (fake / "fam" / "b.py").write_text("Y = 2\n")
     (fake / "user.py").write_text("from .fam import a\nfrom .._runtime import Z\n")
-    assert _imported_kernel_sources({fake / "fam" / "a.py"}, fake) == {
+    assert imported_kernel_sources({fake / "fam" / "a.py"}, fake) == {
         fake / "other.py", fake / "common.py", fake / "fam" / "b.py"}
-    assert _imported_kernel_sources({fake / "user.py"}, fake) == {
+    assert imported_kernel_sources({fake / "user.py"}, fake) == {
         fake / "fam" / "a.py", fake / "fam" / "b.py", fake / "other.py", fake / "common.py"}
 
 
@@ -125,7 +125,7 @@ def test_imported_kernel_sources_follow_subpackages(tmp_path):
     """A family split into a subpackage is imported whole (``from .fam import`` pulls in
     every file of ``kernels/fam/``), and its modules' ``from ..other import`` lines are
     followed; modules outside the kernels folder (``from ...launch``) are not kernel code."""
-    from baracuda_numba.launch import _imported_kernel_sources
+    from baracuda_numba.launch import imported_kernel_sources
 
     root = tmp_path / "kernels"
     (root / "fam").mkdir(parents=True)
@@ -135,7 +135,7 @@ def test_imported_kernel_sources_follow_subpackages(tmp_path):
     (root / "other.py").write_text("X = 1\n")
     (root / "unused.py").write_text("Y = 2\n")
     (tmp_path / "launch.py").write_text("K = 3\n")
-    assert _imported_kernel_sources({root / "user.py"}, root) == {
+    assert imported_kernel_sources({root / "user.py"}, root) == {
         root / "fam" / "__init__.py", root / "fam" / "one.py", root / "other.py"}
 
 

@@ -402,25 +402,6 @@ class _FakeCupy:
         self._c_contiguous = dense or 0 in shape
 
 
-@pytest.fixture
-def array_types():
-    """``use(torch_tensor=..., cupy_array=...)``: the classes the layout keys take for torch
-    tensors and CuPy arrays (``arrays.set_array_types``; one left out keeps its class),
-    restored after the test."""
-    from baracuda_numba import arrays
-
-    saved = arrays.array_types()
-    keep = object()
-
-    def use(torch_tensor=keep, cupy_array=keep):
-        torch_now, cupy_now = arrays.array_types()
-        arrays.set_array_types(torch_now if torch_tensor is keep else torch_tensor,
-                               cupy_now if cupy_array is keep else cupy_array)
-
-    yield use
-    arrays.set_array_types(*saved)
-
-
 def test_layout_signature_keys_and_pointers(array_types):
     """arrays.layout_signature (generated per number of arrays): the key holds shape,
     strides, dtype and pointer mod 16 of each tensor or CuPy array (None for an absent

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from conftest import TOLERANCE, torch_or_skip
 
-from baracuda_numba._debug import debug_enabled, set_debug
+from baracuda_numba import debug_enabled, set_debug
 from baracuda_numba.errors import InvalidProblem, Unsupported
 from baracuda_numba.plans.cross_entropy import (
     CrossEntropyChoice,

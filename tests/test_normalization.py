@@ -553,16 +553,13 @@ class _HostCupy:
 
 @pytest.mark.simulator
 @pytest.mark.parametrize("kernel", ["rows_vec", "rows"])
-def test_layout_memo_matches_the_checked_path(monkeypatch, rng, kernel):
+def test_layout_memo_matches_the_checked_path(monkeypatch, array_types, rng, kernel):
     """After a checked run, arrays of the same layout take the plans' LayoutMemo (no
     checks: a replay of the recorded launches) and give bit-identical results, forward
     (LayerNorm with residual, weight, bias) and backward (with dh and the workspace);
     overlapping outputs of a memoised layout are still rejected before any launch; in
     place (y is x) is never memoised and still right."""
-    from baracuda_numba import arrays
-
-    monkeypatch.setattr(arrays, "_CUPY_ARRAY", _HostCupy)
-    monkeypatch.setitem(arrays._EXTRACTORS, _HostCupy, arrays._extract_cupy)
+    array_types(cupy_array=_HostCupy)
     shape, n = (3, 64), (64,)
     fw = LayerNormPlan.select(LayerNormDescriptor(shape, n, F32, 1e-5, True, True, None, True),
                               kernel=kernel)

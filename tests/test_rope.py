@@ -1161,8 +1161,8 @@ def test_kv_cache_append_is_rope_then_write(rng, paged, pairing):
     np.testing.assert_array_equal(to_host(v_cache), v_want)
 
 
-def test_kv_cache_append_rejections_and_debug_switch(rng, monkeypatch):
-    from baracuda_numba import _debug
+def test_kv_cache_append_rejections_and_debug_switch(rng):
+    from baracuda_numba import debug_enabled, set_debug
 
     desc, tensors, caches, _, extra = _cache_case(rng, F16, HALF_SPLIT, False)
     plan = RopeKvCacheAppendPlan.select(desc)
@@ -1189,10 +1189,14 @@ def test_kv_cache_append_rejections_and_debug_switch(rng, monkeypatch):
     np.testing.assert_array_equal(after[1, 1, 0], before[1, 1, 0])
     np.testing.assert_array_equal(after[1, :, :5], before[1, :, :5])
     assert not np.array_equal(after[1, :, 5], before[1, :, 5])
-    monkeypatch.setattr(_debug, "_DEBUG", [True])
+    was = debug_enabled()
+    set_debug(True)
     snapshot = to_host(k_cache).copy()
-    with pytest.raises(InvalidProblem, match="cache_offsets holds 5"):
-        plan.run(RopeKvCacheAppendArgs(q, q, k, v, k_cache, v_cache, cache_offsets=late))
+    try:
+        with pytest.raises(InvalidProblem, match="cache_offsets holds 5"):
+            plan.run(RopeKvCacheAppendArgs(q, q, k, v, k_cache, v_cache, cache_offsets=late))
+    finally:
+        set_debug(was)
     np.testing.assert_array_equal(to_host(k_cache), snapshot)
 
 

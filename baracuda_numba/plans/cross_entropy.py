@@ -30,9 +30,9 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from .._debug import debug_enabled
 from .._runtime import SIMULATOR
 from ..arrays import TensorRef, as_mut, as_ref
+from ..debug import debug_enabled
 from ..driver import check, libcuda, stream_synchronize
 from ..errors import InvalidProblem, Unsupported
 from ..kernels.cross_entropy import (

@@ -7,8 +7,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .._debug import debug_enabled
 from ..arrays import TensorMut, TensorRef, as_mut, as_ref, flat_span
+from ..debug import debug_enabled
 from ..errors import InvalidProblem
 from ..kernels.rope import ANGLES_BASE, ANGLES_INV_FREQ, ANGLES_TABLE, TABLE_KINDS
 from ..streams import stream_handle

@@ -29,8 +29,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .._debug import debug_enabled
 from ..arrays import as_mut, flat_span
+from ..debug import debug_enabled
 from ..errors import InvalidProblem
 from ..streams import stream_handle
 from ..types import (

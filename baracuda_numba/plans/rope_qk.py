@@ -22,8 +22,8 @@ from __future__ import annotations
 from operator import attrgetter
 from typing import Any
 
-from .._debug import debug_enabled
 from ..arrays import flat_span
+from ..debug import debug_enabled
 from ..kernels.rope.qk import QK_HEAD_BATCH, ROPE_QK_KERNELS
 from ..streams import stream_handle
 from ..types import ElementKind, RopeAngleSource

@@ -3,7 +3,8 @@
 Off by default. When on, plans run checks that need the data on the device and so cost a
 host synchronisation, e.g. ``CrossEntropyLossPlan`` counts targets outside ``[0, V)``
 (other than ``ignore_index``) before its main kernel and raises ``InvalidProblem``.
-Read once at import; :func:`set_debug` changes it for the process (tests).
+Read once at import; :func:`set_debug` changes it for the process (also
+``baracuda_numba.set_debug``).
 """
 
 from __future__ import annotations
