@@ -4,10 +4,10 @@ aten's fractional_max_pool{2,3}d_backward (atomics; includes zeroing grad_input)
 
 Bytes counted as the minimum traffic: forward x + y + indices (i64), backward
 dy + indices + dx. The plain rows use the default (fast, contiguous) kernels.
-``FMP_TUNE=1`` adds the other fast forward window walks (unrolled / looped), other run
-lengths, the tiled backward's other phase 2, block size and a smaller tile cap, the
-leader-scatter backward, the general (any-stride, 64-bit, gather-backward) kernels on the
-same arrays, and the zero fill alone.
+``FMP_TUNE=1`` adds the looped fast forward window walk, other run lengths, the tiled
+backward's other shared-memory budgets and block size, the leader-scatter backward, the
+general (any-stride, 64-bit, gather-backward) kernels on the same arrays, and the zero fill
+alone.
 """
 
 from __future__ import annotations
@@ -39,21 +39,7 @@ def _plan(shape_in, windows, shape_out, element, placement):
                                                      *shape_out, element)
         made = (fmp.FractionalMaxPool3dPlan.select(desc.with_placement(placement)),
                 fmp.FractionalMaxPool3dFwArgs, fmp.FractionalMaxPool3dBwArgs)
-    _env_defaults(made[0], len(shape_in) - 2)
     return made
-
-
-def _env_defaults(plan, rank):
-    """Tuning runs: FMP_FUSED_SUMS="2:0,3:1" sets the plan's phase 2 per rank, FMP_ROW_WALK
-    its forward walk for the FAST_WINDOWS ("rows" or "rows32"), through the plan's tuning
-    attributes (the committed defaults live in plans/fractional_max_pool.py)."""
-    for item in filter(None, os.environ.get("FMP_FUSED_SUMS", "").split(",")):
-        item_rank, fused = item.split(":")
-        if int(item_rank) == rank:
-            plan.fused_sums = fused == "1"
-    walk = os.environ.get("FMP_ROW_WALK")
-    if walk and plan.forward_walk in ("rows", "rows32"):
-        plan.forward_walk = walk
 
 
 def _bench_one(ctx, label, shape_in, windows, shape_out, dtype_name, tune,
@@ -129,7 +115,7 @@ def _bench_one(ctx, label, shape_in, windows, shape_out, dtype_name, tune,
         _tune_tiled_backward(ctx, plan, bw, sets, label, dtype_name, bw_bytes, torch_bw_us)
     if tune:  # variants of the same computation, for the notes
         default_walk = plan.forward_walk
-        for walk in ("rows", "rows32", "unrolled", "looped"):
+        for walk in ("rows32", "looped"):
             if walk == default_walk or walk not in plan.forward_walks:
                 continue
             plan.forward_walk = walk
@@ -165,22 +151,19 @@ def _bench_one(ctx, label, shape_in, windows, shape_out, dtype_name, tune,
 
 
 def _tune_tiled_backward(ctx, plan, bw, sets, label, dtype_name, bw_bytes, torch_bw_us):
-    """The tiled backward's variants: listed sums at several dynamic shared-memory budgets
-    (``FMP_LISTED_KIB``), block sizes and loads per staging pass, and the static kernel's
-    per-element phase 2 (all bit-identical: each variant's dx is checked against the
-    default's here)."""
+    """The tiled backward's variants: the listed kernel's dynamic shared-memory budgets
+    (``FMP_LISTED_KIB``) and block sizes (all bit-identical: each variant's dx is checked
+    against the default's here)."""
     torch = ctx.torch
-    fields = ("listed_sums", "listed_bytes", "listed_loads", "fused_sums", "tile_threads")
+    fields = ("listed_bytes", "tile_threads")
     defaults = tuple(getattr(plan, name) for name in fields)
     plan.run_bw(bw[0])
     bits = torch.int16 if bw[0].dx.element_size() == 2 else torch.int32
     expected = bw[0].dx.clone().view(bits)
-    variants = [(False, defaults[1], defaults[2], False, threads) for threads in (256, 512)]
-    if plan.listed_loads_available:
-        budgets = [int(kib) * 1024 for kib in
-                   os.environ.get("FMP_LISTED_KIB", "48,56,64,72").split(",")]
-        variants = [(True, budget, loads, False, threads) for budget in budgets
-                    for loads in (2, 4) for threads in (256, 512)] + variants
+    budgets = ([int(kib) * 1024 for kib in
+                os.environ.get("FMP_LISTED_KIB", "48,56,64,72").split(",")]
+               if plan.listed_backward else [defaults[0]])
+    variants = [(budget, threads) for budget in budgets for threads in (256, 512)]
     for variant in variants:
         if variant == defaults:
             continue
@@ -201,10 +184,9 @@ def _bw_note(plan) -> str:
     if tiles is None:
         return "deterministic; leader scatter, zero fill included"
     if plan.listed_backward:
-        sums = (f"listed sums in {plan.listed_bytes // 1024} KiB, {plan.listed_loads} loads "
-                "per pass")
+        sums = f"listed sums in {plan.listed_bytes // 1024} KiB"
     else:
-        sums = f"{'fused' if plan.fused_sums else 'per-element'} sums"
+        sums = "per-element sums"
     return (f"deterministic; tiled {tiles[0]}x{tiles[1]} rows, {sums}, {plan.tile_threads} "
             "threads, no zero fill")
 

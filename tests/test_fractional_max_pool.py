@@ -116,33 +116,21 @@ def make_plan(shape_in, windows, shape_out, element, placement=BARACUDA):
     return plan, FractionalMaxPool3dFwArgs, FractionalMaxPool3dBwArgs
 
 
-PATH_NAMES = ("fast", "fast-rows", "fast-tiles", "fast-alt", "general")
+PATH_NAMES = ("fast", "fast-tiles", "fast-alt", "general")
 
 
 def set_path(plan, path):
     """``fast``: the plan's default fast kernels (the row-caching forward for the
-    FAST_WINDOWS, else the looped window; the tiled backward where its mask fits, with
-    the plan's phase 2, else the leader scatter); ``fast-rows``: the other row-caching
-    forward (64- or 32-bit offsets) and the listed backward's other loads per pass (2 or
-    4); ``fast-tiles``: the unrolled forward
-    window and the tiled backward with tiles of two rows (many tiles per plane, candidate
-    boxes straddling tiles), the other phase 2 (fused or per element) and the static
-    tiled kernel where the listed one is the default (or vice versa); ``fast-alt``:
-    the looped forward window and the leader-scatter backward; ``general``: the any-stride
-    64-bit kernels (gather backward), forced on contiguous arrays. The tiled backward
-    applies where the candidate box fits its mask (else the leader scatter runs:
-    test_tile_choice_respects_the_shared_memory)."""
+    FAST_WINDOWS, else the looped window; the tiled backward where its mask fits, listed
+    for f16/bf16/f32 and static for f64, else the leader scatter); ``fast-tiles``: the
+    tiled backward with tiles of two rows (many tiles per plane, candidate boxes
+    straddling tiles); ``fast-alt``: the looped forward window and the leader-scatter
+    backward; ``general``: the any-stride 64-bit kernels (gather backward), forced on
+    contiguous arrays. The tiled backward applies where the candidate box fits its mask
+    (else the leader scatter runs: test_tile_choice_respects_the_shared_memory)."""
     assert plan.fast  # every test shape qualifies for the fast kernels
-    if path == "fast-rows":
-        if "rows" in plan.forward_walks:
-            plan.forward_walk = "rows32" if plan.forward_walk == "rows" else "rows"
-        plan.listed_loads = 6 - plan.listed_loads  # the listed kernel's other pass width
-    elif path == "fast-tiles":
-        if "unrolled" in plan.forward_walks:
-            plan.forward_walk = "unrolled"
+    if path == "fast-tiles":
         plan.tile_elems = 2 * plan.axes[2][0]
-        plan.fused_sums = not plan.fused_sums
-        plan.listed_sums = not plan.listed_sums
     elif path == "fast-alt":
         plan.forward_walk = "looped"
         plan.tiled_backward = False
@@ -209,7 +197,7 @@ SIM_CASES = [
     ((1, 1, 3, 70), (2, 3), (2, 47)),  # wider than the simulator's grid: x grid-stride
     ((1, 1, 6, 13), (2, 6), (3, 5)),  # window rows longer than one 4-wide pass
     ((1, 1, 5, 6), (2, 2), (9, 11)),  # more outputs than start positions: long ranges
-    ((1, 2, 8, 9), (3, 3), (5, 6)),  # the unrolled fast windows (kernels.FAST_WINDOWS)
+    ((1, 2, 8, 9), (3, 3), (5, 6)),  # the row-caching fast windows (kernels.FAST_WINDOWS)
     ((1, 1, 5, 6, 7), (3, 3, 3), (3, 4, 4)),
 ]
 GPU_CASES = SIM_CASES + [
@@ -386,7 +374,7 @@ def test_fast_and_general_backward_are_bit_identical(rng, case):
 
 
 def test_fast_window_kernels_are_selected():
-    """Windows in FAST_WINDOWS get their unrolled forward, others the looped one."""
+    """Windows in FAST_WINDOWS get their row-caching forward, others the looped one."""
     from baracuda_numba.kernels.fractional_max_pool import FAST_WINDOWS
 
     for window in FAST_WINDOWS + ((1, 2, 3), (2, 2, 2)):
@@ -398,12 +386,12 @@ def test_fast_window_kernels_are_selected():
             plan = make_plan(shape_in, window, (2, 2, 2), ElementKind.F32)[0]
         if window in FAST_WINDOWS:
             name = "x".join(map(str, window))
-            walk = plan.forward_walk
-            assert plan.forward_kernel_name == f"fractional_max_pool_fw_{walk}[F32,{name}]"
-            plan.forward_walk = "unrolled"
-            assert plan.forward_kernel_name == f"fractional_max_pool_fw_fast[F32,{name}]"
+            assert plan.forward_walks == ("looped", "rows32")
+            assert plan.forward_kernel_name == f"fractional_max_pool_fw_rows32[F32,{name}]"
+            plan.forward_walk = "looped"
         else:
-            assert plan.forward_kernel_name == "fractional_max_pool_fw_fast[F32,any]"
+            assert plan.forward_walks == ("looped",)
+        assert plan.forward_kernel_name == "fractional_max_pool_fw_fast[F32]"
 
 
 def test_changing_a_tuning_attribute_forgets_the_memoised_launches():
@@ -610,7 +598,6 @@ def test_tile_choice_respects_the_shared_memory(rng):
             for placement in (BARACUDA, TORCH):
                 plan = make_plan(shape_in, windows, shape_out, element, placement)[0]
                 assert plan.tiled_backward  # the default where it applies
-                tile_cap, stage_cap = BW_TILE_CAPS[element]
                 ranges = [candidate_ranges(extent, window, out, placement.value)
                           for extent, window, out in plan.axes]
                 reach = [int((end - first).max()) for first, end in ranges]
@@ -619,21 +606,20 @@ def test_tile_choice_respects_the_shared_memory(rng):
                     assert placement is TORCH or shape_out in ((9, 11), (39, 11, 17))
                     assert plan.tile_shape() is None
                     continue
-                for listed in (True, False):
-                    plan.listed_sums = listed
-                    tile_d, tile_h, reach_h, reach_w = plan.tile_shape()
-                    assert (reach_h, reach_w) == tuple(reach[1:])
-                    _, max_d = staged_outputs(ranges[0], tile_d)
-                    _, max_h = staged_outputs(ranges[1], tile_h)
-                    w_in, _, w_out = plan.axes[2]
-                    slots, staged = tile_d * tile_h * w_in, max_d * max_h * w_out
-                    if plan.listed_backward:  # u32 mask per slot, u32 list entry + dy per output
-                        assert element is not ElementKind.F64
-                        item = element.storage_bits // 8
-                        assert 4 * slots + (4 + item) * staged <= plan.listed_bytes
-                    else:
-                        assert slots <= tile_cap
-                        assert staged <= stage_cap
+                tile_d, tile_h, reach_h, reach_w = plan.tile_shape()
+                assert (reach_h, reach_w) == tuple(reach[1:])
+                _, max_d = staged_outputs(ranges[0], tile_d)
+                _, max_h = staged_outputs(ranges[1], tile_h)
+                w_in, _, w_out = plan.axes[2]
+                slots, staged = tile_d * tile_h * w_in, max_d * max_h * w_out
+                assert plan.listed_backward == (element is not ElementKind.F64)
+                if plan.listed_backward:  # u32 mask per slot, u32 list entry + dy per output
+                    item = element.storage_bits // 8
+                    assert 4 * slots + (4 + item) * staged <= plan.listed_bytes
+                else:
+                    tile_cap, stage_cap = BW_TILE_CAPS[element]
+                    assert slots <= tile_cap
+                    assert staged <= stage_cap
                 plan.tile_elems = plan.axes[2][0] - 1
                 assert plan.tile_shape() is None
     # rows wider than the shared column table of candidate ranges take the leader scatter
@@ -648,33 +634,28 @@ def test_tile_choice_respects_the_shared_memory(rng):
                          ids=lambda c: "x".join(map(str, c[0])))
 def test_tiled_backward_is_deterministic_across_tilings(rng, case):
     """Two runs bit-identical, and the same bits for every tiling (one tile per plane, two
-    rows, one row per tile), every phase 2 (listed elements, per element, fused) and the
-    leader scatter: the sums never depend on which block or thread computes them (nor on
-    the order of the listed kernel's list)."""
-    element = ElementKind.BF16
+    rows, one row per tile), both tiled kernels (listed elements for bf16, static for
+    f64), the leader scatter and the gather: the sums never depend on which block or
+    thread computes them (nor on the order of the listed kernel's list)."""
     shape_in, windows, shape_out = case
-    _, _, _, idx, _ = run_and_check(rng, shape_in, windows, shape_out, element)
-    dy = to_device(random_values(shape_in[:2] + shape_out, element, rng))
-    results = []
-    for tile_rows, tiled, fused, listed in (
-            (None, True, False, 2), (None, True, False, 2), (2, True, False, 2),
-            (1, True, False, 2), (None, True, False, 4), (1, True, False, 4),
-            (None, True, False, 0), (2, True, False, 0),
-            (1, True, False, 0), (None, True, True, 0), (None, True, True, 0),
-            (1, True, True, 0), (None, False, False, 0)):
-        plan, _, bw_args = make_plan(shape_in, windows, shape_out, element)
-        plan.tiled_backward = tiled
-        plan.fused_sums = fused
-        plan.listed_sums = bool(listed)
-        plan.listed_loads = listed or 2
-        if tile_rows is not None:
-            plan.tile_elems = tile_rows * plan.axes[2][0]
-        assert (plan.tile_shape() is not None) == tiled
-        dx = to_device(poisoned(shape_in, element))
-        plan.run_bw(bw_args(dy, idx, dx))
-        results.append(to_host(dx))
-    for other in results[1:]:
-        np.testing.assert_array_equal(results[0].view(np.uint16), other.view(np.uint16))
+    for element, bits in ((ElementKind.BF16, np.uint16), (ElementKind.F64, np.uint64)):
+        _, _, _, idx, _ = run_and_check(rng, shape_in, windows, shape_out, element)
+        dy = to_device(random_values(shape_in[:2] + shape_out, element, rng))
+        results = []
+        for tile_rows, tiled, fast in ((None, True, True), (None, True, True),
+                                       (2, True, True), (1, True, True),
+                                       (None, False, True), (None, True, False)):
+            plan, _, bw_args = make_plan(shape_in, windows, shape_out, element)
+            plan.tiled_backward = tiled
+            plan.fast = fast
+            if tile_rows is not None:
+                plan.tile_elems = tile_rows * plan.axes[2][0]
+            assert (plan.tile_shape() is not None) == tiled
+            dx = to_device(poisoned(shape_in, element))
+            plan.run_bw(bw_args(dy, idx, dx))
+            results.append(to_host(dx))
+        for other in results[1:]:
+            np.testing.assert_array_equal(results[0].view(bits), other.view(bits))
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", [((1, 2, 128, 128), (3, 3), (91, 91)),
@@ -683,8 +664,8 @@ def test_tiled_backward_is_deterministic_across_tilings(rng, case):
 def test_listed_backward_with_large_tiles(rng, case):
     """The listed tiled backward with tiles in more than 48 KiB of shared memory (dynamic
     + static: 2-D at 48 KiB has 45 KiB of dynamic shared memory, over the limit only with
-    the static tables; larger budgets), both loads per pass: the same bits as the static
-    tiled kernel and the leader scatter on the benchmark's plane shapes."""
+    the static tables; larger budgets): the same bits as the gather and the leader scatter
+    on the benchmark's plane shapes."""
     shape_in, windows, shape_out = case
     element = ElementKind.F32
     full_out = shape_in[:2] + shape_out
@@ -695,14 +676,14 @@ def test_listed_backward_with_large_tiles(rng, case):
                         to_device(samples_for(rng, *shape_in[:2], len(shape_out)))))
     dy = to_device(random_values(full_out, element, rng))
     results = []
-    for listed, budget, loads in ((False, 0, 2), (True, 44, 2), (True, 48, 4),
-                                  (True, 64, 2), (True, 64, 4), (True, 160, 2), (None, 0, 2)):
+    for path, budget in (("general", 0), ("listed", 44), ("listed", 48), ("listed", 64),
+                         ("listed", 160), ("scatter", 0)):
         plan, _, bw_args = make_plan(shape_in, windows, shape_out, element)
-        plan.tiled_backward = listed is not None
-        plan.listed_sums = bool(listed)
-        plan.listed_bytes = budget * 1024
-        plan.listed_loads = loads
-        assert (plan.tile_shape() is not None) == (listed is not None)
+        plan.fast = path != "general"
+        plan.tiled_backward = path == "listed"
+        if budget:
+            plan.listed_bytes = budget * 1024
+        assert (plan.tile_shape() is not None) == (path == "listed")
         dx = to_device(poisoned(shape_in, element))
         plan.run_bw(bw_args(dy, idx, dx))
         results.append(to_host(dx))

@@ -71,7 +71,7 @@ from ..driver import memset_d8_async
 from ..errors import InvalidProblem, Unsupported
 from ..kernels.common import pad8
 from ..kernels.fractional_max_pool import (
-    BW_LISTED_LOADS,
+    BW_LISTED_ELEMENTS,
     BW_LISTED_MAX_DYNAMIC,
     BW_MASK_BITS,
     BW_TABLE_D,
@@ -131,25 +131,18 @@ _ROWS_PER_THREAD = 2 if SIMULATOR else 8
 _CACHED_ROWS_PER_THREAD = 2 if SIMULATOR else 16
 _MAX_GRID_Y = 65535
 _FAST_LIMIT = 1 << 31  # the fast kernels' offsets and magic-division numerators stay below
-# Tiled backward: threads per block (one block per dx tile; ~46 KiB of shared memory each,
-# so at most 4 blocks per SM): 256 for 2-byte elements, 512 for wider ones (measured, see
-# the plan's defaults), and the longest d/h axis whose tiling the host plans.
-_TILE_THREADS = 32 if SIMULATOR else 256
-_TILE_THREADS_WIDE = 32 if SIMULATOR else 512
-# Phase 2 of the tiled backward per rank: one element per pass (the default) or the fused
-# loop over a thread's elements and bits, which executes more instructions than it saves
-# in divergence (slower in every case measured).
-_FUSED_SUMS = {2: False, 3: False}
+# Tiled backward: threads per block (one block per dx tile; measured, see the plan's
+# defaults), and the longest d/h axis whose tiling the host plans.
+_TILE_THREADS = 32 if SIMULATOR else 512
 # Forward walk for the FAST_WINDOWS: row maxima cached across a thread's rows with 32-bit
-# offsets (1.2-1.5x faster than the 64-bit "rows" walk, a third fewer instructions).
+# offsets (docs/design/fractional_max_pool.md); "looped" for the other windows.
 _ROW_WALK = "rows32"
 # Listed tiled backward (f16/bf16/f32): dynamic shared memory per block for its masks,
 # list and staged dy; the plan picks the tile that stages the fewest outputs within it.
 # 64 KiB at 512 threads: 3 blocks per SM, enough to hide one block's staging latency behind
 # another's sums (bigger tiles stage fewer halo outputs but leave 1-2 blocks per SM and
-# lose). 2 loads per staging pass: 4 was faster on some shapes and slower on others.
+# lose).
 _LISTED_BYTES = 64 * 1024
-_LISTED_LOADS = 2
 _TILE_AXIS_LIMIT = 1 << 20
 _MAX_GRID_X = (1 << 31) - 1
 
@@ -443,8 +436,7 @@ class _FractionalMaxPoolPlan(Plan):
     _pool_kind = PoolKind.FRACTIONAL_MAX_POOL2D
     #: The tuning attributes that tests and benchmarks may change (see ``__init__``).
     TUNING = frozenset({"fast", "forward_walk", "rows_per_thread", "threads",
-                         "tiled_backward", "fused_sums", "tile_elems", "tile_threads",
-                         "listed_sums", "listed_bytes", "listed_loads"})
+                         "tiled_backward", "tile_elems", "tile_threads", "listed_bytes"})
 
     def __setattr__(self, name: str, value: Any) -> None:
         """Setting a tuning attribute forgets the memoised launches, so the next ``run``
@@ -509,42 +501,29 @@ class _FractionalMaxPoolPlan(Plan):
         self._fw_kernel = FRACTIONAL_MAX_POOL_FW_KERNELS[element]
         self._bw_kernel = FRACTIONAL_MAX_POOL_BW_KERNELS[element]
         window = (self._kd, self._kh, self._kw)
-        self._fw_fast_kernels = {"looped": FRACTIONAL_MAX_POOL_FW_FAST_KERNELS[element, None]}
+        self._fw_fast_kernels = {"looped": FRACTIONAL_MAX_POOL_FW_FAST_KERNELS[element]}
         if window in FAST_WINDOWS:
-            self._fw_fast_kernels["unrolled"] = FRACTIONAL_MAX_POOL_FW_FAST_KERNELS[
+            self._fw_fast_kernels["rows32"] = FRACTIONAL_MAX_POOL_FW_ROWS_KERNELS[
                 element, window]
-            for walk in ("rows", "rows32"):
-                self._fw_fast_kernels[walk] = FRACTIONAL_MAX_POOL_FW_ROWS_KERNELS[
-                    walk, element, window]
         self._bw_fast_kernel = FRACTIONAL_MAX_POOL_BW_FAST_KERNELS[element]
-        self._bw_tiled_kernels = {fused: FRACTIONAL_MAX_POOL_BW_TILED_KERNELS[element, fused]
-                                  for fused in (False, True)}
-        self._bw_listed_kernels = {loads: FRACTIONAL_MAX_POOL_BW_LISTED_KERNELS[element, loads]
-                                   for loads in BW_LISTED_LOADS
-                                   if (element, loads) in FRACTIONAL_MAX_POOL_BW_LISTED_KERNELS}
+        # the tiled backward: the listed kernel (f16/bf16/f32, f32 sums in the u32 mask
+        # slots), else the static one (f64)
+        self._bw_tiled_kernel = (FRACTIONAL_MAX_POOL_BW_LISTED_KERNELS[element]
+                                 if element in BW_LISTED_ELEMENTS
+                                 else FRACTIONAL_MAX_POOL_BW_TILED_KERNELS[element])
         # Tests and benchmarks may change these (every value is tested): the fast forward's
-        # window walk ("rows": row maxima cached across a thread's rows, "rows32": the same
-        # with 32-bit offsets, "unrolled", or
-        # "looped"), the fast backward (tiled where it applies, else the leader scatter
-        # over a zeroed dx), the tiled backward's phase 2 (``fused_sums``: one loop over a
-        # thread's elements and bits), its largest tile (elements; None: the shared-memory
-        # capacity) and its threads per block. Each default is the fastest measured
-        # (docs/design/fractional_max_pool.md): "rows32", the tiled backward, 512 threads
-        # for 4-byte elements and 256 for 2-byte ones.
+        # window walk ("rows32": row maxima cached across a thread's rows, 32-bit offsets,
+        # for the FAST_WINDOWS; "looped": runtime loops over the window), the fast backward
+        # (tiled where it applies, else the leader scatter over a zeroed dx), the tiled
+        # backward's largest tile (elements; None: the shared-memory capacity), the listed
+        # kernel's dynamic shared memory (``listed_bytes``) and the threads per block. Each
+        # default is the fastest measured (docs/design/fractional_max_pool.md): "rows32",
+        # the tiled backward, 512 threads (the static f64 kernel alike).
         self.forward_walk = _ROW_WALK if window in FAST_WINDOWS else "looped"
         self.tiled_backward = True
-        self.fused_sums = _FUSED_SUMS[self._rank]
         self.tile_elems: int | None = None
-        # listed_sums: the tiled backward with a list of chosen elements (f16/bf16/f32) in
-        # ``listed_bytes`` of dynamic shared memory, else the static per-element/fused one
-        # (``listed_loads`` independent loads per staging pass). The listed kernel runs
-        # 512 threads for every element (faster than 256 at 64 KiB); the static kernel
-        # alone keeps 256 for f16/bf16.
-        self.listed_sums = bool(self._bw_listed_kernels)
         self.listed_bytes = _LISTED_BYTES
-        self.listed_loads = _LISTED_LOADS
-        self.tile_threads = (_TILE_THREADS_WIDE if element.storage_bits >= 32
-                             or self._bw_listed_kernels else _TILE_THREADS)
+        self.tile_threads = _TILE_THREADS
         self._tiles: dict[tuple[Any, ...], tuple[int, int, int, int] | None] = {}
         # The fast kernels divide by magic numbers: every numerator (o * (in - k),
         # (coord + 1) * (out - 1) + in - k) must stay below 2^31.
@@ -574,25 +553,20 @@ class _FractionalMaxPoolPlan(Plan):
 
     @property
     def listed_backward(self) -> bool:
-        """Whether the tiled backward is the listed kernel (``listed_sums`` and the element
-        kind has one), else the static per-element / fused one."""
-        return self.listed_sums and bool(self._bw_listed_kernels)
+        """Whether the tiled backward is the listed kernel (f16/bf16/f32), else the static
+        one (f64)."""
+        return self.descriptor.element in BW_LISTED_ELEMENTS
 
     @property
     def forward_walks(self) -> tuple[str, ...]:
         """The values ``forward_walk`` may take for this window ("looped", and for the
-        FAST_WINDOWS "unrolled", "rows" and "rows32")."""
+        FAST_WINDOWS "rows32")."""
         return tuple(self._fw_fast_kernels)
 
     @property
     def forward_kernel_name(self) -> str:
         """The name of the fast forward kernel ``forward_walk`` selects."""
         return self._fw_fast_kernel.name
-
-    @property
-    def listed_loads_available(self) -> tuple[int, ...]:
-        """The values ``listed_loads`` may take (empty: no listed kernel for the element)."""
-        return tuple(self._bw_listed_kernels)
 
     @property
     def axes(self) -> tuple[tuple[int, int, int], ...]:
@@ -616,12 +590,6 @@ class _FractionalMaxPoolPlan(Plan):
         """How many argument layouts the forward and the backward memo hold."""
         return self._memo_fw.layout_count, self._memo_bw.layout_count
 
-    @property
-    def _bw_tiled_kernel(self) -> Any:
-        if self.listed_backward:
-            return self._bw_listed_kernels[self.listed_loads]
-        return self._bw_tiled_kernels[self.fused_sums]
-
     def tile_shape(self) -> tuple[int, int, int, int] | None:
         """(tile_d, tile_h, reach_h, reach_w) of the tiled backward, or None where it does
         not apply (then the leader scatter runs): BARACUDA placement, a candidate box of at
@@ -632,13 +600,14 @@ class _FractionalMaxPoolPlan(Plan):
         listed = self.listed_backward
         key = (limit, listed and self.listed_bytes)
         if key not in self._tiles:
-            tile_cap, stage_cap = BW_TILE_CAPS[self.descriptor.element]
-            shared = None
             if listed:  # u32 mask per element; u32 list entry + dy per staged output
                 budget = min(self.listed_bytes, BW_LISTED_MAX_DYNAMIC)
                 item = self.descriptor.element.storage_bits // 8
                 shared = (4, 4 + item, budget)
                 tile_cap, stage_cap = budget // 4, budget // (4 + item)
+            else:
+                tile_cap, stage_cap = BW_TILE_CAPS[self.descriptor.element]
+                shared = None
             if limit is not None:
                 tile_cap = min(tile_cap, limit)
             choice = None
@@ -737,7 +706,7 @@ class _FractionalMaxPoolPlan(Plan):
     def _bind_fw(self, fast: bool, x: TensorRef, y: TensorRef, indices: TensorRef,
                  samples: TensorRef) -> Any:
         """The forward launch for one layout; only pointers change per call."""
-        run = self._run_length(fast and self.forward_walk in ("rows", "rows32"))
+        run = self._run_length(fast and self.forward_walk == "rows32")
         grid, block = self._launch_shape(self._planes * self._d_out * self._h_out, self._w_out,
                                          run)
         arrays = ((0, flat_span(x.shape, x.strides)), (0, flat_span(y.shape, y.strides)),
@@ -779,9 +748,9 @@ class _FractionalMaxPoolPlan(Plan):
         if self._planes == 0:
             return
         fast = self.fast and _fast_layout(dy, indices, dx)
-        key = ("bw", fast, self.tiled_backward, self.fused_sums, self.tile_elems,
-               self.tile_threads, self.listed_sums, self.listed_bytes, self.listed_loads,
-               self.rows_per_thread, dy.strides, indices.strides, dx.strides)
+        key = ("bw", fast, self.tiled_backward, self.tile_elems, self.tile_threads,
+               self.listed_bytes, self.rows_per_thread, dy.strides, indices.strides,
+               dx.strides)
         found = self._bound.get(key)
         if found is None:
             found = self._bind_bw(fast, dy, indices, dx)

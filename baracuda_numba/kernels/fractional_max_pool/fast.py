@@ -46,9 +46,9 @@ from .placement import PLACEMENT_BARACUDA, candidate_outputs, clamp_sample
 # alpha 1.39: ~4.8 loads per output instead of 9), with every offset and counter uint32.
 # Wrapping 64-bit expressions in ``uint32(...)`` is not enough: LLVM turns the
 # zext(trunc(x)) of an index back into ``x & 0xffffffff`` with 64-bit adds (6 SASS per
-# load in ``_make_forward_rows``); the operands must be uint32 values themselves, and a
-# window row is indexed as ``uint64(first) + row_offset`` so its columns become the loads'
-# immediates (about a third fewer instructions than the 64-bit walk).
+# load); the operands must be uint32 values themselves, and a window row is indexed as
+# ``uint64(first) + row_offset`` so its columns become the loads' immediates (about a
+# third fewer instructions than a 64-bit walk).
 
 
 @cuda.jit(device=True, inline=True)
@@ -186,70 +186,44 @@ def candidate_outputs_fast(coord, extent, window, out, placement, multiplier, sh
     return first, end
 
 
-#: Windows (kd, kh, kw) with a fully unrolled fast forward (2-D runs with kd = 1): every
-#: load of the window is issued before the first compare. With runtime loops each window
-#: row waited for its loads before the next row's were issued (about 1.6x slower in 2-D).
+#: Windows (kd, kh, kw) with a row-caching forward (``_make_forward_rows32``; 2-D runs with
+#: kd = 1); other windows take ``fractional_max_pool_fw_fast``'s runtime loops.
 FAST_WINDOWS = ((1, 2, 2), (1, 3, 3), (3, 3, 3))
 
 
-def _make_window_max(load, storage, window):
+def _make_window_max(load):
     """Device function ``(x, first, kd, kh, kw, hw_in, w_in) -> (raw, offset)`` of the
     first maximum (first NaN) of the window whose first element is ``x[first]``, walking
-    it in row-major order; fully unrolled for a compile-time ``window`` (kd, kh, kw),
-    runtime loops for ``None``."""
-    if window is None:
-
-        @cuda.jit(device=True, inline=True)
-        def window_max_loops(x, first, kd, kh, kw, hw_in, w_in):
-            # uint32 loop-carried offsets: 32-bit adds and one wide multiply per address
-            # (a 64-bit expression here costs ~3x the instructions).
-            best_at = first
-            best_raw = x[first]
-            best = load(best_raw)
-            depth_at = first
-            dd = int64(0)
-            while dd < kd:
-                row_at = depth_at
-                dh = int64(0)
-                while dh < kh:
-                    at = row_at
-                    row_stop = uint32(row_at + kw)
-                    while at < row_stop:
-                        raw = x[at]
-                        value = load(raw)
-                        if _takes_over_fast(best, value):
-                            best, best_raw, best_at = value, raw, at
-                        at = uint32(at + 1)
-                    row_at = uint32(row_at + w_in)
-                    dh += 1
-                depth_at = uint32(depth_at + hw_in)
-                dd += 1
-            return best_raw, best_at
-
-        return window_max_loops
-
-    window_d, window_h, window_w = window
-    size = window_d * window_h * window_w
-    plane_size = window_h * window_w
+    it in row-major order with runtime loops."""
 
     @cuda.jit(device=True, inline=True)
-    def window_max_unrolled(x, first, kd, kh, kw, hw_in, w_in):
-        raws = cuda.local.array(size, storage)  # registers once the loops are unrolled
-        for j in range(size):
-            raws[j] = x[uint32(first + (j // plane_size) * hw_in
-                               + ((j // window_w) % window_h) * w_in + j % window_w)]
-        best_raw = raws[0]
-        best = load(best_raw)
+    def window_max_loops(x, first, kd, kh, kw, hw_in, w_in):
+        # uint32 loop-carried offsets: 32-bit adds and one wide multiply per address
+        # (a 64-bit expression here costs ~3x the instructions).
         best_at = first
-        for j in range(1, size):
-            value = load(raws[j])
-            if _takes_over_fast(best, value):
-                best, best_raw = value, raws[j]
-                best_at = uint32(first + (j // plane_size) * hw_in
-                                 + ((j // window_w) % window_h) * w_in + j % window_w)
+        best_raw = x[first]
+        best = load(best_raw)
+        depth_at = first
+        dd = int64(0)
+        while dd < kd:
+            row_at = depth_at
+            dh = int64(0)
+            while dh < kh:
+                at = row_at
+                row_stop = uint32(row_at + kw)
+                while at < row_stop:
+                    raw = x[at]
+                    value = load(raw)
+                    if _takes_over_fast(best, value):
+                        best, best_raw, best_at = value, raw, at
+                    at = uint32(at + 1)
+                row_at = uint32(row_at + w_in)
+                dh += 1
+            depth_at = uint32(depth_at + hw_in)
+            dd += 1
         return best_raw, best_at
 
-    return window_max_unrolled
+    return window_max_loops
 
 
 def _make_forward_fast(load, torch_start, window_max):
@@ -438,178 +412,6 @@ def _make_row_cache(load, storage, window):
 
     @cuda.jit(device=True, inline=True)
     def load_rows(x, fresh, first, shift, hw_in, w_in):
-        """Load the last ``shift`` window rows (of every window depth) of the window whose
-        first element is ``x[first]``."""
-        for dd in range(win_d):
-            for j in range(win_h):
-                if j >= win_h - shift:
-                    for k in range(win_w):
-                        fresh[(dd * win_h + j) * win_w + k] = x[uint32(
-                            first + dd * hw_in + j * w_in + k)]
-
-    @cuda.jit(device=True, inline=True)
-    def absorb(fresh, cache_raw, cache_at, first, shift, hw_in, w_in):
-        """Row maxima of the loaded rows into their cache slots."""
-        for dd in range(win_d):
-            for j in range(win_h):
-                if j >= win_h - shift:
-                    base = (dd * win_h + j) * win_w
-                    row_at = uint32(first + dd * hw_in + j * w_in)
-                    best_raw = fresh[base]
-                    best = load(best_raw)
-                    best_at = row_at
-                    for k in range(1, win_w):
-                        value = load(fresh[base + k])
-                        if _takes_over_fast(best, value):
-                            best, best_raw = value, fresh[base + k]
-                            best_at = uint32(row_at + k)
-                    cache_raw[dd * win_h + j] = best_raw
-                    cache_at[dd * win_h + j] = best_at
-
-    @cuda.jit(device=True, inline=True)
-    def combine(cache_raw, cache_at):
-        """The window's first max (first NaN) from its row maxima, in row order."""
-        best_raw = cache_raw[0]
-        best = load(best_raw)
-        best_at = cache_at[0]
-        for q in range(1, slots):
-            value = load(cache_raw[q])
-            if _takes_over_fast(best, value):
-                best, best_raw, best_at = value, cache_raw[q], cache_at[q]
-        return best_raw, best_at
-
-    return slide, load_rows, absorb, combine
-
-
-def _make_forward_rows(load, torch_start, storage, window):
-    """Fast forward kernel for one element kind and one compile-time window (kd, kh, kw)
-    in FAST_WINDOWS that keeps *row maxima* in registers across a thread's run of rows.
-
-    The max over a window equals the max over its rows' maxima combined in row order with
-    the same rule (each row max is that row's first max / first NaN; a later row takes
-    over only if strictly greater, or NaN while the running max is not), so ties and NaN
-    keep their row-major meaning. Consecutive output rows ``oh`` of one column share
-    ``kh - (sh' - sh)`` window rows: those row maxima (value + offset, per depth of the
-    window) slide down the register cache and only the rows that entered the window are
-    loaded (2-D k3 at alpha 1.39: ~4.8 loads per output instead of 9). The cache is reset
-    at every new depth or plane. The slide and the loads are unrolled (constant slots),
-    with the row count ``shift`` uniform across a warp (a warp shares its rows). 16 rows
-    per thread (docs/design/fractional_max_pool.md has the comparison with the unrolled
-    window)."""
-    win_d, win_h, win_w = window
-    slots = win_d * win_h
-    fresh_size = slots * win_w
-    slide, load_rows, absorb, combine = _make_row_cache(load, storage, window)
-
-    def fractional_max_pool_fw_rows(x, y, indices, samples, dims, sample_strides, windows,
-                                    multipliers, shifts, rows_per_thread):
-        """As ``fractional_max_pool_fw_fast``; ``windows[:3]`` equals ``window``."""
-        channels = dims[1]
-        d_in, h_in, w_in = dims[2], dims[3], dims[4]
-        d_out, h_out, w_out = dims[5], dims[6], dims[7]
-        kd, kh, kw, placement = windows[0], windows[1], windows[2], windows[3]
-        hw_in = h_in * w_in
-        plane_size = d_in * hw_in
-        out_hw = h_out * w_out
-        out_plane = d_out * out_hw
-        total_rows = dims[0] * channels * d_out * h_out
-        ms_d, ms_h, ms_w = d_in - kd, h_in - kh, w_in - kw
-        last_d, last_h, last_w = d_out - 1, h_out - 1, w_out - 1
-        baracuda = placement == PLACEMENT_BARACUDA
-        group_step = int64(cuda.gridDim.y) * cuda.blockDim.y
-        cache_raw = cuda.local.array(slots, storage)  # registers: constant indices only
-        cache_at = cuda.local.array(slots, uint32)
-        fresh = cuda.local.array(fresh_size, storage)
-        ow = int64(cuda.blockIdx.x) * cuda.blockDim.x + cuda.threadIdx.x
-        while ow < w_out:
-            group = int64(cuda.blockIdx.y) * cuda.blockDim.y + cuda.threadIdx.y
-            while group * rows_per_thread < total_rows:
-                row = group * rows_per_thread
-                row_end = min(row + rows_per_thread, total_rows)
-                rest = int64(uint32(row) // uint32(h_out))
-                oh = row - rest * h_out
-                plane = int64(uint32(rest) // uint32(d_out))
-                od = rest - plane * d_out
-                new_plane = True
-                new_depth = True
-                alpha_d = alpha_h = float32(0.0)
-                thr_d = thr_h = sd = x_col = y_plane = int64(0)
-                cached_sh = int64(-1)  # window start of the cached rows; -1: none
-                while row < row_end:
-                    if new_plane:
-                        n = int64(uint32(plane) // uint32(channels))
-                        c = plane - n * channels
-                        sample_base = n * sample_strides[0] + c * sample_strides[1]
-                        if sample_strides[3] >= 0:
-                            alpha_d = clamp_sample(samples[sample_base + sample_strides[3]
-                                                           * sample_strides[2]])
-                        alpha_h = clamp_sample(samples[sample_base + sample_strides[4]
-                                                       * sample_strides[2]])
-                        alpha_w = clamp_sample(samples[sample_base + sample_strides[5]
-                                                       * sample_strides[2]])
-                        if baracuda:
-                            thr_d = baracuda_threshold(alpha_d, ms_d, last_d)
-                            thr_h = baracuda_threshold(alpha_h, ms_h, last_h)
-                            sw = baracuda_start_fast(
-                                ow, ms_w, last_w, baracuda_threshold(alpha_w, ms_w, last_w),
-                                multipliers[2], shifts[2])
-                        else:
-                            sw = torch_start(ow, w_out, w_in, kw, alpha_w)
-                        x_col = plane * plane_size + sw
-                        y_plane = plane * out_plane + ow
-                        new_plane = False
-                        cached_sh = -1
-                    if new_depth:
-                        if baracuda:
-                            sd = baracuda_start_fast(od, ms_d, last_d, thr_d, multipliers[0],
-                                                     shifts[0])
-                        else:
-                            sd = torch_start(od, d_out, d_in, kd, alpha_d)
-                        new_depth = False
-                        cached_sh = -1
-                    if baracuda:
-                        sh = baracuda_start_fast(oh, ms_h, last_h, thr_h, multipliers[1],
-                                                 shifts[1])
-                    else:
-                        sh = torch_start(oh, h_out, h_in, kh, alpha_h)
-                    shift = int64(win_h)
-                    if cached_sh >= 0 and sh >= cached_sh:  # (starts never decrease)
-                        shift = min(sh - cached_sh, shift)
-                    cached_sh = sh
-                    slide(cache_raw, cache_at, shift)
-                    first = uint32(x_col + sd * hw_in + sh * w_in)
-                    load_rows(x, fresh, first, shift, hw_in, w_in)  # before any compare
-                    absorb(fresh, cache_raw, cache_at, first, shift, hw_in, w_in)
-                    best_raw, best_at = combine(cache_raw, cache_at)
-                    out_at = uint32(y_plane + od * out_hw + oh * w_out)
-                    y[out_at] = best_raw
-                    indices[out_at] = int64(best_at)
-                    row += 1
-                    oh += 1
-                    if oh == h_out:
-                        oh = 0
-                        new_depth = True
-                        od, plane, new_plane = _next_depth(od, plane, d_out, new_plane)
-                group += group_step
-            ow += int64(cuda.gridDim.x) * cuda.blockDim.x
-
-    return fractional_max_pool_fw_rows
-
-
-
-def _make_forward_rows32(load, torch_start, storage, window):
-    """``_make_forward_rows`` with every offset, counter and window start a uint32 value
-    (uint32 operands throughout, so LLVM keeps the adds 32-bit and each address is one
-    wide multiply; the int64 version spent ~6 instructions per load on 64-bit adds and
-    masks, Nsight Compute / SASS)."""
-    win_d, win_h, win_w = window
-    slots = win_d * win_h
-    fresh_size = slots * win_w
-    slide, _, _, combine = _make_row_cache(load, storage, window)
-    plane_setup = _make_plane_setup(torch_start)
-
-    @cuda.jit(device=True, inline=True)
-    def load_rows(x, fresh, first, shift, hw_in, w_in):
         """Load the last ``shift`` window rows (of every window depth)."""
         for dd in range(win_d):
             for j in range(win_h):
@@ -639,6 +441,42 @@ def _make_forward_rows32(load, torch_start, storage, window):
                     cache_at[dd * win_h + j] = uint32(first + uint32(dd) * hw_in
                                                       + uint32(j) * w_in + best_k)
                     cache_raw[dd * win_h + j] = best_raw
+
+    @cuda.jit(device=True, inline=True)
+    def combine(cache_raw, cache_at):
+        """The window's first max (first NaN) from its row maxima, in row order."""
+        best_raw = cache_raw[0]
+        best = load(best_raw)
+        best_at = cache_at[0]
+        for q in range(1, slots):
+            value = load(cache_raw[q])
+            if _takes_over_fast(best, value):
+                best, best_raw, best_at = value, cache_raw[q], cache_at[q]
+        return best_raw, best_at
+
+    return slide, load_rows, absorb, combine
+
+
+def _make_forward_rows32(load, torch_start, storage, window):
+    """Fast forward kernel for one element kind and one compile-time window (kd, kh, kw)
+    in FAST_WINDOWS that keeps *row maxima* in registers across a thread's run of rows.
+
+    The max over a window equals the max over its rows' maxima combined in row order with
+    the same rule (each row max is that row's first max / first NaN; a later row takes
+    over only if strictly greater, or NaN while the running max is not), so ties and NaN
+    keep their row-major meaning. Consecutive output rows ``oh`` of one column share
+    ``kh - (sh' - sh)`` window rows: those row maxima (value + offset, per depth of the
+    window) slide down the register cache and only the rows that entered the window are
+    loaded (2-D k3 at alpha 1.39: ~4.8 loads per output instead of 9). The cache is reset
+    at every new depth or plane. The slide and the loads are unrolled (constant slots),
+    with the row count ``shift`` uniform across a warp (a warp shares its rows). Every
+    offset, counter and window start is a uint32 value (uint32 operands throughout, so
+    LLVM keeps the adds 32-bit and each address is one wide multiply)."""
+    win_d, win_h, win_w = window
+    slots = win_d * win_h
+    fresh_size = slots * win_w
+    slide, load_rows, absorb, combine = _make_row_cache(load, storage, window)
+    plane_setup = _make_plane_setup(torch_start)
 
     @cuda.jit(device=True, inline=True)
     def window_start(o, baracuda, max_start, last, threshold, multiplier, shift, out, extent,

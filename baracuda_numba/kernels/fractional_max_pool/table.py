@@ -12,7 +12,6 @@ from .fast import (
     FAST_WINDOWS,
     _make_backward_fast,
     _make_forward_fast,
-    _make_forward_rows,
     _make_forward_rows32,
     _make_window_max,
 )
@@ -82,37 +81,29 @@ def _fast_backward_signature(storage):
 
 
 def _window_name(window):
-    return "any" if window is None else "x".join(map(str, window))
+    return "x".join(map(str, window))
 
 
-#: (element, window (kd, kh, kw) in FAST_WINDOWS, or None for any window) -> kernel with
-#: the window walked by ``_make_window_max`` (unrolled, or looped for None).
-def _forward_fast(element: ElementKind, window: tuple[int, int, int] | None) -> Kernel:
-    storage, load, _store, _zero, torch_start = _spec(element)
-    return Kernel(f"fractional_max_pool_fw_fast[{element.name},{_window_name(window)}]",
-                  _make_forward_fast(load, torch_start, _make_window_max(load, storage, window)),
-                  _fast_signature(storage), grid_stride=True)
-
-
+#: element -> the fast forward for any window (runtime loops over the window).
 FRACTIONAL_MAX_POOL_FW_FAST_KERNELS = LazyTable(
-    [(element, window) for element in FRACTIONAL_MAX_POOL_TABLE
-     for window in (None,) + FAST_WINDOWS], lambda key: _forward_fast(*key))
+    FRACTIONAL_MAX_POOL_TABLE,
+    lambda element: Kernel(f"fractional_max_pool_fw_fast[{element.name}]",
+                           _make_forward_fast(_spec(element)[1], _spec(element)[4],
+                                              _make_window_max(_spec(element)[1])),
+                           _fast_signature(_spec(element)[0]), grid_stride=True))
 
-#: (walk, element, window in FAST_WINDOWS) -> the row-caching forward: walk "rows32" (32-bit
-#: offsets, the default for these windows) or "rows" (64-bit offsets).
-_ROW_WALKS = {"rows": _make_forward_rows, "rows32": _make_forward_rows32}
 
-
-def _forward_rows(walk: str, element: ElementKind, window: tuple[int, int, int]) -> Kernel:
+def _forward_rows(element: ElementKind, window: tuple[int, int, int]) -> Kernel:
     storage, load, _store, _zero, torch_start = _spec(element)
-    return Kernel(f"fractional_max_pool_fw_{walk}[{element.name},{_window_name(window)}]",
-                  _ROW_WALKS[walk](load, torch_start, storage, window),
+    return Kernel(f"fractional_max_pool_fw_rows32[{element.name},{_window_name(window)}]",
+                  _make_forward_rows32(load, torch_start, storage, window),
                   _fast_signature(storage), grid_stride=True)
 
 
+#: (element, window in FAST_WINDOWS) -> the row-caching forward (32-bit offsets).
 FRACTIONAL_MAX_POOL_FW_ROWS_KERNELS = LazyTable(
-    [(walk, element, window) for walk in _ROW_WALKS for element in FRACTIONAL_MAX_POOL_TABLE
-     for window in FAST_WINDOWS], lambda key: _forward_rows(*key))
+    [(element, window) for element in FRACTIONAL_MAX_POOL_TABLE for window in FAST_WINDOWS],
+    lambda key: _forward_rows(*key))
 
 FRACTIONAL_MAX_POOL_BW_FAST_KERNELS = LazyTable(
     FRACTIONAL_MAX_POOL_TABLE,
@@ -120,16 +111,10 @@ FRACTIONAL_MAX_POOL_BW_FAST_KERNELS = LazyTable(
                            _make_backward_fast(*_spec(element)[1:4]),
                            _fast_backward_signature(_spec(element)[0]), grid_stride=True))
 
-#: element -> (tile elements, staged outputs) of the tiled backward's shared memory, below
-#: the 48 KiB of static shared memory a block may hold next to the candidate tables
-#: (5.5 KiB): a u32 mask per tile element, dy in storage per staged output (f16/bf16:
-#: 24 + 14 KiB; f32: 20 + 20 KiB; f64: 16 + 22 KiB).
-BW_TILE_CAPS = {
-    ElementKind.F16: (6144, 7168),
-    ElementKind.BF16: (6144, 7168),
-    ElementKind.F32: (5120, 5120),
-    ElementKind.F64: (4096, 2816),
-}
+#: element -> (tile elements, staged outputs) of the static tiled backward's shared memory,
+#: below the 48 KiB of static shared memory a block may hold next to the candidate tables
+#: (5.5 KiB): a u32 mask per tile element, dy in storage per staged output (16 + 22 KiB).
+BW_TILE_CAPS = {ElementKind.F64: (4096, 2816)}
 
 
 def _tiled_backward_signature(storage):
@@ -137,33 +122,30 @@ def _tiled_backward_signature(storage):
             _TUPLE8, _TUPLE8)
 
 
-#: (element, fused phase 2) -> the tiled backward (see ``_make_backward_tiled``).
-def _backward_tiled(element: ElementKind, fused: bool) -> Kernel:
+#: Elements of the listed tiled backward (f32 sums kept in the u32 mask slots).
+BW_LISTED_ELEMENTS = (ElementKind.F16, ElementKind.BF16, ElementKind.F32)
+
+
+def _backward_tiled(element: ElementKind) -> Kernel:
     storage, load, store, zero, _torch_start = _spec(element)
-    return Kernel(f"fractional_max_pool_bw_tiled[{element.name}{',fused' if fused else ''}]",
-                  _make_backward_tiled(load, store, zero, storage, *BW_TILE_CAPS[element],
-                                       fused),
+    return Kernel(f"fractional_max_pool_bw_tiled[{element.name}]",
+                  _make_backward_tiled(load, store, zero, storage, *BW_TILE_CAPS[element]),
                   _tiled_backward_signature(storage), grid_stride=True)
 
 
-FRACTIONAL_MAX_POOL_BW_TILED_KERNELS = LazyTable(
-    [(element, fused) for element in FRACTIONAL_MAX_POOL_TABLE for fused in (False, True)],
-    lambda key: _backward_tiled(*key))
+#: element -> the static tiled backward (see ``_make_backward_tiled``), for the elements
+#: without a listed one (f64: its sums do not fit a u32 mask slot).
+FRACTIONAL_MAX_POOL_BW_TILED_KERNELS = LazyTable(list(BW_TILE_CAPS), _backward_tiled)
 
 
-#: Elements of the listed tiled backward (f32 sums kept in the u32 mask slots).
-BW_LISTED_ELEMENTS = (ElementKind.F16, ElementKind.BF16, ElementKind.F32)
 #: The listed kernel's dynamic shared memory limit: sm_90 allows 227 KiB per block, of
 #: which its static tables take 5.4 KiB (ptxas: 5520 bytes); kept a little below.
 BW_LISTED_MAX_DYNAMIC = 220 * 1024
 
-#: Independent loads per pass of the listed kernel's staging loop.
-BW_LISTED_LOADS = (2, 4)
-
-#: (element, loads per pass) -> the listed tiled backward (see ``_make_backward_listed``).
+#: element -> the listed tiled backward (see ``_make_backward_listed``).
 FRACTIONAL_MAX_POOL_BW_LISTED_KERNELS = LazyTable(
-    [(element, loads) for element in BW_LISTED_ELEMENTS for loads in BW_LISTED_LOADS],
-    lambda key: Kernel(
-        f"fractional_max_pool_bw_listed[{key[0].name},{key[1]}]",
-        _make_backward_listed(_spec(key[0])[1], _spec(key[0])[2], _spec(key[0])[0], key[1]),
-        _tiled_backward_signature(_spec(key[0])[0]), grid_stride=True))
+    BW_LISTED_ELEMENTS,
+    lambda element: Kernel(
+        f"fractional_max_pool_bw_listed[{element.name}]",
+        _make_backward_listed(_spec(element)[1], _spec(element)[2], _spec(element)[0]),
+        _tiled_backward_signature(_spec(element)[0]), grid_stride=True))

@@ -71,51 +71,6 @@ def _first_choice_offset(rem, dl, d_table, h_table, w_table, od_lo, oh_lo, stage
 
 
 @cuda.jit(device=True, inline=True)
-def _sum_choices_fused(masks, dy_stage, deltas, d_table, h_table, w_table, dx, tile_origin,
-                       tile_slots, depth_elems, run, hw_in, od_lo, oh_lo, staged_h, w_in,
-                       w_out, m_row, s_row, load, store, zero):
-    """Phase 2 of the tiled backward as one loop per thread over its mask slots
-    ``e = tid, tid + threads, ...`` (slot ``e`` = depth ``e // depth_elems``, offset
-    ``rem``; offsets from ``run`` on are rows past the tile's end: never chosen, never
-    stored). Each step either adds the dy of the current element's lowest remaining bit
-    or, once no bit is left, stores the element and loads the next mask: the same sums
-    in the same order as the per-element loop."""
-    threads = uint32(cuda.blockDim.x)
-    e = uint32(cuda.threadIdx.x)
-    rem = e
-    dl = uint32(0)
-    while rem >= depth_elems:
-        rem = uint32(rem - depth_elems)
-        dl = uint32(dl + 1)
-    chosen = uint32(0)
-    base = uint32(0)
-    total = zero
-    if e < tile_slots:
-        chosen = masks[e]
-        if chosen != 0:
-            base = _first_choice_offset(rem, dl, d_table, h_table, w_table, od_lo, oh_lo,
-                                        staged_h, w_in, w_out, m_row, s_row)
-    while e < tile_slots:
-        if chosen != 0:
-            bit, chosen = _pop_lowest_bit(chosen)
-            total += load(dy_stage[uint32(base + deltas[bit])])
-        else:
-            if rem < run:
-                dx[uint32(tile_origin + dl * hw_in + rem)] = store(total)
-            total = zero
-            e = uint32(e + threads)
-            rem = uint32(rem + threads)
-            while rem >= depth_elems:
-                rem = uint32(rem - depth_elems)
-                dl = uint32(dl + 1)
-            if e < tile_slots:
-                chosen = masks[e]
-                if chosen != 0:
-                    base = _first_choice_offset(rem, dl, d_table, h_table, w_table, od_lo,
-                                                oh_lo, staged_h, w_in, w_out, m_row, s_row)
-
-
-@cuda.jit(device=True, inline=True)
 def _tiled_sizes(dims, multipliers, shifts, tiles):
     """The 32-bit sizes and the magic divisors the tiled backward kernels use per tile:
     (h_in * w_in, h_out * w_out, d_out * h_out * w_out, w_in, w_out, then the multiplier
@@ -156,7 +111,7 @@ def _fill_tile_tables(h_table, d_table, deltas, h0, h1, d0, d1, dims, windows, m
         deltas[tid] = uint32((bit_d * staged_h + bit_h) * w_out32 + bit_w)
 
 
-def _make_backward_tiled(load, store, zero, storage, tile_cap, stage_cap, fused):
+def _make_backward_tiled(load, store, zero, storage, tile_cap, stage_cap):
     """Tiled backward kernel for one element kind: no float atomics, no pre-zeroed dx,
     every dx element written once with a coalesced store.
 
@@ -179,11 +134,7 @@ def _make_backward_tiled(load, store, zero, storage, tile_cap, stage_cap, fused)
     2. Each tile element sums dy over the set bits of its mask in ascending bit order,
        which is ascending (od, oh, ow) order, in the accumulate type, and writes dx (0
        where no output chose it). A bit's staged offset relative to the element's first
-       candidate is a per-tile table. ``fused``: each thread walks its elements and
-       their bits in one loop (an element with no bit left is stored and the thread moves
-       on while others still sum), instead of one element per pass with the pass as long
-       as its lane with the most bits: local maxima are chosen by up to ~10 outputs in 3-D,
-       and a warp then waited on a few lanes.
+       candidate is a per-tile table.
     Same (o, i) pairs, same order and same accumulate type as the gather: bit-identical
     to it, deterministic. All per-element arithmetic is 32-bit (the plan requires
     offsets below 2^31 on this path): Nsight Compute showed the previous 64-bit version
@@ -245,30 +196,24 @@ def _make_backward_tiled(load, store, zero, storage, tile_cap, stage_cap, fused)
             cuda.syncthreads()
             # 2. sum the chosen dy of every element in ascending output order; write dx
             run = uint32(tile_rows * w_in32)  # valid elements per tile depth
-            if fused:
-                _sum_choices_fused(masks, dy_stage, deltas, d_table, h_table, w_table, dx,
-                                   tile_origin, uint32(tile_depths * depth_elems),
-                                   depth_elems, run, hw_in, od_lo, oh_lo, staged_h,
-                                   w_in32, w_out32, m_row, s_row, load, store, zero)
-            else:
-                dl = uint32(0)
-                while dl < tile_depths:
-                    dst = uint32(tile_origin + dl * hw_in)
-                    from_at = uint32(dl * depth_elems)
-                    j = tid
-                    while j < run:
-                        chosen = masks[uint32(from_at + j)]
-                        total = zero
-                        if chosen != 0:
-                            base = _first_choice_offset(j, dl, d_table, h_table, w_table,
-                                                        od_lo, oh_lo, staged_h, w_in32,
-                                                        w_out32, m_row, s_row)
-                            while chosen != 0:
-                                bit, chosen = _pop_lowest_bit(chosen)
-                                total += load(dy_stage[uint32(base + deltas[bit])])
-                        dx[uint32(dst + j)] = store(total)
-                        j = uint32(j + threads)
-                    dl = uint32(dl + 1)
+            dl = uint32(0)
+            while dl < tile_depths:
+                dst = uint32(tile_origin + dl * hw_in)
+                from_at = uint32(dl * depth_elems)
+                j = tid
+                while j < run:
+                    chosen = masks[uint32(from_at + j)]
+                    total = zero
+                    if chosen != 0:
+                        base = _first_choice_offset(j, dl, d_table, h_table, w_table,
+                                                    od_lo, oh_lo, staged_h, w_in32,
+                                                    w_out32, m_row, s_row)
+                        while chosen != 0:
+                            bit, chosen = _pop_lowest_bit(chosen)
+                            total += load(dy_stage[uint32(base + deltas[bit])])
+                    dx[uint32(dst + j)] = store(total)
+                    j = uint32(j + threads)
+                dl = uint32(dl + 1)
             cuda.syncthreads()
             tile += cuda.gridDim.x
 
@@ -322,7 +267,53 @@ def _listed_steps(load, store):
     return sum_listed, write_tile
 
 
-def _make_backward_listed(load, store, storage, loads):
+@cuda.jit(device=True, inline=True)
+def _mark_range(dy, indices, words, stage, listed_count, windows, staged_total, out_base,
+                out_hw, row_len, od_lo, oh_lo, tile_origin, tile_span, hw_in, w_in32,
+                depth_elems, tile_rows, w_table, h_table, d_table, reach_h, reach_w, m_wout,
+                s_wout, w_out32, m_row, s_row, m_depth, s_depth):
+    """Phase 1 of ``_make_backward_listed``, two outputs a pass: stage dy and mark each
+    output's choice in its element's mask, listing the elements it marks first. The staged
+    box's ``staged_total`` outputs (``n_od`` output depths x ``row_len``, from
+    ``out_base``) as one range s = dd * row_len + r, (dd, r) advanced by ``threads``
+    without dividing: every load of a pass is independent."""
+    # (at most 30 arguments: Python passes more as *args, which Numba cannot inline)
+    list_at = uint32(windows[4])
+    stage_from = uint32(windows[5])
+    tid = uint32(cuda.threadIdx.x)
+    threads = uint32(cuda.blockDim.x)
+    row_div = max(row_len, uint32(1))  # an empty box has no pass
+    step_dd = uint32(threads // row_div)
+    step_r = uint32(threads - step_dd * row_div)
+    s = tid
+    dd = uint32(s // row_div)
+    r = uint32(s - dd * row_div)
+    while s < staged_total:
+        at0 = uint32(out_base + dd * out_hw + r)
+        s1 = uint32(s + threads)
+        dd1, r1 = _advance(dd, r, step_dd, step_r, row_len)
+        at1 = at0 if s1 >= staged_total else uint32(out_base + dd1 * out_hw + r1)
+        target0 = indices[at0]
+        target1 = indices[at1]
+        raw0 = dy[at0]
+        raw1 = dy[at1]
+        stage[uint32(stage_from + s)] = raw0
+        _mark_listed(words, listed_count, list_at, target0, r, uint32(od_lo + dd),
+                     oh_lo, tile_origin, tile_span, hw_in, w_in32, depth_elems,
+                     tile_rows, w_table, h_table, d_table, reach_h, reach_w,
+                     m_wout, s_wout, w_out32, m_row, s_row, m_depth, s_depth)
+        if s1 < staged_total:
+            stage[uint32(stage_from + s1)] = raw1
+            _mark_listed(words, listed_count, list_at, target1, r1,
+                         uint32(od_lo + dd1), oh_lo, tile_origin, tile_span, hw_in,
+                         w_in32, depth_elems, tile_rows, w_table, h_table, d_table,
+                         reach_h, reach_w, m_wout, s_wout, w_out32, m_row, s_row,
+                         m_depth, s_depth)
+        s = uint32(s1 + threads)
+        dd, r = _advance(dd1, r1, step_dd, step_r, row_len)
+
+
+def _make_backward_listed(load, store, storage):
     """Tiled backward with a list of chosen elements (f16/bf16/f32: f32 sums), tiles in
     dynamic shared memory (sized by the plan, above 48 KiB where it helps).
 
@@ -338,8 +329,8 @@ def _make_backward_listed(load, store, storage, loads):
     runs a warp as long as its lane with the most bits while ~3 of 32 lanes have any in
     3-D (~10% of the elements are chosen); here all lanes hold chosen elements.
 
-    Phase 1 walks the tile's staged box as one range, ``loads`` (2 or 4) independent
-    index and dy loads per pass (the static kernel's loop per output depth waits for one
+    Phase 1 walks the tile's staged box as one range, two independent index and dy loads
+    per pass (the static kernel's loop per output depth waits for one
     round trip per depth: ~10 in sequence for a 3-D tile).
 
     Dynamic shared memory (``words`` = u32 view, ``stage`` = storage view of the same
@@ -377,70 +368,13 @@ def _make_backward_listed(load, store, storage, loads):
             _fill_tile_tables(h_table, d_table, deltas, h0, h1, d0, d1, dims, windows,
                               multipliers, shifts, reach_h, reach_w, staged_h, w_out32, tid)
             cuda.syncthreads()
-            # 1. stage dy, mark each choice in its element's mask, list new elements. The
-            #    staged box (n_od output depths x row_len outputs) is walked as one range
-            #    s = dd * row_len + r, ``loads`` outputs per pass, (dd, r) advanced by
-            #    ``threads`` without dividing: every load of a pass is independent.
-            staged_total = uint32(uint32(od_hi - od_lo) * row_len)
-            out_base = uint32(plane * out_plane + od_lo * out_hw + oh_lo * dims[7])
-            row_div = max(row_len, uint32(1))  # an empty box has no pass
-            step_dd = uint32(threads // row_div)
-            step_r = uint32(threads - step_dd * row_div)
-            s = tid
-            dd = uint32(s // row_div)
-            r = uint32(s - dd * row_div)
-            while s < staged_total:
-                at0 = uint32(out_base + dd * out_hw + r)
-                s1 = uint32(s + threads)
-                dd1, r1 = _advance(dd, r, step_dd, step_r, row_len)
-                at1 = at0 if s1 >= staged_total else uint32(out_base + dd1 * out_hw + r1)
-                target0 = indices[at0]
-                target1 = indices[at1]
-                if loads == 4:
-                    s2 = uint32(s1 + threads)
-                    dd2, r2 = _advance(dd1, r1, step_dd, step_r, row_len)
-                    s3 = uint32(s2 + threads)
-                    dd3, r3 = _advance(dd2, r2, step_dd, step_r, row_len)
-                    at2 = at0 if s2 >= staged_total else uint32(out_base + dd2 * out_hw + r2)
-                    at3 = at0 if s3 >= staged_total else uint32(out_base + dd3 * out_hw + r3)
-                    target2 = indices[at2]
-                    target3 = indices[at3]
-                    raw2 = dy[at2]
-                    raw3 = dy[at3]
-                raw0 = dy[at0]
-                raw1 = dy[at1]
-                stage[uint32(stage_from + s)] = raw0
-                _mark_listed(words, listed_count, list_at, target0, r, uint32(od_lo + dd),
-                             oh_lo, tile_origin, tile_span, hw_in, w_in32, depth_elems,
-                             tile_rows, w_table, h_table, d_table, reach_h, reach_w,
-                             m_wout, s_wout, w_out32, m_row, s_row, m_depth, s_depth)
-                if s1 < staged_total:
-                    stage[uint32(stage_from + s1)] = raw1
-                    _mark_listed(words, listed_count, list_at, target1, r1,
-                                 uint32(od_lo + dd1), oh_lo, tile_origin, tile_span, hw_in,
-                                 w_in32, depth_elems, tile_rows, w_table, h_table, d_table,
-                                 reach_h, reach_w, m_wout, s_wout, w_out32, m_row, s_row,
-                                 m_depth, s_depth)
-                if loads == 4:
-                    if s2 < staged_total:
-                        stage[uint32(stage_from + s2)] = raw2
-                        _mark_listed(words, listed_count, list_at, target2, r2,
-                                     uint32(od_lo + dd2), oh_lo, tile_origin, tile_span,
-                                     hw_in, w_in32, depth_elems, tile_rows, w_table, h_table,
-                                     d_table, reach_h, reach_w, m_wout, s_wout, w_out32,
-                                     m_row, s_row, m_depth, s_depth)
-                    if s3 < staged_total:
-                        stage[uint32(stage_from + s3)] = raw3
-                        _mark_listed(words, listed_count, list_at, target3, r3,
-                                     uint32(od_lo + dd3), oh_lo, tile_origin, tile_span,
-                                     hw_in, w_in32, depth_elems, tile_rows, w_table, h_table,
-                                     d_table, reach_h, reach_w, m_wout, s_wout, w_out32,
-                                     m_row, s_row, m_depth, s_depth)
-                    s = uint32(s3 + threads)
-                    dd, r = _advance(dd3, r3, step_dd, step_r, row_len)
-                else:
-                    s = uint32(s1 + threads)
-                    dd, r = _advance(dd1, r1, step_dd, step_r, row_len)
+            # 1. stage dy, mark each choice in its element's mask, list new elements
+            _mark_range(dy, indices, words, stage, listed_count, windows,
+                        uint32(uint32(od_hi - od_lo) * row_len),
+                        uint32(plane * out_plane + od_lo * out_hw + oh_lo * dims[7]), out_hw,
+                        row_len, od_lo, oh_lo, tile_origin, tile_span, hw_in, w_in32,
+                        depth_elems, tile_rows, w_table, h_table, d_table, reach_h, reach_w,
+                        m_wout, s_wout, w_out32, m_row, s_row, m_depth, s_depth)
             cuda.syncthreads()
             # 2. each listed element: sum its chosen dy in ascending output order, keep
             #    the f32 sum's bits in its mask slot

@@ -70,6 +70,103 @@ def _cols_vec_steps(kind: ReduceKind, element: ElementKind) -> Any:
     return word_coefficients
 
 
+def _cols_word_walk(kind: ReduceKind, element: ElementKind) -> Any:
+    """``walk_words`` of ``reduce_backward_cols_vec``: the word loop of the kinds that
+    read x."""
+    ops = GRAD_OPS[kind]
+    vec = VECTOR[element]
+    unpack, pack, store_word = vec.unpack, vec.pack, vec.store_word
+    W = vec.width
+    element_fn = _grad_fns(kind, element)[1]
+    # a word's elements by the fast formula, checked without a branch; the exact one for
+    # the elements of a word where the check fails (Prod: 1 / x outside the normal range)
+    checked = _grad_checked(kind, element)
+    CHECKED = checked is not None
+    fast_fn, fast_holds, exact_fn = checked or (None,) * 3
+    STAT_TIES = ops.stat == "ties"
+    MASK_ITERS = tie_mask_iters(W)
+    ELEMENT_BITS = uint64(sum(1 << b for b in range(0, 64, W)))  # element 0 of each word
+    # f16/bf16 ties from equality masks of the packed words (TieWords; bf16 on sm_90): dx
+    # by one select a word, the tie bits only for the (rare) words with a tie
+    TIE_MASKS = STAT_TIES and vec.eq_mask is not None
+    ties_w = _tie_words(element) if TIE_MASKS else None
+    tie_mask, tie_select = (ties_w.mask, ties_w.select) if TIE_MASKS else (None,) * 2
+    FIELD = 64 // W  # bits per element of an equality mask
+    # The mean's gradient walks each chunk from its end: the statistic pass (the same
+    # chunks, walked forwards by blocks that all run at once) read those rows last, so the
+    # first re-reads of x can still hit L2.
+    # (Measurements: docs/design/reduce.md, "Measured constants".)
+    BACKWARDS = ops.stat == "mean"
+
+    @cuda.jit(device=True, inline=True)
+    def word_gradient(word, cfs, ys, means, values, results, tied, first_bit):
+        """The dx word of x word ``word`` by the element formula; ``tied`` with bit
+        ``first_bit + e`` set where element e ties (Max/Min)."""
+        unpack(word, values, 0)
+        holds = True
+        for e in range(W):
+            if CHECKED:
+                results[e] = fast_fn(cfs[e], values[e], ys[e], means[e])
+                holds = holds & fast_holds(values[e])
+            else:
+                results[e] = element_fn(cfs[e], values[e], ys[e], means[e])
+            if STAT_TIES and values[e] == ys[e]:
+                tied |= uint32(1 << (first_bit + e))
+        if CHECKED:
+            if not holds:
+                for e in range(W):
+                    if not fast_holds(values[e]):
+                        results[e] = exact_fn(cfs[e], values[e], ys[e], means[e])
+        return pack(results), tied
+
+    @cuda.jit(device=True, inline=True)
+    def walk_words(xv, dx, dxv, stat_k, words, values, results, cfs, ys, means, ties, yw, cw,
+                   zw, masks, i, at, begin, end, span, word_span, mask_at, mask_span, mode):
+        """This lane's rows ``i, i + span, ...`` of its chunk ``[begin, end)`` (the mean's
+        from the last down), VEC_LOADS word loads in flight, then their stores; ``mode``
+        2 records the ties in the masks (at ``mask_at + g * mask_span``) and adds them to
+        ``ties``."""
+        it = int64(0)
+        mask = uint64(0)
+        step = VEC_LOADS * span
+        at_step = VEC_LOADS * word_span
+        if BACKWARDS and i < end:  # from this lane's last batch down
+            last = (end - 1 - i) // step
+            i += last * step
+            at += last * at_step
+            step = -step
+            at_step = -at_step
+        while i >= begin and i < end:
+            for u in range(VEC_LOADS):
+                if i + u * span < end:
+                    words[u] = xv[uint64(at + u * word_span)]
+            tied = uint32(0)  # bit u * W + e: element e of word u ties
+            for u in range(VEC_LOADS):
+                if TIE_MASKS and masks and i + u * span < end:
+                    m = tie_mask(words[u], yw)
+                    store_word(dx, dxv, at + u * word_span, tie_select(m, cw, zw), 0)
+                    if m != 0:  # rare: the word's tie bits
+                        for e in range(W):
+                            if (m >> uint64(e * FIELD)) & uint64(1) != 0:
+                                tied |= uint32(1 << (u * W + e))
+                elif i + u * span < end:
+                    w, tied = word_gradient(words[u], cfs, ys, means, values, results, tied,
+                                            u * W)
+                    store_word(dx, dxv, at + u * word_span, w, 0)
+            i += step
+            at += at_step
+            if STAT_TIES:
+                mask |= uint64(tied) << uint64(it % MASK_ITERS * (VEC_LOADS * W))
+            it += 1
+            if STAT_TIES and mode == 2 and (it % MASK_ITERS == 0 or i >= end):
+                stat_k[uint64(mask_at + (it - 1) // MASK_ITERS * mask_span)] = int64(mask)
+                for e in range(W):  # bits e, e + W,...: column e of the word
+                    ties[e] += int64(cuda.popc(mask & (ELEMENT_BITS << uint64(e))))
+                mask = uint64(0)
+
+    return walk_words
+
+
 def _make_backward_cols_vec(kind: ReduceKind, element: ElementKind,
                             rewrite_pass: bool = False) -> Callable[..., None]:
     """The column word gradient kernel; for Max/Min (the tie count after dx) either its
@@ -78,44 +175,22 @@ def _make_backward_cols_vec(kind: ReduceKind, element: ElementKind,
     first pass 70 / 64 registers, bf16 / f32; Numba's build gives it 96 / 124, 2 resident
     blocks per SM, which capped at 64-80 were slower or even: docs/design/reduce.md.)"""
     ops = GRAD_OPS[kind]
-    spec = ELEMENTS[element]
     vec = VECTOR[element]
-    ACC = spec.acc
-    unpack, pack, store_word = vec.unpack, vec.pack, vec.store_word
+    ACC = ELEMENTS[element].acc
+    pack, store_word = vec.pack, vec.store_word
     W, LOG_W = vec.width, vec.log_width
     element_fn = _grad_fns(kind, element)[1]
-    # a word's elements by the fast formula, checked without a branch; the exact one for
-    # the elements of a word where the check fails (Prod: 1 / x outside the normal range)
-    checked = _grad_checked(kind, element)
-    CHECKED = checked is not None
-    fast_fn, fast_holds, exact_fn = checked or (None,) * 3
     READS_X = ops.reads_x
-    STAT_MEAN, STAT_TIES = ops.stat == "mean", ops.stat == "ties"
+    STAT_TIES = ops.stat == "ties"
     rewrite_tied = _col_tied_rewriter(element, REWRITE_MASKS_COLS)
     mask_groups, mask_at_of = _col_mask_layout(element)
-    MASK_ITERS = tie_mask_iters(W)
-    ELEMENT_BITS = uint64(sum(1 << b for b in range(0, 64, W)))  # element 0 of each word
-    # f16/bf16 ties from equality masks of the packed words (TieWords; bf16 on sm_90): dx
-    # by one select a word, the tie bits only for the (rare) words with a tie
-    TIE_MASKS = STAT_TIES and vec.eq_mask is not None
-    ties_w = _tie_words(element) if TIE_MASKS else None
-    tie_mask, tie_select, tie_usable = \
-        (ties_w.mask, ties_w.select, ties_w.usable) if TIE_MASKS else (None,) * 3
-    FIELD = 64 // W  # bits per element of an equality mask
-    # The mean's gradient walks each chunk from its end: the statistic pass (the same
-    # chunks, walked forwards by blocks that all run at once) read those rows last, so the
-    # first re-reads of x can still hit L2.
-    # (Measurements: docs/design/reduce.md, "Measured constants".)
-    BACKWARDS = STAT_MEAN
+    # f16/bf16 Max/Min take their ties from equality masks of packed words (TieWords)
+    tie_usable = _tie_words(element).usable if STAT_TIES and vec.eq_mask is not None \
+        else None
+    TIE_MASKS = tie_usable is not None
     REWRITE_PASS = rewrite_pass
     word_coefficients = _cols_vec_steps(kind, element)
-    MASK_ITERS = tie_mask_iters(W)
-    ELEMENT_BITS = uint64(sum(1 << b for b in range(0, 64, W)))  # element 0 of each word
-    # The mean's gradient walks each chunk from its end: the statistic pass (the same
-    # chunks, walked forwards by blocks that all run at once) read those rows last, so the
-    # first re-reads of x can still hit L2.
-    # (Measurements: docs/design/reduce.md, "Measured constants".)
-    BACKWARDS = ops.stat == "mean"
+    walk_words = _cols_word_walk(kind, element)
 
     def reduce_backward_cols_vec(dy, xv, y, dx, dxv, stat_acc, stat_k, out_numel, extent,
                                  axis_words, dy_stride, y_stride, lanes, chunk_len, param,
@@ -181,68 +256,13 @@ def _make_backward_cols_vec(kind: ReduceKind, element: ElementKind,
                 i = begin + lane
                 at = i * axis_words + ow
                 # tie masks as in reduce_backward_rows_vec, after the out_numel counts
-                # (_col_mask_layout: mask g at mask_at + g * mask_span)
-                mask_span = span * out_words
+                # (_col_mask_layout: mask g at mask_at + g * span * out_words)
                 mask_at = mask_at_of(out_numel, split, mask_groups(chunk_len, span),
                                      int64(0), span, lane, out_words, ow)
                 if READS_X:
-                    it = int64(0)
-                    mask = uint64(0)
-                    step = VEC_LOADS * span
-                    at_step = VEC_LOADS * word_span
-                    if BACKWARDS and i < end:  # from this lane's last batch down
-                        last = (end - 1 - i) // step
-                        i += last * step
-                        at += last * at_step
-                        step = -step
-                        at_step = -at_step
-                    while i >= begin and i < end:  # VEC_LOADS word loads in flight, then stores
-                        for u in range(VEC_LOADS):
-                            if i + u * span < end:
-                                words[u] = xv[uint64(at + u * word_span)]
-                        tied = uint32(0)  # bit u * W + e: element e of word u ties
-                        for u in range(VEC_LOADS):
-                            if TIE_MASKS and masks and i + u * span < end:
-                                m = tie_mask(words[u], yw)
-                                store_word(dx, dxv, at + u * word_span,
-                                           tie_select(m, cw, zw), 0)
-                                if m != 0:  # rare: the word's tie bits
-                                    for e in range(W):
-                                        if (m >> uint64(e * FIELD)) & uint64(1) != 0:
-                                            tied |= uint32(1 << (u * W + e))
-                            elif i + u * span < end:
-                                unpack(words[u], values, 0)
-                                holds = True
-                                for e in range(W):
-                                    if CHECKED:
-                                        results[e] = fast_fn(cfs[e], values[e], ys[e],
-                                                             means[e])
-                                        holds = holds & fast_holds(values[e])
-                                    else:
-                                        results[e] = element_fn(cfs[e], values[e], ys[e],
-                                                                means[e])
-                                    if STAT_TIES and values[e] == ys[e]:
-                                        tied |= uint32(1 << (u * W + e))
-                                if CHECKED:
-                                    if not holds:
-                                        for e in range(W):
-                                            if not fast_holds(values[e]):
-                                                results[e] = exact_fn(cfs[e], values[e],
-                                                                      ys[e], means[e])
-                                w = pack(results)
-                                store_word(dx, dxv, at + u * word_span, w, 0)
-                        i += step
-                        at += at_step
-                        if STAT_TIES:
-                            mask |= uint64(tied) << uint64(it % MASK_ITERS * (VEC_LOADS * W))
-                        it += 1
-                        if STAT_TIES and mode == 2 and (it % MASK_ITERS == 0 or i >= end):
-                            stat_k[uint64(mask_at + (it - 1) // MASK_ITERS * mask_span)] = \
-                                int64(mask)
-                            for e in range(W):  # bits e, e + W,...: column e of the word
-                                ties[e] += int64(cuda.popc(mask & (ELEMENT_BITS << uint64(e))))
-                            mask = uint64(0)
-
+                    walk_words(xv, dx, dxv, stat_k, words, values, results, cfs, ys, means,
+                               ties, yw, cw, zw, masks, i, at, begin, end, span, word_span,
+                               mask_at, span * out_words, mode)
                 else:
                     for e in range(W):
                         results[e] = element_fn(cfs[e], cfs[e], ys[e], means[e])

@@ -122,13 +122,76 @@ def _rows_vec_statistic(kind: ReduceKind, element: ElementKind) -> Any:
     return row_statistic
 
 
+def _rows_vec_passes(kind: ReduceKind, element: ElementKind) -> Any:
+    """``scalar_edge`` and ``word_pass`` of ``reduce_backward_rows_vec``."""
+    ops = GRAD_OPS[kind]
+    spec = ELEMENTS[element]
+    vec = VECTOR[element]
+    load, store = spec.load, spec.store
+    unpack, pack, store_word = vec.unpack, vec.pack, vec.store_word
+    W = vec.width
+    element_fn = _grad_fns(kind, element)[1]
+    READS_X = ops.reads_x
+    STAT_TIES = ops.stat == "ties"
+    MASK_ITERS = tie_mask_iters(W)
+
+    @cuda.jit(device=True, inline=True)
+    def scalar_edge(x, dx, x_off, dx_off, t, stop, span, cf, yv, mean, sparse, ties):
+        """A row's elements ``t, t + span, ...`` below ``stop`` outside its words (head or
+        tail), one at a time (with ``sparse``, the tied ones only); ``ties`` plus those
+        that tie."""
+        while t < stop:
+            v = load(x, x_off + t) if READS_X else cf
+            tie = STAT_TIES and v == yv
+            if not sparse or tie:
+                dx[uint64(dx_off + t)] = store(element_fn(cf, v, yv, mean))
+            if tie:
+                ties += 1
+            t += span
+        return ties
+
+    @cuda.jit(device=True, inline=True)
+    def word_pass(xv, dx, dxv, stat_k, words, values, results, base, j, end, span, cf, yv,
+                  mean, shift, mask_at, fused, ties):
+        """The words ``j, j + span, ...`` below ``end`` of a row that reads x: VEC_LOADS
+        word loads in flight, then their stores; Max/Min record the ties in the masks
+        (``fused`` 2: stored at ``mask_at``, counted into the returned ``ties``)."""
+        it = int64(0)
+        mask = uint64(0)
+        while j < end:
+            for u in range(VEC_LOADS):
+                if j + u * span < end:
+                    words[u] = xv[uint64(base + j + u * span)]
+            tied = uint32(0)  # bit u * W + e: element e of word u ties
+            for u in range(VEC_LOADS):
+                if j + u * span < end:
+                    unpack(words[u], values, 0)
+                    for e in range(W):
+                        results[e] = element_fn(cf, values[e], yv, mean)
+                        if STAT_TIES and values[e] == yv:
+                            tied |= uint32(1 << (u * W + e))
+                    w = pack(results)
+                    store_word(dx, dxv, base + j + u * span, w, shift)
+            j += VEC_LOADS * span
+            if STAT_TIES:
+                mask |= uint64(tied) << uint64(it % MASK_ITERS * (VEC_LOADS * W))
+            it += 1
+            if STAT_TIES and fused == 2 and (it % MASK_ITERS == 0 or j >= end):
+                stat_k[uint64(mask_at + (it - 1) // MASK_ITERS * span)] = int64(mask)
+                ties += int64(cuda.popc(mask))
+                mask = uint64(0)
+        return ties
+
+    return scalar_edge, word_pass
+
+
 def _make_backward_rows_vec(kind: ReduceKind, element: ElementKind) -> Callable[..., None]:
     ops = GRAD_OPS[kind]
     spec = ELEMENTS[element]
     vec = VECTOR[element]
     ACC = spec.acc
-    load, store = spec.load, spec.store
-    unpack, pack, store_word = vec.unpack, vec.pack, vec.store_word
+    load = spec.load
+    pack, store_word = vec.pack, vec.store_word
     W, LOG_W, MASK = vec.width, vec.log_width, vec.width - 1
     coefficient, element_fn = _grad_fns(kind, element)
     READS_X, READS_Y = ops.reads_x, ops.reads_y
@@ -139,6 +202,8 @@ def _make_backward_rows_vec(kind: ReduceKind, element: ElementKind) -> Callable[
     MASK_ITERS = tie_mask_iters(W)
     short_rows = _short_rows_gradient(kind, element)
     row_statistic = _rows_vec_statistic(kind, element)
+
+    scalar_edge, word_pass = _rows_vec_passes(kind, element)
 
     def reduce_backward_rows_vec(dy, x, xv, y, dx, dxv, stat_acc, stat_k, out_numel, extent,
                                  out_shape, dy_strides, x_strides, y_strides, dx_strides,
@@ -205,15 +270,8 @@ def _make_backward_rows_vec(kind: ReduceKind, element: ElementKind) -> Callable[
                 nvec = (extent - head) >> LOG_W
                 base = (p0 + head) >> LOG_W
                 if split == 0:
-                    t = int64(lane)
-                    while t < head:
-                        v = load(x, x_off + t) if READS_X else cf
-                        tie = STAT_TIES and v == yv
-                        if not sparse or tie:
-                            dx[uint64(dx_off + t)] = store(element_fn(cf, v, yv, mean))
-                        if tie:
-                            ties += 1
-                        t += span
+                    ties = scalar_edge(x, dx, x_off, dx_off, int64(lane), head, span, cf, yv,
+                                       mean, sparse, ties)
                 begin = split * chunk_vecs
                 end = min(nvec, begin + chunk_vecs)
                 j = begin + lane
@@ -231,31 +289,8 @@ def _make_backward_rows_vec(kind: ReduceKind, element: ElementKind) -> Callable[
                                  (end - j + VEC_LOADS * span - 1) // (VEC_LOADS * span),
                                  results, shift)
                 elif READS_X:
-                    it = int64(0)
-                    mask = uint64(0)
-                    while j < end:  # VEC_LOADS word loads in flight, then their stores
-                        for u in range(VEC_LOADS):
-                            if j + u * span < end:
-                                words[u] = xv[uint64(base + j + u * span)]
-                        tied = uint32(0)  # bit u * W + e: element e of word u ties
-                        for u in range(VEC_LOADS):
-                            if j + u * span < end:
-                                unpack(words[u], values, 0)
-                                for e in range(W):
-                                    results[e] = element_fn(cf, values[e], yv, mean)
-                                    if STAT_TIES and values[e] == yv:
-                                        tied |= uint32(1 << (u * W + e))
-                                w = pack(results)
-                                store_word(dx, dxv, base + j + u * span, w, shift)
-                        j += VEC_LOADS * span
-                        if STAT_TIES:
-                            mask |= uint64(tied) << uint64(it % MASK_ITERS * (VEC_LOADS * W))
-                        it += 1
-                        if STAT_TIES and fused == 2 and (it % MASK_ITERS == 0 or j >= end):
-                            stat_k[uint64(mask_at + (it - 1) // MASK_ITERS * span)] = \
-                                int64(mask)
-                            ties += int64(cuda.popc(mask))
-                            mask = uint64(0)
+                    ties = word_pass(xv, dx, dxv, stat_k, words, values, results, base, j,
+                                     end, span, cf, yv, mean, shift, mask_at, fused, ties)
                 else:
                     for e in range(W):
                         results[e] = element_fn(cf, cf, yv, mean)
@@ -264,15 +299,8 @@ def _make_backward_rows_vec(kind: ReduceKind, element: ElementKind) -> Callable[
                         store_word(dx, dxv, base + j, w, shift)
                         j += span
                 if split == splits - 1:
-                    t = head + (nvec << LOG_W) + lane
-                    while t < extent:
-                        v = load(x, x_off + t) if READS_X else cf
-                        tie = STAT_TIES and v == yv
-                        if not sparse or tie:
-                            dx[uint64(dx_off + t)] = store(element_fn(cf, v, yv, mean))
-                        if tie:
-                            ties += 1
-                        t += span
+                    ties = scalar_edge(x, dx, x_off, dx_off, head + (nvec << LOG_W) + lane,
+                                       extent, span, cf, yv, mean, sparse, ties)
             if STAT_TIES and fused == 2:  # this split's tie count (uniform across the block)
                 ties = combine_ties(ACC(0), ACC(0), ACC(0), ties, tid, lane, lanes, slots, 1,
                                     sa, sb, sk)[3]

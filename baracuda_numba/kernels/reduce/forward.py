@@ -602,12 +602,6 @@ def _make_reduce_rows_vec(kind: Any, element: ElementKind,
         writes ``y``, 1 the split's partial state (merged by the ``reduce`` kernel's modes
         2/3, same workspace layout).
 
-        ``fused`` for the tie count (Max/Min), three passes over the split rows without
-        re-reading x where every row has exactly one tie: 2 writes dx as if each row's
-        count were 1 and each split's count of ties to ``stat_k[split * out_numel + o]``;
-        after the merge of those counts into ``stat_k[o]``, 3 rewrites the rows whose
-        count is not 1 (ties, or none: a NaN y) and skips the others.
-
         ``chunk_vecs == 0`` selects the short-row path (plans: one split, one collapsed
         output dim, ``shift == 0``, rows of exactly ``lanes * SHORT_LOADS`` or, for
         LONG_SHORT_KINDS, ``lanes * VEC_LOADS`` words starting on a word): lane ``l`` of
@@ -639,9 +633,7 @@ def _make_reduce_rows_vec(kind: Any, element: ElementKind,
             parked = cuda.shared.array(SHORT_PARKED, uint64)
             vspan = int64(lanes * W)
             ahead = int64(cuda.gridDim.x) * slots  # the same slot's row one group later
-            # (always true where the plans bind a park kernel; the check keeps its code the
-            # code that was measured, b290639's)
-            park = PARK and lanes >= PARK_MIN_LANES
+            park = PARK and lanes >= PARK_MIN_LANES  # always, where the plans bind a park kernel
             o = group * slots + slot
             if park and o < out_numel:
                 park_short_row(parked, tid, block, xv, o, row_words, lane, lanes, whole)

@@ -85,6 +85,50 @@ def _rows_tiles(op: ScanOp):
     return load_tile, store_tile
 
 
+def _rows_scans(op: ScanOp):
+    """``thread_total`` and ``warp_scan`` of the rows kernel for ``op``."""
+    pad, items = op.pad, op.items
+    n_in = op.n_in
+    halo = op.halo
+    zero = _constants(op.acc)[0]
+    identity, lift, combine = op.identity, op.lift, op.combine
+
+    @cuda.jit(device=True, inline=True)
+    def thread_total(t0, t1, t2, first, base, s_end, extent, reverse, code):
+        """The combined elements of this thread's ``items`` tile slots from ``first``."""
+        agg = identity(code)
+        for k in range(items):
+            j = first + k
+            s = base + j
+            if s < s_end:
+                slot = j + j // pad
+                nslot = j + 1 + (j + 1) // pad
+                pos = extent - 1 - s if reverse else s
+                v1 = t1[slot] if n_in >= 2 else zero
+                v2 = t2[slot] if n_in >= 3 else zero
+                v2n = t2[nslot] if halo else zero
+                element = lift(t0[slot], v1, v2, v2n, s + 1 < extent, pos, code)
+                agg = combine(agg, element, code)
+        return agg
+
+    @cuda.jit(device=True, inline=True)
+    def warp_scan(agg, lane, code):
+        """The warp's inclusive and exclusive scans of the threads' aggregates."""
+        inc = agg
+        delta = 1
+        while delta < 32:
+            other = (shfl_up(inc[0], delta), shfl_up(inc[1], delta))
+            if lane >= delta:
+                inc = combine(other, inc, code)
+            delta *= 2
+        excl = (shfl_up(inc[0], 1), shfl_up(inc[1], 1))
+        if lane == 0:
+            excl = identity(code)
+        return inc, excl
+
+    return thread_total, warp_scan
+
+
 def _make_rows(op: ScanOp):
     """The rows kernel for ``op`` (see the module docstring)."""
     acc, aux = op.acc, op.aux
@@ -102,6 +146,7 @@ def _make_rows(op: ScanOp):
     zero = _constants(acc)[0]
     identity, lift, combine, emit = op.identity, op.lift, op.combine, op.emit
     load_tile, store_tile = _rows_tiles(op)
+    thread_total, warp_scan = _rows_scans(op)
 
     def scan_rows(in0, in1, in2, out0, out_idx, ws_a, ws_b, lines, extent, seg_len, nseg,
                   phase, outer_shape, st0, st1, st2, st_out, st_idx, ax0, ax1, ax2, ax_out,
@@ -137,30 +182,8 @@ def _make_rows(op: ScanOp):
                           extent, tile, tid, nthreads, reverse)
                 cuda.syncthreads()
                 first = tid * items
-                agg = identity(code)
-                for k in range(items):
-                    j = first + k
-                    s = base + j
-                    if s < s_end:
-                        slot = j + j // pad
-                        nslot = j + 1 + (j + 1) // pad
-                        pos = extent - 1 - s if reverse else s
-                        v1 = t1[slot] if n_in >= 2 else zero
-                        v2 = t2[slot] if n_in >= 3 else zero
-                        v2n = t2[nslot] if halo else zero
-                        element = lift(t0[slot], v1, v2, v2n, s + 1 < extent, pos, code)
-                        agg = combine(agg, element, code)
-                # warp-level inclusive scan of the per-thread aggregates
-                inc = agg
-                delta = 1
-                while delta < 32:
-                    other = (shfl_up(inc[0], delta), shfl_up(inc[1], delta))
-                    if lane >= delta:
-                        inc = combine(other, inc, code)
-                    delta *= 2
-                excl = (shfl_up(inc[0], 1), shfl_up(inc[1], 1))
-                if lane == 0:
-                    excl = identity(code)
+                agg = thread_total(t0, t1, t2, first, base, s_end, extent, reverse, code)
+                inc, excl = warp_scan(agg, lane, code)
                 if lane == 31:
                     warp_a[warp] = inc[0]
                     warp_b[warp] = inc[1]
@@ -209,15 +232,13 @@ def _make_rows(op: ScanOp):
     return scan_rows
 
 
-def _make_lines(op: ScanOp):
-    """The lines kernel for ``op`` (see the module docstring)."""
-    acc, aux = op.acc, op.aux
+def _lines_steps(op: ScanOp):
+    """``fetch`` and ``chunk_total`` of the lines kernel for ``op``."""
     n_in = op.n_in
     halo = op.halo
-    with_index = op.with_index
-    zero = _constants(acc)[0]
-    identity, lift, combine, emit = op.identity, op.lift, op.combine, op.emit
-    widen, narrow = op.widen, op.narrow
+    zero = _constants(op.acc)[0]
+    lift, combine = op.lift, op.combine
+    widen = op.widen
     unroll = _UNROLL
 
     @cuda.jit(device=True, inline=True)
@@ -231,6 +252,46 @@ def _make_lines(op: ScanOp):
             if s + 1 < extent:
                 v2n = widen(in2[b2 + (pos - 1 if reverse else pos + 1) * ax2])
         return v0, v1, v2, v2n, pos
+
+    @cuda.jit(device=True, inline=True)
+    def chunk_total(in0, in1, in2, b0, b1, b2, ax0, ax1, ax2, s, c_end, extent, reverse, code,
+                    l0, l1, l2, l2n, lpos, agg):
+        """``agg`` combined with the elements ``s`` .. ``c_end`` of a line, ``unroll``
+        loads in flight."""
+        while s + unroll <= c_end:
+            for u in range(unroll):
+                v0, v1, v2, v2n, pos = fetch(in0, in1, in2, b0, b1, b2, ax0, ax1, ax2, s + u,
+                                             extent, reverse)
+                l0[u] = v0
+                l1[u] = v1
+                l2[u] = v2
+                l2n[u] = v2n
+                lpos[u] = pos
+            for u in range(unroll):
+                element = lift(l0[u], l1[u], l2[u], l2n[u], s + u + 1 < extent, lpos[u],
+                               code)
+                agg = combine(agg, element, code)
+            s += unroll
+        while s < c_end:
+            v0, v1, v2, v2n, pos = fetch(in0, in1, in2, b0, b1, b2, ax0, ax1, ax2, s, extent,
+                                         reverse)
+            element = lift(v0, v1, v2, v2n, s + 1 < extent, pos, code)
+            agg = combine(agg, element, code)
+            s += 1
+        return agg
+
+    return fetch, chunk_total
+
+
+def _make_lines(op: ScanOp):
+    """The lines kernel for ``op`` (see the module docstring)."""
+    acc, aux = op.acc, op.aux
+    with_index = op.with_index
+    identity, lift, combine, emit = op.identity, op.lift, op.combine, op.emit
+    narrow = op.narrow
+    unroll = _UNROLL
+
+    fetch, chunk_total = _lines_steps(op)
 
     def scan_lines(in0, in1, in2, out0, out_idx, ws_a, ws_b, lines, extent, seg_len, nseg,
                    phase, outer_shape, st0, st1, st2, st_out, st_idx, ax0, ax1, ax2, ax_out,
@@ -267,27 +328,8 @@ def _make_lines(op: ScanOp):
             if ny > 1 or phase == 1:
                 agg = identity(code)
                 if active:
-                    s = c_begin
-                    while s + unroll <= c_end:
-                        for u in range(unroll):
-                            v0, v1, v2, v2n, pos = fetch(in0, in1, in2, b0, b1, b2, ax0, ax1,
-                                                         ax2, s + u, extent, reverse)
-                            l0[u] = v0
-                            l1[u] = v1
-                            l2[u] = v2
-                            l2n[u] = v2n
-                            lpos[u] = pos
-                        for u in range(unroll):
-                            element = lift(l0[u], l1[u], l2[u], l2n[u], s + u + 1 < extent,
-                                           lpos[u], code)
-                            agg = combine(agg, element, code)
-                        s += unroll
-                    while s < c_end:
-                        v0, v1, v2, v2n, pos = fetch(in0, in1, in2, b0, b1, b2, ax0, ax1, ax2,
-                                                     s, extent, reverse)
-                        element = lift(v0, v1, v2, v2n, s + 1 < extent, pos, code)
-                        agg = combine(agg, element, code)
-                        s += 1
+                    agg = chunk_total(in0, in1, in2, b0, b1, b2, ax0, ax1, ax2, c_begin, c_end,
+                                      extent, reverse, code, l0, l1, l2, l2n, lpos, agg)
                 part_a[ty * nx + tx] = agg[0]
                 part_b[ty * nx + tx] = agg[1]
                 cuda.syncthreads()
