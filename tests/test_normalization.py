@@ -66,9 +66,13 @@ def reference_forward(layer, x, residual, element, weight, bias, eps, offset, k)
 
 
 def y_scale(h, mean, rstd, weight=None, offset=0.0, bias=None):
-    """The size of y's terms: (|h| + |mean|) · rstd · |offset + w| + |b| (LayerNorm's
-    h − mean cancels, so y's error scales with |h|, not with |y|)."""
-    scale = (np.abs(h) + np.abs(mean)) * rstd
+    """The size of y's terms: (|h| + |mean| + mean(|h|)) · rstd · |offset + w| + |b|.
+    LayerNorm's h − mean cancels, so y's error scales with |h|, not with |y|; and the
+    computed mean carries the rounding of its sum, which scales with the row's mean |h|,
+    not with |mean| (RMSNorm, whose ``mean`` is 0, has no such term)."""
+    axes = tuple(d for d in range(h.ndim) if np.shape(mean)[d] == 1 and h.shape[d] > 1)
+    row_abs = np.abs(h).mean(axis=axes, keepdims=True) * (np.asarray(mean) != 0)
+    scale = (np.abs(h) + np.abs(mean) + row_abs) * rstd
     if weight is not None:
         scale = scale * np.abs(offset + weight)
     return scale + (np.abs(bias) if bias is not None else 0.0)
