@@ -65,14 +65,16 @@ def test_source_digest_follows_the_kernel_source(tmp_path, monkeypatch):
     """The digest that goes into the key changes when the kernel module's file does."""
     from baracuda_numba.launch import source_digest
 
-    module = tmp_path / "fake_kernels_for_digest.py"
+    # a module name of its own per run: an imported module keeps the file it came from
+    name = "fake_kernels_" + "".join(c if c.isalnum() else "_" for c in tmp_path.name)
+    module = tmp_path / f"{name}.py"
     module.write_text("def body():\n    return 1\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    before = source_digest("fake_kernels_for_digest")
+    before = source_digest(name)
     assert before != source_digest("baracuda_numba.kernels.scan")
     module.write_text("def body():\n    return 2\n")
     source_digest.cache_clear()
-    assert source_digest("fake_kernels_for_digest") != before
+    assert source_digest(name) != before
     source_digest.cache_clear()
 
 
