@@ -136,13 +136,15 @@ class Context:
         return min(loop, statistics.median(bursts))
 
     def time_host_many(self, fns: dict[str, Callable[[], None]], rounds: int = 5,
-                       bursts: int = 20) -> dict[str, float]:
+                       bursts: int = 20, wall: bool = False) -> dict[str, float]:
         """Host µs per call of each ``fns`` entry, measured round-robin: in each of
         ``rounds`` rounds every entry gets the median over ``bursts`` bursts of 100 calls
         (each burst started on an idle GPU, so the launch queue never fills); an entry's
         figure is its best round. The GPU machine's CPU speed drifts by tens of percent
         within a minute, so host times measured one after another are not comparable;
-        interleaved like this, ratios between entries are."""
+        interleaved like this, ratios between entries are. ``wall``: each burst's time ends
+        after its work is done on the GPU (wall-clock per call, what a decode step waits
+        for: the larger of the host and the device time of a call)."""
         torch = self.torch
         for fn in fns.values():
             for _ in range(100):
@@ -157,6 +159,8 @@ class Context:
                     t0 = time.perf_counter()
                     for _ in range(100):
                         fn()
+                    if wall:
+                        torch.cuda.synchronize()
                     times.append((time.perf_counter() - t0) / 100 * 1e6)
                 torch.cuda.synchronize()
                 best[label] = min(best[label], statistics.median(times))

@@ -13,6 +13,10 @@ caches, one offset for every sequence) against ``RopePlan`` (q and k) followed b
 ``WriteSlicePlan`` runs (k and v), and against HF's eager path (``apply_rotary_pos_emb``,
 then slice assignment into the caches). Bytes moved: q read + written, k and v read and
 written into the cache.
+
+Decode rows (one token per sequence) are wall-clock µs per call, every column alike (a
+burst of calls timed until the GPU is done: the larger of a call's host and device time),
+with the device µs in the note; the larger rows are device µs.
 """
 
 from __future__ import annotations
@@ -145,22 +149,31 @@ def _qk_case(ctx: Any, row: Any, note: Any, liger: tuple[Any, Any], hf_compiled:
     lig_f = times[5] if len(times) > 5 else None
     lig_b = times[6] if len(times) > 6 else None
     dims = f"[{batch}, {seq}, {hq}/{hk}, {HEAD_DIM}]"
-    if seq == 1:  # decode: the host time of one call (what a decode step waits for)
-        host = {"ours": lambda: fwd.run(fwd_args[0]), "rope_rows": lambda: rows.run(fwd_args[0]),
-                "torch.compile": lambda: hf_compiled(qs[0], ks[0], cos, sin)}
+    method = ""
+    if seq == 1:  # decode: wall-clock per call (what a decode step waits for)
+        device = (f"; device µs: ours {ours_f:.2f} / {ours_b:.2f}, torch.compile {comp_f:.2f}"
+                  f" / {comp_b:.2f}" + (f", Liger {lig_f:.2f} / {lig_b:.2f}"
+                                        if lig_f and lig_b else ""))
+        calls = dict(zip(("ours_f", "ours_b", "comp_f", "comp_b", "rows_f"), fns[:5]))
         if liger_fwd is not None:
-            host["Liger"] = lambda: liger_fwd(qs[0], ks[0], cos, sin)
-        note(ctx, f"q+k fwd {label} {name} host µs/call: " + "; ".join(
-            f"{key} {value:.2f}" for key, value in ctx.time_host_many(host).items()))
+            calls["lig_f"] = fns[5]
+            if liger_bwd is not None:
+                calls["lig_b"] = fns[6]
+        wall = ctx.time_host_many({key: (lambda fn=fn: fn(0)) for key, fn in calls.items()},
+                                  wall=True)
+        ours_f, ours_b, comp_f, comp_b = (wall[key] for key in ("ours_f", "ours_b", "comp_f",
+                                                                 "comp_b"))
+        rows_f, lig_f, lig_b = wall["rows_f"], wall.get("lig_f"), wall.get("lig_b")
+        method = "wall-clock µs per call (all columns)" + device + "; "
     lig = f"; Liger {lig_f:.2f} µs ({lig_f / ours_f:.2f}x)" if lig_f else "; Liger n/a"
     general = f"; rope_rows {rows_f:.2f} µs ({rows_f / ours_f:.2f}x)" if rows_f else ""
     row(ctx, f"q+k fwd {label} {dims} cos/sin [B,S,D]", name, ours_f, moved, comp_f,
-        "torch column = torch.compile(HF apply_rotary_pos_emb)" + lig + general
+        method + "torch column = torch.compile(HF apply_rotary_pos_emb)" + lig + general
         + f"; kernel {fwd.qk_path.last_kernel}")
     lig = (f"; Liger backward {lig_b:.2f} µs ({lig_b / ours_b:.2f}x)" if lig_b
            else "; Liger backward n/a")
     row(ctx, f"q+k bwd {label} {dims} cos/sin [B,S,D]", name, ours_b, moved, comp_b,
-        "torch column = torch.compile(HF formula, sin negated)" + lig)
+        method + "torch column = torch.compile(HF formula, sin negated)" + lig)
 
 
 def cache(ctx: Any, row: Any, note: Any) -> None:
@@ -204,9 +217,17 @@ def _cache_case(ctx: Any, row: Any, label: str, batch: int, length: int,
         k_cache[:, :, at:at + length] = k_r
         v_cache[:, :, at:at + length] = v
 
-    times = ctx.time_gpu_many([lambda i: fused.run(fused_args), two_plans, hf_eager], iters=30)
+    calls = [lambda i: fused.run(fused_args), two_plans, hf_eager]
+    times = ctx.time_gpu_many(calls, iters=30)
+    method = ""
+    if length == 1:  # decode: wall-clock per call (what a decode step waits for)
+        method = (f"wall-clock µs per call (all columns); device µs: fused {times[0]:.2f}, "
+                  f"two plans {times[1]:.2f}, HF eager {times[2]:.2f}; ")
+        wall = ctx.time_host_many({str(j): (lambda fn=fn: fn(0)) for j, fn in enumerate(calls)},
+                                  wall=True)
+        times = [wall[str(j)] for j in range(len(calls))]
     moved = 2 * (q.numel() + 2 * k.numel()) * q.element_size()
     row(ctx, f"rope+cache append {label} [{batch}, 32/8, {length}, 128] -> "
              f"[{batch}, 8, {max_len}, 128]", "bfloat16", times[0], moved, times[2],
-        f"torch column = HF eager (rotate, slice assignment); RopePlan + 2 WriteSlicePlan "
-        f"{times[1]:.2f} µs ({times[1] / times[0]:.2f}x)")
+        method + "torch column = HF eager (rotate, slice assignment); RopePlan + 2 "
+        f"WriteSlicePlan {times[1]:.2f} µs ({times[1] / times[0]:.2f}x)")
