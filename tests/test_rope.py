@@ -1690,6 +1690,53 @@ def test_kv_cache_append_bit_identical_to_rope_then_write_slice(paged, length):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("in_place", [False, True], ids=["q_out", "in_place"])
+def test_kv_cache_append_replay_matches_checked_path(in_place):
+    """A repeated layout replays the stored launches (LayoutMemo) with each call's own
+    pointers: fresh tensors every call, results equal to the checked path's (debug
+    switch on: every call checked); an overlapping q_out is still refused."""
+    torch = torch_or_skip()
+    from baracuda_numba import debug_enabled, set_debug
+
+    batch, hq, hk, dim, max_len = 4, 8, 2, 64, 32
+    dtype = torch.bfloat16
+    desc = RopeKvCacheAppendDescriptor(batch, hq, hk, 1, dim, max_cache_len=max_len,
+                                       element=BF16, pairing=HALF_SPLIT)
+    plan = RopeKvCacheAppendPlan.select(desc)
+
+    def call(seed, debug):
+        g = torch.Generator(device="cuda").manual_seed(seed)
+        q = torch.randn(batch, hq, 1, dim, device="cuda", dtype=dtype, generator=g)
+        k, v = (torch.randn(batch, hk, 1, dim, device="cuda", dtype=dtype, generator=g)
+                for _ in range(2))
+        caches = [torch.randn(batch, hk, max_len, dim, device="cuda", dtype=dtype,
+                              generator=g) for _ in range(2)]
+        offsets = torch.randint(0, max_len, (batch,), device="cuda", generator=g)
+        q_out = q if in_place else torch.full_like(q, float("nan"))
+        was = debug_enabled()
+        set_debug(debug)
+        try:
+            plan.run(RopeKvCacheAppendArgs(q, q_out, k, v, *caches, cache_offsets=offsets))
+        finally:
+            set_debug(was)
+        return [t.view(torch.int16) for t in (q_out, *caches)]
+
+    for seed in range(4):  # the first call stores the layout, the others replay it
+        fast, checked = call(seed, False), call(seed, True)
+        for a, b in zip(fast, checked):
+            assert torch.equal(a, b)
+    # q_out one row past q in one buffer (same layout as the stored one): refused
+    buf = torch.randn(batch * hq * dim + dim, device="cuda", dtype=dtype)
+    q, q_out = (buf[at:at + batch * hq * dim].view(batch, hq, 1, dim) for at in (0, dim))
+    k = torch.randn(batch, hk, 1, dim, device="cuda", dtype=dtype)
+    caches = [torch.zeros(batch, hk, max_len, dim, device="cuda", dtype=dtype)
+              for _ in range(2)]
+    offsets = torch.zeros(batch, dtype=torch.int64, device="cuda")
+    with pytest.raises(InvalidProblem, match="overlaps"):
+        plan.run(RopeKvCacheAppendArgs(q, q_out, k, k, *caches, cache_offsets=offsets))
+
+
+@pytest.mark.gpu
 def test_scaling_helpers_against_transformers():
     """Each helper against HF transformers' ROPE_INIT_FUNCTIONS (f32 there: rtol 1e-6)."""
     torch_or_skip()

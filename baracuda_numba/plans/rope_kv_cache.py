@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..arrays import as_mut, flat_span
+from ..arrays import as_mut, as_ref, flat_span
 from ..debug import debug_enabled
 from ..errors import InvalidProblem
 from ..streams import stream_handle
@@ -40,11 +40,19 @@ from ..types import (
     RopeLayout,
     RopePairing,
 )
-from .base import Plan, fail, plan_args
+from .base import LAUNCHED, LayoutMemo, Plan, fail, plan_args, replay_launcher
 from .rope import ROPE_DEFAULT_BASE, RopeArgs, RopeDescriptor, RopePlan
 from .rope_sources import _debug_check_range, _index_view, _wide
 
 __all__ = ["RopeKvCacheAppendArgs", "RopeKvCacheAppendDescriptor", "RopeKvCacheAppendPlan"]
+
+#: The args' arrays in field order (the memo's arrays); q_out, k_cache and v_cache are
+#: written, so each must be disjoint from every other array (q_out may be q itself).
+_FIELDS = ("q", "q_out", "k", "v", "k_cache", "v_cache", "cache_offsets", "slot_mapping",
+           "positions", "inv_freq", "cos", "sin")
+_WRITTEN = (1, 4, 5)
+_DISJOINT = tuple(sorted({(min(o, i), max(o, i)) for o in _WRITTEN
+                          for i in range(len(_FIELDS)) if i != o}))
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +144,11 @@ class RopeKvCacheAppendPlan(Plan):
                                           num_kv_heads=0, rotary_dim=0,
                                           angles=RopeAngleSource.BASE), pref)
         self._paged = desc.page_size > 0
+        # a layout seen before skips the checks (decode calls); in place (q_out is q) has
+        # its own memo, without the q / q_out disjointness test
+        self._memo = LayoutMemo(len(_FIELDS), _DISJOINT)
+        self._memo_in_place = LayoutMemo(len(_FIELDS), tuple(d for d in _DISJOINT
+                                                             if d != (0, 1)))
 
     def can_implement(self, args: RopeKvCacheAppendArgs) -> tuple[Any, ...]:
         """Every check; returns the launches: (engine, x, y, shape, side arrays, sources,
@@ -220,13 +233,42 @@ class RopeKvCacheAppendPlan(Plan):
 
     def run(self, args: RopeKvCacheAppendArgs, stream: Any = None,
             workspace: Any = None) -> None:
-        """q and k (into its cache) in one launch, then v into its cache, on ``stream``."""
+        """q and k (into its cache) in one launch, then v into its cache, on ``stream``.
+
+        Fast path for torch tensors and CuPy arrays (``LayoutMemo``): a layout seen before
+        skips the checks and replays the launches with this call's pointers; the written
+        arrays' disjointness is tested per call. Under ``BARACUDA_DEBUG`` every call takes
+        the checked path (it reads the offsets / slots)."""
+        arrays = tuple(getattr(args, name) for name in _FIELDS)
+        memo = self._memo_in_place if args.q is args.q_out else self._memo
+        memo_key = None if debug_enabled() else memo.launch(stream, None, *arrays)
+        if memo_key is LAUNCHED:
+            return
         launches = self.can_implement(args)
         handle = stream_handle(stream)
-        for engine, x, y, shape, arrays, sources, pos_args, y_span, k in launches:
+        calls = []
+        for engine, x, y, shape, side, sources, pos_args, y_span, k in launches:
             if x.numel == 0 and (k is None or k[0].numel == 0):
                 continue
-            launch = engine._general_launch(x, y, shape, arrays, sources, pos_args, y_span, k)
-            k_pointers = (0, 0) if k is None else (k[0].ptr, k[1].ptr)
-            launch(handle, x.ptr, y.ptr, *(0 if a is None else a.ptr for a in arrays),
-                   *k_pointers)
+            launch = engine._general_launch(x, y, shape, side, sources, pos_args, y_span, k)
+            pointers = (x.ptr, y.ptr, *(0 if a is None else a.ptr for a in side),
+                        *((0, 0) if k is None else (k[0].ptr, k[1].ptr)))
+            launch(handle, *pointers)
+            calls.append((launch, pointers))
+        if memo_key is not None:
+            self._remember(memo, memo_key, arrays, calls)
+
+    def _remember(self, memo: LayoutMemo, key: Any, arrays: tuple[Any, ...],
+                  calls: list[tuple[Any, tuple[int, ...]]]) -> None:
+        """Store ``calls`` for replay with each later call's pointers
+        (:func:`~.base.replay_launcher`; nothing stored where a launch pointer is no
+        argument's or two arguments share one). In place, q_out's pointer is q's."""
+        views = [None if a is None else as_ref(a, self.name, name)
+                 for a, name in zip(arrays, _FIELDS)]
+        pointers = [0 if v is None else v.ptr for v in views]
+        if memo is self._memo_in_place:
+            pointers[1] = 0
+        launch = replay_launcher(calls, tuple(pointers))
+        if launch is not None:
+            memo.store(key, launch, tuple(0 if v is None else flat_span(v.shape, v.strides)
+                                          * v.itemsize for v in views))
