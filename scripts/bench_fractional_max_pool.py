@@ -214,6 +214,10 @@ def bench(ctx) -> None:
     ctx.notes.append(f"host time of one small run_fw call (checks + launch): {host_us:.1f} µs")
     ctx.notes.append("bytes: fw = x + y + i64 indices, bw = dy + i64 indices + dx; torch bw "
                      "is aten's atomic scatter including its zero fill of grad_input")
+    ctx.notes.append("TORCH placement rows: the same windows as torch (checked before "
+                     "timing); a bf16 \"MISMATCH\" is torch summing half gradients in the half "
+                     "type with atomics against ours in f32, beyond the bench's loose check (the "
+                     "GPU tests compare both with the exact float64 sum at torch's indices)")
 
 
 def profile_once() -> None:
