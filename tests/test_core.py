@@ -373,6 +373,50 @@ def test_replay_launcher_maps_recorded_pointers_to_arguments():
     assert replay_launcher([(first, (0x108,))], (0x100,)) is None  # a derived pointer
 
 
+def test_store_replay_and_written_pairs(array_types):
+    """plans.base.store_replay: the checked path's launches replay through the memo with a
+    later call's pointers, an in-place output taking its input's pointer (``aliases``); an
+    output overlapping an input falls back to the checked path; a launch pointer that is
+    no argument's stores nothing. written_pairs: every written array against every other,
+    minus the in-place pairs."""
+    from baracuda_numba.plans.base import LAUNCHED, LayoutMemo, store_replay, written_pairs
+
+    assert written_pairs(4, (1, 3)) == ((0, 1), (0, 3), (1, 2), (1, 3), (2, 3))
+    assert written_pairs(4, (1, 3), ((0, 1), (2, 3))) == ((0, 3), (1, 2), (1, 3))
+    array_types(_FakeTensor, _FakeCupy)
+    seen = []
+
+    def bound(stream, *pointers):
+        seen.append((stream, pointers))
+
+    def array(ptr):  # a CuPy stand-in (as_ref reads its numpy dtype)
+        return _FakeCupy(ptr, (4,), (4,), np.dtype("float32"))
+
+    names = ("x", "y", "k", "k_out")
+    x, y, k, k_out = (array(ptr) for ptr in (0x1000, 0x2000, 0x3000, 0x4000))
+    memo = LayoutMemo(4, written_pairs(4, (1, 3)))
+    key = memo.launch(None, None, x, y, k, k_out)
+    store_replay(memo, key, "Plan", names, (x, y, k, k_out),
+                 [(bound, (0x1000, 0x2000, 0, 0x3000, 0x4000))])
+    moved = [array(ptr) for ptr in (0x5000, 0x6000, 0x7000, 0x8000)]
+    assert memo.launch(3, None, *moved) is LAUNCHED
+    assert seen == [(3, (0x5000, 0x6000, 0, 0x7000, 0x8000))]
+    overlapping = array(0x5008)  # y two elements into x
+    assert memo.launch(3, None, moved[0], overlapping, *moved[2:]) not in (None, LAUNCHED)
+    # in place (y is x): y's pointer comes from x
+    in_place = LayoutMemo(4, written_pairs(4, (1, 3), ((0, 1),)))
+    key = in_place.launch(None, None, x, x, k, k_out)
+    store_replay(in_place, key, "Plan", names, (x, x, k, k_out),
+                 [(bound, (0x1000, 0x1000, 0x3000, 0x4000))], aliases=(1,))
+    assert in_place.launch(None, None, moved[0], moved[0], *moved[2:]) is LAUNCHED
+    assert seen[-1] == (0, (0x5000, 0x5000, 0x7000, 0x8000))
+    # a pointer no argument has (a derived view): nothing stored
+    other = LayoutMemo(4, written_pairs(4, (1, 3)))
+    key = other.launch(None, None, x, y, k, k_out)
+    store_replay(other, key, "Plan", names, (x, y, k, k_out), [(bound, (0x1010,))])
+    assert other.layout_count == 0
+
+
 class _FakeTensor:
     """Stands for a CUDA ``torch.Tensor`` (the attributes ``layout_signature`` reads)."""
 

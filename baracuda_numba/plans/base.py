@@ -15,13 +15,13 @@ from dataclasses import MISSING, dataclass, fields
 from typing import Any, ClassVar, NoReturn, TypeVar
 
 from .. import arrays as arrays_module
-from ..arrays import as_ref, contiguous_strides, layout_exec, layout_lines
+from ..arrays import as_ref, contiguous_strides, flat_span, layout_exec, layout_lines
 from ..errors import InvalidProblem, Unsupported, WorkspaceTooSmall
 from ..streams import stream_handle
 from ..types import ElementKind, KernelSku, PlanPreference, PrecisionGuarantee
 
 __all__ = ["LAUNCHED", "MAX_RANK", "LayoutMemo", "Plan", "fail", "plan_args", "product",
-           "replay_launcher"]
+           "replay_launcher", "store_replay", "written_pairs"]
 
 MAX_RANK = 8
 
@@ -108,6 +108,33 @@ def replay_launcher(calls: list[tuple[Any, tuple[int, ...]]], pointers: tuple[in
     parameters = ", ".join(["stream", *(f"a{i}" for i in range(len(pointers)))])
     exec(f"def launch({parameters}):\n{body or '    pass'}\n", namespace)
     return namespace["launch"]
+
+
+def written_pairs(count: int, written: tuple[int, ...],
+                  same: tuple[tuple[int, int], ...] = ()) -> tuple[tuple[int, int], ...]:
+    """The ``LayoutMemo`` disjoint pairs of ``count`` arrays whose ``written`` ones must not
+    overlap any other, except the pairs in ``same`` (an output that is its input: in place)."""
+    pairs = {(min(o, i), max(o, i)) for o in written for i in range(count) if i != o}
+    return tuple(sorted(pairs - {(min(a, b), max(a, b)) for a, b in same}))
+
+
+def store_replay(memo: LayoutMemo, key: Any, plan: str, names: tuple[str, ...],
+                 arrays: tuple[Any, ...], calls: list[tuple[Any, tuple[int, ...]]],
+                 aliases: tuple[int, ...] = ()) -> None:
+    """Store ``calls`` (what the checked path launched, with their pointer arguments)
+    under ``key`` for :func:`replay_launcher`: each later call with this layout replays
+    them with its own pointers, its ``arrays`` (named ``names``) tested for the memo's
+    disjoint pairs. ``aliases``: arrays that are another of ``arrays`` (in place), whose
+    pointer the replay takes from that one. Nothing is stored where a launch pointer is no
+    argument's or two arguments share one address."""
+    if key is None:
+        return
+    views = [None if a is None else as_ref(a, plan, name) for a, name in zip(arrays, names)]
+    pointers = [0 if v is None or i in aliases else v.ptr for i, v in enumerate(views)]
+    launch = replay_launcher(calls, tuple(pointers))
+    if launch is not None:
+        memo.store(key, launch, tuple(0 if v is None else flat_span(v.shape, v.strides)
+                                      * v.itemsize for v in views))
 
 
 #: What ``LayoutMemo.launch`` returns after it launched.

@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..arrays import as_mut, as_ref, flat_span
+from ..arrays import as_mut, flat_span
 from ..debug import debug_enabled
 from ..errors import InvalidProblem
 from ..streams import stream_handle
@@ -40,7 +40,7 @@ from ..types import (
     RopeLayout,
     RopePairing,
 )
-from .base import LAUNCHED, LayoutMemo, Plan, fail, plan_args, replay_launcher
+from .base import LAUNCHED, LayoutMemo, Plan, fail, plan_args, store_replay, written_pairs
 from .rope import ROPE_DEFAULT_BASE, RopeArgs, RopeDescriptor, RopePlan
 from .rope_sources import _debug_check_range, _index_view, _wide
 
@@ -51,8 +51,6 @@ __all__ = ["RopeKvCacheAppendArgs", "RopeKvCacheAppendDescriptor", "RopeKvCacheA
 _FIELDS = ("q", "q_out", "k", "v", "k_cache", "v_cache", "cache_offsets", "slot_mapping",
            "positions", "inv_freq", "cos", "sin")
 _WRITTEN = (1, 4, 5)
-_DISJOINT = tuple(sorted({(min(o, i), max(o, i)) for o in _WRITTEN
-                          for i in range(len(_FIELDS)) if i != o}))
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,9 +144,9 @@ class RopeKvCacheAppendPlan(Plan):
         self._paged = desc.page_size > 0
         # a layout seen before skips the checks (decode calls); in place (q_out is q) has
         # its own memo, without the q / q_out disjointness test
-        self._memo = LayoutMemo(len(_FIELDS), _DISJOINT)
-        self._memo_in_place = LayoutMemo(len(_FIELDS), tuple(d for d in _DISJOINT
-                                                             if d != (0, 1)))
+        self._memo = LayoutMemo(len(_FIELDS), written_pairs(len(_FIELDS), _WRITTEN))
+        self._memo_in_place = LayoutMemo(len(_FIELDS),
+                                         written_pairs(len(_FIELDS), _WRITTEN, ((0, 1),)))
 
     def can_implement(self, args: RopeKvCacheAppendArgs) -> tuple[Any, ...]:
         """Every check; returns the launches: (engine, x, y, shape, side arrays, sources,
@@ -255,20 +253,5 @@ class RopeKvCacheAppendPlan(Plan):
                         *((0, 0) if k is None else (k[0].ptr, k[1].ptr)))
             launch(handle, *pointers)
             calls.append((launch, pointers))
-        if memo_key is not None:
-            self._remember(memo, memo_key, arrays, calls)
-
-    def _remember(self, memo: LayoutMemo, key: Any, arrays: tuple[Any, ...],
-                  calls: list[tuple[Any, tuple[int, ...]]]) -> None:
-        """Store ``calls`` for replay with each later call's pointers
-        (:func:`~.base.replay_launcher`; nothing stored where a launch pointer is no
-        argument's or two arguments share one). In place, q_out's pointer is q's."""
-        views = [None if a is None else as_ref(a, self.name, name)
-                 for a, name in zip(arrays, _FIELDS)]
-        pointers = [0 if v is None else v.ptr for v in views]
-        if memo is self._memo_in_place:
-            pointers[1] = 0
-        launch = replay_launcher(calls, tuple(pointers))
-        if launch is not None:
-            memo.store(key, launch, tuple(0 if v is None else flat_span(v.shape, v.strides)
-                                          * v.itemsize for v in views))
+        store_replay(memo, memo_key, self.name, _FIELDS, arrays, calls,
+                     (1,) if memo is self._memo_in_place else ())
