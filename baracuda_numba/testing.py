@@ -15,6 +15,7 @@ from numba import cuda
 from .types import ElementKind
 
 __all__ = [
+    "SUBNORMAL_SPACING",
     "TOLERANCE",
     "assert_close",
     "assert_within",
@@ -44,6 +45,16 @@ TOLERANCE: dict[ElementKind, tuple[float, float]] = {
     # integer results are exact
     ElementKind.I32: (0.0, 0.0),
     ElementKind.I64: (0.0, 0.0),
+}
+
+#: Spacing of each float kind's subnormals: a result that small is rounded to a multiple of
+#: it, so one rounding there costs up to this much absolute error whatever the relative bound.
+SUBNORMAL_SPACING: dict[ElementKind, float] = {
+    ElementKind.F16: 2.0 ** -24,
+    ElementKind.BF16: 2.0 ** -133,
+    ElementKind.F32: 2.0 ** -149,
+    ElementKind.F32_STRICT: 2.0 ** -149,
+    ElementKind.F64: 0.0,
 }
 
 

@@ -53,6 +53,7 @@ from baracuda_numba.plans.reduce.geometry import (
     sync_layout,
 )
 from baracuda_numba.testing import (
+    SUBNORMAL_SPACING,
     TOLERANCE,
     assert_within,
     from_storage,
@@ -544,10 +545,6 @@ def saved_output(kind, x_host, axis, element, correction=1):
     """The forward output as the caller saves it (rounded to the element type)."""
     x64 = from_storage(x_host, element)
     return to_storage(reference(kind, x64, axis, correction), element)
-
-
-#: Spacing of the subnormals: results that small round to a multiple of it.
-SUBNORMAL_SPACING = {E.F16: 2.0 ** -24, E.BF16: 2.0 ** -133, E.F32: 2.0 ** -149, E.F64: 0.0}
 
 
 def check_backward(got, expected, element, what):
