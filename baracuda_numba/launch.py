@@ -642,7 +642,8 @@ class BoundLaunch:
 
     def taking(self, order: tuple[str, ...], arity: int) -> Callable[..., None] | None:
         """``launch(stream, a0, ..., a{arity-1})`` that passes pointer ``i`` from the
-        expression ``order[i]`` (one of those names, or ``"0"``): ``fast`` for arrays
+        expression ``order[i]`` (one of those names, ``"0"``, or a name plus a byte
+        offset: a part of a workspace): ``fast`` for arrays
         given in another order (a plan's memo replaying one launch). None on the
         dispatcher path (simulator)."""
         if SIMULATOR:

@@ -14,6 +14,7 @@ from conftest import SIMULATOR, cupy_or_skip, torch_or_skip
 from numba import cuda, float32
 
 import baracuda_numba as bn
+from baracuda_numba import ops
 from baracuda_numba.arrays import as_mut, as_ref, contiguous_strides, flat_span
 from baracuda_numba.errors import (
     BaracudaError,
@@ -371,6 +372,12 @@ def test_replay_launcher_maps_recorded_pointers_to_arguments():
     assert seen == [("first", 5, (0xA00, 0xA00, 0xB00, 0)), ("second", 5, (0xB00, 0xC00, 0))]
     assert replay_launcher(calls, (0x100, 0x100, 0x300, 0)) is None  # aliasing arrays
     assert replay_launcher([(first, (0x108,))], (0x100,)) is None  # a derived pointer
+    # inside the workspace (array 1, 64 bytes): its pointer plus the same offset
+    replay = replay_launcher([(first, (0x100, 0x200, 0x230))], (0x100, 0x200), (1, 64))
+    replay(6, 0xA00, 0xE00)
+    assert seen[-1] == ("first", 6, (0xA00, 0xE00, 0xE30))
+    assert replay_launcher([(first, (0x240,))], (0x100, 0x200), (1, 64)) is None  # past it
+    assert replay_launcher([(first, (0x110,))], (0x100, 0x200), (1, 64)) is None  # another's
 
 
 def test_store_replay_and_written_pairs(array_types):
@@ -712,6 +719,76 @@ def test_cupy_memo_matches_the_checked_path():
     dx_f = cp.full_like(x, cp.nan)
     scan_bw.run(bn.ScanBackwardArgs(dy, dx_f, fortran, y))
     assert cp.allclose(dx_f, dx, rtol=1e-6, atol=1e-6 * float(cp.abs(dx).max()))
+
+
+def _memo_workspace_cases(torch):
+    """(name, plan, run(outputs, workspace), output shapes) of plans whose layout needs a
+    workspace (the split of few long lines): scan and reduce, forward and backward."""
+    rng = torch.Generator(device="cuda").manual_seed(5)
+    shape = (2, 1 << 20)
+    x = torch.rand(shape, device="cuda", generator=rng) + 0.5
+    dy = torch.rand(shape, device="cuda", generator=rng)
+    f32 = ElementKind.F32
+    cases = []
+    scan = bn.ScanPlan.select(bn.ScanDescriptor(ScanKind.CUMSUM, shape, 1, element=f32))
+    cases.append(("scan", scan, lambda out, ws: scan.run(bn.ScanArgs(x, out[0]),
+                                                         workspace=ws), [shape]))
+    scan_bw = bn.ScanBackwardPlan.select(bn.ScanBackwardDescriptor(
+        ScanKind.LOG_CUMSUM_EXP, shape, 1, element=f32))
+    cases.append(("scan_bw", scan_bw, lambda out, ws: scan_bw.run(
+        bn.ScanBackwardArgs(dy, out[0], x, torch.logcumsumexp(x, 1)), workspace=ws),
+        [shape]))
+    for kind in (bn.ReduceKind.SUM, bn.ReduceKind.VAR, bn.ReduceKind.MAX,
+                 bn.ReduceKind.LOG_SUM_EXP):
+        plan = bn.ReducePlan.select(bn.ReduceDescriptor(kind, shape, 1, f32))
+        cases.append((f"reduce {kind.name}", plan, lambda out, ws, plan=plan: plan.run(
+            bn.ReduceArgs(x, out[0]), workspace=ws), [(2, 1)]))
+    for kind in (bn.ReduceKind.VAR, bn.ReduceKind.MAX):
+        plan = bn.ReduceBackwardPlan.select(bn.ReduceBackwardDescriptor(kind, shape, 1, f32))
+        saved = x.var(1, keepdim=True) if kind is bn.ReduceKind.VAR else x.amax(1, True)
+        cases.append((f"reduce_bw {kind.name}", plan, lambda out, ws, plan=plan, s=saved:
+                      plan.run(bn.ReduceBackwardArgs(dy[:, :1].contiguous(), out[0], x, s),
+                               workspace=ws), [shape]))
+    return cases
+
+
+@pytest.mark.gpu
+def test_torch_memo_with_a_workspace():
+    """A plan whose layout needs a workspace keeps a layout memo too, the workspace one
+    more of its arrays: repeated runs with a fresh workspace each call replay the checked
+    path's launches (bit-identical results, one memoised layout); a smaller workspace is
+    another layout and still raises WorkspaceTooSmall before anything is written; the
+    functional layer's launch for the same layout writes the same bits."""
+    torch = torch_or_skip()
+    for name, plan, run, shapes in _memo_workspace_cases(torch):
+        assert plan.workspace_size > 0, name
+        results = []
+        for _ in range(4):
+            outs = [torch.full(shape, float("nan"), device="cuda") for shape in shapes]
+            run(outs, torch.full((plan.workspace_size,), 255, dtype=torch.uint8,
+                                 device="cuda"))
+            results.append(outs)
+        torch.cuda.synchronize()
+        memo = plan.layout_memos[0]
+        assert memo.layout_count == 1, name
+        assert all(bool(torch.isfinite(out).all()) for out in results[0]), name
+        for outs in results[1:]:
+            for got, first in zip(outs, results[0]):
+                assert torch.equal(got, first), name
+        small = torch.empty((plan.workspace_size - 1,), dtype=torch.uint8, device="cuda")
+        outs = [torch.full(shape, float("nan"), device="cuda") for shape in shapes]
+        with pytest.raises(WorkspaceTooSmall):
+            run(outs, small)
+        torch.cuda.synchronize()
+        assert all(bool(torch.isnan(out).all()) for out in outs), name
+    x = torch.rand((2, 1 << 20), device="cuda") + 0.5
+    first = ops.cumsum(x, 1)
+    for _ in range(3):
+        assert torch.equal(ops.cumsum(x, 1), first)
+    assert ops.cache_info()["launches"], "the functional layer kept no launch"
+    total = ops.logsumexp(x, 1)
+    for _ in range(3):
+        assert torch.equal(ops.logsumexp(x, 1), total)
 
 
 @pytest.mark.gpu

@@ -107,9 +107,12 @@ def call_site(x: Any, options: tuple[Any, ...],
     return _sites.get(key, build)
 
 
-def fast_launch(launches: dict[Any, Any], layout: Any, plan: Any, args: Any) -> None:
-    """Keep ``plan.layout_launch(args)`` (after a checked ``run(args)``) under ``layout``:
-    the input's strides and the pointers' alignment (mod 16) of every array.
+def fast_launch(launches: dict[Any, Any], layout: Any, plan: Any, args: Any,
+                workspace: Any = None) -> None:
+    """Keep ``plan.layout_launch(args, workspace)`` (after a checked ``run(args,
+    workspace=workspace)``) under ``layout``: the input's strides and the pointers'
+    alignment (mod 16) of every array (the workspace's too, where the plan takes one:
+    a fresh allocation of the size the plan asks for, its pointer passed last).
 
     The call site already fixes the input's type, shape, dtype and device, and every
     output is a fresh allocation whose layout follows from the input's (``empty_like``
@@ -118,7 +121,7 @@ def fast_launch(launches: dict[Any, Any], layout: Any, plan: Any, args: Any) -> 
     input, which is all ``run``'s per-call aliasing checks would see. A repeated call
     then launches with the new pointers and skips the args object and ``run``'s reading
     of every array's layout (the figures: docs/design/launch.md)."""
-    launch = plan.layout_launch(args)
+    launch = plan.layout_launch(args, workspace)
     if launch is not None:
         if len(launches) >= 64:
             launches.clear()

@@ -62,18 +62,19 @@ def _reduce(kind: ReduceKind, x: Any, dim: int, keepdim: bool, correction: int,
         x, ("reduce", kind, dim, correction), make)
     y = alloc_y(x)
     handle = current() if stream is None else stream_handle(stream)
-    if launches is not None and alloc_workspace is None:  # torch (see fast_launch)
+    workspace = None if alloc_workspace is None else alloc_workspace(x)
+    if launches is not None:  # torch (see fast_launch)
         x_ptr, y_ptr = x.data_ptr(), y.data_ptr()
-        layout = (x.stride(), x_ptr & 15, y_ptr & 15)
+        ws_ptr = 0 if workspace is None else workspace.data_ptr()
+        layout = (x.stride(), x_ptr & 15, y_ptr & 15, ws_ptr & 15)
         launch = launches.get(layout)
         if launch is not None:
-            launch(handle, x_ptr, y_ptr)
+            launch(handle, x_ptr, y_ptr, ws_ptr)
             return y if keepdim else drop_dim(y, axis)
     args = ReduceArgs(x, y)
-    plan.run(args, stream=handle,
-             workspace=None if alloc_workspace is None else alloc_workspace(x))
-    if launches is not None and alloc_workspace is None:
-        fast_launch(launches, layout, plan, args)
+    plan.run(args, stream=handle, workspace=workspace)
+    if launches is not None:
+        fast_launch(launches, layout, plan, args, workspace)
     return y if keepdim else drop_dim(y, axis)
 
 

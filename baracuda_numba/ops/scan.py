@@ -33,20 +33,21 @@ def _scan(kind: ScanKind, x: Any, dim: int, reverse: bool, stream: Any,
     y = alloc_y(x)
     indices = None if alloc_indices is None else alloc_indices(x)
     handle = current() if stream is None else stream_handle(stream)
-    if alloc_workspace is not None:  # the plan's split path: its workspace, every call
-        plan.run(ScanArgs(x, y, indices), stream=handle, workspace=alloc_workspace(x))
-        return (y, indices) if with_indices else y
-    if launches is not None:  # torch: the input's layout picks the launch (_fast_launch)
-        pointers = (x.data_ptr(), y.data_ptr(), 0 if indices is None else indices.data_ptr())
-        layout = (x.stride(), pointers[0] & 15, pointers[1] & 15, pointers[2] & 15)
+    # the plan's split path for few long lines: the workspace it asks for, every call
+    workspace = None if alloc_workspace is None else alloc_workspace(x)
+    if launches is not None:  # torch: the input's layout picks the launch (fast_launch)
+        pointers = (x.data_ptr(), y.data_ptr(), 0 if indices is None else indices.data_ptr(),
+                    0 if workspace is None else workspace.data_ptr())
+        layout = (x.stride(), pointers[0] & 15, pointers[1] & 15, pointers[2] & 15,
+                  pointers[3] & 15)
         launch = launches.get(layout)
         if launch is not None:
             launch(handle, *pointers)
             return (y, indices) if with_indices else y
     args = ScanArgs(x, y, indices)
-    plan.run(args, stream=handle)
+    plan.run(args, stream=handle, workspace=workspace)
     if launches is not None:
-        fast_launch(launches, layout, plan, args)
+        fast_launch(launches, layout, plan, args, workspace)
     return (y, indices) if with_indices else y
 
 

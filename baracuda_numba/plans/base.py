@@ -72,13 +72,16 @@ def product(values: tuple[int, ...] | list[int]) -> int:
     return result
 
 
-def replay_launcher(calls: list[tuple[Any, tuple[int, ...]]], pointers: tuple[int, ...]
-                    ) -> Any:
+def replay_launcher(calls: list[tuple[Any, tuple[int, ...]]], pointers: tuple[int, ...],
+                    within: tuple[int, int] | None = None) -> Any:
     """``launch(stream, *pointers)`` repeating ``calls`` (``(bound launch, its pointer
     arguments)`` as the checked path of a ``run`` made them) for new array pointers: each
     recorded pointer argument must be 0 or one of ``pointers`` (the run's arrays, 0 for an
-    absent one), which it then stands for. None when that is ambiguous (two arrays at one
-    address, or a derived pointer), so the plan stores no memo for the layout.
+    absent one), which it then stands for. ``within = (i, nbytes)``: a pointer inside the
+    first ``nbytes`` of array ``i`` (a workspace whose parts the launches address) stands
+    for that array's pointer plus the same offset. None when that is ambiguous (two arrays
+    at one address, or another derived pointer), so the plan stores no memo for the
+    layout.
 
     Generated as one flat function, like :func:`~baracuda_numba.driver.pointer_launcher`:
     a repeated ``run`` pays one frame for the replay and one per launch; a single
@@ -88,6 +91,7 @@ def replay_launcher(calls: list[tuple[Any, tuple[int, ...]]], pointers: tuple[in
     if len(set(present)) != len(present):
         return None
     names = {p: f"a{i}" for i, p in enumerate(pointers) if p}
+    base, nbytes = within if within is not None and pointers[within[0]] else (0, 0)
     namespace: dict[str, Any] = {}
     body = ""
     for k, (bound, arguments) in enumerate(calls):
@@ -97,6 +101,8 @@ def replay_launcher(calls: list[tuple[Any, tuple[int, ...]]], pointers: tuple[in
                 values.append("0")
             elif value in names:
                 values.append(names[value])
+            elif nbytes and 0 < value - pointers[base] < nbytes:
+                values.append(f"(a{base} + {value - pointers[base]})")
             else:
                 return None
         namespace[f"f{k}"] = getattr(bound, "fast", bound)
@@ -433,12 +439,13 @@ class Plan:
         """Bytes of device scratch ``run`` needs (pass a buffer at least this large)."""
         return self._workspace_size
 
-    def layout_launch(self, args: Any) -> Callable[..., None] | None:
-        """What a repeated ``run(args)`` (no workspace) replays for torch tensors or CuPy
-        arrays of these layouts, as ``launch(stream_handle, *pointers)`` with one pointer
-        per array field of ``args`` in field order (0 for an absent one); None where
-        ``run`` keeps no such launch (a plan without a layout memo, other arrays, or a
-        layout not yet run).
+    def layout_launch(self, args: Any, workspace: Any = None) -> Callable[..., None] | None:
+        """What a repeated ``run(args, workspace=workspace)`` replays for torch tensors or
+        CuPy arrays of these layouts, as ``launch(stream_handle, *pointers)`` with one
+        pointer per array field of ``args`` in field order (0 for an absent one), then, for
+        a plan that takes a workspace, the workspace's (a workspace of another size or
+        layout is another key); None where ``run`` keeps no such launch (a plan without a
+        layout memo, other arrays, or a layout not yet run).
 
         For callers that know more than ``run`` can: the functional API, whose outputs are
         fresh allocations (so no aliasing to check) with a layout that follows from the

@@ -410,10 +410,10 @@ class _ScanLauncher(Plan):
             self._geometry.extremum_backward(self._extremum_backward, max_ws)
         super().__init__(desc, _sku(desc.kind, element), pref, self._geometry.workspace_size)
         self._bound: dict[Any, tuple[Any, ...]] = {}
-        # (x, y, indices) forward, (dy, dx, x, y) backward
-        self._memo = LayoutMemo(4, _CUMSUM_BW_DISJOINT if desc.kind is ScanKind.CUMSUM
+        # (x, y, indices, workspace) forward, (dy, dx, x, y, workspace) backward
+        self._memo = LayoutMemo(5, _CUMSUM_BW_DISJOINT if desc.kind is ScanKind.CUMSUM
                                 else _BW_DISJOINT) if backward \
-            else LayoutMemo(3, _FW_DISJOINT)
+            else LayoutMemo(4, _FW_DISJOINT)
         self._saved = (desc.kind in _NEEDS_X, desc.kind in _NEEDS_Y)  # backward's x, y
         if self._geometry.numel:
             for kernels in {id(k): k for k in (self._forward, self._backward) if k}.values():
@@ -466,14 +466,17 @@ class _ScanLauncher(Plan):
         self._bound.clear()
         self._memo.clear()
 
-    def _remember(self, key: Any, calls: _Calls, views: tuple[TensorRef | None, ...]
-                  ) -> None:
-        """Store the replay of ``calls`` under the memo ``key`` (None: not memoised)."""
+    def _remember(self, key: Any, calls: _Calls, views: tuple[TensorRef | None, ...],
+                  workspace: int | None) -> None:
+        """Store the replay of ``calls`` under the memo ``key`` (None: not memoised); the
+        workspace pointer comes last (0: none used), its parts addressed from it."""
         if key is None:
             return
-        launch = replay_launcher(calls, tuple(0 if v is None else v.ptr for v in views))
+        pointers = tuple(0 if v is None else v.ptr for v in views) + (workspace or 0,)
+        launch = replay_launcher(calls, pointers, (len(views), self._workspace_size))
         if launch is not None:
-            self._memo.store(key, launch, tuple(0 if v is None else _span(v) for v in views))
+            self._memo.store(key, launch,
+                             tuple(0 if v is None else _span(v) for v in views) + (0,))
 
     @property
     def workspace_size(self) -> int:
@@ -820,19 +823,19 @@ class ScanPlan(_ScanLauncher):
                 fail(self.name, InvalidProblem, "indices", "must not overlap x or y")
         return x, y, indices
 
-    def layout_launch(self, args: ScanArgs) -> Callable[..., None] | None:
-        """``launch(stream_handle, x_ptr, y_ptr, indices_ptr)``: see
+    def layout_launch(self, args: ScanArgs, workspace: Any = None
+                      ) -> Callable[..., None] | None:
+        """``launch(stream_handle, x_ptr, y_ptr, indices_ptr, workspace_ptr)``: see
         :meth:`Plan.layout_launch`."""
-        hit = self._memo.lookup((args.x, args.y, args.indices))[1]
+        hit = self._memo.lookup((args.x, args.y, args.indices, workspace))[1]
         return None if hit is None else hit[0]
 
     def run(self, args: ScanArgs, stream: Any = None, workspace: Any = None) -> None:
         """Write the scan of ``x`` to ``y`` (and ``indices``) on ``stream``; no host sync.
 
-        Torch or CuPy arrays of a layout seen before skip the array checks (``LayoutMemo``; the
-        no-overlap checks of ``indices`` still run per call)."""
-        memo_key = self._memo.launch(stream, None, args.x, args.y, args.indices) \
-            if workspace is None else None
+        Torch or CuPy arrays of a layout seen before (the workspace's too) skip the array
+        checks (``LayoutMemo``; the no-overlap checks of ``indices`` still run per call)."""
+        memo_key = self._memo.launch(stream, None, args.x, args.y, args.indices, workspace)
         if memo_key is LAUNCHED:
             return
         x, y, indices = self.can_implement(args)
@@ -842,7 +845,7 @@ class ScanPlan(_ScanLauncher):
             return
         desc = self.descriptor
         calls = self._calls(self._forward, int(desc.kind), desc.reverse, (x,), y, indices, ws)
-        self._remember(memo_key, calls, (x, y, indices))
+        self._remember(memo_key, calls, (x, y, indices), ws)
         _launch(handle, calls)
 
 
@@ -889,13 +892,12 @@ class ScanBackwardPlan(_ScanLauncher):
     def run(self, args: ScanBackwardArgs, stream: Any = None, workspace: Any = None) -> None:
         """Write the gradient of the forward scan to ``dx`` on ``stream``; no host sync.
 
-        Torch or CuPy arrays of a layout seen before skip the array checks (``LayoutMemo``; the
-        no-overlap checks of ``dx`` still run per call)."""
+        Torch or CuPy arrays of a layout seen before (the workspace's too) skip the array
+        checks (``LayoutMemo``; the no-overlap checks of ``dx`` still run per call)."""
         needs_x, needs_y = self._saved
         memo_key = self._memo.launch(stream, None, args.dy, args.dx,
                                      args.x if needs_x else None,
-                                     args.y if needs_y else None) \
-            if workspace is None else None
+                                     args.y if needs_y else None, workspace)
         if memo_key is LAUNCHED:
             return
         dy, dx, x, y = self.can_implement(args)
@@ -904,7 +906,7 @@ class ScanBackwardPlan(_ScanLauncher):
         if self._geometry.numel == 0:
             return
         calls = self._backward_calls(dy, dx, x, y, ws)
-        self._remember(memo_key, calls, (dy, dx, x, y))
+        self._remember(memo_key, calls, (dy, dx, x, y), ws)
         _launch(handle, calls)
 
     def _backward_calls(self, dy: TensorRef, dx: TensorRef, x: TensorRef | None,

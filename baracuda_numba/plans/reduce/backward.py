@@ -135,22 +135,25 @@ class _SyncLaunch:
     ctl_bytes: int
 
 
-def _gradient_runner(launch: tuple[Any, Any], ws_ptr: int) -> Any:
-    """``runner(stream, dy_ptr, dx_ptr, x_ptr, y_ptr)`` (0 for an absent x or y): the
-    statistic pass if the layout has one, then the gradient launch with its pointers."""
+def _gradient_runner(launch: tuple[Any, Any]) -> Any:
+    """``runner(stream, dy_ptr, dx_ptr, x_ptr, y_ptr, ws_ptr)`` (0 for an absent x, y or
+    workspace): the statistic pass if the layout has one, then the gradient launch with
+    its pointers."""
     stat, (access, gradient) = launch
     bound = gradient.fast
     if isinstance(stat, _TieCount):
         merge, rewrite, zero_bytes = stat.merge, stat.rewrite, stat.zero_bytes
         if access == ROWS:
-            def ties(handle: int, dy_ptr: int, dx_ptr: int, x_ptr: int, y_ptr: int) -> None:
+            def ties(handle: int, dy_ptr: int, dx_ptr: int, x_ptr: int,
+                     y_ptr: int, ws_ptr: int) -> None:
                 pointers = (dy_ptr, x_ptr, x_ptr & ~7, y_ptr, dx_ptr, dx_ptr & ~7, 0, ws_ptr)
                 bound(handle, *pointers)
                 merge(handle, 0, 0, 0, ws_ptr, 0)
                 rewrite(handle, *pointers)
             return ties
 
-        def col_ties(handle: int, dy_ptr: int, dx_ptr: int, x_ptr: int, y_ptr: int) -> None:
+        def col_ties(handle: int, dy_ptr: int, dx_ptr: int, x_ptr: int,
+                     y_ptr: int, ws_ptr: int) -> None:
             pointers = (dy_ptr, x_ptr, y_ptr, dx_ptr, dx_ptr, 0, ws_ptr)
             memset_d8_async(ws_ptr, 0, zero_bytes, handle)
             bound(handle, *pointers)
@@ -159,26 +162,30 @@ def _gradient_runner(launch: tuple[Any, Any], ws_ptr: int) -> Any:
     if access == SYNC:
         ctl_bytes = gradient.ctl_bytes
 
-        def sync(handle: int, dy_ptr: int, dx_ptr: int, x_ptr: int, y_ptr: int) -> None:
+        def sync(handle: int, dy_ptr: int, dx_ptr: int, x_ptr: int,
+                 y_ptr: int, ws_ptr: int) -> None:
             memset_d8_async(ws_ptr, 0, ctl_bytes, handle)
             bound(handle, dy_ptr, x_ptr, y_ptr, dx_ptr, dx_ptr, ws_ptr, ws_ptr + 8)
         return sync
     if stat is None:  # one launch: its argument list, as one small function per access
         if access == BROADCAST:
             def broadcast(handle: int, dy_ptr: int, dx_ptr: int, x_ptr: int,
-                          y_ptr: int) -> None:
+                          y_ptr: int, ws_ptr: int) -> None:
                 bound(handle, dy_ptr, y_ptr, x_ptr, dx_ptr)
             return broadcast
         if access == ROWS:
-            def rows(handle: int, dy_ptr: int, dx_ptr: int, x_ptr: int, y_ptr: int) -> None:
+            def rows(handle: int, dy_ptr: int, dx_ptr: int, x_ptr: int,
+                     y_ptr: int, ws_ptr: int) -> None:
                 bound(handle, dy_ptr, x_ptr, x_ptr & ~7, y_ptr, dx_ptr, dx_ptr & ~7, 0, 0)
             return rows
         if access in (REG, REG_COLS):
-            def reg(handle: int, dy_ptr: int, dx_ptr: int, x_ptr: int, y_ptr: int) -> None:
+            def reg(handle: int, dy_ptr: int, dx_ptr: int, x_ptr: int,
+                    y_ptr: int, ws_ptr: int) -> None:
                 bound(handle, dy_ptr, x_ptr, y_ptr, dx_ptr, dx_ptr)
             return reg
 
-    def runner(handle: int, dy_ptr: int, dx_ptr: int, x_ptr: int, y_ptr: int) -> None:
+    def runner(handle: int, dy_ptr: int, dx_ptr: int, x_ptr: int,
+               y_ptr: int, ws_ptr: int) -> None:
         stat_acc = stat_k = 0
         if stat is not None:
             stat_acc, stat_k = stat(handle, x_ptr, 0, ws_ptr, y_ptr)
@@ -197,8 +204,9 @@ def _gradient_runner(launch: tuple[Any, Any], ws_ptr: int) -> Any:
 
 def _with_zero_fixup(runner: Any, fixup: Any) -> Any:
     """``runner`` followed by the Prod gradient's fix-up of the lines whose product is 0."""
-    def prod_runner(handle: int, dy_ptr: int, dx_ptr: int, x_ptr: int, y_ptr: int) -> None:
-        runner(handle, dy_ptr, dx_ptr, x_ptr, y_ptr)
+    def prod_runner(handle: int, dy_ptr: int, dx_ptr: int, x_ptr: int,
+                    y_ptr: int, ws_ptr: int) -> None:
+        runner(handle, dy_ptr, dx_ptr, x_ptr, y_ptr, ws_ptr)
         fixup(handle, dy_ptr, x_ptr, y_ptr, dx_ptr)
     return prod_runner
 
@@ -254,8 +262,8 @@ class ReduceBackwardPlan(Plan):
                               "min_batches": STREAM_MIN_BATCHES} \
             if self._stat_kind is None else {}
         self._launches: dict[Any, tuple[_ReduceLaunch | None, Any]] = {}
-        # (dy, dx, x, y) layout key -> gradient runner (run fast path)
-        self._memo = LayoutMemo(4)
+        # (dy, dx, x, y, workspace) layout key -> gradient runner (run fast path)
+        self._memo = LayoutMemo(5)
         workspace = 0
         self._max_splits = 1
         if self._stat_kind is not None and self._numel:
@@ -349,17 +357,16 @@ class ReduceBackwardPlan(Plan):
         buffer of at least ``workspace_size`` bytes where that is not 0 (else
         ``WorkspaceTooSmall(needed, got)`` before anything is launched).
 
-        Torch or CuPy arrays of a layout seen before (and no workspace) skip the array checks
-        (``LayoutMemo``)."""
-        ws_ptr = self.check_workspace(workspace)  # WorkspaceTooSmall before anything runs
-        if ws_ptr:
-            memo_key = None
-        elif self._needs_saved:  # as can_implement
-            memo_key = self._memo.launch(stream, None, args.dy, args.dx, args.x, args.y)
+        Torch or CuPy arrays of a layout seen before (the workspace's too) skip the array
+        checks (``LayoutMemo``)."""
+        if self._needs_saved:  # as can_implement
+            memo_key = self._memo.launch(stream, None, args.dy, args.dx, args.x, args.y,
+                                         workspace)
         else:
-            memo_key = self._memo.launch(stream, None, args.dy, args.dx, None, None)
+            memo_key = self._memo.launch(stream, None, args.dy, args.dx, None, None, workspace)
         if memo_key is LAUNCHED:
             return
+        ws_ptr = self.check_workspace(workspace)  # WorkspaceTooSmall before anything runs
         dy, dx, x, y = self.can_implement(args)
         handle = stream_handle(stream)
         if self._numel == 0:
@@ -378,13 +385,12 @@ class ReduceBackwardPlan(Plan):
                 assert x is not None and y is not None
                 self._zero_fixups[key] = self._bind_prod_zeros(dy, dx, x, y)
         self.choice = launch[1][0]
-        runner = _gradient_runner(launch, ws_ptr)
+        runner = _gradient_runner(launch)
         if self._zero_fixup is not None:
             runner = _with_zero_fixup(runner, self._zero_fixups[key])
-        if ws_ptr == 0:
-            self._memo.store(memo_key, runner, (0, 0, 0, 0))
+        self._memo.store(memo_key, runner, (0, 0, 0, 0, 0))
         runner(handle, dy.ptr, dx.ptr, x.ptr if x is not None else 0,
-               y.ptr if y is not None else 0)
+               y.ptr if y is not None else 0, ws_ptr)
 
     @property
     def hold_layout(self) -> tuple[int, int] | None:

@@ -181,7 +181,8 @@ class _ForwardPlan(Plan):
                         _guarantee(desc.element))
         super().__init__(desc, sku, pref, workspace)
         self._launches: dict[Any, _ReduceLaunch] = {}
-        self._memo = LayoutMemo(2)  # (x, y) layout key -> launch (run fast path)
+        # (x, y, workspace) layout key -> launch (run fast path)
+        self._memo = LayoutMemo(3)
         if self._out_numel:
             self._kernel.prepare()
 
@@ -197,9 +198,10 @@ class _ForwardPlan(Plan):
         reads (GENERIC, ROWS or COLS). What tests and benchmarks read."""
         return dict(self._launches)
 
-    def layout_launch(self, args: Any) -> Callable[..., None] | None:
-        """``launch(stream_handle, x_ptr, y_ptr)``: see :meth:`Plan.layout_launch`."""
-        hit = self._memo.lookup((args.x, args.y))[1]
+    def layout_launch(self, args: Any, workspace: Any = None) -> Callable[..., None] | None:
+        """``launch(stream_handle, x_ptr, y_ptr, workspace_ptr)``: see
+        :meth:`Plan.layout_launch`."""
+        hit = self._memo.lookup((args.x, args.y, workspace))[1]
         return None if hit is None else hit[0]
 
     def run(self, args: Any, stream: Any = None, workspace: Any = None) -> None:
@@ -207,12 +209,12 @@ class _ForwardPlan(Plan):
         contiguous buffer of at least ``workspace_size`` bytes where that is not 0 (else
         ``WorkspaceTooSmall(needed, got)`` before anything is launched).
 
-        Torch or CuPy arrays of a layout seen before (and no workspace) skip the array checks
-        (``LayoutMemo``)."""
-        ws_ptr = self.check_workspace(workspace)  # WorkspaceTooSmall before anything runs
-        memo_key = self._memo.launch(stream, None, args.x, args.y) if ws_ptr == 0 else None
+        Torch or CuPy arrays of a layout seen before (the workspace's too) skip the array
+        checks (``LayoutMemo``)."""
+        memo_key = self._memo.launch(stream, None, args.x, args.y, workspace)
         if memo_key is LAUNCHED:
             return
+        ws_ptr = self.check_workspace(workspace)  # WorkspaceTooSmall before anything runs
         x, y = self.can_implement(args)
         handle = stream_handle(stream)
         if self._out_numel == 0:
@@ -232,8 +234,7 @@ class _ForwardPlan(Plan):
             if len(self._launches) >= _CACHE_LIMIT:
                 self._launches.clear()
             self._launches[key] = launch
-        if not with_workspace:
-            self._memo.store(memo_key, launch.without_workspace(), (0, 0))
+        self._memo.store(memo_key, launch.memo_launcher(with_workspace), (0, 0, 0))
         launch(handle, x.ptr, y.ptr, ws_ptr, 0)
 
 
@@ -261,18 +262,19 @@ class _ReduceLaunch:
             bound(stream, x_ptr, y_ptr, acc_ptr, k_ptr, aux_ptr)
         return acc_ptr, k_ptr
 
-    def without_workspace(self) -> Callable[[int, int, int], None]:
-        """``launch(stream, x_ptr, y_ptr)``: this call with no workspace and no ``aux``,
-        as one small function (the memo path of ``run``)."""
+    def memo_launcher(self, with_workspace: bool) -> Callable[[int, int, int, int], None]:
+        """``launch(stream, x_ptr, y_ptr, ws_ptr)``: this call with no ``aux``, as one
+        small function (the memo path of ``run``); ``ws_ptr`` is ignored where the layout
+        was bound without a workspace."""
         first = self.launches[0]
-        if len(self.launches) > 1:
-            def launch(stream: int, x_ptr: int, y_ptr: int) -> None:
-                self(stream, x_ptr, y_ptr, 0, 0)
+        if with_workspace or len(self.launches) > 1:
+            def launch(stream: int, x_ptr: int, y_ptr: int, ws_ptr: int) -> None:
+                self(stream, x_ptr, y_ptr, ws_ptr if with_workspace else 0, 0)
         elif self.access == ROWS:
-            def launch(stream: int, x_ptr: int, y_ptr: int) -> None:
+            def launch(stream: int, x_ptr: int, y_ptr: int, ws_ptr: int) -> None:
                 first(stream, x_ptr, x_ptr & ~7, y_ptr, 0, 0, 0)
         else:
-            def launch(stream: int, x_ptr: int, y_ptr: int) -> None:
+            def launch(stream: int, x_ptr: int, y_ptr: int, ws_ptr: int) -> None:
                 first(stream, x_ptr, y_ptr, 0, 0, 0)
         return launch
 
