@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from .arrays import contiguous_strides
+from .arrays import array_device, contiguous_strides
 from .types import ElementKind
 
 __all__ = ["allocator", "device_token", "element_of", "framework_of", "stream_source"]
@@ -120,7 +120,7 @@ def allocator(like: Any, shape: tuple[int, ...], element: ElementKind, *,
     from . import devices
 
     if devices.several():  # Numba allocates in the current context: make it like's
-        device = devices.array_device(like)
+        device = array_device(like)
 
         def numba_empty(_like: Any) -> Any:
             with devices.on(device):
@@ -203,6 +203,6 @@ def device_token(like: Any) -> Any:
             from . import devices
 
             def token(a: Any) -> Any:  # several devices: the one holding the pointer
-                return devices.array_device(a) if devices.several() else None
+                return array_device(a) if devices.several() else None
         _DEVICE_TOKENS[type(like)] = token
     return token(like)

@@ -18,8 +18,9 @@ import numpy as np
 import pytest
 from conftest import torch_or_skip
 
-from baracuda_numba import devices, driver, launch, ops
+from baracuda_numba import arrays, devices, driver, launch, ops, streams
 from baracuda_numba.errors import DriverError, InvalidProblem
+from baracuda_numba.plans import base
 from baracuda_numba.plans.scan import ScanArgs, ScanDescriptor, ScanPlan
 from baracuda_numba.testing import poisoned, random_values
 from baracuda_numba.types import ElementKind, ScanKind
@@ -44,7 +45,7 @@ def placed(monkeypatch):
     """``place(array, device)``: say that ``array``'s memory is on ``device`` (every other
     pointer: the device current when it is asked, as a fresh allocation would be)."""
     where: dict[int, int] = {}
-    monkeypatch.setattr(devices, "pointer_device",
+    monkeypatch.setattr(arrays, "pointer_device",
                         lambda pointer: where.get(pointer, devices.current_device()))
 
     def place(array, device):
@@ -100,8 +101,8 @@ def test_one_device_process_wraps_nothing_and_reads_no_device(monkeypatch, rng):
         def boom(*_):
             raise AssertionError("a device was read in a one-device process")
 
-        monkeypatch.setattr(devices, "array_device", boom)
-        monkeypatch.setattr(devices, "stream_device", boom)
+        monkeypatch.setattr(base, "array_device", boom)
+        monkeypatch.setattr(base, "stream_device", boom)
         plan = scan_plan()
         assert plan.device is None and "run" not in vars(plan)
         x, y = inputs(rng)
@@ -176,8 +177,6 @@ def test_checked_arrays_and_the_message(several, monkeypatch):
     from dataclasses import dataclass
     from typing import Any
 
-    from baracuda_numba.plans.base import _named_arrays
-
     @dataclass(frozen=True)
     class Args:
         x: Any
@@ -186,16 +185,16 @@ def test_checked_arrays_and_the_message(several, monkeypatch):
         absent: Any = None
 
     a, b, w = object(), object(), object()
-    pairs = _named_arrays(Args(a, (b,)), w)
+    pairs = base._named_arrays(Args(a, (b,)), w)
     assert pairs == [("x", a), ("items[0]", b), ("n", 5), ("workspace", w)]
     table = {id(a): 0, id(b): 1, id(w): 1}
-    monkeypatch.setattr(devices, "array_device", lambda array: table.get(id(array)))
+    monkeypatch.setattr(base, "array_device", lambda array: table.get(id(array)))
     with pytest.raises(InvalidProblem, match=r"P: arrays and stream must be on one device, "
                                              r"got x on device 0; items\[0\], workspace on "
                                              r"device 1"):
-        devices.check_devices("P", pairs, None, None)
-    assert devices.check_devices("P", [("x", b)], None, 1) == 1
-    assert devices.check_devices("P", [("n", 5)], None, 4) == 4
+        base.check_devices("P", pairs, None, None)
+    assert base.check_devices("P", [("x", b)], None, 1) == 1
+    assert base.check_devices("P", [("n", 5)], None, 4) == 4
 
 
 def test_array_and_stream_devices_of_each_framework(placed):
@@ -208,14 +207,14 @@ def test_array_and_stream_devices_of_each_framework(placed):
                                     "typestr": "<f4", "version": 3}
 
     placed.where[0x5000] = 3
-    assert devices.array_device(Interface()) == 3
+    assert arrays.array_device(Interface()) == 3
     host = placed(np.zeros(4, np.float32), 2)
-    assert devices.array_device(as_ref(host, "P", "x")) == 2
-    assert devices.array_device(None) is None and devices.array_device(7) is None
-    assert devices.stream_device(None) is None and devices.stream_device(0) is None
+    assert arrays.array_device(as_ref(host, "P", "x")) == 2
+    assert arrays.array_device(None) is None and arrays.array_device(7) is None
+    assert streams.stream_device(None) is None and streams.stream_device(0) is None
     torch_like = pytypes.SimpleNamespace(device=pytypes.SimpleNamespace(index=1))
     cupy_like = pytypes.SimpleNamespace(device_id=2)
-    assert devices.stream_device(torch_like) == 1 and devices.stream_device(cupy_like) == 2
+    assert streams.stream_device(torch_like) == 1 and streams.stream_device(cupy_like) == 2
 
 
 # -- kernels loaded per context -------------------------------------------------------------
@@ -400,7 +399,7 @@ def test_ops_run_on_the_input_device_whatever_the_current_one(several, allocatio
         y = ops.cumsum(x, 1)
     assert_cumsum(y.copy_to_host(), x)
     assert launched_on and set(launched_on) == {1}
-    assert devices.array_device(y) == 1 and devices.current_device() == 0
+    assert arrays.array_device(y) == 1 and devices.current_device() == 0
     plans = [key for key in ops._core._plans.keys() if key[0][0] == "scan"]
     assert plans and all(key[1] == 1 for key in plans)
     # the same call with an input on device 0 gets its own plan and site

@@ -12,6 +12,7 @@ from typing import Any, NamedTuple
 
 from .. import devices
 from .._frameworks import allocator, device_token, element_of, framework_of, stream_source
+from ..arrays import array_device
 from ..errors import InvalidProblem
 from ..types import ElementKind
 
@@ -64,7 +65,7 @@ def plan_for(key: Any, make: Callable[[], Any], like: Any = None) -> Any:
     the device (``like``'s, the input array; else the current one, which
     :func:`call_site` makes the input's) and the plan is selected on it."""
     if devices.several():
-        device = devices.current_device() if like is None else devices.array_device(like)
+        device = devices.current_device() if like is None else array_device(like)
         select = make
 
         def make() -> Any:
@@ -115,7 +116,7 @@ def call_site(x: Any, options: tuple[Any, ...],
     def build() -> Site:
         # Several devices: the plan is selected on the input's device (whatever the
         # current one is), and its run launches there (Plan.device).
-        with devices.on(devices.array_device(x) if devices.several() else None):
+        with devices.on(array_device(x) if devices.several() else None):
             plan, outputs, axis = make(tuple(int(s) for s in x.shape), element_of(x))
         allocs = tuple(None if spec is None else allocator(x, *spec) for spec in outputs)
         return Site(plan, allocs, stream_source(x), axis,

@@ -10,18 +10,26 @@ raises before any launch, so nothing is written.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import MISSING, dataclass, fields
 from typing import Any, ClassVar, NoReturn, TypeVar
 
 from .. import arrays as arrays_module
 from .. import devices
-from ..arrays import as_ref, contiguous_strides, flat_span, layout_exec, layout_lines
+from ..arrays import (
+    array_device,
+    as_ref,
+    contiguous_strides,
+    flat_span,
+    layout_exec,
+    layout_lines,
+)
 from ..errors import InvalidProblem, Unsupported, WorkspaceTooSmall
-from ..streams import stream_handle
+from ..streams import stream_device, stream_handle
 from ..types import ElementKind, KernelSku, PlanPreference, PrecisionGuarantee
 
-__all__ = ["LAUNCHED", "MAX_RANK", "LayoutMemo", "Plan", "device_checked", "fail",
+__all__ = ["LAUNCHED", "MAX_RANK", "LayoutMemo", "Plan", "check_devices", "device_checked",
+           "fail",
            "plan_args", "product",
            "replay_launcher", "store_replay", "written_pairs"]
 
@@ -405,8 +413,8 @@ _ARRAY_FIELDS: dict[type, tuple[str, ...]] = {}
 
 def _named_arrays(args: Any, workspace: Any) -> list[tuple[str, Any]]:
     """``(name, value)`` of every field of a plan's ``args`` (the items of a tuple or list
-    field as ``name[i]``) and the workspace; :func:`devices.check_devices` skips what is
-    not an array."""
+    field as ``name[i]``) and the workspace; :func:`check_devices` skips what is
+    not an array (:func:`check_devices`)."""
     names = _ARRAY_FIELDS.get(type(args))
     if names is None:
         names = _ARRAY_FIELDS[type(args)] = tuple(f.name for f in fields(args)) \
@@ -423,16 +431,46 @@ def _named_arrays(args: Any, workspace: Any) -> list[tuple[str, Any]]:
     return found
 
 
+def check_devices(plan: str, arrays: Iterable[tuple[str, Any]], stream: Any,
+                  bound: int | None) -> int | None:
+    """The one device that every array (``(name, array)`` pairs; non-arrays are skipped)
+    and ``stream`` are on, and that is ``bound`` (the plan's device, None: any). Raises
+    :class:`~baracuda_numba.errors.InvalidProblem` naming the plan, the arguments and their
+    devices otherwise. Returns None where nothing has a device."""
+    where: dict[int, list[str]] = {}
+    for name, array in arrays:
+        device = array_device(array)
+        if device is not None:
+            where.setdefault(device, []).append(name)
+    device = stream_device(stream)
+    if device is not None:
+        where.setdefault(device, []).append("stream")
+    if len(where) > 1:
+        listing = "; ".join(f"{', '.join(names)} on device {device}"
+                            for device, names in sorted(where.items()))
+        raise InvalidProblem(f"{plan}: arrays and stream must be on one device, got "
+                             f"{listing}")
+    if not where:
+        return bound
+    (device, names), = where.items()
+    if bound is not None and device != bound:
+        raise InvalidProblem(
+            f"{plan}: {', '.join(names)} on device {device}, but this plan was selected on "
+            f"device {bound} (its kernels and device state live there); select one plan "
+            "per device")
+    return device
+
+
 def device_checked(plan: Plan, run: Callable[..., Any]) -> Callable[..., Any]:
     """``run`` (a bound ``run``, ``run_fw`` or ``run_bw`` of ``plan``, taking ``(args,
     stream=None, workspace=None)``) behind the several-device check: every array of
     ``args``, the workspace and the stream must be on ``plan.device``
-    (:func:`devices.check_devices` raises :class:`InvalidProblem` naming them before
+    (:func:`check_devices` raises :class:`InvalidProblem` naming them before
     anything launches), and the call runs with that device's primary context current."""
     name, device = plan.name, plan.device
 
     def checked(args: Any, stream: Any = None, workspace: Any = None) -> Any:
-        devices.check_devices(name, _named_arrays(args, workspace), stream, device)
+        check_devices(name, _named_arrays(args, workspace), stream, device)
         with devices.on(device):
             return run(args, stream, workspace)
 
