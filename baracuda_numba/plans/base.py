@@ -29,9 +29,8 @@ from ..streams import stream_device, stream_handle
 from ..types import ElementKind, KernelSku, PlanPreference, PrecisionGuarantee
 
 __all__ = ["LAUNCHED", "MAX_RANK", "LayoutMemo", "Plan", "check_devices", "device_checked",
-           "fail",
-           "plan_args", "product",
-           "replay_launcher", "store_replay", "written_pairs"]
+           "fail", "plan_args", "product", "replay_launcher", "store_replay",
+           "written_pairs"]
 
 MAX_RANK = 8
 
@@ -414,7 +413,7 @@ _ARRAY_FIELDS: dict[type, tuple[str, ...]] = {}
 def _named_arrays(args: Any, workspace: Any) -> list[tuple[str, Any]]:
     """``(name, value)`` of every field of a plan's ``args`` (the items of a tuple or list
     field as ``name[i]``) and the workspace; :func:`check_devices` skips what is
-    not an array (:func:`check_devices`)."""
+    not an array."""
     names = _ARRAY_FIELDS.get(type(args))
     if names is None:
         names = _ARRAY_FIELDS[type(args)] = tuple(f.name for f in fields(args)) \
