@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from .arrays import contiguous_strides
+from .arrays import array_device, contiguous_strides
 from .types import ElementKind
 
 __all__ = ["allocator", "device_token", "element_of", "framework_of", "stream_source"]
@@ -117,6 +117,16 @@ def allocator(like: Any, shape: tuple[int, ...], element: ElementKind, *,
         return cupy_empty
     from numba import cuda
 
+    from . import devices
+
+    if devices.several():  # Numba allocates in the current context: make it like's
+        device = array_device(like)
+
+        def numba_empty(_like: Any) -> Any:
+            with devices.on(device):
+                return cuda.device_array(shape, dtype=element.storage_dtype)
+
+        return numba_empty
     return lambda _like: cuda.device_array(shape, dtype=element.storage_dtype)
 
 
@@ -137,6 +147,18 @@ def _cupy_stream() -> int:
     return cupy.cuda.get_current_stream().ptr
 
 
+def _cupy_device_stream(device_id: int) -> Callable[[], int]:
+    """CuPy's current stream of device ``device_id`` (several devices: not the current
+    device's)."""
+    import cupy
+
+    def current() -> int:
+        with cupy.cuda.Device(device_id):
+            return cupy.cuda.get_current_stream().ptr
+
+    return current
+
+
 def _legacy_stream() -> int:
     return 0
 
@@ -154,7 +176,9 @@ def stream_source(like: Any) -> Callable[[], Any]:
         device = like.device
         return lambda: torch.cuda.current_stream(device).cuda_stream
     if kind == "cupy":
-        return _cupy_stream
+        from . import devices
+
+        return _cupy_device_stream(like.device.id) if devices.several() else _cupy_stream
     return _legacy_stream
 
 
@@ -163,8 +187,9 @@ _DEVICE_TOKENS: dict[type, Callable[[Any], Any]] = {}
 
 def device_token(like: Any) -> Any:
     """A hashable token of ``like``'s device (torch: ``.get_device()``; CuPy: the device id;
-    Numba: None, arrays live on the current context's device); one dict lookup and one
-    call per array after the first of its type."""
+    Numba: None, arrays live on the current context's device, unless several devices are
+    visible: then the device holding the pointer); one dict lookup and one call per array
+    after the first of its type."""
     token = _DEVICE_TOKENS.get(type(like))
     if token is None:
         kind = framework_of(like)
@@ -175,7 +200,9 @@ def device_token(like: Any) -> Any:
             def token(a: Any) -> Any:
                 return a.device.id
         else:
-            def token(a: Any) -> Any:
-                return None
+            from . import devices
+
+            def token(a: Any) -> Any:  # several devices: the one holding the pointer
+                return array_device(a) if devices.several() else None
         _DEVICE_TOKENS[type(like)] = token
     return token(like)

@@ -24,8 +24,8 @@ from ._runtime import SIMULATOR
 from .errors import BufferTooSmall, InvalidProblem, MisalignedOperand, Unsupported
 from .types import ElementKind
 
-__all__ = ["TensorMut", "TensorRef", "as_mut", "as_ref", "contiguous_strides", "flat_span",
-           "layout_exec", "layout_lines", "layout_signature"]
+__all__ = ["TensorMut", "TensorRef", "array_device", "as_mut", "as_ref", "contiguous_strides",
+           "flat_span", "layout_exec", "layout_lines", "layout_signature", "pointer_device"]
 
 MAX_RANK = 8
 
@@ -247,6 +247,78 @@ def _extractor_for(cls: type, obj: Any) -> Callable[[Any], _Extracted]:
         raise TypeError(f"{cls.__name__} is not a device array (no __cuda_array_interface__)")
     _EXTRACTORS[cls] = found
     return found
+
+
+# ---------------------------------------------------------------------------------------
+# Device of an array (several devices in one process: baracuda_numba.devices), read the way
+# the array's extractor reads its pointer.
+
+
+def pointer_device(pointer: int) -> int | None:
+    """The device ordinal holding memory at ``pointer`` (the driver's
+    ``CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL``; None where the driver does not know the
+    address). The simulator's "device memory" is host memory: device 0."""
+    if SIMULATOR:
+        return 0
+    from .driver import pointer_device as ordinal
+
+    return ordinal(pointer)
+
+
+def _interface_device(obj: Any) -> int | None:
+    try:
+        interface = obj.__cuda_array_interface__
+    except RuntimeError:  # torch, requires_grad
+        interface = obj.detach().__cuda_array_interface__
+    return pointer_device(interface["data"][0] or 0)
+
+
+def _torch_device(obj: Any) -> int | None:
+    index = obj.get_device()
+    return None if index < 0 else index
+
+
+#: extractor -> how that kind of array gives its device
+_DEVICE_OF: dict[Callable[[Any], _Extracted], Callable[[Any], int | None]] = {
+    _extract_torch: _torch_device,
+    _extract_cupy: lambda obj: obj.device.id,
+    _extract_numba: lambda obj: pointer_device(obj.device_ctypes_pointer.value or 0),
+    _extract_cai: _interface_device,
+    _extract_numpy: lambda obj: pointer_device(obj.ctypes.data),
+    _extract_fake_cuda: lambda obj: pointer_device(obj._ary.ctypes.data),
+}
+_DEVICE_READERS: dict[type, Callable[[Any], int | None]] = {}
+
+
+def _ref_device(ref: TensorRef) -> int | None:
+    owner = ref.owner
+    if owner is not None and owner is not ref and not isinstance(owner, TensorRef):
+        return array_device(owner)
+    return pointer_device(ref.ptr)
+
+
+def _no_device(_obj: Any) -> None:
+    return None
+
+
+def array_device(obj: Any) -> int | None:
+    """The device ordinal of ``obj`` (torch: ``get_device()``, CuPy: ``device.id``, a
+    :class:`TensorRef`: its owner's, anything else: the device of its pointer); None for
+    what is no device array (``None``, numbers, CPU tensors). Chosen once per type."""
+    read = _DEVICE_READERS.get(type(obj))
+    if read is None:
+        cls = type(obj)
+        if obj is None:
+            read = _no_device
+        elif issubclass(cls, TensorRef):
+            read = _ref_device
+        else:
+            try:
+                read = _DEVICE_OF[_EXTRACTORS.get(cls) or _extractor_for(cls, obj)]
+            except TypeError:  # not a device array
+                read = _no_device
+        _DEVICE_READERS[cls] = read
+    return read(obj)
 
 
 def _fail(plan: str, arg: str, exc: type[Exception], rule: str) -> Exception:

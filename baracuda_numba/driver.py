@@ -26,7 +26,14 @@ from .errors import DriverError
 
 __all__ = [
     "CU_ERROR_INVALID_CONTEXT",
+    "CU_ERROR_INVALID_HANDLE",
     "check",
+    "context_current",
+    "context_device",
+    "context_pop",
+    "context_push",
+    "context_set_current",
+    "device_count",
     "driver_version",
     "launch_kernel",
     "libcuda",
@@ -35,12 +42,18 @@ __all__ = [
     "memcpy_dtod_async",
     "function_registers",
     "memset_d8_async",
+    "pointer_device",
     "pointer_launcher",
+    "primary_context",
+    "retry_launch",
+    "stream_context",
     "stream_capturing",
     "stream_synchronize",
 ]
 
 CU_ERROR_INVALID_CONTEXT = 201
+CU_ERROR_INVALID_HANDLE = 400
+_CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9
 _CU_MEMORYTYPE_DEVICE = 2
 
 _size_t = ctypes.c_size_t
@@ -80,6 +93,17 @@ def libcuda() -> ctypes.CDLL:
     lib.cuStreamSynchronize.argtypes = [_ptr]
     lib.cuOccupancyMaxActiveBlocksPerMultiprocessor.argtypes = [
         ctypes.POINTER(ctypes.c_int), _ptr, ctypes.c_int, _size_t]
+    lib.cuInit.argtypes = [_uint]
+    lib.cuDeviceGetCount.argtypes = [ctypes.POINTER(ctypes.c_int)]
+    lib.cuDeviceGet.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_int]
+    lib.cuDevicePrimaryCtxRetain.argtypes = [ctypes.POINTER(_ptr), ctypes.c_int]
+    lib.cuCtxGetCurrent.argtypes = [ctypes.POINTER(_ptr)]
+    lib.cuCtxSetCurrent.argtypes = [_ptr]
+    lib.cuCtxPushCurrent_v2.argtypes = [_ptr]
+    lib.cuCtxPopCurrent_v2.argtypes = [ctypes.POINTER(_ptr)]
+    lib.cuCtxGetDevice.argtypes = [ctypes.POINTER(ctypes.c_int)]
+    lib.cuPointerGetAttribute.argtypes = [_ptr, ctypes.c_int, _u64]
+    lib.cuStreamGetCtx.argtypes = [_ptr, ctypes.POINTER(_ptr)]
     return lib
 
 
@@ -146,6 +170,121 @@ def stream_synchronize(stream: int) -> None:
     if SIMULATOR:
         return
     check(libcuda().cuStreamSynchronize(stream), "cuStreamSynchronize")
+
+
+# -- devices and contexts (the several-device path of :mod:`baracuda_numba.devices`) ----
+
+
+def device_count() -> int:
+    """How many CUDA devices this process sees (``cuDeviceGetCount``); 0 without a driver."""
+    try:
+        lib = libcuda()
+    except OSError:
+        return 0
+    count = ctypes.c_int()
+    if lib.cuInit(0) or lib.cuDeviceGetCount(ctypes.byref(count)):
+        return 0
+    return count.value
+
+
+def primary_context(ordinal: int) -> int:
+    """The primary context of device ``ordinal`` (the one the CUDA runtime, torch, CuPy and
+    Numba use), retained for the life of the process."""
+    lib = libcuda()
+    device = ctypes.c_int()
+    check(lib.cuDeviceGet(ctypes.byref(device), ordinal), "cuDeviceGet")
+    context = _ptr()
+    check(lib.cuDevicePrimaryCtxRetain(ctypes.byref(context), device.value),
+          "cuDevicePrimaryCtxRetain")
+    return context.value or 0
+
+
+def context_current() -> int:
+    """The calling thread's current ``CUcontext`` (0: none)."""
+    context = _ptr()
+    check(libcuda().cuCtxGetCurrent(ctypes.byref(context)), "cuCtxGetCurrent")
+    return context.value or 0
+
+
+def context_set_current(context: int) -> None:
+    """Make ``context`` the calling thread's current context (replacing the top of its
+    stack)."""
+    check(libcuda().cuCtxSetCurrent(context), "cuCtxSetCurrent")
+
+
+def context_push(context: int) -> None:
+    """Push ``context`` on the calling thread's context stack (current until popped)."""
+    check(libcuda().cuCtxPushCurrent_v2(context), "cuCtxPushCurrent")
+
+
+def context_pop() -> None:
+    """Pop the calling thread's current context (the one pushed last)."""
+    popped = _ptr()
+    check(libcuda().cuCtxPopCurrent_v2(ctypes.byref(popped)), "cuCtxPopCurrent")
+
+
+def context_device(context: int) -> int:
+    """The device ordinal of ``context`` (made current for the query if it is not)."""
+    lib = libcuda()
+    device = ctypes.c_int()
+    if context and context != context_current():
+        context_push(context)
+        try:
+            check(lib.cuCtxGetDevice(ctypes.byref(device)), "cuCtxGetDevice")
+        finally:
+            context_pop()
+    else:
+        check(lib.cuCtxGetDevice(ctypes.byref(device)), "cuCtxGetDevice")
+    return device.value
+
+
+def pointer_device(pointer: int) -> int | None:
+    """The device ordinal that holds device (or managed) memory at ``pointer``
+    (``CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL``); None where the driver does not know the
+    address (host memory not registered with CUDA)."""
+    ordinal = ctypes.c_int()
+    code = libcuda().cuPointerGetAttribute(ctypes.byref(ordinal),
+                                           _CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, pointer)
+    return None if code else ordinal.value
+
+
+def stream_context(stream: int) -> int:
+    """The context ``stream`` belongs to (``cuStreamGetCtx``)."""
+    context = _ptr()
+    check(libcuda().cuStreamGetCtx(stream, ctypes.byref(context)), "cuStreamGetCtx")
+    return context.value or 0
+
+
+def retry_launch(code: Any, context: int, attempt: Callable[..., Any],
+                 arguments: tuple[Any, ...], what: str) -> None:
+    """After a launch of a function loaded in ``context`` returned ``code``: retry
+    ``attempt(*arguments)`` (the same launch, returning its ``CUresult``) once where the
+    failure is the calling thread's context, else raise :class:`DriverError`.
+
+    * no context current (the first launch from a new thread): make ``context`` current,
+      retry in place (later launches from the thread then need no retry);
+    * ``context`` is current already (a thread whose context was made current since):
+      retry in place;
+    * another context is current (another device's): push ``context``, retry, pop, so the
+      caller's current device is what it was.
+
+    A retry that fails raises with its own ``CUresult``."""
+    code = int(code)
+    if code in (CU_ERROR_INVALID_CONTEXT, CU_ERROR_INVALID_HANDLE) and context:
+        current = context_current()
+        if current == 0:
+            context_set_current(context)
+            code = int(attempt(*arguments))
+        elif current == context:
+            if code == CU_ERROR_INVALID_CONTEXT:
+                code = int(attempt(*arguments))
+        else:
+            context_push(context)
+            try:
+                code = int(attempt(*arguments))
+            finally:
+                context_pop()
+    check(code, what)
 
 
 _modules: list[int] = []  # loaded modules stay loaded for the life of the process
@@ -267,7 +406,9 @@ def pointer_launcher(function: int, grid: tuple[int, int, int], block: tuple[int
     :func:`launcher` picks) with ``params`` (address of a ``void*[]``) or ``extra`` (a
     ``CU_LAUNCH_PARAM_BUFFER_*`` list); exactly one of them is non-zero. While
     ``direct[0]`` is false it calls ``fallback(stream, *pointers)`` instead; a non-zero
-    ``CUresult`` goes to ``failed(code, stream, *pointers)``.
+    ``CUresult`` goes to ``failed(code, stream, *pointers)`` (the pointers in slot order);
+    ``launch.attempt(stream, *pointers)`` is that launch again, slot order, returning the
+    ``CUresult`` (what :func:`retry_launch` retries).
 
     With ``order`` the function takes ``launch(stream, a0, ..., a{arity-1})`` instead
     and writes slot ``i`` from the expression ``order[i]`` (one of those names, or
@@ -311,6 +452,8 @@ def pointer_launcher(function: int, grid: tuple[int, int, int], block: tuple[int
         namespace[f"s{i}"] = slot
         writes += f"        s{i}.value = {names[i]}\n"
     arguments = ", ".join(["stream", *names])
+    slot_names = [f"p{i}" for i in range(len(slots))]
+    attempt_writes = "".join(f"        s{i}.value = p{i}\n" for i in range(len(slots)))
     source = (f"def launch({', '.join(['stream', *parameters])}):\n"
               f"    if not direct[0]:\n"
               f"        return fallback({arguments})\n"
@@ -319,6 +462,14 @@ def pointer_launcher(function: int, grid: tuple[int, int, int], block: tuple[int
               f"    finally:\n"
               f"        release()\n"
               f"    if code:\n"
-              f"        failed(code, {arguments})\n")
+              f"        failed(code, {arguments})\n"
+              f"def attempt({', '.join(['stream', *slot_names])}):\n"
+              f"    acquire()\n"
+              f"    try:\n{attempt_writes}{call}"
+              f"    finally:\n"
+              f"        release()\n"
+              f"    return code\n")
     exec(compile(source, f"<launch of CUfunction {function:#x}>", "exec"), namespace)
-    return namespace["launch"]
+    launch = namespace["launch"]
+    launch.attempt = namespace["attempt"]
+    return launch

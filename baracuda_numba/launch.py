@@ -46,10 +46,9 @@ from typing import Any
 import numpy as np
 from numba import cuda, types
 
-from . import cubin_cache
+from . import cubin_cache, devices
 from ._runtime import SIMULATOR
 from .driver import (
-    CU_ERROR_INVALID_CONTEXT,
     check,
     driver_version,
     function_static_shared,
@@ -57,6 +56,7 @@ from .driver import (
     load_function,
     max_active_blocks,
     pointer_launcher,
+    retry_launch,
     set_max_dynamic_shared,
 )
 
@@ -312,9 +312,15 @@ class Kernel:
                                                             for i in range(self._slots)])
         self._pointers_address = ctypes.addressof(self._pointers)
         self._lock = threading.Lock()
-        self._handle: int | None = None  # the CUfunction, once loaded
+        # The CUfunction per CUcontext it was loaded in. A process that sees one device
+        # also keeps it in _handle (and its context in _context): ``function`` then reads
+        # one attribute and never asks the driver which context is current.
+        self._handles: dict[int, int] = {}
+        self._handle: int | None = None
+        self._context = 0
         self._dynamic_shared = 0  # bytes of dynamic shared memory opted in so far
-        self._shared_limit: int | None = None  # dynamic_shared_limit, once read
+        self._opted: dict[int, int] = {}  # several devices: the opt-in set per context
+        self._shared_limits: dict[int | None, int] = {}  # dynamic_shared_limit, once read
         self._dispatcher_obj: Any = None
         if register:
             _REGISTRY.append(self)
@@ -349,19 +355,33 @@ class Kernel:
     @property
     def function(self) -> int:
         """The driver's ``CUfunction`` of this kernel in the current context (loaded, and
-        compiled if it is not in the cache, on first access)."""
-        if self._handle is None:
-            self.load()
-        assert self._handle is not None
-        return self._handle
+        compiled if it is not in the cache, on first access in that context)."""
+        handle = self._handle
+        if handle is None:
+            handle = self.resolved()[0]
+        return handle
 
     _function = function  # the name launchers and drivers used before
 
+    def resolved(self) -> tuple[int, int]:
+        """``(CUfunction, CUcontext)``: this kernel loaded in the current context (on
+        first use there), and that context."""
+        if self._handle is not None:
+            return self._handle, self._context
+        context = devices.current_context()
+        handle = self._handles.get(context)
+        if handle is None:
+            self.load()
+            if self._handle is not None:
+                return self._handle, self._context
+            handle = self._handles[context]
+        return handle, context
+
     @property
     def loaded(self) -> bool:
-        """Whether this process holds the kernel's CUfunction already (always False in
-        the simulator, which launches through Numba)."""
-        return self._handle is not None
+        """Whether this process holds the kernel's CUfunction already, in some context
+        (always False in the simulator, which launches through Numba)."""
+        return bool(self._handles)
 
     def prepare(self) -> Kernel:
         """Declare that a plan may launch this kernel; compiles nothing. The kernel loads
@@ -370,40 +390,60 @@ class Kernel:
         return self
 
     def load(self) -> Kernel:
-        """Resolve the CUfunction now, once per process. Idempotent; a no-op in the
-        simulator.
+        """Resolve the CUfunction in the current context now, once per context.
+        Idempotent; a no-op in the simulator.
 
-        First from the cubin cache (one ``cuModuleLoadData``); otherwise Numba compiles the
-        signature, and the linked cubin is written to the cache for the next process
+        First from the cubin cache (one ``cuModuleLoadData``; every device of one compute
+        capability loads the same entry); otherwise Numba compiles the signature, and the
+        linked cubin is written to the cache for the next process
         (:func:`baracuda_numba.cubin_cache.lookup_or_fill`: one compile per kernel even
         with several processes filling one cache)."""
         if SIMULATOR or self._handle is not None:
             return self
+        context = devices.current_context()
+        if context in self._handles:
+            return self
         with _PREPARE_LOCK:
-            if self._handle is not None:
+            if context in self._handles:
                 return self
             cc = cuda.current_context().device.compute_capability
             path = cubin_path(self, cc)
-            entry, built = cubin_cache.lookup_or_fill(path, lambda: self._compile(cc, path))
+            entry, built = cubin_cache.lookup_or_fill(
+                path, lambda: self._compile(cc, path, context))
             if not built:
                 assert entry is not None
                 try:
-                    self._handle = load_function(entry[1], entry[0])
+                    handle = load_function(entry[1], entry[0])
                 except (OSError, ValueError, RuntimeError):
                     # intact but not loadable here: compile and replace it
-                    rebuilt = self._compile(cc, path)
+                    rebuilt = self._compile(cc, path, context)
                     if rebuilt is not None and path is not None:
                         cubin_cache.write_entry(path, *rebuilt)
+                else:
+                    self._keep(context, handle)
         return self
 
-    def _compile(self, cc: tuple[int, int], path: pathlib.Path | None
+    def _keep(self, context: int, handle: int) -> None:
+        """Record ``handle`` as this kernel's CUfunction in ``context``. With several
+        devices the dynamic shared memory opt-in made so far is set on it too (each
+        context's function carries its own)."""
+        self._handles[context] = handle
+        if not devices.several():
+            self._handle, self._context = handle, context
+        elif self._dynamic_shared:
+            nbytes = min(self._dynamic_shared, self.dynamic_shared_limit())
+            set_max_dynamic_shared(handle, nbytes)
+            self._opted[context] = nbytes
+
+    def _compile(self, cc: tuple[int, int], path: pathlib.Path | None, context: int
                  ) -> tuple[bytes, bytes] | None:
-        """Compile with Numba and keep its CUfunction; returns ``(entry name, cubin)`` for
-        the cache (None if Numba gave no cubin bytes)."""
+        """Compile with Numba and keep its CUfunction (Numba loads it in the current
+        context, ``context``); returns ``(entry name, cubin)`` for the cache (None if Numba
+        gave no cubin bytes)."""
         with compile_notice(self.name, path):
             compiled = self.dispatcher.compile(self.signature)
             library = compiled._codelibrary
-            self._handle = _as_cufunction(library.get_cufunc().handle)
+            self._keep(context, _as_cufunction(library.get_cufunc().handle))
         cubin = library.get_cubin(cc=cc)
         image = getattr(cubin, "code", cubin)  # cuda.core ObjectCode or raw bytes
         if not isinstance(image, (bytes, bytearray)):
@@ -417,10 +457,12 @@ class Kernel:
         simulator. Read once per process."""
         if SIMULATOR:
             return 1 << 30
-        if self._shared_limit is None:
+        key = devices.current_context() if self._handle is None else None
+        found = self._shared_limits.get(key)
+        if found is None:
             optin = int(cuda.current_context().device.MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
-            self._shared_limit = optin - function_static_shared(self.function)
-        return self._shared_limit
+            found = self._shared_limits[key] = optin - function_static_shared(self.function)
+        return found
 
     def resident_blocks(self, block: int, dynamic_shared: int = 0) -> int:
         """Blocks of ``block`` threads (and ``dynamic_shared`` bytes of dynamic shared
@@ -439,13 +481,29 @@ class Kernel:
         dynamic shared memory exceeds 48 KiB, so it is set for any request (the kernel's
         static tables count too). A no-op in the simulator, whose launches take any size.
         Idempotent; the largest request so far stays in force."""
-        if SIMULATOR or nbytes <= self._dynamic_shared:
+        if SIMULATOR:
+            return self
+        if self._handle is None:  # several devices: the opt-in of this context's function
+            return self._allow_dynamic_shared_here(nbytes)
+        if nbytes <= self._dynamic_shared:
             return self
         nbytes = min(nbytes, self.dynamic_shared_limit())
         with _PREPARE_LOCK:
             if nbytes > self._dynamic_shared:
                 set_max_dynamic_shared(self.function, nbytes)
                 self._dynamic_shared = nbytes
+        return self
+
+    def _allow_dynamic_shared_here(self, nbytes: int) -> Kernel:
+        function, context = self.resolved()
+        if self._handle is not None:  # loaded just now, in a one-device process
+            return self.allow_dynamic_shared(nbytes)
+        nbytes = min(nbytes, self.dynamic_shared_limit())
+        with _PREPARE_LOCK:
+            if nbytes > self._opted.get(context, 0):
+                set_max_dynamic_shared(function, nbytes)
+                self._opted[context] = nbytes
+            self._dynamic_shared = max(self._dynamic_shared, nbytes)
         return self
 
     def bind(self, grid: int | tuple[int, ...], block: int | tuple[int, ...],
@@ -470,7 +528,7 @@ class Kernel:
         if SIMULATOR or _mode == "dispatcher":
             self._launch_dispatcher(grid3, block3, stream, args, shared_bytes)
             return
-        function = self.function
+        function, context = self.resolved()
         values: list[Any] = []
         for (kind, info), value in zip(self._kinds, args):
             if kind == "array":
@@ -481,15 +539,21 @@ class Kernel:
                 values += value
             else:
                 values.append(value)
+        code = self._attempt(function, grid3, block3, shared_bytes, stream, values)
+        if code:  # e.g. the first launch from a thread with no current context
+            retry_launch(code, context, self._attempt,
+                         (function, grid3, block3, shared_bytes, stream, values),
+                         f"cuLaunchKernel({self.name})")
+
+    def _attempt(self, function: int, grid: tuple[int, int, int],
+                 block: tuple[int, int, int], shared_bytes: int, stream: int,
+                 values: list[Any]) -> int:
+        """One ``cuLaunchKernel`` of :meth:`launch` (parameters packed under the lock);
+        returns the ``CUresult``."""
         with self._lock:
             self._struct.pack_into(self._params, 0, *values)
-            code = launch_kernel(function, grid3, block3, shared_bytes, stream,
+            return launch_kernel(function, grid, block, shared_bytes, stream,
                                  self._pointers_address)
-            if code == CU_ERROR_INVALID_CONTEXT:  # first launch from a new thread
-                cuda.current_context()
-                code = launch_kernel(function, grid3, block3, shared_bytes, stream,
-                                     self._pointers_address)
-        check(code, f"cuLaunchKernel({self.name})")
 
     def _launch_dispatcher(self, grid: tuple[int, int, int], block: tuple[int, int, int],
                            stream: int, args: Sequence[Any], shared_bytes: int) -> None:
@@ -531,9 +595,9 @@ class BoundLaunch:
     time anyway).
     """
 
-    __slots__ = ("_args", "_array_positions", "_block", "_cooperative", "_extra", "_grid",
-                 "_kernel", "_keepalive", "_lock", "_params_address", "_pointer_slots",
-                 "_shared", "_use_extra", "fast")
+    __slots__ = ("_args", "_array_positions", "_block", "_context", "_cooperative", "_extra",
+                 "_function", "_grid", "_kernel", "_keepalive", "_lock", "_params_address",
+                 "_pointer_slots", "_shared", "_use_extra", "fast")
 
     def __init__(self, kernel: Kernel, grid: tuple[int, int, int], block: tuple[int, int, int],
                  args: tuple[Any, ...], shared_bytes: int, packed: bool | None = None,
@@ -555,9 +619,12 @@ class BoundLaunch:
         self._params_address = None
         self._keepalive: tuple[Any, ...] = ()
         self.fast: Callable[..., None] = self._dispatch
+        self._function = self._context = 0
         if SIMULATOR:
             return
-        function = kernel.function
+        # The function of the current context: a plan binds under its device's context.
+        function, self._context = kernel.resolved()
+        self._function = function
         values: list[Any] = []
         for (kind, info), value in zip(kernel._kinds, args):
             if kind == "array":
@@ -648,7 +715,7 @@ class BoundLaunch:
         dispatcher path (simulator)."""
         if SIMULATOR:
             return None
-        return pointer_launcher(self._kernel.function, self._grid, self._block,
+        return pointer_launcher(self._function, self._grid, self._block,
                                 self._shared, self._params_address, self._extra,
                                 self._pointer_slots, self._lock, _DIRECT, self._dispatch,
                                 self._failed, order, arity, self._cooperative)
@@ -660,19 +727,22 @@ class BoundLaunch:
             args[position] = (pointer, args[position][1])
         self._kernel.launch(self._grid, self._block, stream, args, self._shared)
 
+    @property
+    def context(self) -> int:
+        """The ``CUcontext`` whose ``CUfunction`` this launch calls (0 in the simulator)."""
+        return self._context
+
     def _failed(self, code: Any, stream: int, *pointers: int) -> None:
-        """A launch returned ``code``: the first launch from a thread without a current
-        context is retried once after making Numba's context current; else raise."""
-        if int(code) == CU_ERROR_INVALID_CONTEXT:
-            cuda.current_context()
-            with self._lock:
-                for slot, pointer in zip(self._pointer_slots, pointers):
-                    slot.value = pointer
-                code = launch_kernel(self._kernel.function, self._grid, self._block,
-                                     self._shared, stream, self._params_address or None,
-                                     self._extra or None, self._cooperative)
+        """A launch returned ``code``: a launch from a thread whose current context is not
+        this launch's (none yet: the first launch from a new thread; another device's) is
+        retried once in this launch's context (:func:`~baracuda_numba.driver.retry_launch`);
+        else raise."""
         call = "cuLaunchCooperativeKernel" if self._cooperative else "cuLaunchKernel"
-        check(int(code), f"{call}({self._kernel.name})")
+        attempt = getattr(self.fast, "attempt", None)
+        if attempt is None:
+            check(int(code), f"{call}({self._kernel.name})")
+        retry_launch(code, self._context, attempt, (stream, *pointers),
+                     f"{call}({self._kernel.name})")
 
 
 _PREPARE_LOCK = threading.RLock()

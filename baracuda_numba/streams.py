@@ -11,7 +11,10 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-__all__ = ["stream_handle"]
+from . import devices, driver
+from ._runtime import SIMULATOR
+
+__all__ = ["stream_device", "stream_handle"]
 
 _CACHE_LIMIT = 256
 _cache: dict[int, tuple[Any, int]] = {}
@@ -47,3 +50,23 @@ def stream_handle(stream: Any) -> int:
             _cache.clear()
         _cache[id(stream)] = (stream, handle)
     return handle
+
+
+def stream_device(stream: Any) -> int | None:
+    """The device ordinal of ``stream`` (torch: ``device.index``, CuPy: ``device_id``, a raw
+    handle or another stream object: its context's device); None for the default streams
+    (``None``, 0, 1, 2: each context has its own, so they follow the context a launch
+    runs in) and in the simulator."""
+    if stream is None:
+        return None
+    if type(stream) is not int:
+        index = getattr(getattr(stream, "device", None), "index", None)  # torch
+        if index is not None:
+            return int(index)
+        device_id = getattr(stream, "device_id", None)  # CuPy
+        if device_id is not None:
+            return int(device_id)
+        stream = stream_handle(stream)
+    if stream in (0, 1, 2) or SIMULATOR:
+        return None
+    return devices.context_device(driver.stream_context(stream))

@@ -31,11 +31,19 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--ptx-all", action="store_true",
                      help="test_ptx: compile every kernel signature for sm_90, not CI's "
                           "sample (same as BARACUDA_PTX_ALL=1)")
+    parser.addoption("--several-devices", action="store_true",
+                     help="run every plan through the several-device path (device checks, "
+                          "launches in the arrays' device context) even where one device "
+                          "is visible: devices.force_several_devices()")
 
 
 def pytest_configure(config: pytest.Config) -> None:
     if config.getoption("--ptx-all"):
         os.environ["BARACUDA_PTX_ALL"] = "1"  # read by test_ptx.start and its processes
+    if config.getoption("--several-devices"):
+        from baracuda_numba import devices
+
+        devices.force_several_devices(True)
 
 
 @pytest.hookimpl(trylast=True)  # after -k / -m deselection

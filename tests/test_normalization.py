@@ -559,6 +559,7 @@ class _HostCupy:
         self.data = types.SimpleNamespace(ptr=array.ctypes.data)
         self.shape, self.strides, self.dtype = array.shape, array.strides, array.dtype
         self.itemsize, self._c_contiguous = array.itemsize, array.flags.c_contiguous
+        self.device = types.SimpleNamespace(id=0)  # read where several devices are visible
 
 
 @pytest.mark.simulator

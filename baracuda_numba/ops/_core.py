@@ -10,7 +10,9 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+from .. import devices
 from .._frameworks import allocator, device_token, element_of, framework_of, stream_source
+from ..arrays import array_device
 from ..errors import InvalidProblem
 from ..types import ElementKind
 
@@ -56,8 +58,21 @@ _plans = BoundedCache(_CACHE_SIZE)  # (family, descriptor fields) -> plan
 _sites = BoundedCache(_CACHE_SIZE)  # (family, options, array type, shape, dtype, device) -> Site
 
 
-def plan_for(key: Any, make: Callable[[], Any]) -> Any:
-    """The cached plan for ``key``; ``make()`` selects it on a miss (bounded cache)."""
+def plan_for(key: Any, make: Callable[[], Any], like: Any = None) -> Any:
+    """The cached plan for ``key``; ``make()`` selects it on a miss (bounded cache).
+
+    Where several devices are visible a plan belongs to one device: the key then holds
+    the device (``like``'s, the input array; else the current one, which
+    :func:`call_site` makes the input's) and the plan is selected on it."""
+    if devices.several():
+        device = devices.current_device() if like is None else array_device(like)
+        select = make
+
+        def make() -> Any:
+            with devices.on(device):
+                return select()
+
+        key = (key, device)
     return _plans.get(key, make)
 
 
@@ -99,7 +114,10 @@ def call_site(x: Any, options: tuple[Any, ...],
         return site
 
     def build() -> Site:
-        plan, outputs, axis = make(tuple(int(s) for s in x.shape), element_of(x))
+        # Several devices: the plan is selected on the input's device (whatever the
+        # current one is), and its run launches there (Plan.device).
+        with devices.on(array_device(x) if devices.several() else None):
+            plan, outputs, axis = make(tuple(int(s) for s in x.shape), element_of(x))
         allocs = tuple(None if spec is None else allocator(x, *spec) for spec in outputs)
         return Site(plan, allocs, stream_source(x), axis,
                      {} if framework_of(x) == "torch" else None)

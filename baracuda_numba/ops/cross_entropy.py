@@ -96,7 +96,7 @@ def cross_entropy(logits: Any, target: Any, ignore_index: int = -100,
         z_loss=float(z_loss), softcap=None if softcap is None else float(softcap),
         has_weight=weight is not None, compute_grad=grad_out is not None)
     plan = plan_for(("cross_entropy", desc, split),
-                    lambda: CrossEntropyLossPlan.select(desc, split=split))
+                    lambda: CrossEntropyLossPlan.select(desc, split=split), logits)
     reduced = desc.reduction is not LossReduction.NONE
     out = allocator(logits, (1,) if reduced else (n,), ElementKind.F32)(logits)
     lse = allocator(logits, (n,), ElementKind.F32)(logits)
@@ -125,7 +125,7 @@ def cross_entropy_backward(logits: Any, target: Any, lse: Any, dy: Any,
         z_loss=float(z_loss), softcap=None if softcap is None else float(softcap),
         has_weight=weight is not None)
     plan = plan_for(("cross_entropy_backward", desc, split),
-                    lambda: CrossEntropyLossBackwardPlan.select(desc, split=split))
+                    lambda: CrossEntropyLossBackwardPlan.select(desc, split=split), logits)
     if out is None:
         out = allocator(logits, (n, v), desc.element)(logits)
     if desc.reduction is not LossReduction.NONE:

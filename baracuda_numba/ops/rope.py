@@ -170,7 +170,7 @@ def rope_cache_write(q: Any, k: Any, v: Any, k_cache: Any, v_cache: Any, *,
     key = ("rope_cache", batch, heads, kv, length, dim,
            tuple(sorted(options.items(), key=lambda item: item[0])))
     plan = plan_for(key, lambda: RopeKvCacheAppendPlan.select(RopeKvCacheAppendDescriptor(
-        batch, heads, kv, length, dim, **options)))
+        batch, heads, kv, length, dim, **options)), q)
     q_out = q if inplace else allocator(q, shape, element)(q)
     if stream is None:
         from .._frameworks import stream_source

@@ -10,18 +10,27 @@ raises before any launch, so nothing is written.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import MISSING, dataclass, fields
 from typing import Any, ClassVar, NoReturn, TypeVar
 
 from .. import arrays as arrays_module
-from ..arrays import as_ref, contiguous_strides, flat_span, layout_exec, layout_lines
+from .. import devices
+from ..arrays import (
+    array_device,
+    as_ref,
+    contiguous_strides,
+    flat_span,
+    layout_exec,
+    layout_lines,
+)
 from ..errors import InvalidProblem, Unsupported, WorkspaceTooSmall
-from ..streams import stream_handle
+from ..streams import stream_device, stream_handle
 from ..types import ElementKind, KernelSku, PlanPreference, PrecisionGuarantee
 
-__all__ = ["LAUNCHED", "MAX_RANK", "LayoutMemo", "Plan", "fail", "plan_args", "product",
-           "replay_launcher", "store_replay", "written_pairs"]
+__all__ = ["LAUNCHED", "MAX_RANK", "LayoutMemo", "Plan", "check_devices", "device_checked",
+           "fail", "plan_args", "product", "replay_launcher", "store_replay",
+           "written_pairs"]
 
 MAX_RANK = 8
 
@@ -402,8 +411,100 @@ def _hot_factory(kind: str, present: tuple[bool, ...], disjoint: tuple[tuple[int
     return layout_exec(source, {})["factory"]
 
 
+#: The methods of a plan that launch: wrapped per plan where several devices are visible.
+_RUN_METHODS = ("run", "run_fw", "run_bw")
+_ARRAY_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+def _named_arrays(args: Any, workspace: Any) -> list[tuple[str, Any]]:
+    """``(name, value)`` of every field of a plan's ``args`` (the items of a tuple or list
+    field as ``name[i]``) and the workspace; :func:`check_devices` skips what is
+    not an array."""
+    names = _ARRAY_FIELDS.get(type(args))
+    if names is None:
+        names = _ARRAY_FIELDS[type(args)] = tuple(f.name for f in fields(args)) \
+            if hasattr(args, "__dataclass_fields__") else ()
+    found = []
+    for name in names:
+        value = getattr(args, name)
+        if type(value) in (tuple, list):
+            found += [(f"{name}[{i}]", item) for i, item in enumerate(value)]
+        elif value is not None:
+            found.append((name, value))
+    if workspace is not None:
+        found.append(("workspace", workspace))
+    return found
+
+
+def check_devices(plan: str, arrays: Iterable[tuple[str, Any]], stream: Any,
+                  bound: int | None) -> int | None:
+    """The one device that every array (``(name, array)`` pairs; non-arrays are skipped)
+    and ``stream`` are on, and that is ``bound`` (the plan's device, None: any). Raises
+    :class:`~baracuda_numba.errors.InvalidProblem` naming the plan, the arguments and their
+    devices otherwise. Returns None where nothing has a device."""
+    where: dict[int, list[str]] = {}
+    for name, array in arrays:
+        device = array_device(array)
+        if device is not None:
+            where.setdefault(device, []).append(name)
+    device = stream_device(stream)
+    if device is not None:
+        where.setdefault(device, []).append("stream")
+    if len(where) > 1:
+        listing = "; ".join(f"{', '.join(names)} on device {device}"
+                            for device, names in sorted(where.items()))
+        raise InvalidProblem(f"{plan}: arrays and stream must be on one device, got "
+                             f"{listing}")
+    if not where:
+        return bound
+    (device, names), = where.items()
+    if bound is not None and device != bound:
+        raise InvalidProblem(
+            f"{plan}: {', '.join(names)} on device {device}, but this plan was selected on "
+            f"device {bound} (its kernels and device state live there); select one plan "
+            "per device")
+    return device
+
+
+def device_checked(plan: Plan, run: Callable[..., Any]) -> Callable[..., Any]:
+    """``run`` (a bound ``run``, ``run_fw`` or ``run_bw`` of ``plan``, taking ``(args,
+    stream=None, workspace=None)``) behind the several-device check: every array of
+    ``args``, the workspace and the stream must be on ``plan.device``
+    (:func:`check_devices` raises :class:`InvalidProblem` naming them before
+    anything launches), and the call runs with that device's primary context current."""
+    name, device = plan.name, plan.device
+
+    def checked(args: Any, stream: Any = None, workspace: Any = None) -> Any:
+        check_devices(name, _named_arrays(args, workspace), stream, device)
+        with devices.on(device):
+            return run(args, stream, workspace)
+
+    checked.__doc__ = run.__doc__
+    checked.__wrapped__ = run  # type: ignore[attr-defined]
+    return checked
+
+
+def _device_launch(device: int | None, launch: Callable[..., None] | None
+                   ) -> Callable[..., None] | None:
+    """``launch`` run with ``device``'s primary context current (``layout_launch``'s
+    result where several devices are visible)."""
+    if launch is None:
+        return None
+
+    def on_device(stream: int, *pointers: int) -> None:
+        with devices.on(device):
+            launch(stream, *pointers)
+
+    return on_device
+
+
 class Plan:
-    """Base class: holds the descriptor, SKU and workspace size; checks workspaces."""
+    """Base class: holds the descriptor, SKU and workspace size; checks workspaces.
+
+    Where the process sees several devices (:func:`devices.several`), a plan belongs to
+    the device current when it was built (:attr:`device`): its ``run`` methods check that
+    every array and the stream are on it and launch in its context (see
+    :mod:`baracuda_numba.devices`); with one device nothing of this runs."""
 
     name: ClassVar[str] = "Plan"
 
@@ -413,6 +514,15 @@ class Plan:
         self._sku = sku
         self._pref = pref or PlanPreference()
         self._workspace_size = workspace_size
+        self._device: int | None = None
+        if devices.several():
+            self._device = devices.current_device()
+            for method in _RUN_METHODS:
+                if hasattr(type(self), method):
+                    setattr(self, method, device_checked(self, getattr(self, method)))
+            layout_launch = self.layout_launch
+            self.layout_launch = (  # type: ignore[method-assign]
+                lambda args: _device_launch(self._device, layout_launch(args)))
         if (self._pref.max_workspace_bytes is not None
                 and workspace_size > self._pref.max_workspace_bytes):
             fail(self.name, Unsupported, "pref.max_workspace_bytes",
@@ -422,6 +532,12 @@ class Plan:
     @property
     def sku(self) -> KernelSku:
         return self._sku
+
+    @property
+    def device(self) -> int | None:
+        """The device this plan's kernels, tables and memos belong to (the one current when
+        it was selected); None in a process that sees one device (nothing is checked)."""
+        return self._device
 
     @property
     def precision_guarantee(self) -> PrecisionGuarantee:
