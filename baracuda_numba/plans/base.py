@@ -522,7 +522,8 @@ class Plan:
                     setattr(self, method, device_checked(self, getattr(self, method)))
             layout_launch = self.layout_launch
             self.layout_launch = (  # type: ignore[method-assign]
-                lambda args: _device_launch(self._device, layout_launch(args)))
+                lambda args, workspace=None: _device_launch(
+                    self._device, layout_launch(args, workspace)))
         if (self._pref.max_workspace_bytes is not None
                 and workspace_size > self._pref.max_workspace_bytes):
             fail(self.name, Unsupported, "pref.max_workspace_bytes",
