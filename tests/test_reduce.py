@@ -15,6 +15,7 @@ from baracuda_numba.kernels.reduce import (
     CHUNK,
     HOLD_POLL_SLOTS,
     HOLD_STASH_BYTES,
+    LSE_PART,
     REDUCE_BACKWARD_COLS_STASH_KERNELS,
     REDUCE_BACKWARD_ROWS_HOLD_STASH_KERNELS,
     REG_COL_STRIP_WORDS,
@@ -966,6 +967,74 @@ def test_word_access_specials(element):
             check_forward(got, reference(kind, s64, axis), kind, element, s64, axis,
                           f"{kind.name} specials axis {axis}")
             assert _forward_access(plan) == ("rows" if axis == 1 else "cols")
+
+
+def _lse_special_rows(length: int, rng: np.random.Generator) -> np.ndarray:
+    """Rows for LogSumExp's batch folds: specials in runs of LSE_PART and CHUNK values
+    (whole batches of -inf, a +inf or NaN alone in its batch or beside -inf) at offsets
+    that put them on and across batch edges, and finite values whose batch maxima differ
+    by up to 150 (the merges rescale in both directions)."""
+    finite = lambda: rng.uniform(-4.0, 4.0, size=length)  # noqa: E731
+    rows = []
+    for run in (CHUNK, LSE_PART):
+        for offset in (0, 1, run - 1):
+            row = finite()
+            for start in range(offset, length, 3 * run):  # every third run all -inf
+                row[start:start + run] = -np.inf
+            rows.append(row)
+            spiky = np.full(length, -np.inf)
+            spiky[offset::run] = rng.uniform(-60.0, 90.0, size=len(spiky[offset::run]))
+            rows.append(spiky)
+    for position in (0, CHUNK - 1, CHUNK, LSE_PART, 2 * LSE_PART - 1, length - 1):
+        for special in (np.inf, np.nan):
+            row = finite()
+            row[position] = special
+            row[min(position + 1, length - 1)] = -np.inf
+            rows.append(row)
+    mixed = np.full(length, -np.inf)  # mixed +-inf: +inf
+    mixed[LSE_PART + 3] = np.inf
+    rows.append(mixed)
+    rows.append(np.full(length, -np.inf))  # all -inf: -inf
+    last = np.full(length, -np.inf)  # one finite value after all-(-inf) batches
+    last[-1] = 2.5
+    rows.append(last)
+    both = finite()  # NaN and +inf in one row: NaN
+    both[3], both[length // 2] = np.inf, np.nan
+    rows.append(both)
+    steps = finite() + np.repeat(rng.uniform(-75.0, 75.0, size=-(-length // LSE_PART)),
+                                 LSE_PART)[:length]
+    rows.append(steps)
+    while len(rows) % 4:  # whole words of columns: the word column kernel
+        rows.append(finite())
+    return np.stack(rows)
+
+
+@IEEE_SPECIALS
+@pytest.mark.parametrize("element", FLOAT_ELEMENTS, ids=lambda e: e.name)
+def test_log_sum_exp_long_row_batches(element, rng):
+    """LogSumExp of long rows whose batches mix -inf, +inf, NaN and finite values at
+    batch edges, through the word rows and columns (f16/bf16/f32) and the generic body
+    (strided rows; f64 everywhere), against NumPy float64."""
+    rows = _lse_special_rows(1024 + 37, rng)
+    x = to_storage(rows, element)
+    x64 = from_storage(x, element)
+    word = element in WORD_ELEMENTS
+    strided = np.ascontiguousarray(np.stack([x, x], axis=-1))  # rows of stride 2
+    layouts = [(x, x64, 1, "rows" if word else "generic"),
+               (np.ascontiguousarray(x.T), np.ascontiguousarray(x64.T), 0,
+                "cols" if word else "generic"),
+               (strided, np.stack([x64, x64], axis=-1), 1, "generic")]
+    for source, s64, axis, access in layouts:
+        source_dev = to_device(source)
+        if source.ndim == 3:
+            source_dev = source_dev[:, :, 0]
+            source, s64 = source[:, :, 0], s64[:, :, 0]
+        got, plan = run_forward(K.LOG_SUM_EXP, np.ascontiguousarray(source), axis, element,
+                                x_dev=source_dev)
+        what = f"LOG_SUM_EXP {element.name} {access} axis {axis}"
+        check_forward(got, reference(K.LOG_SUM_EXP, s64, axis), K.LOG_SUM_EXP, element, s64,
+                      axis, what)
+        assert _forward_access(plan) == access, what
 
 
 @pytest.mark.parametrize("kind, element, layout", kinds_elements_layouts(

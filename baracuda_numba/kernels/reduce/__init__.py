@@ -97,6 +97,7 @@ from .ops import (
     FORWARD_KERNEL_KIND,
     FORWARD_KINDS,
     KIND_OPS,
+    LSE_PART,
     TIES,
 )
 from .tables import (
@@ -133,6 +134,7 @@ __all__ = [
     "HOLD_WORDS",
     "KIND_OPS",
     "LONG_SHORT_KINDS",
+    "LSE_PART",
     "PARK_MIN_LANES",
     "REDUCE_BACKWARD_BROADCAST_KERNELS",
     "REDUCE_BACKWARD_COLS_REWRITE_KERNELS",

@@ -36,6 +36,8 @@ from .ops import (
     KIND_OPS,
     SHARED_SLOTS,
     _final_a,
+    _lse_chunk_for,
+    _lse_for,
     _offsets4,
     _store_i64,
     _welford_for,
@@ -379,7 +381,9 @@ _MAX_WIDTH = max(spec.width for spec in VECTOR.values())
 def _vec_chunk(kind: Any, acc: types.Type, width: int, loads: int = VEC_LOADS) -> Any:
     """Fold the ``loads * width`` values of one batch of ``loads`` words (``values[u *
     width + e]`` at row index ``i0 + u * vspan + e``): Welford exactly (one merge), Sum in
-    ``width`` independent chains, every other kind step by step in index order."""
+    ``width`` independent chains, LogSumExp with a max, independent exps and a merge per
+    part of LSE_PART values (``_lse_chunk_for``), every other kind step by step in index
+    order."""
     count = loads * width
     ops = KIND_OPS[kind]
     step, _, merge = ops.functions(acc)
@@ -399,6 +403,9 @@ def _vec_chunk(kind: Any, acc: types.Type, width: int, loads: int = VEC_LOADS) -
             return merge(a, b, c, k, chunk_mean, chunk_m2, c, int64(count))
 
         return welford_vec_chunk
+
+    if ops.functions is _lse_for:
+        return _lse_chunk_for(acc, count, merge)
 
     if ops.functions is _SUM_FUNCTIONS:
         # Sum/Mean: ``width`` independent chains (one per element position of a word) of

@@ -37,6 +37,13 @@ SHARED_SLOTS = 256
 TIES = "ties"
 #: Loads each thread keeps in flight per loop iteration (independent, then folded).
 CHUNK = 8
+#: Independent chains of a LogSumExp batch's folds (a few partial results beside the
+#: values: a tree over every value would hold half of them again in registers).
+_LSE_CHAINS = 4
+#: Values per LogSumExp batch fold: a word batch of 32 bf16/f16 values folds as two, since
+#: all 32 live at once across its max made ptxas spill inside the word loop under the
+#: word kernels' register cap.
+LSE_PART = 16
 
 _INF = math.inf
 _INT64_MIN = -(1 << 63)
@@ -108,6 +115,11 @@ def _sum_merge(a, b, c, k, a2, b2, c2, k2):
 
 
 @cuda.jit(device=True, inline=True)
+def _add(a, b):
+    return a + b
+
+
+@cuda.jit(device=True, inline=True)
 def _final_a(a, b, c, k, param):
     return a
 
@@ -173,6 +185,64 @@ def _lse_functions(ACC: types.Type) -> tuple[Any, Any]:
         return a2, b2 + b * ACC(math.exp(a - a2)), c, k
 
     return lse_step, lse_merge
+
+
+def _chained(op: Any, count: int, ACC: types.Type) -> Any:
+    """Device function ``fold(values)``: ``op`` over ``values[0:count]`` (``count`` a power
+    of two) in ``min(count, _LSE_CHAINS)`` interleaved chains (value ``u`` goes to chain
+    ``u % chains``), then a pairwise tree over the chains: a fixed order, and
+    count / chains + log2(chains) dependent steps instead of count - 1."""
+    assert count >= 1 and count & (count - 1) == 0, count
+    CHAINS = min(count, _LSE_CHAINS)
+    LEVELS = CHAINS.bit_length() - 1
+
+    @cuda.jit(device=True, inline=True)
+    def fold(values, base):
+        part = cuda.local.array(CHAINS, ACC)
+        for u in range(CHAINS):
+            part[u] = values[base + u]
+        for u in range(CHAINS, count):  # constant trip counts: unrolled, indices constant
+            part[u % CHAINS] = op(part[u % CHAINS], values[base + u])
+        for level in range(LEVELS):
+            width = CHAINS >> (level + 1)
+            for u in range(CHAINS // 2):
+                if u < width:
+                    part[u] = op(part[u], part[u + width])
+        return part[0]
+
+    return fold
+
+
+def _lse_chunk_for(ACC: types.Type, count: int, merge: Any) -> Any:
+    """``chunk`` of LogSumExp over one batch ``values[0:count]`` (``count`` a power of two;
+    the batch's row indices do not matter), in parts of ``min(count, LSE_PART)`` values:
+    each part's own state (m, s), m = max(values) (NaN-propagating) and s = sum(exp(v -
+    m)), merged once into the running state by ``merge``. A part's exps are independent
+    and both of its folds run in a few chains, where the step-by-step fold is one
+    dependent chain of a branch, an exp and a multiply-add per value. A part whose m is
+    not finite needs no branch: its s is NaN (exp(inf - inf) or exp(NaN)), which nothing
+    reads: ``merge`` drops a part of max -inf and keeps m where it is NaN; a state of
+    max +inf stays +inf through every merge but a NaN one, and ``_final_lse`` returns the
+    max where it is +-inf or NaN. ``values`` is overwritten."""
+    PART = min(count, LSE_PART)
+    PARTS = count // PART
+    peak = _chained(max_nan_f32 if ACC == types.float32 else nan_max, PART, ACC)
+    total = _chained(_add, PART, ACC)
+
+    @cuda.jit(device=True, inline=True)
+    def lse_part(a, b, c, k, values, base):
+        m = peak(values, base)
+        for u in range(PART):
+            values[base + u] = ACC(math.exp(values[base + u] - m))
+        return merge(a, b, c, k, m, total(values, base), c, k)
+
+    @cuda.jit(device=True, inline=True)
+    def lse_chunk(a, b, c, k, values, i, span, aux):
+        for p in range(PARTS):
+            a, b, c, k = lse_part(a, b, c, k, values, p * PART)
+        return a, b, c, k
+
+    return lse_chunk
 
 
 @cuda.jit(device=True, inline=True)
@@ -354,7 +424,7 @@ def _lse_for(acc: types.Type) -> tuple[Any, Any, Any]:
     found = _PER_ACC.get(("lse", acc))
     if found is None:
         step, merge = _lse_functions(acc)
-        found = _PER_ACC[("lse", acc)] = (step, _sequential_chunk(step), merge)
+        found = _PER_ACC[("lse", acc)] = (step, _lse_chunk_for(acc, CHUNK, merge), merge)
     return found
 
 
