@@ -32,6 +32,7 @@ from baracuda_numba.types import ElementKind, PlanPreference, ScanKind
 
 SQUARE = (4096, 4096)
 WIDE = (64, 1_000_000)
+SAMPLING = (256, 128256)  # top-p sampling's cumsum over a Llama 3 vocabulary
 
 
 def _torch_op(torch: Any, kind: ScanKind, x: Any, axis: int) -> Any:
@@ -53,7 +54,7 @@ def _values(result: Any) -> Any:
 def _forward(ctx: Any, kind: ScanKind, shape: tuple[int, ...], axis: int, dtype_name: str,
              element: ElementKind, indices: bool = True, workspace: bool = True,
              note: str = "", fast_words: int | None = None,
-             indexed_cap: int | None = None) -> None:
+             indexed_cap: int | None = None, chained: bool | None = None) -> None:
     torch = ctx.torch
     dtype = getattr(torch, dtype_name)
     numel = shape[0] * shape[1]
@@ -68,11 +69,11 @@ def _forward(ctx: Any, kind: ScanKind, shape: tuple[int, ...], axis: int, dtype_
         if with_indices else [None] * sets
     plan = ScanPlan.select(ScanDescriptor(kind, shape, axis, element=element),
                            None if workspace else PlanPreference(max_workspace_bytes=0))
-    if fast_words:  # tuning: the fast kernels with another tile
+    if fast_words or chained is not None:  # tuning: another tile, or the other split
         from baracuda_numba.kernels.scan import FAST_FAMILY, FastKernels
 
         plan.use_kernels(fast=FastKernels(element, FAST_FAMILY[int(kind)], fast_words,
-                                          register=False))
+                                          register=False, chained=chained))
     if indexed_cap is not None:  # tuning: the indexed kernel's register cap (0: none)
         from baracuda_numba.kernels.scan import IndexedKernels
 
@@ -89,7 +90,7 @@ def _forward(ctx: Any, kind: ScanKind, shape: tuple[int, ...], axis: int, dtype_
     if with_indices:
         label += " +indices"
     ctx.row(label, dtype_name, ours, moved, theirs, note,
-            tuning=bool(fast_words) or indexed_cap is not None)
+            tuning=bool(fast_words) or indexed_cap is not None or chained is not None)
 
 
 def _backward(ctx: Any, kind: ScanKind, shape: tuple[int, ...], axis: int, dtype_name: str,
@@ -295,8 +296,13 @@ def bench(ctx: Any) -> None:
 
 
 def _sweep(ctx: Any, pairs: Any) -> None:
-    """``--sweep``: the fast kernels' segments and the register caps, off their defaults."""
+    """``--sweep``: the fast kernels' segments and the register caps, off their defaults;
+    rows_fast's split in two launches against the chained one (the default at f32
+    accumulators)."""
     for dtype_name, element in pairs:
+        for shape in (WIDE, SAMPLING):
+            _guarded(ctx, _forward, ScanKind.CUMSUM, shape, 1, dtype_name, element,
+                     chained=False, note="split in two launches (chained=False)")
         for nseg in (64, 512):
             _guarded(ctx, _variant, WIDE, 1, dtype_name, element, fast_rows_nseg=nseg)
         for nseg in (4, 16):

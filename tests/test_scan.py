@@ -450,6 +450,74 @@ def test_use_kernels_runs_a_variant_and_forgets_the_bound_launches(rng):
         plan.use_kernels(no_such_field=1)
 
 
+def assert_same_bits(got: np.ndarray, expected: np.ndarray, what: str) -> None:
+    """Bit equality (NaN payloads and signed zeros included); on failure the first
+    mismatching indices and their values."""
+    unsigned = np.dtype(f"u{got.dtype.itemsize}")
+    differ = np.argwhere(got.view(unsigned) != expected.view(unsigned))
+    if differ.size:
+        first = [tuple(int(i) for i in index) for index in differ[:5]]
+        raise AssertionError(f"{what}: {len(differ)} elements differ; first {first}: got "
+                             f"{[got[i] for i in first]}, expected {[expected[i] for i in first]}")
+
+
+def run_split(plan, x_host, element, repeats=1):
+    """y of ``repeats`` runs of ``plan``, each with its workspace poisoned (0xFF bytes:
+    were the chained split's words not cleared, every flag would read READY with a NaN
+    aggregate and the ticket would be past the last segment)."""
+    ys = []
+    for _ in range(repeats):
+        y = device(poisoned(x_host.shape, element))
+        workspace = device(np.full(plan.workspace_size, 0xFF, np.uint8))
+        plan.run(ScanArgs(device(x_host), y), workspace=workspace)
+        ys.append(host(y))
+    return ys
+
+
+# (shape, segments): rows_fast splits with a partial last segment (simulator tiles: 128
+# f32 and 256 bf16 elements); Cumsum f32 also with 40 segments (2 prefix entries a lane).
+# GPU: a default split of 195 segments a line too, every chained run repeated 4 times
+# (a race between a segment and the ones it waits for would show as differing bits).
+CHAINED_SHAPES = (((2, 677), 5),) if SIMULATOR else (((2, 677), 5), ((5, 100_003), None))
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.name)
+def test_chained_split_matches_two_launches(kind, rng):
+    """rows_fast's chained split (one launch, f32 accumulators: F32 and BF16 here) gives
+    the two-launch split's bits in both directions; F64 keeps the two launches, right."""
+    from baracuda_numba.kernels.scan import FastKernels
+
+    family = FAST_FAMILY[int(kind)]
+    cases = CHAINED_SHAPES + ((((1, 40 * 128), 40),) if kind is ScanKind.CUMSUM and
+                              SIMULATOR else ())
+    for element in (ElementKind.F32, ElementKind.BF16):
+        for shape, nseg in cases:
+            if nseg == 40 and element is not ElementKind.F32:
+                continue
+            x = inputs(shape, element, rng, kind)
+            for reverse in (False, True):
+                desc = ScanDescriptor(kind, shape, 1, reverse, element=element)
+                chained, two = ScanPlan.select(desc), ScanPlan.select(desc)
+                two.use_kernels(fast=FastKernels(element, family, chained=False,
+                                                 register=False))
+                for plan in (chained, two) if nseg else ():
+                    plan.use_kernels(fast_rows_nseg=nseg)
+                expected = run_split(two, x, element)[0]
+                runs = run_split(chained, x, element, 1 if SIMULATOR else 4)
+                assert chained.chained_split and not two.chained_split
+                for count, y in enumerate(runs):
+                    assert_same_bits(y, expected, f"{kind.name} {element.name} {shape} "
+                                     f"nseg={nseg} reverse={reverse} chained run {count}")
+    element = ElementKind.F64
+    x = inputs((2, 677), element, rng, kind)
+    plan = ScanPlan.select(ScanDescriptor(kind, x.shape, 1, True, element=element))
+    plan.use_kernels(fast_rows_nseg=5)
+    (y,) = run_split(plan, x, element)
+    assert plan.workspace_size and plan.paths_taken == {"fast"} and not plan.chained_split
+    expected, _, scale = reference_forward(kind, x, 1, True)
+    check_close(y, expected, scale, element, x.shape[1], f"{kind.name} F64 split")
+
+
 @pytest.mark.parametrize("element", (ElementKind.BF16, ElementKind.F16), ids=lambda e: e.name)
 def test_fast_cols_2byte_special_values(element, rng):
     # the packed cols body of 2-byte elements (words kept packed, rescanned, converted in

@@ -627,7 +627,8 @@ if SIMULATOR:
 
     @cuda.jit(device=True)
     def load_relaxed(array, index):
-        """``array[index]`` (int64), read at the GPU's coherence point on the GPU."""
+        """``array[index]`` (int64 or uint64), read at the GPU's coherence point on the
+        GPU."""
         return array[index]
 
     @cuda.jit(device=True)
@@ -638,9 +639,10 @@ else:
 
     @intrinsic
     def load_relaxed(typingctx, array, index):
-        """``array[index]`` of an int64 array by ``ld.relaxed.gpu`` (L2, no atomic), a
-        volatile asm: never hoisted out of a polling loop nor merged with another read."""
-        if not (isinstance(array, types.Array) and array.dtype == types.int64):
+        """``array[index]`` of an int64 or uint64 array by ``ld.relaxed.gpu`` (L2, no
+        atomic), a volatile asm: never hoisted out of a polling loop nor merged with
+        another read."""
+        if not (isinstance(array, types.Array) and array.dtype in (types.int64, types.uint64)):
             return None
 
         def codegen(context, builder, signature, args):
@@ -651,7 +653,7 @@ else:
                                 side_effect=True)
             return builder.call(asm, [address])
 
-        return types.int64(array, index), codegen
+        return array.dtype(array, index), codegen
 
     @intrinsic
     def _globaltimer(typingctx):

@@ -35,7 +35,9 @@ threads on the output's smallest-stride outer axis). Problems with few, long lin
 split over warps or blocks in two phases through a workspace of ``workspace_size``
 bytes, which ``run`` then requires (``WorkspaceTooSmall`` before any launch otherwise;
 ``PlanPreference(max_workspace_bytes=0)`` selects the unsplit path, the same result up
-to the order of the f32/f64 additions). Results are
+to the order of the f32/f64 additions). rows_fast at f32 accumulators (F16, BF16, F32)
+runs its split as one chained launch after zeroing part of the workspace
+(``chained_split``), bit-identical to the two phases. Results are
 deterministic and bit-stable for a given layout, alignment and workspace choice.
 """
 
@@ -47,6 +49,7 @@ from typing import Any
 
 from .._runtime import SIMULATOR
 from ..arrays import TensorRef, as_mut, as_ref, flat_span
+from ..driver import memset_d8_async
 from ..errors import InvalidProblem
 from ..kernels.common import pad8
 from ..kernels.scan import (
@@ -61,6 +64,7 @@ from ..kernels.scan import (
     FAST_ROWS_BLOCK,
     INDEXED_CODES,
     INDEXED_KERNELS,
+    PHASE_CHAINED,
     ROWS_BLOCK,
     SCAN_BACKWARD_ELEMENTS,
     SCAN_FORWARD_ELEMENTS,
@@ -204,6 +208,7 @@ class _Geometry:
         if SIMULATOR and lines and extent >= 64:
             lines_nseg = 2
         self.lanes, self.chunks = lanes, chunks
+        self.ext_rows_nseg = self.ext_cols_nseg = 1  # set by extremum_backward
         self.rows_nseg, self.lines_nseg = max(1, rows_nseg), max(1, lines_nseg)
         self.acc_bytes = kernels.acc_bytes
 
@@ -246,9 +251,7 @@ class _Geometry:
                                           extent // (2 * tile_rows))
             if SIMULATOR and extent >= 2 * tile_rows:
                 self.fast_cols_nseg = 2
-        # rows: room for the indexed kernel's (value, int64 position) per segment too
-        rows_need = 0 if self.fast_rows_nseg == 1 else \
-            self._workspace_layout(lines * self.fast_rows_nseg)[2]
+        rows_need = self.fast_rows_workspace(self.fast_rows_nseg)
         if max_workspace is not None and rows_need > max_workspace:
             self.fast_rows_nseg, rows_need = 1, 0
         cols_need = self.fast_workspace(self.fast_cols_nseg)
@@ -281,6 +284,29 @@ class _Geometry:
         entries = self.lines * nseg
         a_bytes = (entries * self.acc_bytes + 15) // 16 * 16
         return 0, a_bytes, 2 * a_bytes, 3 * a_bytes, 3 * a_bytes + 8 * entries
+
+    @staticmethod
+    def chain_bytes(entries: int) -> int:
+        """Bytes of the chained split's words: the ticket, then one per segment."""
+        return 8 * (1 + entries)
+
+    def fast_rows_workspace(self, nseg: int) -> int:
+        """Bytes of a rows_fast / indexed split in ``nseg`` segments: the aggregates and
+        the indexed kernel's int64 positions, or the chained split's words (no more)."""
+        if nseg == 1:
+            return 0
+        entries = self.lines * nseg
+        return max(self._workspace_layout(entries)[2], self.chain_bytes(entries))
+
+    def split_workspace(self) -> int:
+        """Bytes every kernel's split needs at the current segment counts (``use_kernels``
+        may have changed them)."""
+        generic = [0 if nseg == 1 else self._workspace_layout(self.lines * nseg)[2]
+                   for nseg in (self.rows_nseg, self.lines_nseg)]
+        return max(*generic, self.fast_rows_workspace(self.fast_rows_nseg),
+                   self.fast_workspace(self.fast_cols_nseg),
+                   self.extremum_workspace(self.ext_rows_nseg)[-1],
+                   self.extremum_workspace(self.ext_cols_nseg)[-1])
 
     def fast_workspace(self, nseg: int) -> int:
         """Bytes of the fast kernels' segment aggregates (one accumulator each)."""
@@ -338,6 +364,16 @@ _CUMSUM_BW_DISJOINT = ((1, 2), (1, 3))
 def _launch(stream: int, calls: _Calls) -> None:
     for bound, pointers in calls:
         bound(stream, *pointers)
+
+
+def _zero_bytes(nbytes: int) -> Callable[[int, int], None]:
+    """``zero(stream, pointer)``: clear ``nbytes`` at ``pointer`` on ``stream`` (a call of
+    a pass, like a bound launch)."""
+
+    def zero(stream: int, pointer: int) -> None:
+        memset_d8_async(pointer, 0, nbytes, stream)
+
+    return zero
 
 
 def _collapse(shape: tuple[int, ...], axis: int, view_strides: tuple[tuple[int, ...], ...]
@@ -438,6 +474,13 @@ class _ScanLauncher(Plan):
                          for key, found in self._bound.items() if found[0])
 
     @property
+    def chained_split(self) -> bool:
+        """Whether a layout run so far split its lines in one chained launch (rows_fast at
+        f32 accumulators) rather than in two."""
+        return any(key[0] == "fast" and found[1] is not None
+                   for key, found in self._bound.items())
+
+    @property
     def memoised_layouts(self) -> int:
         """How many argument layouts the repeated-call memo holds."""
         return self._memo.layout_count
@@ -448,8 +491,8 @@ class _ScanLauncher(Plan):
         (``FastKernels``, ``IndexedKernels``, ``ExtremumBackwardKernels`` built with
         ``register=False``; ``extremum_backward=None``: the record-flag pre-pass and the
         generic kernels) and override launch-geometry fields by name (``_Geometry``'s
-        attributes, e.g. ``rows_block``). ``workspace_size`` follows; the bound launches
-        and the memo are dropped."""
+        attributes, e.g. ``rows_block``). ``workspace_size`` grows to what the segment
+        counts then need; the bound launches and the memo are dropped."""
         if fast is not _KEEP:
             self._fast = fast
         if indexed is not _KEEP:
@@ -462,7 +505,9 @@ class _ScanLauncher(Plan):
             if not hasattr(self._geometry, name):
                 raise AttributeError(f"{self.name}.use_kernels: no geometry field {name!r}")
             setattr(self._geometry, name, value)
-        self._workspace_size = self._geometry.workspace_size
+        geo = self._geometry
+        geo.workspace_size = max(geo.workspace_size, geo.split_workspace())
+        self._workspace_size = geo.workspace_size
         self._bound.clear()
         self._memo.clear()
 
@@ -540,8 +585,15 @@ class _ScanLauncher(Plan):
             if len(cache) >= 64:
                 cache.clear()
             cache[key] = found
-        pointers = (x.ptr, x.ptr, y.ptr, y.ptr, workspace if workspace is not None else 0)
-        return [(bound, pointers) for bound in found[0]]
+        launches, zero_chain, rows = found
+        ws = workspace if workspace is not None else 0
+        # rows_fast takes the workspace twice: its aggregates (two launches) or its chained
+        # split's words (one launch), the unused view of extent 0
+        pointers = (x.ptr, x.ptr, y.ptr, y.ptr, ws) + ((ws,) if rows else ())
+        calls = [(bound, pointers) for bound in launches]
+        if zero_chain is not None:
+            calls.insert(0, (zero_chain, (ws,)))
+        return calls
 
     def _indexed_calls(self, code: int, reverse: bool, x: TensorRef, y: TensorRef,
                        indices: TensorRef | None, workspace: int | None) -> _Calls:
@@ -689,12 +741,14 @@ class _ScanLauncher(Plan):
 
     def _bind_fast(self, fast: FastKernels, code: int, reverse: bool, x: TensorRef,
                    y: TensorRef, aligned: bool, with_workspace: bool
-                   ) -> tuple[list[Any], int, int]:
-        """Bound launches of the fast kernel for one layout (an empty list: not eligible)."""
+                   ) -> tuple[list[Any], Callable[[int, int], None] | None, bool]:
+        """Bound launches of the fast kernel for one layout (an empty list: not eligible),
+        the chained split's ``zero(stream, workspace_ptr)`` that must run before them (None:
+        not chained), and whether the kernel is rows_fast."""
         geo = self._geometry
         layout = _collapse(geo.shape, geo.axis, (x.strides, y.strides))
         if layout is None:
-            return [], -1, -1
+            return [], None, False
         (x_outer, x_step), (y_outer, y_step) = layout
         per_word = fast.per_word
         extent, inner = geo.extent, geo.inner
@@ -709,12 +763,21 @@ class _ScanLauncher(Plan):
                 (not reverse or extent % per_word == 0)
             nseg = geo.fast_rows_nseg if with_workspace else 1
             seg_len, nseg = geo.fast_segments(nseg, fast.tile)
-            ws = (0, geo.lines * nseg if nseg > 1 else 0)
-            args = [x_flat, x_words, y_words, y_flat, ws, geo.lines, extent, x_outer,
+            entries = geo.lines * nseg if nseg > 1 else 0
+            chained = fast.chained and nseg > 1
+            # one view of the workspace in use, the other of extent 0 (the simulator copies
+            # views back: two overlapping ones would undo each other's stores)
+            ws = (0, 0 if chained else entries)
+            chain = (0, 1 + entries if chained else 0)
+            args = [x_flat, x_words, y_words, y_flat, ws, chain, geo.lines, extent, x_outer,
                     y_outer, seg_len, nseg, 0, reverse, vec, code]
             warps = FAST_ROWS_BLOCK // 32
             grid = min(-(-geo.lines * nseg // warps), _SIM_GRID if SIMULATOR else _MAX_GRID)
-            kernel, block, phase_at = fast.rows, FAST_ROWS_BLOCK, 11
+            if chained:
+                args[12] = PHASE_CHAINED
+                return [fast.rows.bind(grid, FAST_ROWS_BLOCK, tuple(args))], \
+                    _zero_bytes(geo.chain_bytes(entries)), True
+            kernel, block, phase_at = fast.rows, FAST_ROWS_BLOCK, 12
         elif inner >= _FAST_MIN_INNER:
             vec = aligned and all(v % per_word == 0 for v in (x_outer, x_step, y_outer,
                                                                 y_step))
@@ -728,12 +791,12 @@ class _ScanLauncher(Plan):
             grid = min(work, _SIM_GRID if SIMULATOR else _MAX_GRID)
             kernel, block, phase_at = fast.cols, (32, chunks), 14
         else:
-            return [], -1, -1
+            return [], None, False
         launches = []
         for phase in ((1, 2) if nseg > 1 else (0,)):
             args[phase_at] = phase
             launches.append(kernel.bind(grid, block, tuple(args)))
-        return launches, 0, -1
+        return launches, None, kernel is fast.rows
 
     def _bind(self, kernels: ScanKernels, code: int, reverse: bool,
               operands: list[TensorRef], indices: TensorRef | None,

@@ -44,7 +44,9 @@ Algorithms (both handle any strides; the plan picks by layout):
 
 Both can also split a line into ``nseg`` segments over blocks: phase 1 writes each
 segment's aggregate to a workspace, phase 2 starts each segment from the combined
-aggregates of the segments before it (phase 0: one pass, no split).
+aggregates of the segments before it (phase 0: one pass, no split). ``rows_fast`` at f32
+accumulators does both in one launch (``PHASE_CHAINED``: segments in ticket order, each
+publishing its aggregate, then waiting for the earlier ones'; sketch in ``fast.py``).
 
 Fast kernels for layouts that collapse to [outer, extent, inner] (sketch in
 ``fast.py``): ``rows_fast`` / ``cols_fast`` for the scalar-state kinds, one compiled kernel per
@@ -64,6 +66,7 @@ from .fast import (
     FAST_FAMILY,
     FAST_ROWS_BLOCK,
     FAST_WORDS,
+    PHASE_CHAINED,
     FastFormat,
     FastKernels,
 )
@@ -99,6 +102,6 @@ __all__ = [
     "EXTREMUM_BACKWARD_KERNELS", "ExtremumBackwardKernels", "FAST_COLS_CHUNKS",
     "FAST_ELEMENTS", "FAST_FAMILY", "FAST_KERNELS", "FAST_ROWS_BLOCK", "FAST_WORDS",
     "FLOAT_ELEMENTS", "FastFormat", "FastKernels", "INDEXED_CODES", "INDEXED_KERNELS",
-    "INT_ELEMENTS", "IndexedKernels", "ROWS_BLOCK", "SCAN_BACKWARD_ELEMENTS",
+    "INT_ELEMENTS", "IndexedKernels", "PHASE_CHAINED", "ROWS_BLOCK", "SCAN_BACKWARD_ELEMENTS",
     "SCAN_FORWARD_ELEMENTS", "SCAN_KERNELS", "SCAN_STORAGE", "ScanKernels", "ScanOp",
 ]

@@ -12,6 +12,7 @@ from ...launch import Kernel
 from ...types import ElementKind
 from ..common import (
     bitcast,
+    load_relaxed,
     shfl_down,
     shfl_idx,
     shfl_up,
@@ -55,9 +56,26 @@ from .ops import (
 #
 # Both split few long lines into segments over warps/blocks in two phases like the generic
 # kernels (phase 1: segment aggregates to ``ws``; phase 2: prefix of the earlier segments,
-# combined in a fixed order, so results are deterministic).
+# combined in a fixed order, so results are deterministic). rows_fast at f32 accumulators
+# (F16, BF16, F32) does it in one launch instead (PHASE_CHAINED), each segment read twice
+# by its warp, the second time mostly from L2:
+#
+#     ticket t = atomic add on words[0]          (segments in ticket order: line-major)
+#     reduce segment t --> aggregate --> words[1 + t] = READY | f32 bits   (one atomic
+#         exchange: flag and value arrive together)
+#     poll words[1 + first of the line .. t] until READY --> prefix, in phase 2's lanes
+#         and order (bit-identical to the two launches) --> rescan segment t from it
+#
+# A warp waits only for segments of smaller tickets, whose warps took them earlier and
+# wait only for smaller ones still: no deadlock whatever the grid and residency. The
+# plan zeroes ``words`` (the ticket and the flags) before the launch.
 
 _WORD_BYTES = 8
+#: rows_fast's ``phase`` of the chained split: one launch (the kernel zeroes nothing: the
+#: plan clears the ticket and flag words first)
+PHASE_CHAINED = 3
+#: chained split: bit 32 of a published segment word (the f32 aggregate's bits below it)
+_READY_BIT = 32
 #: rows_fast: uint64 words per lane per tile (loads in flight per thread)
 FAST_WORDS = 2 if SIMULATOR else 4
 #: rows_fast threads per block (independent warps)
@@ -149,6 +167,40 @@ _WORD_BITS = {
     ElementKind.I32: (_i32_from_bits, _i32_to_bits),
     ElementKind.I64: (_i64_from_bits, _i64_to_bits),
 }
+
+
+@cuda.jit(device=True, inline=True)
+def _read_entry(ws, index):
+    """The two-launch split's segment aggregate ``ws[index]`` (phase 1 wrote it)."""
+    return ws[index]
+
+
+@cuda.jit(device=True, inline=True)
+def _read_published(words, index):
+    """The chained split's f32 aggregate in ``words[index]``, once it is published: the
+    word is polled at L2 (``load_relaxed``) until its READY bit is set."""
+    word = load_relaxed(words, index)
+    while (word >> uint64(_READY_BIT)) == uint64(0):
+        word = load_relaxed(words, index)
+    return _f32_from_bits(word)
+
+
+@cuda.jit(device=True, inline=True)
+def _publish(words, index, aggregate):
+    """Publish an f32 segment aggregate: READY and its bits as one 64-bit atomic exchange
+    (a reader never sees the flag without the value)."""
+    cuda.atomic.exch(words, index, (uint64(1) << uint64(_READY_BIT)) | _f32_to_bits(aggregate))
+
+
+@cuda.jit(device=True, inline=True)
+def _take_ticket(words, lane):
+    """The warp's next work item: lane 0 takes ticket ``words[0]`` (an atomic counter,
+    zero before the launch), every lane gets it."""
+    ticket = int64(0)
+    if lane == 0:
+        ticket = int64(cuda.atomic.add(words, 0, uint64(1)))
+    return shfl_idx(ticket, 0)
+
 
 #: Forward kinds the fast kernels serve (scalar state: no index output, no flag pre-pass),
 #: by family: one compiled kernel per family keeps the per-element code small (a runtime
@@ -308,7 +360,10 @@ def _make_pack_values(fmt: FastFormat):
     return pack_values
 
 
-def _make_warp_helpers(fmt: FastFormat):
+def _make_warp_helpers(fmt: FastFormat, read=_read_entry):
+    """``warp_total`` and ``segments_prefix``, the latter reading each earlier segment's
+    aggregate with ``read(source, index)``: ``_read_entry`` (the two-launch split's phase 2)
+    or ``_read_published`` (the chained split), the same lanes and order either way."""
     identity, combine = fmt.identity, fmt.combine
 
     @cuda.jit(device=True, inline=True)
@@ -324,21 +379,25 @@ def _make_warp_helpers(fmt: FastFormat):
         return shfl_idx(value, 0)
 
     @cuda.jit(device=True, inline=True)
-    def segments_prefix(ws, first, count, lane, code):
-        """combine(ws[first], ..., ws[first + count - 1]) in order, on every lane."""
+    def segments_prefix(source, first, count, lane, code):
+        """combine(read(source, first), ..., read(source, first + count - 1)) in order, on
+        every lane: lane ``l`` combines its run of ``ceil(count / 32)`` entries, then
+        ``warp_total`` the lanes (a fixed order: deterministic)."""
         per_lane = (count + 31) // 32
         lo = min(count, lane * per_lane)
         hi = min(count, lo + per_lane)
         value = identity(code)
         for g in range(lo, hi):
-            value = combine(value, ws[uint64(first + g)], code)
+            value = combine(value, read(source, uint64(first + g)), code)
         return warp_total(value, lane, code)
 
     return warp_total, segments_prefix
 
 
-def _make_rows_fast(fmt: FastFormat, words: int):
+def _make_rows_fast(fmt: FastFormat, words: int, chained: bool):
     """The rows_fast kernel (see above) with ``words`` uint64 words per lane per tile.
+    ``phase``: 0 (no split) and, for a split, 1 then 2 (two launches) or, compiled with
+    ``chained`` (f32 accumulators only), PHASE_CHAINED (one launch) instead.
 
     Striped (default): lane ``l`` holds word ``k*32 + l`` of the tile for k < words
     (coalesced loads, one warp scan per word group). Blocked (the LogCumsumExp family,
@@ -359,13 +418,20 @@ def _make_rows_fast(fmt: FastFormat, words: int):
     identity, combine, widen, narrow = fmt.identity, fmt.combine, fmt.widen, fmt.narrow
     unpack, pack_one, store_word = _word_codecs(fmt)
     warp_total, segments_prefix = _make_warp_helpers(fmt)
+    _, published_prefix = _make_warp_helpers(fmt, _read_published)
+    CHAINED = chained
 
-    def scan_rows_fast(x, xw, yw, y, ws, lines, extent, x_pitch, y_pitch, seg_len, nseg,
-                       phase, reverse, vec, code):
+    def scan_rows_fast(x, xw, yw, y, ws, flags, lines, extent, x_pitch, y_pitch, seg_len,
+                       nseg, phase, reverse, vec, code):
+        """``flags`` (chained split only): ``[ticket, segment words...]``, zero at launch."""
         vals = cuda.local.array(per_lane, acc)
         lane = int64(cuda.threadIdx.x % 32)
         warps = int64(cuda.blockDim.x // 32)
-        item = int64(cuda.blockIdx.x) * warps + int64(cuda.threadIdx.x // 32)
+        chain = CHAINED and phase == PHASE_CHAINED
+        if chain:
+            item = _take_ticket(flags, lane)
+        else:
+            item = int64(cuda.blockIdx.x) * warps + int64(cuda.threadIdx.x // 32)
         step = int64(cuda.gridDim.x) * warps
         extent_words = extent // per_word
         while item < lines * nseg:
@@ -376,8 +442,11 @@ def _make_rows_fast(fmt: FastFormat, words: int):
             s_begin = seg * seg_len
             s_end = min(extent, s_begin + seg_len)
             carry = identity(code)
-            if phase == 2:
+            if not CHAINED and phase == 2:
                 carry = segments_prefix(ws, line * nseg, seg, lane, code)
+            # chained: a reducing pass over the segment (phase 1's), then a scanning one
+            # (phase 2's) from the published prefix
+            reducing = chain if CHAINED else phase == 1
             base = s_begin
             while base < s_end:
                 full = vec and base + tile <= s_end
@@ -401,7 +470,7 @@ def _make_rows_fast(fmt: FastFormat, words: int):
                                 pos = extent - 1 - s if reverse else s
                                 v = widen(x[uint64(xb + pos)])
                             vals[k * per_word + j] = v
-                if phase == 1:
+                if reducing:
                     for r in range(reduce_groups):
                         agg = vals[r * reduce_size]
                         for i in range(1, reduce_size):
@@ -448,11 +517,21 @@ def _make_rows_fast(fmt: FastFormat, words: int):
                                     pos = extent - 1 - s if reverse else s
                                     y[uint64(yb + pos)] = narrow(vals[k * per_word + j])
                 base += tile
-            if phase == 1 and lane == 0:
+                if chain and reducing and base >= s_end:
+                    if lane == 0:
+                        _publish(flags, uint64(1 + item), carry)
+                    carry = published_prefix(flags, 1 + line * nseg, seg, lane, code)
+                    reducing = False
+                    base = s_begin
+            if not CHAINED and phase == 1 and lane == 0:
                 ws[uint64(item)] = carry
-            item += step
+            if chain:
+                item = _take_ticket(flags, lane)
+            else:
+                item += step
 
-    scan_rows_fast.__qualname__ = f"scan_rows_fast_{fmt.family}_{fmt.element.name}_{words}"
+    scan_rows_fast.__qualname__ = f"scan_rows_fast_{fmt.family}_{fmt.element.name}_{words}" \
+        + ("_chained" if chained else "")
     return scan_rows_fast
 
 
@@ -728,12 +807,23 @@ def _cap(fmt: FastFormat, max_registers: int | None, min_per_word: int) -> int |
 
 
 class FastKernels:
-    """rows_fast and cols_fast of one family of forward kinds at one element kind."""
+    """rows_fast and cols_fast of one family of forward kinds at one element kind.
+
+    ``chained`` (rows_fast): split lines in one launch (``PHASE_CHAINED``) rather than
+    two; the default where the accumulator is f32 (F16, BF16, F32), the only ones it is
+    allowed for (a segment word holds READY and one f32). ``chained=False`` there is a
+    tuning variant (its kernel name says so)."""
 
     def __init__(self, element: ElementKind, family: str, words: int | None = None,
                  col_values: int | None = None, register: bool = True,
-                 cols_max_registers: int | None = None) -> None:
+                 cols_max_registers: int | None = None, chained: bool | None = None) -> None:
         fmt = FastFormat(element, family)
+        chainable = fmt.acc == float32
+        if chained is None:
+            chained = chainable
+        elif chained and not chainable:
+            raise ValueError(f"FastKernels: chained=True needs an f32 accumulator, not "
+                             f"{fmt.acc} ({element.name})")
         words = words or (FAST_WORDS if SIMULATOR else _FAST_SIZES[family][0])
         col_values = col_values or (_FAST_COLS_VALUES if SIMULATOR else
                                     _FAST_SIZES[family][1][fmt.per_word.bit_length() - 1])
@@ -743,13 +833,17 @@ class FastKernels:
         self.tile = 32 * words * fmt.per_word
         self.col_rows = max(2, col_values // fmt.per_word)
         self.acc_bytes = fmt.acc.bitwidth // 8
+        #: whether rows_fast splits lines in one launch (PHASE_CHAINED) or two
+        self.chained = chained
         arrays = (_c_flat(fmt.storage), _c_flat(uint64), _c_flat(uint64),
                   _c_flat(fmt.storage), _c_flat(fmt.acc))
         tag = f"{element.name},{family}"
-        # the tile is in the names: the cubin cache is keyed by name, so a tuning variant
-        # named like the default would load the default's cubin
-        self.rows = Kernel(f"scan_rows_fast[{tag},{words}]", _make_rows_fast(fmt, words),
-                           arrays + (int64,) * 7 + (boolean, boolean, int64),
+        # the tile (and a non-default split) is in the names: the cubin cache is keyed by
+        # name, so a tuning variant named like the default would load the default's cubin
+        variant = ",two-launch" if chainable and not chained else ""
+        self.rows = Kernel(f"scan_rows_fast[{tag},{words}{variant}]",
+                           _make_rows_fast(fmt, words, chained),
+                           arrays + (_c_flat(uint64),) + (int64,) * 7 + (boolean, boolean, int64),
                            register=register)
         self.cols = Kernel(f"scan_cols_fast[{tag},{self.col_rows}]",
                            (_make_cols_fast_packed if fmt.per_word == 4 and family != "lse"
