@@ -52,6 +52,7 @@ __all__ = [
 ]
 
 CU_ERROR_INVALID_CONTEXT = 201
+CU_ERROR_NOT_INITIALIZED = 3
 CU_ERROR_INVALID_HANDLE = 400
 _CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9
 _CU_MEMORYTYPE_DEVICE = 2
@@ -200,9 +201,13 @@ def primary_context(ordinal: int) -> int:
 
 
 def context_current() -> int:
-    """The calling thread's current ``CUcontext`` (0: none)."""
+    """The calling thread's current ``CUcontext`` (0: none, also before the driver's
+    ``cuInit``: a fresh process that loads a kernel before any other CUDA call)."""
     context = _ptr()
-    check(libcuda().cuCtxGetCurrent(ctypes.byref(context)), "cuCtxGetCurrent")
+    code = libcuda().cuCtxGetCurrent(ctypes.byref(context))
+    if code == CU_ERROR_NOT_INITIALIZED:
+        return 0
+    check(code, "cuCtxGetCurrent")
     return context.value or 0
 
 

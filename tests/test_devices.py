@@ -16,7 +16,7 @@ import types as pytypes
 
 import numpy as np
 import pytest
-from conftest import torch_or_skip
+from conftest import SIMULATOR, torch_or_skip
 
 from baracuda_numba import arrays, devices, driver, launch, ops, streams
 from baracuda_numba.errors import DriverError, InvalidProblem
@@ -27,6 +27,10 @@ from baracuda_numba.types import ElementKind, ScanKind
 
 SHAPE = (3, 33)
 ELEMENT = ElementKind.F32
+
+#: Tests whose devices are faked over the simulator's host arrays (a real GPU has one
+#: device here and real device arrays; the gpu tests below cover it).
+simulated = pytest.mark.skipif(not SIMULATOR, reason="fakes devices over simulator arrays")
 
 
 @pytest.fixture
@@ -93,6 +97,7 @@ def inputs(rng):
 # -- the decision -------------------------------------------------------------------------
 
 
+@simulated
 def test_one_device_process_wraps_nothing_and_reads_no_device(monkeypatch, rng):
     """With one device (the simulator), a plan's ``run`` is the class's own method and no
     device of an array or stream is read."""
@@ -112,6 +117,7 @@ def test_one_device_process_wraps_nothing_and_reads_no_device(monkeypatch, rng):
         devices.force_several_devices(previous)
 
 
+@simulated
 def test_forced_mode_wraps_run_and_binds_the_current_device(several):
     plan = scan_plan()
     assert plan.device == 0 and "run" in vars(plan)
@@ -125,6 +131,7 @@ def test_forced_mode_wraps_run_and_binds_the_current_device(several):
 # -- the checks, before any launch ---------------------------------------------------------
 
 
+@simulated
 def test_arrays_on_two_devices_raise_naming_them_and_write_nothing(several, placed, rng,
                                                                     launched_on):
     plan = scan_plan()
@@ -137,6 +144,7 @@ def test_arrays_on_two_devices_raise_naming_them_and_write_nothing(several, plac
     assert np.isnan(y).all() and launched_on == []
 
 
+@simulated
 def test_stream_on_another_device_raises(several, placed, rng, launched_on):
     plan = scan_plan()
     x, y = inputs(rng)
@@ -146,6 +154,7 @@ def test_stream_on_another_device_raises(several, placed, rng, launched_on):
     assert np.isnan(y).all() and launched_on == []
 
 
+@simulated
 def test_arrays_on_another_device_than_the_plan_raise(several, placed, rng, launched_on):
     plan = scan_plan()  # device 0
     x, y = inputs(rng)
@@ -157,6 +166,7 @@ def test_arrays_on_another_device_than_the_plan_raise(several, placed, rng, laun
     assert np.isnan(y).all() and launched_on == []
 
 
+@simulated
 def test_a_plan_of_another_device_runs_there_whatever_the_current_one(several, placed, rng,
                                                                        launched_on):
     with devices.on(1):
@@ -197,6 +207,7 @@ def test_checked_arrays_and_the_message(several, monkeypatch):
     assert base.check_devices("P", [("n", 5)], None, 4) == 4
 
 
+@simulated
 def test_array_and_stream_devices_of_each_framework(placed):
     """The device readers: a ``__cuda_array_interface__`` object by its pointer, a
     TensorRef by its owner, default streams none, framework streams their own."""
@@ -392,6 +403,7 @@ def allocations(monkeypatch, placed):
     return placed
 
 
+@simulated
 def test_ops_run_on_the_input_device_whatever_the_current_one(several, allocations, rng,
                                                               launched_on):
     x = allocations(random_values(SHAPE, ELEMENT, rng), 1)
