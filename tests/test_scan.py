@@ -483,8 +483,9 @@ CHAINED_SHAPES = (((2, 677), 5),) if SIMULATOR else (((2, 677), 5), ((5, 100_003
 
 @pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.name)
 def test_chained_split_matches_two_launches(kind, rng):
-    """rows_fast's chained split (one launch, f32 accumulators: F32 and BF16 here) gives
-    the two-launch split's bits in both directions; F64 keeps the two launches, right."""
+    """rows_fast's chained split (one launch, f32 accumulators: F32 and BF16 here; the
+    default for BF16, a tuning variant for F32) gives the two-launch split's bits in both
+    directions; F64 keeps the two launches, right."""
     from baracuda_numba.kernels.scan import FastKernels
 
     family = FAST_FAMILY[int(kind)]
@@ -498,8 +499,9 @@ def test_chained_split_matches_two_launches(kind, rng):
             for reverse in (False, True):
                 desc = ScanDescriptor(kind, shape, 1, reverse, element=element)
                 chained, two = ScanPlan.select(desc), ScanPlan.select(desc)
-                two.use_kernels(fast=FastKernels(element, family, chained=False,
-                                                 register=False))
+                for plan, one in ((chained, True), (two, False)):
+                    plan.use_kernels(fast=FastKernels(element, family, chained=one,
+                                                      register=False))
                 for plan in (chained, two) if nseg else ():
                     plan.use_kernels(fast_rows_nseg=nseg)
                 expected = run_split(two, x, element)[0]

@@ -424,7 +424,10 @@ def _lse_for(acc: types.Type) -> tuple[Any, Any, Any]:
     found = _PER_ACC.get(("lse", acc))
     if found is None:
         step, merge = _lse_functions(acc)
-        found = _PER_ACC[("lse", acc)] = (step, _lse_chunk_for(acc, CHUNK, merge), merge)
+        # f64 folds step by step: the batch fold took its generic kernel from 60 to 88
+        # registers and measured slower (docs/design/reduce.md)
+        chunk = _sequential_chunk(step) if acc == float64 else _lse_chunk_for(acc, CHUNK, merge)
+        found = _PER_ACC[("lse", acc)] = (step, chunk, merge)
     return found
 
 

@@ -810,17 +810,19 @@ class FastKernels:
     """rows_fast and cols_fast of one family of forward kinds at one element kind.
 
     ``chained`` (rows_fast): split lines in one launch (``PHASE_CHAINED``) rather than
-    two; the default where the accumulator is f32 (F16, BF16, F32), the only ones it is
-    allowed for (a segment word holds READY and one f32). ``chained=False`` there is a
-    tuning variant (its kernel name says so)."""
+    two; allowed where the accumulator is f32 (F16, BF16, F32: a segment word holds READY
+    and one f32), the default for the 16-bit elements, whose split rows it measured
+    faster (F32's a few percent slower: docs/design/scan.md). The other choice is a tuning
+    variant (its kernel name says so)."""
 
     def __init__(self, element: ElementKind, family: str, words: int | None = None,
                  col_values: int | None = None, register: bool = True,
                  cols_max_registers: int | None = None, chained: bool | None = None) -> None:
         fmt = FastFormat(element, family)
         chainable = fmt.acc == float32
+        default = chainable and element.byte_width == 2
         if chained is None:
-            chained = chainable
+            chained = default
         elif chained and not chainable:
             raise ValueError(f"FastKernels: chained=True needs an f32 accumulator, not "
                              f"{fmt.acc} ({element.name})")
@@ -840,7 +842,7 @@ class FastKernels:
         tag = f"{element.name},{family}"
         # the tile (and a non-default split) is in the names: the cubin cache is keyed by
         # name, so a tuning variant named like the default would load the default's cubin
-        variant = ",two-launch" if chainable and not chained else ""
+        variant = "" if chained == default else ",chained" if chained else ",two-launch"
         self.rows = Kernel(f"scan_rows_fast[{tag},{words}{variant}]",
                            _make_rows_fast(fmt, words, chained),
                            arrays + (_c_flat(uint64),) + (int64,) * 7 + (boolean, boolean, int64),

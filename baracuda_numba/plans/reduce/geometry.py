@@ -97,6 +97,10 @@ _VEC_MIN_BATCHES = 1 if SIMULATOR else 4
 # [4096, 4096] f32 or bf16).
 _VEC_WORDS_PER_LANE = VEC_LOADS * 8
 _VEC_WARP_ROW_WORDS = 512
+# The light kinds' forward (one operation per element) with enough rows to fill the GPU
+# unsplit: twice the words per lane and no warp minimum (more rows in flight per block;
+# rows of 784-1568 words, a ResNet pool, measured faster: docs/design/reduce.md).
+_VEC_LIGHT_WORDS_PER_LANE = VEC_LOADS * 16
 
 # Register-resident gradient: words per lane of rows that fit in a warp.
 # (Measurements: docs/design/reduce.md, "Measured constants".)
@@ -189,7 +193,7 @@ class _Geometry:
 
 def rows_vec_geometry(out_numel: int, extent: int, width: int, max_splits: int,
                       store_only: bool = False, warp_rows: bool = False, target: int = 0,
-                      min_batches: int = 0) -> _Geometry:
+                      min_batches: int = 0, light: bool = False) -> _Geometry:
     """Lanes per row and splits for the word-access row kernels: a row of ``extent //
     width`` words gets about _VEC_WORDS_PER_LANE words per lane (short rows: one batch per
     lane, at least 4 lanes = a 32-byte sector per row and load), split only when there are
@@ -203,6 +207,11 @@ def rows_vec_geometry(out_numel: int, extent: int, width: int, max_splits: int,
     them, get a warp each (8 rows per block) and more splits, instead of up to a block per
     row.
 
+    ``light`` (the forward kernel of the kinds with one operation per merge,
+    _LONG_SHORT_KINDS): where
+    the row groups at _VEC_LIGHT_WORDS_PER_LANE words per lane still fill
+    VEC_TARGET_BLOCKS (no split either way), rows take those fewer lanes.
+
     ``target`` / ``min_batches`` (0: VEC_TARGET_BLOCKS / _VEC_MIN_BATCHES): the blocks a
     split aims at and the batches each split keeps at least (``split_aim``)."""
     target = target or VEC_TARGET_BLOCKS
@@ -214,7 +223,13 @@ def rows_vec_geometry(out_numel: int, extent: int, width: int, max_splits: int,
     lanes = _pow2_at_least(-(-words // _VEC_WORDS_PER_LANE))
     if words >= _VEC_WARP_ROW_WORDS:
         lanes = max(lanes, 32)
-    lanes = min(BLOCK, max(lanes, min(_pow2_at_least(words), _MIN_ROW_LANES)))
+    fewest = min(_pow2_at_least(words), _MIN_ROW_LANES)
+    lanes = min(BLOCK, max(lanes, fewest))
+    if light:
+        narrow = min(BLOCK, max(_pow2_at_least(-(-words // _VEC_LIGHT_WORDS_PER_LANE)),
+                                fewest))
+        if narrow < lanes and -(-out_numel // (BLOCK // narrow)) >= VEC_TARGET_BLOCKS:
+            lanes = narrow
     if warp_rows and lanes > 32 and max_splits > 1 and out_numel >= BLOCK \
             and -(-out_numel // (BLOCK // 32)) < VEC_TARGET_BLOCKS:
         lanes = 32
@@ -606,7 +621,8 @@ def problem_layout(shape: tuple[int,...], axis: int, strides: list[tuple[int,...
                                        shift, kernel_kind in _LONG_SHORT_KINDS)
         if geometry is None:
             geometry = rows_vec_geometry(out_numel, extent, width, max_splits,
-                                         warp_rows=takes_warp_rows(element, kernel_kind))
+                                         warp_rows=takes_warp_rows(element, kernel_kind),
+                                         light=kernel_kind in _LONG_SHORT_KINDS)
         return _Problem(out_shape, out_strides, geometry, axis, ROWS, shift)
     if access == COLS:
         geometry = cols_vec_geometry(out_numel, extent, VECTOR[element].width, max_splits,
