@@ -394,6 +394,60 @@ def _make_warp_helpers(fmt: FastFormat, read=_read_entry):
     return warp_total, segments_prefix
 
 
+def _make_tile_io(fmt: FastFormat, words: int):
+    """``(load_tile, store_tile)`` of rows_fast: one tile of a lane's ``words`` words (striped,
+    or blocked for the LogCumsumExp family) between the row and ``vals``; ``full`` tiles as
+    whole words, the last one element by element (identity past ``s_end``)."""
+    per_word = fmt.per_word
+    blocked = fmt.family == "lse"
+    identity, widen, narrow = fmt.identity, fmt.widen, fmt.narrow
+    unpack, pack_one, store_word = _word_codecs(fmt)
+
+    @cuda.jit(device=True, inline=True)
+    def load_tile(x, xw, vals, full, base, s_end, xb, extent, extent_words, lane, reverse,
+                  code):
+        if full:
+            for k in range(words):
+                sw = base // per_word + (lane * words + k if blocked else k * 32 + lane)
+                if reverse:
+                    w = xw[uint64(xb // per_word + extent_words - 1 - sw)]
+                else:
+                    w = xw[uint64(xb // per_word + sw)]
+                for j in range(per_word):
+                    vals[k * per_word + j] = unpack(w, per_word - 1 - j if reverse else j)
+        else:
+            for k in range(words):
+                for j in range(per_word):
+                    s = base + (lane * words + k if blocked else k * 32 + lane) * per_word + j
+                    v = identity(code)
+                    if s < s_end:
+                        pos = extent - 1 - s if reverse else s
+                        v = widen(x[uint64(xb + pos)])
+                    vals[k * per_word + j] = v
+
+    @cuda.jit(device=True, inline=True)
+    def store_tile(y, yw, vals, full, base, s_end, yb, extent, extent_words, lane, reverse):
+        if full:
+            for k in range(words):
+                sw = base // per_word + (lane * words + k if blocked else k * 32 + lane)
+                w = uint64(0)
+                for j in range(per_word):
+                    w |= pack_one(vals[k * per_word + j], per_word - 1 - j if reverse else j)
+                if reverse:
+                    store_word(yw, y, yb // per_word + extent_words - 1 - sw, w)
+                else:
+                    store_word(yw, y, yb // per_word + sw, w)
+        else:
+            for k in range(words):
+                for j in range(per_word):
+                    s = base + (lane * words + k if blocked else k * 32 + lane) * per_word + j
+                    if s < s_end:
+                        pos = extent - 1 - s if reverse else s
+                        y[uint64(yb + pos)] = narrow(vals[k * per_word + j])
+
+    return load_tile, store_tile
+
+
 def _make_rows_fast(fmt: FastFormat, words: int, chained: bool):
     """The rows_fast kernel (see above) with ``words`` uint64 words per lane per tile.
     ``phase``: 0 (no split) and, for a split, 1 then 2 (two launches) or, compiled with
@@ -415,8 +469,8 @@ def _make_rows_fast(fmt: FastFormat, words: int, chained: bool):
     # holds one run, or when the operation commutes (not for Cummax/Cummin ties)
     reduce_groups = scan_groups if fmt.family == "extremum" else 1
     reduce_size = per_lane // reduce_groups
-    identity, combine, widen, narrow = fmt.identity, fmt.combine, fmt.widen, fmt.narrow
-    unpack, pack_one, store_word = _word_codecs(fmt)
+    identity, combine = fmt.identity, fmt.combine
+    load_tile, store_tile = _make_tile_io(fmt, words)
     warp_total, segments_prefix = _make_warp_helpers(fmt)
     _, published_prefix = _make_warp_helpers(fmt, _read_published)
     CHAINED = chained
@@ -450,26 +504,8 @@ def _make_rows_fast(fmt: FastFormat, words: int, chained: bool):
             base = s_begin
             while base < s_end:
                 full = vec and base + tile <= s_end
-                if full:
-                    for k in range(words):
-                        sw = base // per_word + (lane * words + k if blocked else k * 32 + lane)
-                        if reverse:
-                            w = xw[uint64(xb // per_word + extent_words - 1 - sw)]
-                        else:
-                            w = xw[uint64(xb // per_word + sw)]
-                        for j in range(per_word):
-                            vals[k * per_word + j] = unpack(w, per_word - 1 - j if reverse
-                                                            else j)
-                else:
-                    for k in range(words):
-                        for j in range(per_word):
-                            s = base + (lane * words + k if blocked else k * 32 + lane) \
-                                * per_word + j
-                            v = identity(code)
-                            if s < s_end:
-                                pos = extent - 1 - s if reverse else s
-                                v = widen(x[uint64(xb + pos)])
-                            vals[k * per_word + j] = v
+                load_tile(x, xw, vals, full, base, s_end, xb, extent, extent_words, lane,
+                          reverse, code)
                 if reducing:
                     for r in range(reduce_groups):
                         agg = vals[r * reduce_size]
@@ -496,26 +532,8 @@ def _make_rows_fast(fmt: FastFormat, words: int, chained: bool):
                         for i in range(group):
                             vals[g * group + i] = combine(prefix, vals[g * group + i], code)
                         carry = combine(carry, shfl_idx(inc, 31), code)
-                    if full:
-                        for k in range(words):
-                            sw = base // per_word + (lane * words + k if blocked
-                                                     else k * 32 + lane)
-                            w = uint64(0)
-                            for j in range(per_word):
-                                w |= pack_one(vals[k * per_word + j],
-                                              per_word - 1 - j if reverse else j)
-                            if reverse:
-                                store_word(yw, y, yb // per_word + extent_words - 1 - sw, w)
-                            else:
-                                store_word(yw, y, yb // per_word + sw, w)
-                    else:
-                        for k in range(words):
-                            for j in range(per_word):
-                                s = base + (lane * words + k if blocked else k * 32 + lane) \
-                                    * per_word + j
-                                if s < s_end:
-                                    pos = extent - 1 - s if reverse else s
-                                    y[uint64(yb + pos)] = narrow(vals[k * per_word + j])
+                    store_tile(y, yw, vals, full, base, s_end, yb, extent, extent_words, lane,
+                               reverse)
                 base += tile
                 if chain and reducing and base >= s_end:
                     if lane == 0:
