@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from numba import cuda, float32, float64, int32, int64, types, uint16, uint32, uint64
+from numba import cuda, float32, int32, int64, types, uint16, uint32, uint64
 
 from ..._runtime import SIMULATOR
 from ...types import ElementKind, ReduceKind
@@ -404,8 +404,8 @@ def _vec_chunk(kind: Any, acc: types.Type, width: int, loads: int = VEC_LOADS) -
 
         return welford_vec_chunk
 
-    if ops.functions is _lse_for and acc != float64:
-        return _lse_chunk_for(acc, count, merge)
+    if ops.functions is _lse_for:
+        return _lse_chunk_for(acc, count, step, merge)
 
     if ops.functions is _SUM_FUNCTIONS:
         # Sum/Mean: ``width`` independent chains (one per element position of a word) of

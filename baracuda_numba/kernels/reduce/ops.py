@@ -213,9 +213,12 @@ def _chained(op: Any, count: int, ACC: types.Type) -> Any:
     return fold
 
 
-def _lse_chunk_for(ACC: types.Type, count: int, merge: Any) -> Any:
+def _lse_chunk_for(ACC: types.Type, count: int, step: Any, merge: Any) -> Any:
     """``chunk`` of LogSumExp over one batch ``values[0:count]`` (``count`` a power of two;
-    the batch's row indices do not matter), in parts of ``min(count, LSE_PART)`` values:
+    the batch's row indices do not matter). An f64 accumulator folds step by step
+    (``step``): the batch fold took its generic kernel from 60 to 88 registers and
+    measured slower (docs/design/reduce.md). Otherwise in parts of ``min(count, LSE_PART)``
+    values:
     each part's own state (m, s), m = max(values) (NaN-propagating) and s = sum(exp(v -
     m)), merged once into the running state by ``merge``. A part's exps are independent
     and both of its folds run in a few chains, where the step-by-step fold is one
@@ -224,6 +227,8 @@ def _lse_chunk_for(ACC: types.Type, count: int, merge: Any) -> Any:
     reads: ``merge`` drops a part of max -inf and keeps m where it is NaN; a state of
     max +inf stays +inf through every merge but a NaN one, and ``_final_lse`` returns the
     max where it is +-inf or NaN. ``values`` is overwritten."""
+    if ACC == float64:
+        return _sequential_chunk(step)
     PART = min(count, LSE_PART)
     PARTS = count // PART
     peak = _chained(max_nan_f32 if ACC == types.float32 else nan_max, PART, ACC)
@@ -424,10 +429,7 @@ def _lse_for(acc: types.Type) -> tuple[Any, Any, Any]:
     found = _PER_ACC.get(("lse", acc))
     if found is None:
         step, merge = _lse_functions(acc)
-        # f64 folds step by step: the batch fold took its generic kernel from 60 to 88
-        # registers and measured slower (docs/design/reduce.md)
-        chunk = _sequential_chunk(step) if acc == float64 else _lse_chunk_for(acc, CHUNK, merge)
-        found = _PER_ACC[("lse", acc)] = (step, chunk, merge)
+        found = _PER_ACC[("lse", acc)] = (step, _lse_chunk_for(acc, CHUNK, step, merge), merge)
     return found
 
 
