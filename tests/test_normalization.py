@@ -137,19 +137,20 @@ def run_forward(layer, element, x, normalized, weight=None, bias=None, residual=
 
 
 def run_backward(layer, element, dy, x, rstd, mean, normalized, weight=None, has_bias=False,
-                 dh=None, offset=0.0, weight_element=None, block=None, kernel=None):
+                 dh=None, offset=0.0, weight_element=None, block=None, kernel=None,
+                 weight_grad=True):
     shape = x.shape
     wk = weight_element or element
     if layer:
         plan = LayerNormBackwardPlan.select(LayerNormBackwardDescriptor(
             shape, normalized, element, weight is not None, has_bias, weight_element,
-            dh is not None), block=block, kernel=kernel)
+            dh is not None, weight_grad), block=block, kernel=kernel)
     else:
         plan = RMSNormBackwardPlan.select(RMSNormBackwardDescriptor(
             shape, normalized, element, weight is not None, weight_element, dh is not None,
-            offset), block=block, kernel=kernel)
+            offset, weight_grad), block=block, kernel=kernel)
     dx = to_device(poisoned(shape, element))
-    dw = to_device(poisoned(normalized, wk)) if weight is not None else None
+    dw = to_device(poisoned(normalized, wk)) if weight is not None and weight_grad else None
     db = to_device(poisoned(normalized, wk)) if has_bias else None
     workspace = to_device(np.zeros(max(plan.workspace_size, 1), np.uint8))
     dev = [None if a is None else to_device(a) for a in (dy, x, rstd, mean, weight, dh)]
@@ -382,6 +383,39 @@ def test_weight_gradients_bit_identical_across_blocks_and_reruns(rng):
         assert np.array_equal(dw.view(np.uint32), results[0][1].view(np.uint32))
         assert np.array_equal(db.view(np.uint32), results[0][2].view(np.uint32))
     assert np.array_equal(results[2][0].view(np.uint32), results[3][0].view(np.uint32))
+
+
+@pytest.mark.parametrize("layer", [False, True])
+@pytest.mark.parametrize("element, n", [(F32, 40), (ElementKind.BF16, 48)])
+def test_backward_without_weight_gradient(layer, element, n, rng):
+    """``weight_grad=False``: the same dx bits (and db) as with dweight, no dweight (the
+    register kernel for bf16 rows of whole units, the generic one for f32 rows of 40), a
+    workspace only for db; a dweight given is rejected."""
+    shape, normalized = (7, n), (n,)
+    x, dy, w = (random_values(s, element, rng) for s in (shape, shape, normalized))
+    _, _, rstd, mean = run_forward(layer, element, x, normalized, w, w if layer else None)
+    full = run_backward(layer, element, dy, x, rstd, mean, normalized, w, layer)
+    light = run_backward(layer, element, dy, x, rstd, mean, normalized, w, layer,
+                         weight_grad=False)
+    assert light[3].choice.kernel == full[3].choice.kernel
+    assert np.array_equal(light[0].view(np.uint8), full[0].view(np.uint8))
+    assert light[1] is None
+    if layer:
+        assert np.array_equal(light[2].view(np.uint8), full[2].view(np.uint8))
+    else:
+        assert light[3].workspace_size == 0
+    plan = light[3]
+    dev = to_device(dy)
+    with pytest.raises(InvalidProblem, match="dweight"):
+        if layer:
+            plan.run(LayerNormBackwardArgs(dev, to_device(x), to_device(mean), to_device(rstd),
+                                           to_device(poisoned(shape, element)), to_device(w),
+                                           to_device(poisoned(normalized, element)),
+                                           to_device(poisoned(normalized, element))))
+        else:
+            plan.run(RMSNormBackwardArgs(dev, to_device(x), to_device(rstd),
+                                         to_device(poisoned(shape, element)), to_device(w),
+                                         to_device(poisoned(normalized, element))))
 
 
 # The simulator runs kernels on NumPy scalars: inf·0 and inf - inf warn there.

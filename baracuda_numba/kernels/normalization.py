@@ -66,6 +66,7 @@ FLAG_WEIGHT = 1
 FLAG_BIAS = 2
 FLAG_RESIDUAL = 4  # forward: h = x + residual written out; backward: dh added to dx
 FLAG_LAYER = 8  # the register kernels: LayerNorm (else RMSNorm)
+FLAG_WEIGHT_GRAD = 16  # backward: dw partials (FLAG_WEIGHT alone only scales g by w)
 
 #: Columns one backward thread can own (its dw/db running sums live in a local array):
 #: with 1024 threads a block covers rows of up to 65536 elements.
@@ -190,7 +191,7 @@ def _backward_factory(element: ElementKind, weight_element: ElementKind, layer: 
         db_run = cuda.local.array(MAX_COLUMNS_PER_THREAD, acc)
         tid = cuda.threadIdx.x
         block = cuda.blockDim.x
-        with_partials = flags & (FLAG_WEIGHT | FLAG_BIAS)
+        with_partials = flags & (FLAG_WEIGHT_GRAD | FLAG_BIAS)
         chunk = int64(cuda.blockIdx.x)
         while chunk < chunks:
             for k in range(MAX_COLUMNS_PER_THREAD):
@@ -241,7 +242,7 @@ def _backward_factory(element: ElementKind, weight_element: ElementKind, layer: 
                 j = int64(tid)
                 k = 0
                 while j < n:
-                    if flags & FLAG_WEIGHT:
+                    if flags & FLAG_WEIGHT_GRAD:
                         partials[uint64(chunk * n + j)] = dw_run[k]
                     if flags & FLAG_BIAS:
                         partials[uint64((chunks + chunk) * n + j)] = db_run[k]
@@ -279,7 +280,7 @@ def _finalize_factory(acc: Any, weight_element: ElementKind) -> Any:
             second = column >= n
             j = column - n if second else column
             active = column < 2 * n and ((flags & FLAG_BIAS) if second
-                                         else (flags & FLAG_WEIGHT)) != 0
+                                         else (flags & FLAG_WEIGHT_GRAD)) != 0
             base = chunks * n if second else int64(0)
             t0 = acc(0)
             t1 = acc(0)
@@ -326,7 +327,7 @@ VEC_MAX_UNITS = 4
 VEC_MAX_BLOCK = 512
 #: Register cap of both register kernels: 64 a thread lets 1024 threads share an SM (the
 #: bytes in flight a memory-bound row needs); the held rows fit it without spills because
-#: only packed 16-byte words stay live across the block sums (see _LANES_INIT).
+#: only packed 16-byte words stay live across the block sums (see _lanes_init).
 VEC_MAX_REGISTERS = 64
 VEC_ELEMENTS = (ElementKind.F16, ElementKind.BF16, ElementKind.F32)
 
@@ -406,23 +407,26 @@ def _unit_store(element: ElementKind, weight: ElementKind, k: int, vec: int,
     return lines
 
 
-# The units' offsets ``u{k} = tid + k · block`` (and the shared slots ``e · units + u``)
-# are loop-invariant: hoisted out of the row loop they stay live as 64-bit values, one per
-# unit, array and element, and the kernel spills. Reading ``block`` and ``units`` from
-# shared memory after a barrier each row makes them row-local (cheap to recompute).
+# The units' offsets ``u{k} = tid + k · block`` (and the backward's shared slots) are
+# loop-invariant: hoisted out of the row loop they stay live as 64-bit values, one per
+# unit, array and element, and the kernel spills. Reading ``block`` and the backward's
+# slot count from shared memory after a barrier each row makes them row-local (cheap to
+# recompute).
 # ``lanes[2]`` is a zero the compiler cannot see: the backward decodes its held words a
 # second time as ``word ^ blind`` after the block sums, so the first decode's f32 values
 # are not kept alive across the barrier (common-subexpression elimination would).
-_LANES_INIT = ("    lanes = cuda.shared.array(3, int64)\n"
-               "    if tid == 0:\n"
-               "        lanes[0] = block\n"
-               "        lanes[1] = units\n"
-               "        lanes[2] = 0\n"
-               "    cuda.syncthreads()\n")
+def _lanes_init(second: str = "units") -> str:
+    """Kernel-head lines filling ``lanes`` (block, ``second``, a hidden zero)."""
+    return ("    lanes = cuda.shared.array(3, int64)\n"
+            "    if tid == 0:\n"
+            "        lanes[0] = block\n"
+            f"        lanes[1] = {second}\n"
+            "        lanes[2] = 0\n"
+            "    cuda.syncthreads()\n")
 
 
 def _lanes(units: range) -> list[str]:
-    """Lines defining ``u{k}`` and ``p{k}`` from ``lanes`` (see _LANES_INIT)."""
+    """Lines defining ``u{k}`` and ``p{k}`` from ``lanes`` (see _lanes_init)."""
     lines = ["blk = lanes[0]"]
     for k in units:
         lines += [f"u{k} = tid + {k} * blk", f"p{k} = u{k} < units"]
@@ -490,21 +494,22 @@ def _vec_forward_source(element: ElementKind, weight: ElementKind, pair: bool) -
             "    has_residual = flags & FLAG_RESIDUAL\n"
             "    is_layer = flags & FLAG_LAYER\n"
             "    offset32 = float32(offset)\n"
-            + _LANES_INIT)
+            + _lanes_init())
     if pair:
         head += ("    row = int64(cuda.blockIdx.x) * 2\n"
                  "    while row < rows:\n"
                  "        second = row + 1 < rows\n"
-                 "        x_row, y_row = strided_offset2(row, outer_shape, x_strides, y_strides)\n"
-                 "        r_row, h_row = strided_offset2(row + 1 if second else row, outer_shape,\n"
-                 "                                       x_strides, y_strides)\n")
+                 "        next_row = row + 1 if second else row\n")
+        offsets = (_row_offsets([("x_row", "y_row", "x_strides", "y_strides")], "row")
+                   + _row_offsets([("r_row", "h_row", "x_strides", "y_strides")], "next_row"))
         step = "        row += int64(cuda.gridDim.x) * 2\n"
     else:
         head += ("    row = int64(cuda.blockIdx.x)\n"
-                 "    while row < rows:\n"
-                 "        x_row, r_row = strided_offset2(row, outer_shape, x_strides, r_strides)\n"
-                 "        h_row, y_row = strided_offset2(row, outer_shape, h_strides, y_strides)\n")
+                 "    while row < rows:\n")
+        offsets = _row_offsets([("x_row", "r_row", "x_strides", "r_strides"),
+                                ("h_row", "y_row", "h_strides", "y_strides")], "row")
         step = "        row += cuda.gridDim.x\n"
+    body = offsets + body
     return head + "".join(f"        {line}\n" for line in "\n".join(body).splitlines()) + step
 
 
@@ -562,8 +567,10 @@ def _vec_forward_factory(element: ElementKind, weight: ElementKind, pair: bool) 
 # -- the row-in-registers backward ---------------------------------------------------------
 # The same layout for dy, x, dh and dx: a thread holds x̂ and g of up to VEC_MAX_UNITS_BW
 # units of the row in registers across the block sums; each column's dw/db running sums
-# over the chunk's rows live in dynamic shared memory, slot ``(e, unit)`` at
-# ``e · units + unit`` (``dw``) and ``(vec + e) · units + unit`` (``db``): only the owning
+# over the chunk's rows live in dynamic shared memory, ``slots`` f32 a unit (an odd count,
+# so a warp's 32 units fall in 32 banks), unit ``u``'s at ``u · slots``: dw of its ``vec``
+# columns first (when dw is wanted), then db (with a bias). A thread's slots are a
+# constant offset from one address a unit (no index arithmetic a column); only the owning
 # thread touches a slot, in row order, so the sums are the generic kernel's sums.
 
 #: 16-byte units a backward thread holds at most, of x and of dy (four spill under
@@ -572,8 +579,16 @@ VEC_MAX_UNITS_BW = 2
 #: Threads per block at most for the backward register kernel (64 registers each: one
 #: block of 1024 fills the register file).
 VEC_MAX_BLOCK_BW = 1024
-#: Dynamic shared memory the backward's running sums may take (2 · n f32).
-VEC_MAX_SHARED_BW = 128 * 1024
+#: Dynamic shared memory the backward's running sums may take (dw and db of 16-bit rows
+#: of 16384: 8.5 · n bytes; under the opt-in limit of sm_80 and later).
+VEC_MAX_SHARED_BW = 144 * 1024
+
+
+def vec_backward_slots(vec: int, weight_grad: bool, bias: bool) -> int:
+    """f32 running sums a unit of the backward register kernel keeps in shared memory
+    (0 without partials; else odd: conflict-free, see the section comment)."""
+    held = (vec if weight_grad else 0) + (vec if bias else 0)
+    return held + 1 if held else 0
 
 
 def _backward_values(element: ElementKind, weight: ElementKind, k: int, vec: int,
@@ -605,13 +620,16 @@ def _backward_unit(element: ElementKind, weight: ElementKind, k: int, vec: int) 
 
 def _backward_store(element: ElementKind, weight: ElementKind, k: int, vec: int) -> list[str]:
     """Under ``if p{k}:``: dx of unit ``k`` (plus dh) stored as 16 bytes, and the running
-    sums of dw/db in shared memory (``stride``: ``units`` read per row, see _LANES)."""
+    sums of dw/db in shared memory (unsigned slot indices: no wraparound arithmetic, and
+    the column's offset folds into the access)."""
     o = [f"o{k}_{e}" for e in range(vec)]
     lines = _backward_values(element, weight, k, vec, " ^ blind")
+    lines.append(f"slot{k} = uint64(u{k}) * slots")
     lines.append("if has_w:")
-    lines += [f"    running[{e} * stride + u{k}] += b{k}_{e} * n{k}_{e}" for e in range(vec)]
+    lines += [f"    running[slot{k} + uint64({e})] += b{k}_{e} * n{k}_{e}" for e in range(vec)]
     lines.append("if has_b:")
-    lines += [f"    running[{vec + e} * stride + u{k}] += b{k}_{e}" for e in range(vec)]
+    lines.append(f"    slotb{k} = slot{k} + db_at")
+    lines += [f"    running[slotb{k} + uint64({e})] += b{k}_{e}" for e in range(vec)]
     lines += [f"{o[e]} = rstd * (g{k}_{e} - mean_g - n{k}_{e} * mean_gx)" for e in range(vec)]
     lines += ["if has_dh:"]
     lines += ["    " + line for line in _decode(element, [f"h{k}[{i}]" for i in range(4)],
@@ -621,12 +639,27 @@ def _backward_store(element: ElementKind, weight: ElementKind, k: int, vec: int)
     return lines
 
 
+def _row_offsets(pairs: list[tuple[str, str, str, str]], row: str) -> list[str]:
+    """Lines setting the row offsets ``(a, b)`` of each pair from strides ``(sa, sb)``: one
+    multiply when the rows are one leading axis (``outer_shape[7] == rows``, the other
+    extents 1), else the general unravel (integer divisions, a row's largest cost)."""
+    lines = ["if outer_shape[7] == rows:"]
+    for a, b, sa, sb in pairs:
+        lines += [f"    {a} = {row} * {sa}[7]", f"    {b} = {row} * {sb}[7]"]
+    lines.append("else:")
+    lines += [f"    {a}, {b} = strided_offset2({row}, outer_shape, {sa}, {sb})"
+              for a, b, sa, sb in pairs]
+    return lines
+
+
 def _vec_backward_source(element: ElementKind, weight: ElementKind) -> str:
     vec = 16 // element.byte_width
     units = range(VEC_MAX_UNITS_BW)
     zero = "(uint32(0), uint32(0), uint32(0), uint32(0))"
-    body = _lanes(units) + ["rstd = rstd_in[row]", "mean = float32(0)", "if is_layer:",
-                            "    mean = mean_in[row]"]
+    body = _row_offsets([("dy_row", "x_row", "dy_strides", "x_strides"),
+                         ("dh_row", "dx_row", "dh_strides", "dx_strides")], "row")
+    body += _lanes(units) + ["rstd = rstd_in[row]", "mean = float32(0)", "if is_layer:",
+                             "    mean = mean_in[row]"]
     for k in units:  # all loads first (dh's too: one round trip a row)
         body += [f"x{k} = {zero}", f"d{k} = {zero}", f"h{k} = {zero}", f"if p{k}:",
                  f"    x{k} = load16(xw, uint64(x_row + u{k} * 4))",
@@ -643,19 +676,20 @@ def _vec_backward_source(element: ElementKind, weight: ElementKind) -> str:
              "    mean_g = float32(total_g / n)", "else:",
              "    total_g, total_gx = _row_sums(float32(0), sum_gx, sums, tid, block)",
              "    mean_g = float32(0)"]
-    body += ["mean_gx = float32(total_gx / n)", "stride = lanes[1]",
+    body += ["mean_gx = float32(total_gx / n)", "slots = uint64(lanes[1])",
              "blind = uint32(lanes[2])"]
     for k in units:
         body += [f"if p{k}:"] + ["    " + line
                                  for line in _backward_store(element, weight, k, vec)]
-    held = _lanes(units) + ["stride = lanes[1]"]
-    zeroing = held + [f"if p{k}:\n    for e in range({2 * vec}):\n"
-               f"        running[e * stride + u{k}] = float32(0)" for k in units]
+    held = _lanes(units) + ["slots = uint64(lanes[1])"]
+    zeroing = held + [f"if p{k}:\n    for e in range(int64(slots)):\n"
+                      f"        running[uint64(u{k}) * slots + uint64(e)] = float32(0)"
+                      for k in units]
     publish = held + [f"if p{k}:\n    for e in range({vec}):\n        if has_w:\n"
-               f"            partials[uint64(chunk * n + u{k} * {vec} + e)] = "
-               f"running[e * stride + u{k}]\n        if has_b:\n"
-               f"            partials[uint64((chunks + chunk) * n + u{k} * {vec} + e)] = "
-               f"running[({vec} + e) * stride + u{k}]" for k in units]
+                      f"            partials[uint64(chunk * n + u{k} * {vec} + e)] = "
+                      f"running[uint64(u{k}) * slots + uint64(e)]\n        if has_b:\n"
+                      f"            partials[uint64((chunks + chunk) * n + u{k} * {vec} + e)] = "
+                      f"running[uint64(u{k}) * slots + db_at + uint64(e)]" for k in units]
     head = ("def norm_backward_vec(dyw, xw, dhw, dxw, weight, rstd_in, mean_in, partials,\n"
             "                      outer_shape, dy_strides, x_strides, dh_strides, dx_strides,\n"
             "                      rows, units, n, rows_per_chunk, chunks, offset, flags):\n"
@@ -665,22 +699,22 @@ def _vec_backward_source(element: ElementKind, weight: ElementKind) -> str:
             "    block = int64(cuda.blockDim.x)\n"
             "    has_dh = flags & FLAG_RESIDUAL\n"
             "    is_layer = flags & FLAG_LAYER\n"
-            "    with_partials = flags & (FLAG_WEIGHT | FLAG_BIAS)\n"
-            "    has_w = flags & FLAG_WEIGHT\n"
+            "    has_w = flags & FLAG_WEIGHT_GRAD\n"
             "    has_b = flags & FLAG_BIAS\n"
+            "    with_partials = flags & (FLAG_WEIGHT_GRAD | FLAG_BIAS)\n"
+            f"    db_at = uint64({vec}) if has_w else uint64(0)\n"
+            "    slot_count = int64(0)\n"
+            "    if with_partials:\n"
+            "        slot_count = int64(db_at) + (" f"{vec}" " if has_b else 0) + 1\n"
             "    offset32 = float32(offset)\n"
-            + _LANES_INIT
+            + _lanes_init("slot_count")
             + "    chunk = int64(cuda.blockIdx.x)\n"
             "    while chunk < chunks:\n"
             "        if with_partials:\n"
             + "".join(f"            {line}\n" for line in "\n".join(zeroing).splitlines())
             + "        row = chunk * rows_per_chunk\n"
             "        end = min(row + rows_per_chunk, rows)\n"
-            "        while row < end:\n"
-            "            dy_row, x_row = strided_offset2(row, outer_shape, dy_strides, "
-            "x_strides)\n"
-            "            dh_row, dx_row = strided_offset2(row, outer_shape, dh_strides, "
-            "dx_strides)\n")
+            "        while row < end:\n")
     return (head + "".join(f"            {line}\n" for line in "\n".join(body).splitlines())
             + "            row += 1\n"
             "        if with_partials:\n"
@@ -694,8 +728,8 @@ def _generated(name: str, source: str) -> Any:
         __name__=__name__,  # the kernels' module: their family for precompile and the cache
         cuda=cuda, float32=float32, float64=float64, int64=int64, uint64=uint64, math=math,
         uint32=uint32, load16=load16, store16=store16, strided_offset2=strided_offset2,
-        _row_sums=_row_sums, FLAG_RESIDUAL=FLAG_RESIDUAL,
-        FLAG_WEIGHT=FLAG_WEIGHT, FLAG_BIAS=FLAG_BIAS, FLAG_LAYER=FLAG_LAYER,
+        _row_sums=_row_sums, FLAG_RESIDUAL=FLAG_RESIDUAL, FLAG_WEIGHT=FLAG_WEIGHT,
+        FLAG_WEIGHT_GRAD=FLAG_WEIGHT_GRAD, FLAG_BIAS=FLAG_BIAS, FLAG_LAYER=FLAG_LAYER,
         unpack_f16x2=unpack_f16x2, unpack_bf16x2=unpack_bf16x2, f32_from_bits=f32_from_bits,
         pack_f16x2=pack_f16x2, pack_bf16x2=pack_bf16x2, f32_to_bits=f32_to_bits)
     exec(compile(source, f"<{name}>", "exec"), namespace)
@@ -793,11 +827,12 @@ _FINALIZE_KEYS = {(str(stats_type(e)), w): (stats_type(e), w)  # each pair once 
 NORM_FINALIZE_KERNELS = LazyTable(_FINALIZE_KEYS,
                                   lambda key: _finalize_kernel(*_FINALIZE_KEYS[key]))
 
-__all__ = ["FLAG_BIAS", "FLAG_LAYER", "FLAG_RESIDUAL", "FLAG_WEIGHT", "MAX_BLOCK",
+__all__ = ["FLAG_BIAS", "FLAG_LAYER", "FLAG_RESIDUAL", "FLAG_WEIGHT", "FLAG_WEIGHT_GRAD",
+           "MAX_BLOCK",
            "FINALIZE_BLOCK", "MAX_COLUMNS_PER_THREAD",
            "NORM_BACKWARD_KERNELS", "NORM_ELEMENTS", "NORM_FINALIZE_KERNELS",
            "NORM_FORWARD_KERNELS", "NORM_VEC_BACKWARD_KERNELS", "NORM_VEC_FORWARD_KERNELS",
            "NORM_WEIGHT_ELEMENTS",
            "VEC_ELEMENTS", "VEC_MAX_BLOCK", "VEC_MAX_BLOCK_BW", "VEC_MAX_SHARED_BW",
            "VEC_MAX_UNITS",
-           "VEC_MAX_UNITS_BW", "stats_type"]
+           "VEC_MAX_UNITS_BW", "stats_type", "vec_backward_slots"]

@@ -102,23 +102,27 @@ def layer_norm(x: Any, normalized_shape: Any, weight: Any = None, bias: Any = No
 
 
 def _backward(layer: bool, dy: Any, x: Any, mean: Any, rstd: Any, normalized: tuple[int, ...],
-              weight: Any, has_bias: bool, dh: Any, offset: float, stream: Any) -> Any:
+              weight: Any, has_bias: bool, dh: Any, offset: float, weight_grad: bool,
+              stream: Any) -> Any:
     weight_kind = _weight_kind(weight)
+    weight_grad = bool(weight_grad) and weight is not None
     options = ("layer_norm_bw" if layer else "rms_norm_bw", normalized, weight is not None,
-               has_bias, weight_kind, dh is not None, offset)
+               has_bias, weight_kind, dh is not None, offset, weight_grad)
 
     def make(shape: tuple[int, ...], element: ElementKind) -> tuple[Any, tuple, int]:
         if layer:
             desc: Any = LayerNormBackwardDescriptor(shape, normalized, element,
                                                     weight is not None, has_bias,
-                                                    weight_kind, dh is not None)
+                                                    weight_kind, dh is not None,
+                                                    weight_grad)
             plan = plan_for(desc, lambda: LayerNormBackwardPlan.select(desc))
         else:
             desc = RMSNormBackwardDescriptor(shape, normalized, element, weight is not None,
-                                             weight_kind, dh is not None, offset)
+                                             weight_kind, dh is not None, offset,
+                                             weight_grad)
             plan = plan_for(desc, lambda: RMSNormBackwardPlan.select(desc))
         vector = (normalized, plan.weight_element)
-        return plan, ((shape, element), vector if weight is not None else None,
+        return plan, ((shape, element), vector if weight_grad else None,
                       vector if has_bias else None, workspace_spec(plan)), 0
 
     plan, (alloc_dx, alloc_dw, alloc_db, alloc_ws), current, *_ = call_site(
@@ -138,18 +142,20 @@ def _backward(layer: bool, dy: Any, x: Any, mean: Any, rstd: Any, normalized: tu
 
 
 def rms_norm_backward(dy: Any, x: Any, rstd: Any, normalized_shape: Any, weight: Any = None,
-                      *, dh: Any = None, offset: float = 0.0, stream: Any = None) -> Any:
-    """``(dx, dweight)`` of :func:`rms_norm` (``dweight`` None without a weight). ``x``
-    is the normalized input (``h`` when the forward had a residual); ``dh``, the incoming
+                      *, dh: Any = None, offset: float = 0.0, weight_grad: bool = True,
+                      stream: Any = None) -> Any:
+    """``(dx, dweight)`` of :func:`rms_norm` (``dweight`` None without a weight, or with
+    ``weight_grad=False``: the weight then only scales the gradient). ``x`` is the
+    normalized input (``h`` when the forward had a residual); ``dh``, the incoming
     gradient of ``h``, is added to ``dx``, which is then also the residual's gradient."""
     return _backward(False, dy, x, None, rstd, _shape(normalized_shape), weight, False, dh,
-                     float(offset), stream)
+                     float(offset), weight_grad, stream)
 
 
 def layer_norm_backward(dy: Any, x: Any, mean: Any, rstd: Any, normalized_shape: Any,
                         weight: Any = None, has_bias: bool = False, *, dh: Any = None,
-                        stream: Any = None) -> Any:
+                        weight_grad: bool = True, stream: Any = None) -> Any:
     """``(dx, dweight, dbias)`` of :func:`layer_norm` (None for an absent weight/bias);
-    ``x`` and ``dh`` as in :func:`rms_norm_backward`."""
+    ``x``, ``dh`` and ``weight_grad`` as in :func:`rms_norm_backward`."""
     return _backward(True, dy, x, mean, rstd, _shape(normalized_shape), weight, has_bias, dh,
-                     0.0, stream)
+                     0.0, weight_grad, stream)

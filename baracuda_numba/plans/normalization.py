@@ -41,6 +41,7 @@ from ..kernels.normalization import (
     FLAG_LAYER,
     FLAG_RESIDUAL,
     FLAG_WEIGHT,
+    FLAG_WEIGHT_GRAD,
     MAX_BLOCK,
     MAX_COLUMNS_PER_THREAD,
     NORM_BACKWARD_KERNELS,
@@ -57,6 +58,7 @@ from ..kernels.normalization import (
     VEC_MAX_UNITS,
     VEC_MAX_UNITS_BW,
     stats_type,
+    vec_backward_slots,
 )
 from ..streams import stream_handle
 from ..types import (
@@ -147,7 +149,8 @@ def choose_launch(rows: int, n: int, backward: bool, block: int | None = None, *
     held = VEC_MAX_UNITS_BW if backward else VEC_MAX_UNITS
     vec_block = VEC_MAX_BLOCK_BW if backward else VEC_MAX_BLOCK
     use_vec = (kernel != "rows" and 0 < units <= held * vec_block
-               and (not backward or 8 * n <= VEC_MAX_SHARED_BW))
+               and (not backward or 4 * units * vec_backward_slots(vec, True, True)
+                    <= VEC_MAX_SHARED_BW))
     if kernel == "rows_vec" and not use_vec:
         raise ValueError(f"kernel = 'rows_vec' does not take this problem (n = {n})")
     if use_vec:
@@ -218,11 +221,15 @@ class RMSNormBackwardDescriptor:
     weight_element: ElementKind | None = None
     has_dh: bool = False
     offset: float = 0.0
+    #: False: no ``dweight`` (the weight only scales the gradient; as torch when the weight
+    #: does not require grad): no partials, no finalize launch, ``dweight`` must be None.
+    weight_grad: bool = True
 
 
 @dataclass(frozen=True, slots=True)
 class LayerNormBackwardDescriptor:
-    """Gradients of :class:`LayerNormDescriptor`'s op."""
+    """Gradients of :class:`LayerNormDescriptor`'s op (``weight_grad`` as in
+    :class:`RMSNormBackwardDescriptor`)."""
 
     input_shape: tuple[int, ...]
     normalized_shape: tuple[int, ...]
@@ -231,6 +238,7 @@ class LayerNormBackwardDescriptor:
     has_bias: bool = False
     weight_element: ElementKind | None = None
     has_dh: bool = False
+    weight_grad: bool = True
 
 
 @plan_args
@@ -383,11 +391,14 @@ class _NormPlan(Plan):
         k = len(desc.normalized_shape)
         self.stats_shape = tuple(desc.input_shape[:len(desc.input_shape) - k]) + (1,) * k
         has_bias = getattr(desc, "has_bias", False)
+        #: Backward: whether ``dweight`` is computed (a weight, and ``weight_grad``).
+        self.weight_grad = self.backward and desc.has_weight and desc.weight_grad
         self.flags = ((FLAG_WEIGHT if desc.has_weight else 0) | (FLAG_BIAS if has_bias else 0)
+                      | (FLAG_WEIGHT_GRAD if self.weight_grad else 0)
                       | (FLAG_RESIDUAL if getattr(desc, "has_residual", False)
                          or getattr(desc, "has_dh", False) else 0))
         workspace = 0
-        if self.backward and (desc.has_weight or has_bias) and rows and n:
+        if self.backward and (self.weight_grad or has_bias) and rows and n:
             # partials [chunks, n] of dw, then of db (at an offset of chunks · n)
             workspace = (2 if has_bias else 1) * launch.chunks * n * self.stats_element.byte_width
         kind = NormalizationKind.LAYER_NORM if self.layer else NormalizationKind.RMS_NORM
@@ -406,11 +417,16 @@ class _NormPlan(Plan):
                             else NORM_VEC_FORWARD_KERNELS.get(
                                 (*key[:2], launch.rows_at_once == 2)))
         self._vec_flags = self.flags | (FLAG_LAYER if self.layer else 0)
+        #: Backward register kernel: dynamic shared bytes of the dw/db running sums.
+        self._vec_shared = 0
         if launch.kernel == "rows_vec" and self.backward:
-            self._vec_kernel.allow_dynamic_shared(8 * n)
+            vec = 16 // desc.element.byte_width
+            self._vec_shared = 4 * launch.units * vec_backward_slots(vec, self.weight_grad,
+                                                                     has_bias)
+            self._vec_kernel.allow_dynamic_shared(max(self._vec_shared, 1))
         if rows and n:
             (self._vec_kernel if launch.kernel == "rows_vec" else self._kernel).prepare()
-        if self.backward and (desc.has_weight or has_bias) and n:
+        if self.backward and (self.weight_grad or has_bias) and n:
             self._finalize.prepare()
         # the arrays of ``args`` in field order (then the workspace, backward): the memo's
         self._names = tuple(f.name for f in fields(self.args_type))
@@ -625,7 +641,7 @@ class _NormBackward(_NormPlan):
         desc = self.descriptor
         has_bias = getattr(desc, "has_bias", False)
         self._optional(desc.has_weight, args.weight, "weight")
-        self._optional(desc.has_weight, args.dweight, "dweight")
+        self._optional(self.weight_grad, args.dweight, "dweight")
         self._optional(has_bias, getattr(args, "dbias", None), "dbias")
         self._optional(desc.has_dh, args.dh, "dh")
         views = {"dy": self._rows_view(args.dy, "dy", False),
@@ -637,7 +653,9 @@ class _NormBackward(_NormPlan):
                  "weight": None, "dweight": None, "dbias": None}
         if desc.has_weight:
             views["weight"] = self._vector(args.weight, "weight", self.weight_element)
-            views["dweight"] = self._vector(args.dweight, "dweight", self.weight_element, True)
+            if self.weight_grad:
+                views["dweight"] = self._vector(args.dweight, "dweight", self.weight_element,
+                                                True)
         if has_bias:
             views["dbias"] = self._vector(args.dbias, "dbias", self.weight_element, True)
         self._check_aliasing(views, ("dx", "dweight", "dbias"))
@@ -671,7 +689,7 @@ class _NormBackward(_NormPlan):
                 dy, x, dh, dx, self._vector_words(v["weight"]), p(v["rstd"]), p(v["mean"]),
                 partials, self._outer_shape(), dys, xs, dhs, dxs, self.rows, choice.units,
                 self.n, choice.rows_per_chunk, choice.chunks, self.offset, self._vec_flags),
-                shared_bytes=8 * self.n))
+                shared_bytes=self._vec_shared))
         else:
             generic = self.generic_choice
             (dy, dys, dyi), (x, xs, xi), (dh, dhs, dhi), (dx, dxs, dxi) = (
@@ -681,7 +699,7 @@ class _NormBackward(_NormPlan):
                 partials, self._outer_shape(), dys, xs, dhs, dxs, dyi, xi, dhi, dxi,
                 self.rows, self.n, generic.rows_per_chunk, generic.chunks, self.offset,
                 self.flags)))
-        if self.n and self.flags & (FLAG_WEIGHT | FLAG_BIAS):
+        if self.n and self.flags & (FLAG_WEIGHT_GRAD | FLAG_BIAS):
             grid = max(1, min(-(-2 * self.n // 32), 4096))  # 32 columns a block
             calls.append(self._bind(self._finalize, grid, FINALIZE_BLOCK, (
                 partials, p(v["dweight"]), p(v["dbias"]), choice.chunks, self.n, self.flags)))

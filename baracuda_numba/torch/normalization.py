@@ -87,20 +87,21 @@ def _(x, weight, bias, residual, normalized_shape, eps, offset, layer):
 @torch.library.custom_op(f"{LIB}::norm_backward", mutates_args=())
 def _backward_op(dy: Tensor, h: Tensor, mean: Tensor | None, rstd: Tensor,
                  weight: Tensor | None, dh: Tensor | None, normalized_shape: list[int],
-                 offset: float, layer: bool, has_bias: bool
+                 offset: float, layer: bool, has_bias: bool, weight_grad: bool
                  ) -> tuple[Tensor, Tensor, Tensor]:
     dx, dweight, dbias = _backward_impl(dy, h, mean, rstd, weight, dh, normalized_shape,
-                                        offset, layer, has_bias)
+                                        offset, layer, has_bias, weight_grad)
     return (dx, _empty(dy) if dweight is None else dweight,
             _empty(dy) if dbias is None else dbias)
 
 
 def _backward_impl(dy: Tensor, h: Tensor, mean: Tensor | None, rstd: Tensor,
                    weight: Tensor | None, dh: Tensor | None, normalized_shape: list[int],
-                   offset: float, layer: bool, has_bias: bool
+                   offset: float, layer: bool, has_bias: bool, weight_grad: bool
                    ) -> tuple[Tensor, Tensor | None, Tensor | None]:
     """``(dx, dweight, dbias)``, None for an absent one (the custom op returns empty
-    tensors instead; the eager path needs none)."""
+    tensors instead; the eager path needs none). ``weight_grad=False``: no dweight (the
+    weight does not require grad; as torch, no partials and no finalize launch)."""
     if dy is None:  # y unused (eager: gradients are not materialized), only h's gradient
         dy = torch.zeros_like(h)
     shape = tuple(normalized_shape)
@@ -108,18 +109,19 @@ def _backward_impl(dy: Tensor, h: Tensor, mean: Tensor | None, rstd: Tensor,
     weight = _plain(weight)
     if layer:
         dx, dweight, dbias = ops.layer_norm_backward(dy, h, mean, rstd, shape, weight,
-                                                     has_bias, dh=dh)
+                                                     has_bias, dh=dh, weight_grad=weight_grad)
     else:
-        dx, dweight = ops.rms_norm_backward(dy, h, rstd, shape, weight, dh=dh, offset=offset)
+        dx, dweight = ops.rms_norm_backward(dy, h, rstd, shape, weight, dh=dh, offset=offset,
+                                            weight_grad=weight_grad)
         dbias = None
     return dx, dweight, dbias
 
 
 @_backward_op.register_fake
-def _(dy, h, mean, rstd, weight, dh, normalized_shape, offset, layer, has_bias):
+def _(dy, h, mean, rstd, weight, dh, normalized_shape, offset, layer, has_bias, weight_grad):
     vector = weight if weight is not None else dy.new_empty(tuple(normalized_shape))
     return (torch.empty_like(dy),
-            torch.empty_like(weight) if weight is not None else _empty(dy),
+            torch.empty_like(weight) if weight is not None and weight_grad else _empty(dy),
             torch.empty_like(vector) if has_bias else _empty(dy))
 
 
@@ -135,9 +137,10 @@ def _setup(ctx, inputs, output) -> None:
 def _gradients(ctx, grad_y, grad_h, backward):
     h, rstd, mean, weight = ctx.saved_tensors
     dh = grad_h if ctx.has_residual else None
+    weight_grad = weight is not None and ctx.needs_input_grad[1]
     dx, dweight, dbias = backward(grad_y, h, mean, rstd, weight, dh, ctx.normalized_shape,
-                                  ctx.offset, ctx.layer, ctx.has_bias)
-    return (dx, dweight if weight is not None else None, dbias if ctx.has_bias else None,
+                                  ctx.offset, ctx.layer, ctx.has_bias, weight_grad)
+    return (dx, dweight if weight_grad else None, dbias if ctx.has_bias else None,
             dx if ctx.has_residual else None, None, None, None, None)
 
 
