@@ -391,16 +391,24 @@ def _weight_values(weight: ElementKind, k: int, vec: int, array: str,
 
 
 def _unit_store(element: ElementKind, weight: ElementKind, k: int, vec: int,
-                words: str = "x", row: str = "y_row", tag: str = "") -> list[str]:
+                words: str = "x", row: str = "y_row", tag: str = "",
+                early: bool = False) -> list[str]:
     """Body of unit ``k``'s output: normalize, scale/shift, store 16 bytes of y (from the
-    held ``words``, with ``mean{tag}``/``rstd{tag}``, at ``row``)."""
+    held ``words``, with ``mean{tag}``/``rstd{tag}``, at ``row``; ``early``: the weight
+    and bias words loaded with x, ``_early_weights``)."""
     o = [f"o{tag}{k}_{e}" for e in range(vec)]
     lines = _held_values(element, k, vec, words, tag)
     lines += [f"{o[e]} = (v{tag}{k}_{e} - mean{tag}) * rstd{tag}" for e in range(vec)]
+    wunits = vec * weight.byte_width // 16
     for flag, array in (("FLAG_WEIGHT", "weight"), ("FLAG_BIAS", "bias")):
         names = [f"c{tag}{k}{array[0]}_{e}" for e in range(vec)]
         lines.append(f"if flags & {flag}:")
-        lines += ["    " + line for line in _weight_values(weight, k, vec, array, names, tag)]
+        if early:
+            held = [f"q{k}{array[0]}{i}[{j}]" for i in range(wunits) for j in range(4)]
+            lines += ["    " + line for line in _decode(weight, held, names)]
+        else:
+            lines += ["    " + line
+                      for line in _weight_values(weight, k, vec, array, names, tag)]
         op = "*= offset32 +" if array == "weight" else "+="
         lines += [f"    {o[e]} {op} {names[e]}" for e in range(vec)]
     lines.append(f"store16(yw, uint64({row} + u{k} * 4), {_encode(element, o)})")
@@ -449,7 +457,8 @@ def _row_sum_lines(element: ElementKind, k: int, vec: int, words: str, tag: str,
                                                  for e in range(vec))]
 
 
-def _vec_forward_source(element: ElementKind, weight: ElementKind, pair: bool) -> str:
+def _vec_forward_source(element: ElementKind, weight: ElementKind, pair: bool,
+                        early: bool = False) -> str:
     """The forward register kernel. ``pair`` (rows without a residual): a block takes two
     rows at once, the second's words in the residual's registers: twice the bytes in
     flight a thread, and one round of block sums (and of weight-load latency) for two
@@ -469,6 +478,8 @@ def _vec_forward_source(element: ElementKind, weight: ElementKind, pair: bool) -
         body.append("if has_residual:")
         body += [f"    if p{k}:\n        r{k} = load16(rw, uint64(r_row + u{k} * 4))"
                  for k in units]
+    if early:
+        body += _early_weights(weight, vec, units)
     for k in units:  # one partial sum per unit, each assigned once (fast to compile)
         body += [f"v{k}_{e} = float32(0)" for e in range(vec)] + [f"t{k} = float32(0)"]
         body += [f"if p{k}:"] + ["    " + line for line in _unit_values(element, k, vec)]
@@ -479,12 +490,13 @@ def _vec_forward_source(element: ElementKind, weight: ElementKind, pair: bool) -
     body.append(f"total = {' + '.join(f't{k}' for k in units)}")
     body += _vec_forward_stats(element, vec, units, pair)
     for k in units:
-        body += [f"if p{k}:"] + ["    " + line for line in _unit_store(element, weight, k, vec)]
+        body += [f"if p{k}:"] + ["    " + line for line in _unit_store(element, weight, k, vec,
+                                                                        early=early)]
     if pair:
         body.append("if second:")  # the weights again: L1 hits
         for k in units:
             body += [f"    if p{k}:"] + ["        " + line for line in _unit_store(
-                element, weight, k, vec, "r", "h_row", "B")]
+                element, weight, k, vec, "r", "h_row", "B", early)]
     head = ("def norm_forward_vec(xw, rw, hw, yw, weight, bias, rstd_out, mean_out,\n"
             "                     outer_shape, x_strides, r_strides, h_strides, y_strides,\n"
             "                     rows, units, n, eps, offset, flags):\n"
@@ -559,9 +571,27 @@ def _vec_forward_stats(element: ElementKind, vec: int, units: range, pair: bool)
 
 
 @functools.cache
-def _vec_forward_factory(element: ElementKind, weight: ElementKind, pair: bool) -> Any:
+def _vec_forward_factory(element: ElementKind, weight: ElementKind, pair: bool,
+                         early: bool = False) -> Any:
     """The generated ``norm_forward_vec`` for these kinds (see the section comment)."""
-    return _generated("norm_forward_vec", _vec_forward_source(element, weight, pair))
+    return _generated("norm_forward_vec", _vec_forward_source(element, weight, pair, early))
+
+
+def _early_weights(weight: ElementKind, vec: int, units: range) -> list[str]:
+    """Lines issuing the weight (and bias) loads of every unit with x's: their latency
+    overlaps the row's instead of following the block sums (``q{k}{w|b}{i}`` words)."""
+    wunits = vec * weight.byte_width // 16
+    zero = "(uint32(0), uint32(0), uint32(0), uint32(0))"
+    lines = []
+    for flag, array in (("FLAG_WEIGHT", "weight"), ("FLAG_BIAS", "bias")):
+        names = [(k, i) for k in units for i in range(wunits)]
+        lines += [f"q{k}{array[0]}{i} = {zero}" for k, i in names]
+        lines.append(f"if flags & {flag}:")
+        for k in units:
+            lines.append(f"    if p{k}:")
+            lines += [f"        q{k}{array[0]}{i} = load16({array}, uint64(u{k} * "
+                      f"{4 * wunits} + {4 * i}))" for i in range(wunits)]
+    return lines
 
 
 # -- the row-in-registers backward ---------------------------------------------------------
