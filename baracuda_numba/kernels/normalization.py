@@ -682,25 +682,47 @@ def _row_offsets(pairs: list[tuple[str, str, str, str]], row: str) -> list[str]:
     return lines
 
 
-def _vec_backward_source(element: ElementKind, weight: ElementKind) -> str:
+def _backward_loads(units: range, tag: str = "", when: str = "") -> list[str]:
+    """Lines loading the words of x, dy (and dh) of a row (offsets ``{tag}x_row``, ...)
+    into ``{tag}x{k}``, ``{tag}d{k}``, ``{tag}h{k}``; all loads issued before any use."""
+    zero = "(uint32(0), uint32(0), uint32(0), uint32(0))"
+    lines = []
+    for k in units:
+        lines += [f"{tag}x{k} = {zero}", f"{tag}d{k} = {zero}", f"{tag}h{k} = {zero}",
+                  f"if {when}p{k}:",
+                  f"    {tag}x{k} = load16(xw, uint64({tag}x_row + u{k} * 4))",
+                  f"    {tag}d{k} = load16(dyw, uint64({tag}dy_row + u{k} * 4))",
+                  "    if has_dh:",
+                  f"        {tag}h{k} = load16(dhw, uint64({tag}dh_row + u{k} * 4))"]
+    return lines
+
+
+def _backward_row_offsets(row: str, tag: str = "") -> list[str]:
+    return _row_offsets([(f"{tag}dy_row", f"{tag}x_row", "dy_strides", "x_strides"),
+                         (f"{tag}dh_row", f"{tag}dx_row", "dh_strides", "dx_strides")], row)
+
+
+def _vec_backward_source(element: ElementKind, weight: ElementKind,
+                         prefetch: bool = False) -> str:
+    """The backward register kernel; ``prefetch``: the next row's words are loaded before
+    the current row's block sums (in flight during its barriers and dx), twice the held
+    words."""
     vec = 16 // element.byte_width
     units = range(VEC_MAX_UNITS_BW)
-    zero = "(uint32(0), uint32(0), uint32(0), uint32(0))"
-    body = _row_offsets([("dy_row", "x_row", "dy_strides", "x_strides"),
-                         ("dh_row", "dx_row", "dh_strides", "dx_strides")], "row")
+    body = _backward_row_offsets("row")
     body += _lanes(units) + ["rstd = rstd_in[row]", "mean = float32(0)", "if is_layer:",
                              "    mean = mean_in[row]"]
-    for k in units:  # all loads first (dh's too: one round trip a row)
-        body += [f"x{k} = {zero}", f"d{k} = {zero}", f"h{k} = {zero}", f"if p{k}:",
-                 f"    x{k} = load16(xw, uint64(x_row + u{k} * 4))",
-                 f"    d{k} = load16(dyw, uint64(dy_row + u{k} * 4))",
-                 "    if has_dh:", f"        h{k} = load16(dhw, uint64(dh_row + u{k} * 4))"]
+    if not prefetch:  # all loads first (dh's too: one round trip a row)
+        body += _backward_loads(units)
     for k in units:
         body += [f"sg{k} = float32(0)", f"sgx{k} = float32(0)"]
         body += [f"if p{k}:"] + ["    " + line for line in _backward_unit(element, weight, k,
                                                                           vec)]
     body.append(f"sum_g = {' + '.join(f'sg{k}' for k in units)}")
     body.append(f"sum_gx = {' + '.join(f'sgx{k}' for k in units)}")
+    if prefetch:
+        body += ["more = row + 1 < end"] + _backward_row_offsets("row + 1", "n_")
+        body += _backward_loads(units, "n_", "more and ")
     body += ["if is_layer:",
              "    total_g, total_gx = _row_sums(sum_g, sum_gx, sums, tid, block)",
              "    mean_g = float32(total_g / n)", "else:",
@@ -711,6 +733,10 @@ def _vec_backward_source(element: ElementKind, weight: ElementKind) -> str:
     for k in units:
         body += [f"if p{k}:"] + ["    " + line
                                  for line in _backward_store(element, weight, k, vec)]
+    first = []
+    if prefetch:
+        body += [f"{a}{k} = n_{a}{k}" for k in units for a in "xdh"]
+        first = _backward_row_offsets("row") + _lanes(units) + _backward_loads(units)
     held = _lanes(units) + ["slots = uint64(lanes[1])"]
     zeroing = held + [f"if p{k}:\n    for e in range(int64(slots)):\n"
                       f"        running[uint64(u{k}) * slots + uint64(e)] = float32(0)"
@@ -744,7 +770,8 @@ def _vec_backward_source(element: ElementKind, weight: ElementKind) -> str:
             + "".join(f"            {line}\n" for line in "\n".join(zeroing).splitlines())
             + "        row = chunk * rows_per_chunk\n"
             "        end = min(row + rows_per_chunk, rows)\n"
-            "        while row < end:\n")
+            + "".join(f"        {line}\n" for line in "\n".join(first).splitlines())
+            + "        while row < end:\n")
     return (head + "".join(f"            {line}\n" for line in "\n".join(body).splitlines())
             + "            row += 1\n"
             "        if with_partials:\n"
@@ -767,9 +794,10 @@ def _generated(name: str, source: str) -> Any:
 
 
 @functools.cache
-def _vec_backward_factory(element: ElementKind, weight: ElementKind) -> Any:
+def _vec_backward_factory(element: ElementKind, weight: ElementKind,
+                          prefetch: bool = False) -> Any:
     """The generated ``norm_backward_vec`` for these kinds (see the section comment)."""
-    return _generated("norm_backward_vec", _vec_backward_source(element, weight))
+    return _generated("norm_backward_vec", _vec_backward_source(element, weight, prefetch))
 
 
 # -- the table ---------------------------------------------------------------------------
