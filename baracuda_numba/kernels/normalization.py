@@ -41,6 +41,7 @@ from typing import Any
 from numba import cuda, float32, float64, int64, types, uint16, uint32, uint64
 from numba.types import float16
 
+from .._runtime import SIMULATOR
 from ..launch import Kernel, LazyTable, flat
 from ..types import ElementKind
 from .common import (
@@ -79,6 +80,34 @@ _TUPLE8 = types.UniTuple(int64, 8)
 
 
 # -- device helpers ----------------------------------------------------------------------
+
+if SIMULATOR:
+    load16_nc = load16
+else:
+    from llvmlite import ir as _ir
+    from numba.core.extending import intrinsic
+
+    from .common import element_address
+
+    @intrinsic
+    def load16_nc(typingctx, array, index):
+        """``ld.global.nc.v4.u32`` of read-only data (weights), without the side effect
+        that keeps ``load16`` in program order: the compiler may issue it ahead of the
+        stores before it (they cannot write a read-only array)."""
+
+        def codegen(context, builder, signature, args):
+            address = element_address(context, builder, signature.args[0], args[0],
+                                      signature.args[1], args[1])
+            word = _ir.IntType(32)
+            fnty = _ir.FunctionType(_ir.LiteralStructType([word] * 4), [_ir.IntType(64)])
+            asm = _ir.InlineAsm(fnty, "ld.global.nc.v4.u32 {$0, $1, $2, $3}, [$4];",
+                                "=r,=r,=r,=r,l")
+            loaded = builder.call(asm, [address])
+            return context.make_tuple(builder, types.UniTuple(uint32, 4),
+                                      [builder.extract_value(loaded, i) for i in range(4)])
+
+        return types.UniTuple(uint32, 4)(array, index), codegen
+
 
 
 #: element kind -> (storage type, statistics type, widen to it, narrow from it)
@@ -378,21 +407,21 @@ def _held_values(element: ElementKind, k: int, vec: int, words: str = "x",
 
 
 def _weight_values(weight: ElementKind, k: int, vec: int, array: str,
-                   names: list[str], tag: str = "") -> list[str]:
+                   names: list[str], tag: str = "", loader: str = "load16") -> list[str]:
     """Lines loading unit ``k``'s ``vec`` entries of ``array`` (weight or bias, in kind
     ``weight``: one or two 16-byte loads) as f32 into ``names``."""
     wunits = vec * weight.byte_width // 16
     lines, words = [], []
     for i in range(wunits):
-        lines.append(f"q{tag}{k}{array[0]}{i} = load16({array}, uint64(u{k} * {4 * wunits} + "
-                     f"{4 * i}))")
+        lines.append(f"q{tag}{k}{array[0]}{i} = {loader}({array}, uint64(u{k} * {4 * wunits}"
+                     f" + {4 * i}))")
         words += [f"q{tag}{k}{array[0]}{i}[{j}]" for j in range(4)]
     return lines + _decode(weight, words, names)
 
 
 def _unit_store(element: ElementKind, weight: ElementKind, k: int, vec: int,
                 words: str = "x", row: str = "y_row", tag: str = "",
-                early: bool = False) -> list[str]:
+                early: bool = False, loader: str = "load16") -> list[str]:
     """Body of unit ``k``'s output: normalize, scale/shift, store 16 bytes of y (from the
     held ``words``, with ``mean{tag}``/``rstd{tag}``, at ``row``; ``early``: the weight
     and bias words loaded with x, ``_early_weights``)."""
@@ -408,7 +437,7 @@ def _unit_store(element: ElementKind, weight: ElementKind, k: int, vec: int,
             lines += ["    " + line for line in _decode(weight, held, names)]
         else:
             lines += ["    " + line
-                      for line in _weight_values(weight, k, vec, array, names, tag)]
+                      for line in _weight_values(weight, k, vec, array, names, tag, loader)]
         op = "*= offset32 +" if array == "weight" else "+="
         lines += [f"    {o[e]} {op} {names[e]}" for e in range(vec)]
     lines.append(f"store16(yw, uint64({row} + u{k} * 4), {_encode(element, o)})")
@@ -458,7 +487,7 @@ def _row_sum_lines(element: ElementKind, k: int, vec: int, words: str, tag: str,
 
 
 def _vec_forward_source(element: ElementKind, weight: ElementKind, pair: bool,
-                        early: bool = False) -> str:
+                        early: bool = False, loader: str = "load16") -> str:
     """The forward register kernel. ``pair`` (rows without a residual): a block takes two
     rows at once, the second's words in the residual's registers: twice the bytes in
     flight a thread, and one round of block sums (and of weight-load latency) for two
@@ -490,13 +519,13 @@ def _vec_forward_source(element: ElementKind, weight: ElementKind, pair: bool,
     body.append(f"total = {' + '.join(f't{k}' for k in units)}")
     body += _vec_forward_stats(element, vec, units, pair)
     for k in units:
-        body += [f"if p{k}:"] + ["    " + line for line in _unit_store(element, weight, k, vec,
-                                                                        early=early)]
+        body += [f"if p{k}:"] + ["    " + line for line in _unit_store(
+            element, weight, k, vec, early=early, loader=loader)]
     if pair:
         body.append("if second:")  # the weights again: L1 hits
         for k in units:
             body += [f"    if p{k}:"] + ["        " + line for line in _unit_store(
-                element, weight, k, vec, "r", "h_row", "B", early)]
+                element, weight, k, vec, "r", "h_row", "B", early, loader)]
     head = ("def norm_forward_vec(xw, rw, hw, yw, weight, bias, rstd_out, mean_out,\n"
             "                     outer_shape, x_strides, r_strides, h_strides, y_strides,\n"
             "                     rows, units, n, eps, offset, flags):\n"
@@ -572,9 +601,10 @@ def _vec_forward_stats(element: ElementKind, vec: int, units: range, pair: bool)
 
 @functools.cache
 def _vec_forward_factory(element: ElementKind, weight: ElementKind, pair: bool,
-                         early: bool = False) -> Any:
+                         early: bool = False, loader: str = "load16") -> Any:
     """The generated ``norm_forward_vec`` for these kinds (see the section comment)."""
-    return _generated("norm_forward_vec", _vec_forward_source(element, weight, pair, early))
+    return _generated("norm_forward_vec", _vec_forward_source(element, weight, pair, early,
+                                                              loader))
 
 
 def _early_weights(weight: ElementKind, vec: int, units: range) -> list[str]:
@@ -784,7 +814,8 @@ def _generated(name: str, source: str) -> Any:
     namespace = dict(
         __name__=__name__,  # the kernels' module: their family for precompile and the cache
         cuda=cuda, float32=float32, float64=float64, int64=int64, uint64=uint64, math=math,
-        uint32=uint32, load16=load16, store16=store16, strided_offset2=strided_offset2,
+        uint32=uint32, load16=load16, load16_nc=load16_nc, store16=store16,
+        strided_offset2=strided_offset2,
         _row_sums=_row_sums, FLAG_RESIDUAL=FLAG_RESIDUAL, FLAG_WEIGHT=FLAG_WEIGHT,
         FLAG_WEIGHT_GRAD=FLAG_WEIGHT_GRAD, FLAG_BIAS=FLAG_BIAS, FLAG_LAYER=FLAG_LAYER,
         unpack_f16x2=unpack_f16x2, unpack_bf16x2=unpack_bf16x2, f32_from_bits=f32_from_bits,
