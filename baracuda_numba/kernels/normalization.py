@@ -705,7 +705,7 @@ def _row_offsets(pairs: list[tuple[str, str, str, str]], row: str) -> list[str]:
     extents 1), else the general unravel (integer divisions, a row's largest cost)."""
     lines = ["if outer_shape[7] == rows:"]
     for a, b, sa, sb in pairs:
-        lines += [f"    {a} = {row} * {sa}[7]", f"    {b} = {row} * {sb}[7]"]
+        lines += [f"    {a} = ({row}) * {sa}[7]", f"    {b} = ({row}) * {sb}[7]"]
     lines.append("else:")
     lines += [f"    {a}, {b} = strided_offset2({row}, outer_shape, {sa}, {sb})"
               for a, b, sa, sb in pairs]
