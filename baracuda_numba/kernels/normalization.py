@@ -409,7 +409,7 @@ def _held_values(element: ElementKind, k: int, vec: int, words: str = "x",
 def _weight_values(weight: ElementKind, k: int, vec: int, array: str,
                    names: list[str], tag: str = "", loader: str = "load16") -> list[str]:
     """Lines loading unit ``k``'s ``vec`` entries of ``array`` (weight or bias, in kind
-    ``weight``: one or two 16-byte loads) as f32 into ``names``."""
+    ``weight``: one or two 16-byte loads through ``loader``) as f32 into ``names``."""
     wunits = vec * weight.byte_width // 16
     lines, words = [], []
     for i in range(wunits):
@@ -420,24 +420,19 @@ def _weight_values(weight: ElementKind, k: int, vec: int, array: str,
 
 
 def _unit_store(element: ElementKind, weight: ElementKind, k: int, vec: int,
-                words: str = "x", row: str = "y_row", tag: str = "",
-                early: bool = False, loader: str = "load16") -> list[str]:
+                words: str = "x", row: str = "y_row", tag: str = "") -> list[str]:
     """Body of unit ``k``'s output: normalize, scale/shift, store 16 bytes of y (from the
-    held ``words``, with ``mean{tag}``/``rstd{tag}``, at ``row``; ``early``: the weight
-    and bias words loaded with x, ``_early_weights``)."""
+    held ``words``, with ``mean{tag}``/``rstd{tag}``, at ``row``). The weight and bias
+    words come through ``load16_nc``: the next unit's loads may pass this unit's store
+    (with ``load16`` each unit's weight round trip waited for the previous store)."""
     o = [f"o{tag}{k}_{e}" for e in range(vec)]
     lines = _held_values(element, k, vec, words, tag)
     lines += [f"{o[e]} = (v{tag}{k}_{e} - mean{tag}) * rstd{tag}" for e in range(vec)]
-    wunits = vec * weight.byte_width // 16
     for flag, array in (("FLAG_WEIGHT", "weight"), ("FLAG_BIAS", "bias")):
         names = [f"c{tag}{k}{array[0]}_{e}" for e in range(vec)]
         lines.append(f"if flags & {flag}:")
-        if early:
-            held = [f"q{k}{array[0]}{i}[{j}]" for i in range(wunits) for j in range(4)]
-            lines += ["    " + line for line in _decode(weight, held, names)]
-        else:
-            lines += ["    " + line
-                      for line in _weight_values(weight, k, vec, array, names, tag, loader)]
+        lines += ["    " + line for line in _weight_values(weight, k, vec, array, names, tag,
+                                                           "load16_nc")]
         op = "*= offset32 +" if array == "weight" else "+="
         lines += [f"    {o[e]} {op} {names[e]}" for e in range(vec)]
     lines.append(f"store16(yw, uint64({row} + u{k} * 4), {_encode(element, o)})")
@@ -486,8 +481,7 @@ def _row_sum_lines(element: ElementKind, k: int, vec: int, words: str, tag: str,
                                                  for e in range(vec))]
 
 
-def _vec_forward_source(element: ElementKind, weight: ElementKind, pair: bool,
-                        early: bool = False, loader: str = "load16") -> str:
+def _vec_forward_source(element: ElementKind, weight: ElementKind, pair: bool) -> str:
     """The forward register kernel. ``pair`` (rows without a residual): a block takes two
     rows at once, the second's words in the residual's registers: twice the bytes in
     flight a thread, and one round of block sums (and of weight-load latency) for two
@@ -507,8 +501,6 @@ def _vec_forward_source(element: ElementKind, weight: ElementKind, pair: bool,
         body.append("if has_residual:")
         body += [f"    if p{k}:\n        r{k} = load16(rw, uint64(r_row + u{k} * 4))"
                  for k in units]
-    if early:
-        body += _early_weights(weight, vec, units)
     for k in units:  # one partial sum per unit, each assigned once (fast to compile)
         body += [f"v{k}_{e} = float32(0)" for e in range(vec)] + [f"t{k} = float32(0)"]
         body += [f"if p{k}:"] + ["    " + line for line in _unit_values(element, k, vec)]
@@ -519,13 +511,12 @@ def _vec_forward_source(element: ElementKind, weight: ElementKind, pair: bool,
     body.append(f"total = {' + '.join(f't{k}' for k in units)}")
     body += _vec_forward_stats(element, vec, units, pair)
     for k in units:
-        body += [f"if p{k}:"] + ["    " + line for line in _unit_store(
-            element, weight, k, vec, early=early, loader=loader)]
+        body += [f"if p{k}:"] + ["    " + line for line in _unit_store(element, weight, k, vec)]
     if pair:
         body.append("if second:")  # the weights again: L1 hits
         for k in units:
             body += [f"    if p{k}:"] + ["        " + line for line in _unit_store(
-                element, weight, k, vec, "r", "h_row", "B", early, loader)]
+                element, weight, k, vec, "r", "h_row", "B")]
     head = ("def norm_forward_vec(xw, rw, hw, yw, weight, bias, rstd_out, mean_out,\n"
             "                     outer_shape, x_strides, r_strides, h_strides, y_strides,\n"
             "                     rows, units, n, eps, offset, flags):\n"
@@ -600,28 +591,9 @@ def _vec_forward_stats(element: ElementKind, vec: int, units: range, pair: bool)
 
 
 @functools.cache
-def _vec_forward_factory(element: ElementKind, weight: ElementKind, pair: bool,
-                         early: bool = False, loader: str = "load16") -> Any:
+def _vec_forward_factory(element: ElementKind, weight: ElementKind, pair: bool) -> Any:
     """The generated ``norm_forward_vec`` for these kinds (see the section comment)."""
-    return _generated("norm_forward_vec", _vec_forward_source(element, weight, pair, early,
-                                                              loader))
-
-
-def _early_weights(weight: ElementKind, vec: int, units: range) -> list[str]:
-    """Lines issuing the weight (and bias) loads of every unit with x's: their latency
-    overlaps the row's instead of following the block sums (``q{k}{w|b}{i}`` words)."""
-    wunits = vec * weight.byte_width // 16
-    zero = "(uint32(0), uint32(0), uint32(0), uint32(0))"
-    lines = []
-    for flag, array in (("FLAG_WEIGHT", "weight"), ("FLAG_BIAS", "bias")):
-        names = [(k, i) for k in units for i in range(wunits)]
-        lines += [f"q{k}{array[0]}{i} = {zero}" for k, i in names]
-        lines.append(f"if flags & {flag}:")
-        for k in units:
-            lines.append(f"    if p{k}:")
-            lines += [f"        q{k}{array[0]}{i} = load16({array}, uint64(u{k} * "
-                      f"{4 * wunits} + {4 * i}))" for i in range(wunits)]
-    return lines
+    return _generated("norm_forward_vec", _vec_forward_source(element, weight, pair))
 
 
 # -- the row-in-registers backward ---------------------------------------------------------
@@ -712,47 +684,33 @@ def _row_offsets(pairs: list[tuple[str, str, str, str]], row: str) -> list[str]:
     return lines
 
 
-def _backward_loads(units: range, tag: str = "", when: str = "") -> list[str]:
-    """Lines loading the words of x, dy (and dh) of a row (offsets ``{tag}x_row``, ...)
-    into ``{tag}x{k}``, ``{tag}d{k}``, ``{tag}h{k}``; all loads issued before any use."""
+def _backward_loads(units: range) -> list[str]:
+    """Lines loading the words of x, dy (and dh) of the row into ``x{k}``, ``d{k}``,
+    ``h{k}``."""
     zero = "(uint32(0), uint32(0), uint32(0), uint32(0))"
     lines = []
     for k in units:
-        lines += [f"{tag}x{k} = {zero}", f"{tag}d{k} = {zero}", f"{tag}h{k} = {zero}",
-                  f"if {when}p{k}:",
-                  f"    {tag}x{k} = load16(xw, uint64({tag}x_row + u{k} * 4))",
-                  f"    {tag}d{k} = load16(dyw, uint64({tag}dy_row + u{k} * 4))",
-                  "    if has_dh:",
-                  f"        {tag}h{k} = load16(dhw, uint64({tag}dh_row + u{k} * 4))"]
+        lines += [f"x{k} = {zero}", f"d{k} = {zero}", f"h{k} = {zero}", f"if p{k}:",
+                  f"    x{k} = load16(xw, uint64(x_row + u{k} * 4))",
+                  f"    d{k} = load16(dyw, uint64(dy_row + u{k} * 4))",
+                  "    if has_dh:", f"        h{k} = load16(dhw, uint64(dh_row + u{k} * 4))"]
     return lines
 
 
-def _backward_row_offsets(row: str, tag: str = "") -> list[str]:
-    return _row_offsets([(f"{tag}dy_row", f"{tag}x_row", "dy_strides", "x_strides"),
-                         (f"{tag}dh_row", f"{tag}dx_row", "dh_strides", "dx_strides")], row)
-
-
-def _vec_backward_source(element: ElementKind, weight: ElementKind,
-                         prefetch: bool = False) -> str:
-    """The backward register kernel; ``prefetch``: the next row's words are loaded before
-    the current row's block sums (in flight during its barriers and dx), twice the held
-    words."""
+def _vec_backward_source(element: ElementKind, weight: ElementKind) -> str:
     vec = 16 // element.byte_width
     units = range(VEC_MAX_UNITS_BW)
-    body = _backward_row_offsets("row")
+    body = _row_offsets([("dy_row", "x_row", "dy_strides", "x_strides"),
+                         ("dh_row", "dx_row", "dh_strides", "dx_strides")], "row")
     body += _lanes(units) + ["rstd = rstd_in[row]", "mean = float32(0)", "if is_layer:",
                              "    mean = mean_in[row]"]
-    if not prefetch:  # all loads first (dh's too: one round trip a row)
-        body += _backward_loads(units)
+    body += _backward_loads(units)  # all loads first (dh's too: one round trip a row)
     for k in units:
         body += [f"sg{k} = float32(0)", f"sgx{k} = float32(0)"]
         body += [f"if p{k}:"] + ["    " + line for line in _backward_unit(element, weight, k,
                                                                           vec)]
     body.append(f"sum_g = {' + '.join(f'sg{k}' for k in units)}")
     body.append(f"sum_gx = {' + '.join(f'sgx{k}' for k in units)}")
-    if prefetch:
-        body += ["more = row + 1 < end"] + _backward_row_offsets("row + 1", "n_")
-        body += _backward_loads(units, "n_", "more and ")
     body += ["if is_layer:",
              "    total_g, total_gx = _row_sums(sum_g, sum_gx, sums, tid, block)",
              "    mean_g = float32(total_g / n)", "else:",
@@ -763,10 +721,6 @@ def _vec_backward_source(element: ElementKind, weight: ElementKind,
     for k in units:
         body += [f"if p{k}:"] + ["    " + line
                                  for line in _backward_store(element, weight, k, vec)]
-    first = []
-    if prefetch:
-        body += [f"{a}{k} = n_{a}{k}" for k in units for a in "xdh"]
-        first = _backward_row_offsets("row") + _lanes(units) + _backward_loads(units)
     held = _lanes(units) + ["slots = uint64(lanes[1])"]
     zeroing = held + [f"if p{k}:\n    for e in range(int64(slots)):\n"
                       f"        running[uint64(u{k}) * slots + uint64(e)] = float32(0)"
@@ -800,7 +754,6 @@ def _vec_backward_source(element: ElementKind, weight: ElementKind,
             + "".join(f"            {line}\n" for line in "\n".join(zeroing).splitlines())
             + "        row = chunk * rows_per_chunk\n"
             "        end = min(row + rows_per_chunk, rows)\n"
-            + "".join(f"        {line}\n" for line in "\n".join(first).splitlines())
             + "        while row < end:\n")
     return (head + "".join(f"            {line}\n" for line in "\n".join(body).splitlines())
             + "            row += 1\n"
@@ -825,10 +778,9 @@ def _generated(name: str, source: str) -> Any:
 
 
 @functools.cache
-def _vec_backward_factory(element: ElementKind, weight: ElementKind,
-                          prefetch: bool = False) -> Any:
+def _vec_backward_factory(element: ElementKind, weight: ElementKind) -> Any:
     """The generated ``norm_backward_vec`` for these kinds (see the section comment)."""
-    return _generated("norm_backward_vec", _vec_backward_source(element, weight, prefetch))
+    return _generated("norm_backward_vec", _vec_backward_source(element, weight))
 
 
 # -- the table ---------------------------------------------------------------------------
