@@ -41,7 +41,6 @@ from typing import Any
 from numba import cuda, float32, float64, int64, types, uint16, uint32, uint64
 from numba.types import float16
 
-from .._runtime import SIMULATOR
 from ..launch import Kernel, LazyTable, flat
 from ..types import ElementKind
 from .common import (
@@ -80,35 +79,6 @@ _TUPLE8 = types.UniTuple(int64, 8)
 
 
 # -- device helpers ----------------------------------------------------------------------
-
-if SIMULATOR:
-    load16_nc = load16
-else:
-    from llvmlite import ir as _ir
-    from numba.core.extending import intrinsic
-
-    from .common import element_address
-
-    @intrinsic
-    def load16_nc(typingctx, array, index):
-        """``ld.global.nc.v4.u32`` of read-only data (weights), without the side effect
-        that keeps ``load16`` in program order: the compiler may issue it ahead of the
-        stores before it (they cannot write a read-only array)."""
-
-        def codegen(context, builder, signature, args):
-            address = element_address(context, builder, signature.args[0], args[0],
-                                      signature.args[1], args[1])
-            word = _ir.IntType(32)
-            fnty = _ir.FunctionType(_ir.LiteralStructType([word] * 4), [_ir.IntType(64)])
-            asm = _ir.InlineAsm(fnty, "ld.global.nc.v4.u32 {$0, $1, $2, $3}, [$4];",
-                                "=r,=r,=r,=r,l")
-            loaded = builder.call(asm, [address])
-            return context.make_tuple(builder, types.UniTuple(uint32, 4),
-                                      [builder.extract_value(loaded, i) for i in range(4)])
-
-        return types.UniTuple(uint32, 4)(array, index), codegen
-
-
 
 #: element kind -> (storage type, statistics type, widen to it, narrow from it)
 _STORAGE = {
@@ -407,14 +377,14 @@ def _held_values(element: ElementKind, k: int, vec: int, words: str = "x",
 
 
 def _weight_values(weight: ElementKind, k: int, vec: int, array: str,
-                   names: list[str], tag: str = "", loader: str = "load16") -> list[str]:
+                   names: list[str], tag: str = "") -> list[str]:
     """Lines loading unit ``k``'s ``vec`` entries of ``array`` (weight or bias, in kind
-    ``weight``: one or two 16-byte loads through ``loader``) as f32 into ``names``."""
+    ``weight``: one or two 16-byte loads) as f32 into ``names``."""
     wunits = vec * weight.byte_width // 16
     lines, words = [], []
     for i in range(wunits):
-        lines.append(f"q{tag}{k}{array[0]}{i} = {loader}({array}, uint64(u{k} * {4 * wunits}"
-                     f" + {4 * i}))")
+        lines.append(f"q{tag}{k}{array[0]}{i} = load16({array}, uint64(u{k} * {4 * wunits} + "
+                     f"{4 * i}))")
         words += [f"q{tag}{k}{array[0]}{i}[{j}]" for j in range(4)]
     return lines + _decode(weight, words, names)
 
@@ -422,17 +392,14 @@ def _weight_values(weight: ElementKind, k: int, vec: int, array: str,
 def _unit_store(element: ElementKind, weight: ElementKind, k: int, vec: int,
                 words: str = "x", row: str = "y_row", tag: str = "") -> list[str]:
     """Body of unit ``k``'s output: normalize, scale/shift, store 16 bytes of y (from the
-    held ``words``, with ``mean{tag}``/``rstd{tag}``, at ``row``). The weight and bias
-    words come through ``load16_nc``: the next unit's loads may pass this unit's store
-    (with ``load16`` each unit's weight round trip waited for the previous store)."""
+    held ``words``, with ``mean{tag}``/``rstd{tag}``, at ``row``)."""
     o = [f"o{tag}{k}_{e}" for e in range(vec)]
     lines = _held_values(element, k, vec, words, tag)
     lines += [f"{o[e]} = (v{tag}{k}_{e} - mean{tag}) * rstd{tag}" for e in range(vec)]
     for flag, array in (("FLAG_WEIGHT", "weight"), ("FLAG_BIAS", "bias")):
         names = [f"c{tag}{k}{array[0]}_{e}" for e in range(vec)]
         lines.append(f"if flags & {flag}:")
-        lines += ["    " + line for line in _weight_values(weight, k, vec, array, names, tag,
-                                                           "load16_nc")]
+        lines += ["    " + line for line in _weight_values(weight, k, vec, array, names, tag)]
         op = "*= offset32 +" if array == "weight" else "+="
         lines += [f"    {o[e]} {op} {names[e]}" for e in range(vec)]
     lines.append(f"store16(yw, uint64({row} + u{k} * 4), {_encode(element, o)})")
@@ -767,7 +734,7 @@ def _generated(name: str, source: str) -> Any:
     namespace = dict(
         __name__=__name__,  # the kernels' module: their family for precompile and the cache
         cuda=cuda, float32=float32, float64=float64, int64=int64, uint64=uint64, math=math,
-        uint32=uint32, load16=load16, load16_nc=load16_nc, store16=store16,
+        uint32=uint32, load16=load16, store16=store16,
         strided_offset2=strided_offset2,
         _row_sums=_row_sums, FLAG_RESIDUAL=FLAG_RESIDUAL, FLAG_WEIGHT=FLAG_WEIGHT,
         FLAG_WEIGHT_GRAD=FLAG_WEIGHT_GRAD, FLAG_BIAS=FLAG_BIAS, FLAG_LAYER=FLAG_LAYER,
