@@ -4,7 +4,9 @@ fused residual add, forward and forward+backward.
 
 Bytes counted: forward reads x (and the residual) and writes y (and h); the backward
 reads dy and the normalized input (and dh) and writes dx (weights and statistics are
-negligible). % of the copy ceiling measured in the same run. Inputs rotate past L2.
+negligible). Forward+backward runs with the weights requiring grad and, "dx only", frozen
+(``torch.autograd.grad`` wrt the activations: no weight gradient on either side). % of
+the copy ceiling measured in the same run. Inputs rotate past L2.
 ``torch.compile`` is compiled with ``dynamic=True`` (once for the three shapes) before
 timing; the torch column is the fastest of the others, the note lists each.
 
@@ -192,9 +194,22 @@ def _case(ctx: Any, torch: Any, layer: bool, residual: bool, shape: tuple[int, i
             torch.autograd.backward(outs, [grads[i]] * len(outs))
         return call
 
+    # the weights frozen (a fine-tuned or frozen norm): only the activations' gradients,
+    # as torch.autograd.grad wrt x; torch then skips dweight, and so do we
+    frozen_w, frozen_b = w.detach(), None if b is None else b.detach()
+
+    def activations(fn: Any) -> Any:
+        def call(i: int) -> None:
+            outs = _outputs(fn(xs[i], rs[i], frozen_w, frozen_b))
+            torch.autograd.grad(outs, [xs[i], rs[i]] if residual else [xs[i]],
+                                [grads[i]] * len(outs))
+        return call
+
     labels = list(working)
     for mode, maker, moved in (("forward", forward, forward_bytes),
-                               ("forward+backward", both, forward_bytes + backward_bytes)):
+                               ("forward+backward", both, forward_bytes + backward_bytes),
+                               ("forward+backward dx only", activations,
+                                forward_bytes + backward_bytes)):
         times = ctx.time_gpu_many([maker(working[label]) for label in labels], sets=sets,
                                   warmup=3, iters=15)
         by_label = dict(zip(labels, times))
