@@ -121,11 +121,14 @@ print("RESULT " + json.dumps(out))
 '''
 
 
+def _env(root: str) -> dict[str, str]:
+    """The environment with ``root`` first on PYTHONPATH (the rest kept: site folders)."""
+    rest = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.abspath(root)] + rest))
+
+
 def run_side(root: str, only: str, timeout: int) -> dict:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [os.path.abspath(root)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
-                                   if p]))
-    proc = subprocess.run([sys.executable, "-c", WORKER, only], env=env, text=True,
+    proc = subprocess.run([sys.executable, "-c", WORKER, only], env=_env(root), text=True,
                           capture_output=True, timeout=timeout)
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
@@ -146,8 +149,7 @@ def main() -> None:
     if args.precompile:
         for root in (args.base, args.new):
             subprocess.run([sys.executable, "-m", "baracuda_numba.precompile", "--only",
-                            "reduce,scan,rope"], cwd=root, check=False,
-                           env=dict(os.environ, PYTHONPATH=os.path.abspath(root)))
+                            "reduce,scan,rope"], cwd=root, check=False, env=_env(root))
     sides: dict[str, list[dict]] = {"base": [], "new": []}
     for _ in range(args.rounds):
         for side in ("base", "new"):

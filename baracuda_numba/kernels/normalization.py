@@ -585,7 +585,9 @@ VEC_MAX_SHARED_BW = 144 * 1024
 
 def vec_backward_slots(vec: int, weight_grad: bool, bias: bool) -> int:
     """f32 running sums a unit of the backward register kernel keeps in shared memory
-    (0 without partials; else odd: conflict-free, see the section comment)."""
+    (0 without partials; else odd: conflict-free, see the section comment). The kernel
+    computes the same count from its flags (``slot_count`` in _vec_backward_source): the
+    plan sizes the dynamic shared memory with this one."""
     held = (vec if weight_grad else 0) + (vec if bias else 0)
     return held + 1 if held else 0
 
@@ -734,8 +736,7 @@ def _generated(name: str, source: str) -> Any:
     namespace = dict(
         __name__=__name__,  # the kernels' module: their family for precompile and the cache
         cuda=cuda, float32=float32, float64=float64, int64=int64, uint64=uint64, math=math,
-        uint32=uint32, load16=load16, store16=store16,
-        strided_offset2=strided_offset2,
+        uint32=uint32, load16=load16, store16=store16, strided_offset2=strided_offset2,
         _row_sums=_row_sums, FLAG_RESIDUAL=FLAG_RESIDUAL, FLAG_WEIGHT=FLAG_WEIGHT,
         FLAG_WEIGHT_GRAD=FLAG_WEIGHT_GRAD, FLAG_BIAS=FLAG_BIAS, FLAG_LAYER=FLAG_LAYER,
         unpack_f16x2=unpack_f16x2, unpack_bf16x2=unpack_bf16x2, f32_from_bits=f32_from_bits,
@@ -836,8 +837,7 @@ NORM_FINALIZE_KERNELS = LazyTable(_FINALIZE_KEYS,
                                   lambda key: _finalize_kernel(*_FINALIZE_KEYS[key]))
 
 __all__ = ["FLAG_BIAS", "FLAG_LAYER", "FLAG_RESIDUAL", "FLAG_WEIGHT", "FLAG_WEIGHT_GRAD",
-           "MAX_BLOCK",
-           "FINALIZE_BLOCK", "MAX_COLUMNS_PER_THREAD",
+           "MAX_BLOCK", "FINALIZE_BLOCK", "MAX_COLUMNS_PER_THREAD",
            "NORM_BACKWARD_KERNELS", "NORM_ELEMENTS", "NORM_FINALIZE_KERNELS",
            "NORM_FORWARD_KERNELS", "NORM_VEC_BACKWARD_KERNELS", "NORM_VEC_FORWARD_KERNELS",
            "NORM_WEIGHT_ELEMENTS",
