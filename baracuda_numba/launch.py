@@ -193,15 +193,16 @@ def _family_of(module: str) -> str:
 
 
 def kernel_dtype(kernel: Kernel) -> str | None:
-    """The element token in a kernel's name (``"bf16"`` of ``reduce[sum,bf16]``, ``"2b"``
-    of ``write_slice_rows[2B]``), lower case; None where the name has none."""
+    """The element token in a kernel's name (``"bf16"`` of ``reduce[sum,bf16]``, ``"half"``
+    of a kernel serving f16 and bf16, ``"2b"`` of ``write_slice_rows[2B]``), lower case;
+    None where the name has none."""
     _, _, rest = kernel.name.partition("[")
     tokens = [t.lower() for t in rest.rstrip("]").split(",")]
     return next((t for t in tokens if t in DTYPE_TOKENS), None)
 
 
 #: Element tokens of kernel names: element kinds and, for byte-moving kernels, unit widths.
-DTYPE_TOKENS = frozenset({"f16", "bf16", "f32", "f64", "i32", "i64", "u8", "i8",
+DTYPE_TOKENS = frozenset({"half", "f16", "bf16", "f32", "f64", "i32", "i64", "u8", "i8",
                           "1b", "2b", "4b", "8b", "16b"})
 
 

@@ -34,6 +34,8 @@ def _dtype_tokens(dtypes: Iterable[Any]) -> set[str]:
             raise ValueError(f"warmup: dtypes entry {dtype!r} must be one of "
                              f"{', '.join(sorted(_WIDTH))}")
         tokens |= {name, _WIDTH[name]}
+        if name in ("f16", "bf16"):
+            tokens.add("half")  # one kernel serves both
     return tokens
 
 

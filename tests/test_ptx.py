@@ -59,9 +59,9 @@ def check_packed_layouts(ptx):
 
 # Which signatures CI compiles (the module docstring). The compile subprocess runs the
 # same functions: their source goes into its script (``_SAMPLE``).
-_DTYPE_TOKENS = {"f16", "bf16", "f32", "f64", "i32", "i64", "1b", "2b", "4b", "8b", "16b"}
+_DTYPE_TOKENS = {"half", "f16", "bf16", "f32", "f64", "i32", "i64", "1b", "2b", "4b", "8b", "16b"}
 _F32 = ("f32", "4b")
-_HALF = ("bf16", "f16", "2b")
+_HALF = ("half", "bf16", "f16", "2b")
 
 
 def _split_name(name):
@@ -90,12 +90,13 @@ def sm90_sample(kernels):
 
 
 def sm80_sample(kernels):
-    """One signature per kernel name: its first bf16 signature, else its first."""
+    """One signature per kernel name: its first bf16 (or f16/bf16 "half") signature, else
+    its first."""
     sample = {}
     for kernel in kernels:
         base = kernel.name.split("[")[0]
-        if base not in sample or ("bf16" in kernel.name.lower()
-                                  and "bf16" not in sample[base].name.lower()):
+        if base not in sample or (_split_name(kernel.name)[1] in ("bf16", "half")
+                                  and _split_name(sample[base].name)[1] not in ("bf16", "half")):
             sample[base] = kernel
     return list(sample.values())
 

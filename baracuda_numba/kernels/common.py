@@ -233,6 +233,78 @@ pack_f16x4, unpack_f16x4 = _x4(pack_f16x2, unpack_f16x2)
 pack_bf16x4, unpack_bf16x4 = _x4(pack_bf16x2, unpack_bf16x2)
 
 
+# -- f16 and bf16 in one kernel -------------------------------------------------------------
+# A "half" kernel serves both 16-bit float kinds: its arrays are uint16 (or words of them)
+# and a runtime flag ``bf16`` (the same for the whole launch, so the branch never
+# diverges) picks the conversion. One signature instead of two per body; the plan passes
+# ``half_flag(element)``.
+
+
+@cuda.jit(device=True, inline=True)
+def half_to_f32(bits, bf16):
+    """f32 value of 16-bit storage ``bits``: bf16 where ``bf16``, else IEEE f16."""
+    if bf16:
+        return bf16_to_f32(uint16(bits))
+    return float32(f16_from_bits(bits))
+
+
+@cuda.jit(device=True, inline=True)
+def f32_to_half(value, bf16):
+    """16-bit storage (uint16) nearest to f32 ``value``: bf16 where ``bf16``, else f16."""
+    if bf16:
+        return f32_to_bf16(float32(value))
+    return uint16(f16_to_bits(float16(value)))
+
+
+@cuda.jit(device=True, inline=True)
+def unpack_half2(unit, bf16):
+    """The two 16-bit values of a uint32 as f32 (lower half first), bf16 or f16."""
+    if bf16:
+        return unpack_bf16x2(unit)
+    return unpack_f16x2(unit)
+
+
+@cuda.jit(device=True, inline=True)
+def pack_half2(low, high, bf16):
+    """uint32 of two 16-bit values rounded from f32 (``low`` in the lower half)."""
+    if bf16:
+        return pack_bf16x2(low, high)
+    return pack_f16x2(low, high)
+
+
+@cuda.jit(device=True, inline=True)
+def unpack_half4(unit, bf16):
+    """The four 16-bit values of a uint64 as f32 (lowest address first)."""
+    if bf16:
+        return unpack_bf16x4(unit)
+    return unpack_f16x4(unit)
+
+
+@cuda.jit(device=True, inline=True)
+def pack_half4(a0, a1, a2, a3, bf16):
+    """uint64 of four 16-bit values rounded from f32 (``a0`` at the lowest address)."""
+    if bf16:
+        return pack_bf16x4(a0, a1, a2, a3)
+    return pack_f16x4(a0, a1, a2, a3)
+
+
+@cuda.jit(device=True, inline=True)
+def load_half(x, i, bf16):
+    """Element ``i`` of uint16 array ``x`` as f32 (bf16 or f16 storage)."""
+    return half_to_f32(x[uint64(i)], bf16)
+
+
+def half_flag(element: Any) -> int:
+    """The ``bf16`` runtime flag of a half kernel for element kind ``element`` (1 for
+    bf16, 0 for f16 and every other kind)."""
+    return int(getattr(element, "name", "") == "BF16")
+
+
+def is_half(element: Any) -> bool:
+    """Whether element kind ``element`` runs on a half kernel (f16 or bf16)."""
+    return getattr(element, "name", "") in ("F16", "BF16")
+
+
 # -- equality masks of packed halves ------------------------------------------------------
 # ``eq_mask_*x2(a, b)``: the uint32 whose 16-bit half i is 0xFFFF where half i of ``a``
 # equals half i of ``b`` as floats (IEEE: -0 == +0, NaN equals nothing, subnormals kept),
@@ -301,6 +373,14 @@ def _eq_mask_x4(eq_mask_x2: Any) -> Any:
 
 eq_mask_f16x4 = _eq_mask_x4(eq_mask_f16x2)
 eq_mask_bf16x4 = _eq_mask_x4(eq_mask_bf16x2)
+
+
+@cuda.jit(device=True, inline=True)
+def eq_mask_half4(a, b, bf16):
+    """:func:`eq_mask_bf16x4` where ``bf16`` (sm_90 only, as that one), else f16's."""
+    if bf16:
+        return eq_mask_bf16x4(a, b)
+    return eq_mask_f16x4(a, b)
 
 
 # -- NaN-propagating comparisons ---------------------------------------------------------
