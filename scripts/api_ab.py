@@ -44,9 +44,9 @@ def grad_of(fn, x):
 
 ROWS = (((4096, 4096), 1), ((4096, 4096), 0), ((256, 1000000), 1), ((1000000, 64), 1),
         ((1000000, 64), 0))
-for dt in (F32, BF16):
+for dt in (F32, BF16, F16):  # f16 on the first two shapes: it shares bf16's kernels
     n = NAMES[dt]
-    for shape, dim in ROWS:
+    for shape, dim in (ROWS if dt != F16 else ROWS[:2]):
         for op in ("amax", "amin", "argmax", "argmin", "var", "std", "sum", "logsumexp"):
             case(f"{op} {n} {list(shape)} dim {dim}", lambda op=op, s=shape, d=dim, dt=dt: (
                 lambda x: getattr(bt, op)(x, dim=d), (rnd(s, dt),)))
@@ -56,7 +56,7 @@ for dt in (F32, BF16):
     case(f"mean (-2, -1) {n} [128, 256, 56, 56]", lambda dt=dt: (
         lambda x: bt.mean(x, dim=(-2, -1)), (rnd((128, 256, 56, 56), dt),)))
     for shape, dim in (((4096, 4096), 1), ((4096, 4096), 0), ((256, 128256), 1),
-                       ((64, 1000000), 1)):
+                       ((64, 1000000), 1))[:(4 if dt != F16 else 2)]:
         for op in ("cumsum", "cumprod"):
             case(f"{op} {n} {list(shape)} dim {dim}", lambda op=op, s=shape, d=dim, dt=dt: (
                 lambda x: getattr(bt, op)(x, dim=d), (rnd(s, dt),)))
@@ -88,6 +88,20 @@ for dt in (F32, BF16, F16):
                     what = ("q+k " if qk else "") + ("fwd+bwd " if grad else "")
                     case(f"rope {what}{NAMES[dt]} {pairing} {list(shape)}",
                          lambda s=shape, dt=dt, p=pairing, qk=qk, g=grad: rope(s, dt, p, qk, g))
+
+def pool(dims, shape, out, dt, grad):
+    torch.manual_seed(7)
+    samples = torch.rand(shape[0], shape[1], dims, device="cuda").to(dt)
+    fn = getattr(bt, f"fractional_max_pool{dims}d")
+    call = lambda t: fn(t, 3, output_size=out, _random_samples=samples)
+    return grad_of(call, rnd(shape, dt)) if grad else (call, (rnd(shape, dt),))
+
+for dt in (F32, BF16, F16):
+    for dims, shape, out in ((2, (32, 64, 128, 128), (91, 91)),
+                             (3, (8, 32, 32, 64, 64), (22, 45, 45))):
+        for grad in (False, True):
+            case(f"fmp{dims}d {'fwd+bwd ' if grad else ''}{NAMES[dt]} {list(shape)}",
+                 lambda d=dims, s=shape, o=out, dt=dt, g=grad: pool(d, s, o, dt, g))
 
 def timed(fn, n=20, rounds=5):
     fn(); torch.cuda.synchronize()
@@ -143,13 +157,15 @@ def main() -> None:
     parser.add_argument("--only", default="", help="cases whose name contains this text")
     parser.add_argument("--rounds", type=int, default=1, help="base, new, ... rounds")
     parser.add_argument("--precompile", action="store_true",
-                        help="compile reduce, scan and rope in both trees first")
+                        help="compile reduce, scan, rope and fractional_max_pool in both "
+                        "trees first")
     parser.add_argument("--timeout", type=int, default=280, help="seconds per side")
     args = parser.parse_args()
     if args.precompile:
         for root in (args.base, args.new):
             subprocess.run([sys.executable, "-m", "baracuda_numba.precompile", "--only",
-                            "reduce,scan,rope"], cwd=root, check=False, env=_env(root))
+                            "reduce,scan,rope,fractional_max_pool"], cwd=root, check=False,
+                           env=_env(root))
     sides: dict[str, list[dict]] = {"base": [], "new": []}
     for _ in range(args.rounds):
         for side in ("base", "new"):
