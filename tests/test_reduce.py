@@ -255,6 +255,35 @@ def test_integer_forward_is_exact(kind, element, rng):
     assert plan.precision_guarantee.accumulator is E.I64
 
 
+@pytest.mark.parametrize("element", INT_ELEMENTS, ids=lambda e: e.name)
+def test_integer_min_max_extremes(element):
+    """Min runs the Max kernel on bitwise-NOT values: exact at the type's extremes (the
+    int64 minimum has no negation), with and without a split of the axis."""
+    info = np.iinfo(element.storage_dtype)
+    rows = np.array([[info.min, 0, info.max, -1], [info.max, info.max, info.max, info.max],
+                     [info.min, info.min, info.min, info.min], [5, info.min + 1, -3, 7]],
+                    element.storage_dtype)
+    long = np.repeat(rows, 4096, axis=1)  # long enough to split
+    for x in (rows, long):
+        for kind, op in ((K.MAX, np.max), (K.MIN, np.min)):
+            got, _ = run_forward(kind, x, 1, element)
+            np.testing.assert_array_equal(got, op(x, axis=1, keepdims=True))
+
+
+@IEEE_SPECIALS
+@pytest.mark.parametrize("element", [E.F16, E.BF16, E.F32, E.F64], ids=lambda e: e.name)
+def test_min_of_flipped_values(element):
+    """Min as the flipped Max: NaN wins, signed zeros and infinities keep their order."""
+    rows = np.array([[0.0, -0.0, 1.0, 2.0], [np.nan, -np.inf, 1.0, -5.0],
+                     [np.inf, np.inf, np.inf, np.inf], [-np.inf, 3.0, np.nan, -np.inf],
+                     [2.5, -1.5, 0.25, -1.5]])
+    x = to_storage(rows, element)
+    x64 = from_storage(x, element)
+    for kind, op in ((K.MAX, np.max), (K.MIN, np.min)):
+        got, _ = run_forward(kind, x, 1, element)
+        np.testing.assert_array_equal(got, op(x64, axis=1, keepdims=True), kind.name)
+
+
 def test_int32_sum_wraps_like_int32(rng):
     x = np.full((2, 3), 2**30, dtype=np.int32)
     x[1] = rng.integers(-5, 5, size=3)

@@ -19,6 +19,11 @@ ties        ``k += (v == y)`` (Max/Min gradient)         count
 
 Accumulators: f32 for f16/bf16/f32, f64 for f64, int64 for i32/i64 (i32 results wrap).
 
+Forward kernels: f16 and bf16 share one ``half`` kernel (uint16 storage, a runtime bf16
+flag); Min runs the Max kernel on flipped values (float sign bit, integer bitwise NOT) and
+flips the result back, Std runs the Var kernel with a square root: ``flags``, the last
+argument, holds both bits (``forward_flags``; ``forward_key`` names the kernel).
+
 Work layout (one generic kernel body; the kind's ``step``/``merge``/``final`` come from a
 per-kind table and are compiled in, not branched on)::
 
@@ -96,9 +101,13 @@ from .ops import (
     FLOAT_ELEMENTS,
     FORWARD_KERNEL_KIND,
     FORWARD_KINDS,
+    FORWARD_VARIANT_OF,
+    HALF,
     KIND_OPS,
     LSE_PART,
     TIES,
+    forward_flags,
+    forward_key,
 )
 from .tables import (
     GRAD_KERNEL_KIND,
@@ -128,7 +137,11 @@ __all__ = [
     "FLOAT_ELEMENTS",
     "FORWARD_KERNEL_KIND",
     "FORWARD_KINDS",
+    "FORWARD_VARIANT_OF",
+    "forward_flags",
+    "forward_key",
     "GRAD_KERNEL_KIND",
+    "HALF",
     "HOLD_POLL_SLOTS",
     "HOLD_STASH_BYTES",
     "HOLD_WORDS",

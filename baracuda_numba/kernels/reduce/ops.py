@@ -491,6 +491,39 @@ KIND_OPS: dict[Any, KindOps] = {
 #: Kernel kind that computes each forward kind (float Mean is the Sum kernel).
 FORWARD_KERNEL_KIND = {ReduceKind.MEAN: ReduceKind.SUM}
 
+#: Forward kinds that run another kind's kernel with its runtime ``variant`` (bit 1 of the
+#: forward kernels' ``flags``): Min is Max of the flipped values, flipped back once per
+#: output (floats: the sign bit, so NaN stays NaN; integers: bitwise NOT, exact at the
+#: int64 minimum); Std is Var with a square root per output. Argmax and Argmin keep a
+#: kernel each (the flip in their hot loop measured slower).
+FORWARD_VARIANT_OF = {ReduceKind.MIN: ReduceKind.MAX, ReduceKind.STD: ReduceKind.VAR}
+
+#: The forward kernels' element key of f16 and bf16: one "half" kernel (uint16 storage,
+#: the runtime ``bf16`` flag in bit 0 of ``flags``) serves both.
+HALF = "half"
+
+
+def forward_key(kind: Any, element: ElementKind) -> tuple[Any, Any]:
+    """The (kernel kind, element key) whose forward kernel computes ``kind`` of
+    ``element`` (Min: Max's, Std: Var's; f16 and bf16: HALF)."""
+    key = HALF if element in (ElementKind.F16, ElementKind.BF16) else element
+    return FORWARD_VARIANT_OF.get(kind, kind), key
+
+
+def forward_flags(kind: Any, element: ElementKind) -> int:
+    """The ``flags`` argument of the forward kernels for ``kind`` of ``element``: bit 0
+    the bf16 flag of a half kernel, bit 1 the variant (FORWARD_VARIANT_OF)."""
+    return int(element is ElementKind.BF16) | (2 if kind in FORWARD_VARIANT_OF else 0)
+
+
+#: Storage of the half kernels (the f16 or bf16 bits; loads convert by the flag).
+HALF_SPEC = ElementSpec(uint16, float32, None, None, -_INF, _INF)
+
+
+def forward_spec(key: Any) -> ElementSpec:
+    """ElementSpec of a forward element key (HALF: uint16 storage, f32 accumulator)."""
+    return HALF_SPEC if key == HALF else ELEMENTS[key]
+
 #: Kernel kinds per element kind (integers: the exact ones).
 FORWARD_KINDS: dict[ElementKind, tuple[Any,...]] = {
     **{e: (ReduceKind.SUM, ReduceKind.MAX, ReduceKind.MIN, ReduceKind.PROD,

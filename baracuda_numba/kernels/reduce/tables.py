@@ -34,7 +34,16 @@ from .forward import (
     _make_reduce_cols_vec,
     _make_reduce_rows_vec,
 )
-from .ops import ELEMENTS, FLOAT_ELEMENTS, FORWARD_KINDS, GRAD_OPS, KIND_OPS, TIES
+from .ops import (
+    ELEMENTS,
+    FLOAT_ELEMENTS,
+    FORWARD_KINDS,
+    GRAD_OPS,
+    KIND_OPS,
+    TIES,
+    forward_key,
+    forward_spec,
+)
 
 # -- the kernel tables -------------------------------------------------------------------
 
@@ -66,12 +75,34 @@ def _kernels(name: str, keys: list[tuple[Any, ElementKind]],
     return LazyTable(keys, build)
 
 
-def _reduce_signature(kind: Any, element: ElementKind) -> tuple[types.Type,...]:
-    spec = ELEMENTS[element]
+def _forward_kernels(name: str, keys: list[tuple[Any, ElementKind]],
+                     make: Callable[[Any, Any], Any],
+                     signature: Callable[[Any, Any], tuple[types.Type, ...]],
+                     max_registers: int | None = None) -> LazyTable:
+    """``name``'s forward kernels for every (kind, element) of ``keys``: the keys of one
+    ``forward_key`` (Min and Max, Std and Var, f16 and bf16) share one kernel, named by
+    it (``reduce[max,half]``) and built on the first lookup of any of them; the plans pass
+    ``forward_flags(kind, element)`` as its last argument."""
+    built: dict[tuple[Any, Any], Kernel] = {}
+
+    def build(key: tuple[Any, ElementKind]) -> Kernel:
+        kind, element = forward_key(*key)
+        kernel = built.get((kind, element))
+        if kernel is None:
+            token = element if isinstance(element, str) else element.name.lower()
+            kernel = built[(kind, element)] = Kernel(
+                f"{name}[{_kind_name(kind)},{token}]", make(kind, element),
+                signature(kind, element), max_registers=max_registers)
+        return kernel
+    return LazyTable(keys, build)
+
+
+def _reduce_signature(kind: Any, element: Any) -> tuple[types.Type,...]:
+    spec = forward_spec(element)
     out = int64 if KIND_OPS[kind].arg else spec.storage
     return (flat(spec.storage), flat(out), flat(spec.acc), flat(int64), flat(spec.storage),
             int64, int64, int64, _TUPLE8, _TUPLE8, _TUPLE8, _TUPLE8, int64, int64, int64,
-            int64, int64, float64)
+            int64, int64, float64, int64)
 
 
 def _backward_signature(element: ElementKind) -> tuple[types.Type,...]:
@@ -81,8 +112,9 @@ def _backward_signature(element: ElementKind) -> tuple[types.Type,...]:
             _TUPLE8, _TUPLE8, _TUPLE8, _TUPLE8, _TUPLE8, int64, int64, int64, float64, int64)
 
 
-#: (kind, element) -> forward kernel (kind: a ReduceKind or TIES).
-REDUCE_KERNELS = _kernels(
+#: (kind, element) -> forward kernel (kind: a ReduceKind or TIES; one kernel per
+#: ``forward_key``).
+REDUCE_KERNELS = _forward_kernels(
     "reduce", [(kind, element) for element, kinds in FORWARD_KINDS.items() for kind in kinds],
     _make_reduce, _reduce_signature)
 
@@ -105,19 +137,19 @@ REDUCE_BACKWARD_PROD_ZEROS_KERNELS = LazyTable(
                               _TUPLE8)))
 
 
-def _vec_reduce_signature(kind: Any, element: ElementKind) -> tuple[types.Type,...]:
-    spec = ELEMENTS[element]
+def _vec_reduce_signature(kind: Any, element: Any) -> tuple[types.Type,...]:
+    spec = forward_spec(element)
     out = int64 if KIND_OPS[kind].arg else spec.storage
     return (flat(spec.storage), flat(uint64), flat(out), flat(spec.acc), flat(int64),
             flat(spec.storage), int64, int64, _TUPLE8, _TUPLE8, _TUPLE8, _TUPLE8, int64, int64,
-            int64, int64, float64, int64)
+            int64, int64, float64, int64, int64)
 
 
-def _vec_cols_signature(kind: Any, element: ElementKind) -> tuple[types.Type,...]:
-    spec = ELEMENTS[element]
+def _vec_cols_signature(kind: Any, element: Any) -> tuple[types.Type,...]:
+    spec = forward_spec(element)
     out = int64 if KIND_OPS[kind].arg else spec.storage
     return (flat(uint64), flat(out), flat(spec.acc), flat(int64), flat(spec.storage), int64,
-            int64, int64, int64, int64, int64, int64, int64, int64, float64)
+            int64, int64, int64, int64, int64, int64, int64, int64, float64, int64)
 
 
 def _vec_backward_rows_signature(element: ElementKind) -> tuple[types.Type,...]:
@@ -144,21 +176,23 @@ VEC_FORWARD_KINDS = {element: tuple(k for k in FORWARD_KINDS[element] if k is no
 #: (kind, element) -> contiguous-row forward kernel with word loads (the float kinds of
 #: the VECTOR elements).
 _VEC_FORWARD_KEYS = [(kind, element) for element in VECTOR for kind in VEC_FORWARD_KINDS[element]]
-REDUCE_ROWS_VEC_KERNELS = _kernels("reduce_rows_vec", _VEC_FORWARD_KEYS, _make_reduce_rows_vec,
-                                   _vec_reduce_signature, lambda kind: VEC_MAX_REGISTERS)
+REDUCE_ROWS_VEC_KERNELS = _forward_kernels("reduce_rows_vec", _VEC_FORWARD_KEYS,
+                                           _make_reduce_rows_vec, _vec_reduce_signature,
+                                           VEC_MAX_REGISTERS)
 
 #: (kind, element) -> the same kernel whose short-row path parks each thread's next row
 #: (``park``; LONG_SHORT_KINDS, which the plans give it for rows of at least
 #: PARK_MIN_LANES lanes). A kernel of its own: with both short-row paths in one kernel,
 #: ptxas spilled more and 4-lane rows were slower (docs/design/reduce.md).
-REDUCE_ROWS_PARK_KERNELS = _kernels(
+REDUCE_ROWS_PARK_KERNELS = _forward_kernels(
     "reduce_rows_park", [(kind, element) for element in VECTOR for kind in LONG_SHORT_KINDS],
     lambda kind, element: _make_reduce_rows_vec(kind, element, park=True),
-    _vec_reduce_signature, lambda kind: VEC_MAX_REGISTERS)
+    _vec_reduce_signature, VEC_MAX_REGISTERS)
 
 #: (kind, element) -> column-layout forward kernel with word loads.
-REDUCE_COLS_VEC_KERNELS = _kernels("reduce_cols_vec", _VEC_FORWARD_KEYS, _make_reduce_cols_vec,
-                                   _vec_cols_signature, lambda kind: VEC_MAX_REGISTERS)
+REDUCE_COLS_VEC_KERNELS = _forward_kernels("reduce_cols_vec", _VEC_FORWARD_KEYS,
+                                           _make_reduce_cols_vec, _vec_cols_signature,
+                                           VEC_MAX_REGISTERS)
 
 #: Register caps of the contiguous-row gradient kernels, per kind (the others uncapped).
 #: Prod / Norm2 / LogSumExp use 77-80 registers uncapped (3 resident 256-thread blocks per

@@ -21,6 +21,7 @@ from ...kernels.reduce import (
     REDUCE_ROWS_PARK_KERNELS,
     REDUCE_ROWS_VEC_KERNELS,
     VECTOR,
+    forward_flags,
 )
 from ...streams import stream_handle
 from ...types import (
@@ -301,6 +302,7 @@ def _bind_reduce(kernel: Any, kernel_kind: Any, element: ElementKind, x: TensorR
               x.strides[problem.axis], out_shape, x_strides, y_strides, aux_strides,
               geometry.lanes, int(geometry.row_layout), splits, geometry.chunk_len)
     mode = 0 if splits == 1 and final else 1
+    flags = forward_flags(kernel_kind, element)  # the bf16 flag and the variant
     parked = problem.access == ROWS and geometry.chunk_len == 0 \
         and kernel_kind in LONG_SHORT_KINDS and geometry.lanes >= PARK_MIN_LANES
     grid = (min(geometry.groups, SHORT_GRID_X if parked else MAX_GRID_X), splits)
@@ -310,7 +312,7 @@ def _bind_reduce(kernel: Any, kernel_kind: Any, element: ElementKind, x: TensorR
         first = table[(kernel_kind, element)].bind(grid, BLOCK, (
             x_view, x_words, y_view, acc_view, k_view, aux_view, out_numel, extent, out_shape,
             x_strides, y_strides, aux_strides, geometry.lanes, splits, geometry.chunk_len,
-            mode, param, problem.shift))
+            mode, param, problem.shift, flags))
     elif problem.access == COLS:
         width = VECTOR[element].width
         x_words = (0, flat_span(x.shape, x.strides) * element.byte_width // 8)
@@ -318,27 +320,28 @@ def _bind_reduce(kernel: Any, kernel_kind: Any, element: ElementKind, x: TensorR
             x_words, y_view, acc_view, k_view, aux_view, out_numel, extent,
             x.strides[problem.axis] // width, problem.strides[1][0],
             problem.strides[2][0] if aux is not None else 0, geometry.lanes, splits,
-            geometry.chunk_len, mode, param))
+            geometry.chunk_len, mode, param, flags))
     else:
-        first = kernel.bind(grid, BLOCK, common + (mode, param))
+        first = kernel.bind(grid, BLOCK, common + (mode, param, flags))
     launches = [first]
     if splits > 1:
-        launches.append(_bind_merge(kernel, common, out_numel, splits, final, param))
+        launches.append(_bind_merge(kernel, common, out_numel, splits, final, param, flags))
     return _ReduceLaunch(tuple(b.fast for b in launches), acc_bytes, ops.n_acc > 0, ops.uses_k,
                          problem.access)
 
 
 def _bind_merge(kernel: Any, common: tuple[Any,...], out_numel: int, splits: int,
-                final: bool, param: float) -> Any:
+                final: bool, param: float, flags: int = 0) -> Any:
     """The launch of ``kernel`` that merges the ``splits`` partial states of each output
     (mode 2: into ``y``; 3, not ``final``: into workspace slot 0); ``common`` as the
-    reduction's arguments."""
+    reduction's arguments, ``flags`` its ``forward_flags`` (0: no bf16 output, no
+    variant, as the merge into the workspace needs)."""
     lanes = min(BLOCK, _pow2_at_least(-(-splits // _STATES_PER_LANE)))
     slots = BLOCK // lanes
     merge_args = list(common)
     merge_args[12:14] = [lanes, 0]
     return kernel.bind(min(-(-out_numel // slots), MAX_GRID_X), BLOCK,
-                       tuple(merge_args) + (2 if final else 3, param))
+                       tuple(merge_args) + (2 if final else 3, param, flags))
 
 
 _CACHE_LIMIT = 64
