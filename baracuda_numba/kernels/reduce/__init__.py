@@ -66,6 +66,9 @@ from __future__ import annotations
 
 from .backward import (
     BROADCAST_UNITS,
+    FLAG_BF16,
+    FLAG_STD,
+    grad_flags,
 )
 from .backward_cols import (
     REG_COL_STRIP_HELD,
@@ -125,10 +128,13 @@ __all__ = [
     "BROADCAST_UNITS",
     "CHUNK",
     "ELEMENTS",
+    "FLAG_BF16",
+    "FLAG_STD",
     "FLOAT_ELEMENTS",
     "FORWARD_KERNEL_KIND",
     "FORWARD_KINDS",
     "GRAD_KERNEL_KIND",
+    "grad_flags",
     "HOLD_POLL_SLOTS",
     "HOLD_STASH_BYTES",
     "HOLD_WORDS",
