@@ -179,15 +179,21 @@ GRAD_ROWS_MAX_REGISTERS = {ReduceKind.PROD: 64, ReduceKind.NORM2: 64,
 
 #: (kind, element) -> contiguous-row gradient kernel with word loads and stores.
 _VEC_GRAD_KEYS = [(kind, element) for element in VECTOR for kind in GRAD_KINDS]
+#: Max/Min and Norm2 keep an f16 and a bf16 kernel: one half kernel spilled 96 / 20 bytes
+#: at the cap (the two: none).
 REDUCE_BACKWARD_ROWS_VEC_KERNELS = grad_kernels(
     "reduce_backward_rows_vec", _VEC_GRAD_KEYS, _make_backward_rows_vec,
-    lambda kind, element: _vec_backward_rows_signature(element), GRAD_ROWS_MAX_REGISTERS.get)
+    lambda kind, element: _vec_backward_rows_signature(element), GRAD_ROWS_MAX_REGISTERS.get,
+    halves=lambda kind: kind not in (ReduceKind.MAX, ReduceKind.NORM2))
 
 #: (kind, element) -> column-layout gradient kernel with word loads and stores (Max/Min:
 #: modes 0 and 2).
+#: Max/Min keep an f16 and a bf16 kernel: as one half kernel (both bodies) ptxas gave it 98
+#: registers against 70 (2 resident 256-thread blocks per SM instead of 3).
 REDUCE_BACKWARD_COLS_VEC_KERNELS = grad_kernels(
     "reduce_backward_cols_vec", _VEC_GRAD_KEYS, _make_backward_cols_vec,
-    lambda kind, element: _vec_backward_cols_signature(element))
+    lambda kind, element: _vec_backward_cols_signature(element),
+    halves=lambda kind: kind is not ReduceKind.MAX)
 
 #: (kind, element) -> the gradient without a statistic of a contiguous dx in dx's memory
 #: order (rows and columns; Sum / Mean: a broadcast of dy). Mean's is held at 32 registers
@@ -212,7 +218,8 @@ REDUCE_BACKWARD_COLS_REWRITE_KERNELS = grad_kernels(
     [(kind, element) for element in VECTOR for kind in GRAD_KINDS
      if GRAD_OPS[kind].stat == "ties"],
     lambda kind, element: _make_backward_cols_vec(kind, element, rewrite_pass=True),
-    lambda kind, element: _vec_backward_cols_signature(element), lambda kind: 128)
+    lambda kind, element: _vec_backward_cols_signature(element), lambda kind: 128,
+    halves=lambda kind: False)  # one half kernel spilled 120 bytes at the cap
 
 
 def _reg_backward_signature(element: ElementKind) -> tuple[types.Type,...]:
@@ -251,19 +258,21 @@ REDUCE_BACKWARD_ROWS_HOLD_STASH_KERNELS = grad_kernels(
     "reduce_backward_rows_hold_stash",
     [(kind, element) for element in VECTOR for kind in (ReduceKind.VAR, ReduceKind.MAX)],
     lambda kind, element: _make_backward_rows_hold(kind, element, HOLD_WORDS),
-    lambda kind, element: _hold_signature(element), lambda kind: HOLD_MAX_REGISTERS)
+    lambda kind, element: _hold_signature(element), lambda kind: HOLD_MAX_REGISTERS,
+    halves=lambda kind: False)  # one half kernel spilled 24-32 bytes at the cap (the two 0-8)
 
 
 def _cols_reg_kernels(name: str, max_registers: int, stash: int = 0, wide_words: int = 0,
-                      held: int = REG_COL_WORDS) -> LazyTable:
+                      held: int = REG_COL_WORDS, halves: bool = True) -> LazyTable:
     """The column register-resident gradients of one table: ``wide_words`` > 0 for strips
     of up to that many words whose pairs may exceed 32 (each thread then adds its own
-    pairs' warp partials), ``held`` rows a thread in registers."""
+    pairs' warp partials), ``held`` rows a thread in registers; ``halves``: one half kernel
+    for f16 and bf16."""
     return grad_kernels(name, [(kind, element) for element in VECTOR for kind in STAT_GRAD_KINDS],
                     lambda kind, element: _make_backward_cols_reg(kind, element, stash,
                                                                   wide_words, held),
                     lambda kind, element: _reg_backward_signature(element),
-                    lambda kind: max_registers)
+                    lambda kind: max_registers, halves=lambda kind: halves)
 
 
 #: (kind, element) -> the column register-resident gradient in 256-byte strips
@@ -284,5 +293,7 @@ REG_COLS_STASH_BYTES = REG_COL_STASH * REG_COLS_BLOCK * 8
 #: (kind, element) -> the column register-resident gradient with a shared-memory stash:
 #: strips of twice the width in REG_COLS_BLOCK-thread blocks.
 #: (Measurements: docs/design/reduce.md, "Measured constants".)
+#: f16 and bf16 keep a kernel each: one half kernel spilled 84-112 bytes at the cap (the
+#: two: 0-40).
 REDUCE_BACKWARD_COLS_STASH_KERNELS = _cols_reg_kernels("reduce_backward_cols_stash", 64,
-                                                       REG_COL_STASH)
+                                                       REG_COL_STASH, halves=False)
