@@ -13,6 +13,7 @@ from conftest import EDGE_LENGTHS, FLOAT_ELEMENTS, SIMULATOR, torch_or_skip
 from baracuda_numba.errors import InvalidProblem, Unsupported, WorkspaceTooSmall
 from baracuda_numba.kernels.reduce import (
     CHUNK,
+    GRAD_KERNEL_KIND,
     HOLD_POLL_SLOTS,
     HOLD_STASH_BYTES,
     LSE_PART,
@@ -1775,7 +1776,7 @@ def _sync_layouts(width: int) -> dict:
 def _hold_resident(kind, element) -> int:
     """Resident blocks of the hold kernel with its shared memory on this device."""
     return REDUCE_BACKWARD_ROWS_HOLD_STASH_KERNELS[
-        (K.MAX if kind in (K.MAX, K.MIN) else kind, element)].resident_blocks(
+        (GRAD_KERNEL_KIND.get(kind, kind), element)].resident_blocks(
         SYNC_BLOCK, HOLD_STASH_BYTES)
 
 

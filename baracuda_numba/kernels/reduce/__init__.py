@@ -71,6 +71,9 @@ from __future__ import annotations
 
 from .backward import (
     BROADCAST_UNITS,
+    FLAG_BF16,
+    FLAG_STD,
+    grad_flags,
 )
 from .backward_cols import (
     REG_COL_STRIP_HELD,
@@ -134,6 +137,8 @@ __all__ = [
     "BROADCAST_UNITS",
     "CHUNK",
     "ELEMENTS",
+    "FLAG_BF16",
+    "FLAG_STD",
     "FLOAT_ELEMENTS",
     "FORWARD_KERNEL_KIND",
     "FORWARD_KINDS",
@@ -141,6 +146,7 @@ __all__ = [
     "forward_flags",
     "forward_key",
     "GRAD_KERNEL_KIND",
+    "grad_flags",
     "HALF",
     "HOLD_POLL_SLOTS",
     "HOLD_STASH_BYTES",

@@ -4,14 +4,160 @@ gradient of lines that hold zeros.
 """
 
 
+import inspect
 from collections.abc import Callable
+from typing import Any
 
-from numba import cuda, int64, uint64
+import numpy as np
+from numba import cuda, int64, types, uint16, uint64
 
+from ..._runtime import SIMULATOR
+from ...launch import Kernel, LazyTable
 from ...types import ElementKind, ReduceKind
 from ..common import div_f64, load16_words, shfl_xor, store16_words
 from .forward import VECTOR, _lane_reducer
 from .ops import ELEMENTS, GRAD_OPS, SHARED_SLOTS, TIES, _grad_fns, _offsets4
+
+# -- what every gradient kernel shares: its kind's formulas and its ``flags`` -------------
+# Every gradient kernel takes ``flags`` last: bit 0 (FLAG_BF16) picks bf16 in a kernel that
+# serves f16 and bf16 (element token ``half``), bit 1 (FLAG_STD) Std in the Var kernel.
+
+#: ``flags`` bit of a half kernel's bf16 body (its f16 body where clear).
+FLAG_BF16 = 1
+#: ``flags`` bit of Std in the Var kernel: the coefficient ``dy / (2 y) * param`` (0 where
+#: y == 0) instead of ``dy * param``, y read; the per-element ``c * (x - mean)`` and the
+#: mean are the same, so only the per-output coefficient looks at the flag.
+FLAG_STD = 2
+
+
+def grad_flags(kind: ReduceKind, element: ElementKind) -> int:
+    """The ``flags`` argument of the gradient kernels for ``kind`` of ``element``."""
+    return (FLAG_BF16 if element is ElementKind.BF16 else 0) | \
+        (FLAG_STD if kind is ReduceKind.STD else 0)
+
+
+def _grad_parts(kind: ReduceKind, element: ElementKind) -> tuple[Any, Any, bool, bool]:
+    """``(coefficient, element_fn, reads_y, y_by_flag)`` of the gradient kernel of ``kind``
+    (a kernel kind: Var serves Std) for ``element``: ``coefficient(g, y, mean, count,
+    param, flags)`` is the per-output coefficient, ``element_fn`` the per-element formula
+    (``_grad_fns``); ``y_by_flag``: y is read only where ``flags`` has FLAG_STD."""
+    if kind is not ReduceKind.VAR:
+        base, element_fn = _grad_fns(kind, element)
+
+        @cuda.jit(device=True, inline=True)
+        def coefficient(g, yv, mean, count, param, flags):
+            return base(g, yv, mean, count, param)
+
+        return coefficient, element_fn, GRAD_OPS[kind].reads_y, False
+    var_coefficient, element_fn = _grad_fns(ReduceKind.VAR, element)
+    std_coefficient = _grad_fns(ReduceKind.STD, element)[0]
+    assert element_fn is _grad_fns(ReduceKind.STD, element)[1]
+
+    @cuda.jit(device=True, inline=True)
+    def var_std_coefficient(g, yv, mean, count, param, flags):
+        if flags & FLAG_STD:
+            return std_coefficient(g, yv, mean, count, param)
+        return var_coefficient(g, yv, mean, count, param)
+
+    return var_std_coefficient, element_fn, True, True
+
+
+# -- f16 and bf16 in one kernel ---------------------------------------------------------
+# A half gradient kernel holds the f16 and the bf16 body, each the kernel of its element as
+# it was (its loops and per-element code unchanged), and runs one by ``flags & FLAG_BF16``
+# (uniform over the launch). Its f16/bf16 arrays are uint16; the f16 body sees them as
+# float16 (``as_f16``, no instruction).
+
+if SIMULATOR:
+
+    def as_f16(array: Any) -> Any:
+        """uint16 ``array`` seen as float16 (the same memory)."""
+        return array.view(np.float16)
+
+else:
+    from numba.core.extending import intrinsic
+
+    @intrinsic
+    def as_f16(typingctx: Any, array: Any) -> Any:
+        """uint16 ``array`` seen as float16 (the same memory): its data pointer cast, no
+        instruction."""
+        result = array.copy(dtype=types.float16)
+
+        def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+            source = context.make_array(signature.args[0])(context, builder, args[0])
+            view = context.make_array(signature.return_type)(context, builder)
+            for field in view._datamodel._fields:
+                value = getattr(source, field)
+                setattr(view, field, builder.bitcast(value, view.data.type)
+                        if field == "data" else value)
+            return view._getvalue()
+
+        return result(array), codegen
+
+
+def _device_body(function: Callable[..., None]) -> Any:
+    """A kernel body as a device function inlined into the half kernel (Numba IR, as every
+    device function of the family)."""
+    return cuda.jit(device=True, inline=True)(function)
+
+
+def _half_kernel(f16_kernel: Callable[..., None], bf16_kernel: Callable[..., None],
+                 f16_signature: tuple[types.Type, ...]) -> Callable[..., None]:
+    """One kernel running ``bf16_kernel`` where ``flags & FLAG_BF16`` (``flags`` its last
+    argument), else ``f16_kernel`` with the float16 arrays of ``f16_signature`` seen from
+    uint16 (``as_f16``)."""
+    names = list(inspect.signature(bf16_kernel).parameters)
+    assert names == list(inspect.signature(f16_kernel).parameters) and names[-1] == "flags"
+    f16_args = [f"as_f16({name})" if isinstance(t, types.Array) and t.dtype == types.float16
+                else name for name, t in zip(names, f16_signature, strict=True)]
+    name = bf16_kernel.__name__
+    namespace = {"__name__": __name__, "FLAG_BF16": FLAG_BF16, "as_f16": as_f16,
+                 "bf16_body": _device_body(bf16_kernel), "f16_body": _device_body(f16_kernel)}
+    exec(f"def {name}({', '.join(names)}):\n"  # noqa: S102 - a fixed template
+         f"    if flags & FLAG_BF16:\n"
+         f"        bf16_body({', '.join(names)})\n"
+         f"    else:\n"
+         f"        f16_body({', '.join(f16_args)})\n", namespace)
+    return namespace[name]
+
+
+def _half_signature(signature: tuple[types.Type, ...]) -> tuple[types.Type, ...]:
+    """``signature`` with its float16 arrays as uint16 (bf16's storage)."""
+    return tuple(t.copy(dtype=uint16) if isinstance(t, types.Array)
+                 and t.dtype == types.float16 else t for t in signature)
+
+
+def grad_kernels(name: str, keys: list[tuple[Any, ElementKind]],
+                 make: Callable[[Any, ElementKind], Callable[..., None]],
+                 signature: Callable[[Any, ElementKind], tuple[types.Type, ...]],
+                 max_registers: Callable[[Any], int | None] = lambda kind: None,
+                 named_kind: bool = True,
+                 halves: Callable[[Any], bool] = lambda kind: True) -> LazyTable:
+    """``name``'s gradient kernels, one per (kind, element) of ``keys``, each built on its
+    first lookup (``make(kind, element)`` the function, ``signature(kind, element)`` its
+    types, ``max_registers(kind)`` its register cap); the F16 and BF16 keys of a kind
+    share one ``half`` kernel (``_half_kernel``) where ``halves(kind)``, else each has its
+    own. Named ``name[kind,element]``, or ``name[element]`` without ``named_kind``."""
+    built: dict[Any, Kernel] = {}  # kind -> its half kernel
+
+    def build(key: tuple[Any, ElementKind]) -> Kernel:
+        kind, element = key
+        kind_name = (kind if isinstance(kind, str) else kind.name.lower()) + "," \
+            if named_kind else ""
+        if element not in (ElementKind.F16, ElementKind.BF16) or not halves(kind):
+            return Kernel(f"{name}[{kind_name}{element.name.lower()}]",
+                          make(kind, element), signature(kind, element),
+                          max_registers=max_registers(kind))
+        if kind not in built:
+            f16_signature = signature(kind, ElementKind.F16)
+            built[kind] = Kernel(
+                f"{name}[{kind_name}half]",
+                _half_kernel(make(kind, ElementKind.F16), make(kind, ElementKind.BF16),
+                             f16_signature),
+                _half_signature(f16_signature), max_registers=max_registers(kind))
+        return built[kind]
+
+    return LazyTable(keys, build)
 
 
 def _make_backward(kind: ReduceKind, element: ElementKind) -> Callable[..., None]:
@@ -19,8 +165,8 @@ def _make_backward(kind: ReduceKind, element: ElementKind) -> Callable[..., None
     spec = ELEMENTS[element]
     ACC = spec.acc
     load, store = spec.load, spec.store
-    coefficient, element_fn = _grad_fns(kind, element)
-    READS_X, READS_Y = ops.reads_x, ops.reads_y
+    coefficient, element_fn, READS_Y, Y_BY_FLAG = _grad_parts(kind, element)
+    READS_X = ops.reads_x
     STAT_MEAN, STAT_TIES = ops.stat == "mean", ops.stat == "ties"
     HAS_STAT = ops.stat is not None
     # fused: the mean as the Sum reducer's sum over the extent; Welford's squared
@@ -30,7 +176,7 @@ def _make_backward(kind: ReduceKind, element: ElementKind) -> Callable[..., None
 
     def reduce_backward(dy, x, y, dx, stat_acc, stat_k, out_numel, extent, x_axis_stride,
                         dx_axis_stride, out_shape, dy_strides, x_strides, y_strides,
-                        dx_strides, lanes, row_layout, chunk_len, param, fused):
+                        dx_strides, lanes, row_layout, chunk_len, param, fused, flags):
         """dx over the rows of ``out_numel`` outputs. The statistic (mean / tie count) is
         ``stat_acc[o] / extent`` (a sum) / ``stat_k[o]``, or with ``fused`` (one split
         only) reduced here first by the lanes of the row, which then re-read their elements
@@ -52,6 +198,7 @@ def _make_backward(kind: ReduceKind, element: ElementKind) -> Callable[..., None
         sa = cuda.shared.array(SHARED_SLOTS, ACC)
         sb = cuda.shared.array(SHARED_SLOTS, ACC)
         sk = cuda.shared.array(SHARED_SLOTS, int64)
+        reads_y = READS_Y and (not Y_BY_FLAG or (flags & FLAG_STD) != 0)
         group = int64(cuda.blockIdx.x)
         while group * slots < out_numel:  # uniform across the block
             o = group * slots + slot
@@ -61,7 +208,7 @@ def _make_backward(kind: ReduceKind, element: ElementKind) -> Callable[..., None
                 dy_off, x_off, y_off, dx_off = _offsets4(o, out_shape, dy_strides, x_strides,
                                                          y_strides, dx_strides)
             g = load(dy, dy_off) if valid else ACC(0)
-            yv = load(y, y_off) if READS_Y and valid else g
+            yv = load(y, y_off) if reads_y and valid else g
             mean = g
             count = int64(0)
             if HAS_STAT:
@@ -81,7 +228,7 @@ def _make_backward(kind: ReduceKind, element: ElementKind) -> Callable[..., None
                     else:
                         count = stat_k[o]
             if valid:
-                cf = ACC(coefficient(g, yv, mean, count, param))
+                cf = ACC(coefficient(g, yv, mean, count, param, flags))
                 i = begin + lane
                 x_at = x_off + i * x_axis_stride
                 dx_at = dx_off + i * dx_axis_stride
@@ -126,8 +273,8 @@ def _make_backward_broadcast(kind: ReduceKind, element: ElementKind) -> Callable
     ops = GRAD_OPS[kind]
     spec, vec = ELEMENTS[element], VECTOR[element]
     ACC, load, pack, unpack = spec.acc, spec.load, vec.pack, vec.unpack
-    coefficient, element_fn = _grad_fns(kind, element)
-    READS_X, READS_Y = ops.reads_x, ops.reads_y
+    coefficient, element_fn, READS_Y = _grad_parts(kind, element)[:3]
+    READS_X = ops.reads_x
     W = vec.width  # elements per 8-byte word; a unit is 2 words
     K = 2 * W
     U = BROADCAST_UNITS
@@ -135,11 +282,11 @@ def _make_backward_broadcast(kind: ReduceKind, element: ElementKind) -> Callable
     SLOTS = max(K, U * W)  # per element values: a column unit's K, or W per row unit
 
     @cuda.jit(device=True, inline=True)
-    def line_values(dy, y, dy_off, y_off, param):
+    def line_values(dy, y, dy_off, y_off, param, flags):
         """(coefficient, y) of one output position."""
         g = load(dy, dy_off)
         yv = load(y, y_off) if READS_Y else g
-        return ACC(coefficient(g, yv, g, int64(0), param)), yv, g
+        return ACC(coefficient(g, yv, g, int64(0), param, flags)), yv, g
 
     @cuda.jit(device=True, inline=True)
     def gradient_word(w, values, results, cfs, yvs, gs, base):
@@ -150,7 +297,7 @@ def _make_backward_broadcast(kind: ReduceKind, element: ElementKind) -> Callable
         return pack(results)
 
     def reduce_backward_broadcast(dy, y, xq, dxq, units, line_units, inverse, stride,
-                                  dy_stride, y_stride, param):
+                                  dy_stride, y_stride, param, flags):
         """``dx = element(coefficient(dy, y), x)`` (Sum / Mean: ``dy / param``) of a
         C-contiguous, 16-byte aligned dx seen as ``dxq`` (uint32, 4 per unit; ``xq``: x,
         the same layout), ``units`` 16-byte units in all.
@@ -181,7 +328,7 @@ def _make_backward_broadcast(kind: ReduceKind, element: ElementKind) -> Callable
                 u = first + k * block
                 if u < units:
                     o = div_f64(u, line_units, inverse)
-                    c, yv, g = line_values(dy, y, o * dy_stride, o * y_stride, param)
+                    c, yv, g = line_values(dy, y, o * dy_stride, o * y_stride, param, flags)
                     for e in range(W):
                         cfs[k * W + e] = c
                         yvs[k * W + e] = yv
@@ -208,7 +355,7 @@ def _make_backward_broadcast(kind: ReduceKind, element: ElementKind) -> Callable
         n0 = (g0 % line_units) * K
         for e in range(K):
             cfs[e], yvs[e], gs[e] = line_values(dy, y, (n0 + e) * dy_stride,
-                                                (n0 + e) * y_stride, param)
+                                                (n0 + e) * y_stride, param, flags)
         if not READS_X:
             for h in range(2):
                 for e in range(W):
@@ -246,7 +393,7 @@ def _make_prod_zero_fixup(element: ElementKind) -> Callable[..., None]:
 
     def reduce_backward_prod_zeros(dy, x, y, dx, out_numel, extent, x_axis_stride,
                                    dx_axis_stride, out_shape, dy_strides, x_strides,
-                                   y_strides, dx_strides):
+                                   y_strides, dx_strides, flags):
         """Rewrite the Prod gradient of every line whose saved product ``y`` is 0 after
         any layout's ``dy * y / x`` pass: with ``z`` zeros in the line, z == 1 gives
         ``dy * prod(nonzeros)`` at the zero and ``dy * 0`` elsewhere, z >= 2 ``dy * 0``
@@ -261,16 +408,17 @@ def _make_prod_zero_fixup(element: ElementKind) -> Callable[..., None]:
         group = int64(cuda.blockIdx.x) * warps + cuda.threadIdx.x // 32
         while group * 32 < out_numel:  # uniform across the warp
             mine = group * 32 + lane
-            flags = int64(0)
+            zero_lanes = int64(0)
             if mine < out_numel:
                 _, _, y_off, _ = _offsets4(mine, out_shape, dy_strides, x_strides,
                                            y_strides, dx_strides)
                 if load(y, y_off) == 0:
-                    flags = int64(1) << lane
+                    zero_lanes = int64(1) << lane
             for shift in (16, 8, 4, 2, 1):
-                flags |= shfl_xor(flags, shift)
-            for j in range(32 if flags != 0 else 0):  # flags: the same on every lane
-                if (flags >> j) & 1 == 0:
+                zero_lanes |= shfl_xor(zero_lanes, shift)
+            # zero_lanes: the same on every lane
+            for j in range(32 if zero_lanes != 0 else 0):
+                if (zero_lanes >> j) & 1 == 0:
                     continue
                 line = group * 32 + j
                 dy_off, x_off, _, dx_off = _offsets4(line, out_shape, dy_strides, x_strides,

@@ -11,6 +11,7 @@ from numba import cuda, int64, uint32, uint64
 from ..._runtime import SIMULATOR
 from ...types import ElementKind, ReduceKind
 from ..common import shfl_idx, shfl_xor
+from .backward import FLAG_STD, _grad_parts
 from .forward import _MAX_WIDTH, VEC_LOADS, VECTOR, tie_mask_iters
 from .ops import ELEMENTS, GRAD_OPS, _grad_checked, _grad_fns
 from .ties import REWRITE_MASKS_COLS, _col_mask_layout, _col_tied_rewriter, _tie_words
@@ -25,25 +26,25 @@ def _cols_vec_steps(kind: ReduceKind, element: ElementKind) -> Any:
     load = spec.load
     pack = vec.pack
     W, LOG_W = vec.width, vec.log_width
-    coefficient = _grad_fns(kind, element)[0]
-    READS_Y = ops.reads_y
+    coefficient, _, READS_Y, Y_BY_FLAG = _grad_parts(kind, element)
     STAT_MEAN, STAT_TIES = ops.stat == "mean", ops.stat == "ties"
     TIE_MASKS = STAT_TIES and vec.eq_mask is not None  # as in _make_backward_cols_vec
 
     @cuda.jit(device=True, inline=True)
     def word_coefficients(dy, y, stat_acc, stat_k, ow, dy_stride, y_stride, extent, param,
                           mode, masks, cfs, ys, means, ties, results, valid, sparse, yw, cw,
-                          zw):
+                          zw, flags):
         """The W coefficients (``cfs``), extremes (``ys``) and means of output word ``ow``
         and, for the tie masks, their packed words; returns ``(valid, sparse, yw, cw,
         zw)``: ``valid`` False for a word the rewrite pass leaves as the first pass wrote
         it, ``sparse`` where it rewrites only the tied words."""
         rewrite = False
         sparse = STAT_TIES and mode == 3
+        reads_y = READS_Y and (not Y_BY_FLAG or (flags & FLAG_STD) != 0)
         for e in range(W):
             o = (ow << LOG_W) + e
             g = load(dy, o * dy_stride)
-            yv = load(y, o * y_stride) if READS_Y else g
+            yv = load(y, o * y_stride) if reads_y else g
             mean = g
             count = int64(0)
             if STAT_MEAN:
@@ -53,7 +54,7 @@ def _cols_vec_steps(kind: ReduceKind, element: ElementKind) -> Any:
                 rewrite = rewrite or count != 1
                 sparse = sparse and count != 0  # a NaN extreme: every word
                 ties[e] = 0
-            cfs[e] = ACC(coefficient(g, yv, mean, count, param))
+            cfs[e] = ACC(coefficient(g, yv, mean, count, param, flags))
             ys[e] = yv
             means[e] = mean
         if TIE_MASKS and masks:
@@ -194,7 +195,7 @@ def _make_backward_cols_vec(kind: ReduceKind, element: ElementKind,
 
     def reduce_backward_cols_vec(dy, xv, y, dx, dxv, stat_acc, stat_k, out_numel, extent,
                                  axis_words, dy_stride, y_stride, lanes, chunk_len, param,
-                                 mode):
+                                 mode, flags):
         """The gradient in the column layout with word loads and stores: ``x`` and ``dx``
         are ``extent`` rows of ``out_numel`` contiguous outputs, ``axis_words`` words apart
         (same layout, word aligned); each slot owns the W outputs of one word (W
@@ -241,7 +242,7 @@ def _make_backward_cols_vec(kind: ReduceKind, element: ElementKind,
             if valid:
                 valid, sparse, yw, cw, zw = word_coefficients(
                     dy, y, stat_acc, stat_k, ow, dy_stride, y_stride, extent, param, mode,
-                    masks, cfs, ys, means, ties, results, valid, sparse, yw, cw, zw)
+                    masks, cfs, ys, means, ties, results, valid, sparse, yw, cw, zw, flags)
             if STAT_TIES:
                 split = int64(cuda.blockIdx.y)
                 if valid and sparse:  # every split this block walks, at once
@@ -408,8 +409,7 @@ def _make_backward_cols_reg(kind: ReduceKind, element: ElementKind, stash: int =
     ACC = spec.acc
     load = spec.load
     W, LOG_W = vec.width, vec.log_width
-    coefficient = _grad_fns(kind, element)[0]
-    READS_Y = ops.reads_y
+    coefficient, _, READS_Y, Y_BY_FLAG = _grad_parts(kind, element)
     STAT_TIES = ops.stat == "ties"
     PARTIALS = 2 * _cols_reg_slots()
     STASH = stash
@@ -419,7 +419,7 @@ def _make_backward_cols_reg(kind: ReduceKind, element: ElementKind, stash: int =
                                                                        wide_words, held)
 
     def reduce_backward_cols_reg(dy, xv, y, dx, dxv, out_numel, extent, axis_words,
-                                 dy_stride, y_stride, log2_cw, param):
+                                 dy_stride, y_stride, log2_cw, param, flags):
         """The Max/Min or Var/Std gradient (statistic as ``reduce_backward_rows_reg``) in
         the column layout: ``x`` and ``dx`` are ``extent`` rows of ``out_numel`` contiguous
         outputs, ``axis_words`` words apart (word aligned). A block owns ``cw = 2**log2_cw``
@@ -465,6 +465,7 @@ def _make_backward_cols_reg(kind: ReduceKind, element: ElementKind, stash: int =
         cfs = cuda.local.array(W, ACC)
         means = cuda.local.array(W, ACC)
         parity = uint32(0)
+        reads_y = READS_Y and (not Y_BY_FLAG or (flags & FLAG_STD) != 0)
         group = int64(cuda.blockIdx.x)
         while group * cws < out_words:  # uniform across the block
             ow = group * cws + cw
@@ -476,7 +477,7 @@ def _make_backward_cols_reg(kind: ReduceKind, element: ElementKind, stash: int =
             for e in range(W):
                 o = (ow << LOG_W) + e
                 cfs[e] = load(dy, o * dy_stride) if valid else ACC(0)
-                ys[e] = load(y, o * y_stride) if READS_Y and valid else ACC(0)
+                ys[e] = load(y, o * y_stride) if reads_y and valid else ACC(0)
                 totals[e] = ACC(0)
             for b in range(STASH // HELD):  # the stash, HELD words at a time
                 if b > 0:
@@ -501,7 +502,7 @@ def _make_backward_cols_reg(kind: ReduceKind, element: ElementKind, stash: int =
                     count = int64(totals[e])
                 else:
                     mean = totals[e] / ACC(extent)
-                cfs[e] = ACC(coefficient(g, ys[e], mean, count, param))
+                cfs[e] = ACC(coefficient(g, ys[e], mean, count, param, flags))
                 means[e] = mean
             for u in range(HELD):  # the registers first (free for the stash's loads)
                 if uint32(STASH + u) < held:

@@ -22,6 +22,7 @@ from ..common import (
     shfl_xor,
     wait_ns,
 )
+from .backward import FLAG_STD, _grad_parts
 from .forward import (
     SHORT_LOADS,
     VEC_LOADS,
@@ -43,13 +44,13 @@ def _short_rows_gradient(kind: ReduceKind, element: ElementKind) -> Any:
     load = spec.load
     unpack, pack, store_word = vec.unpack, vec.pack, vec.store_word
     W, LOG_W = vec.width, vec.log_width
-    coefficient, element_fn = _grad_fns(kind, element)
-    READS_X, READS_Y = ops.reads_x, ops.reads_y
+    coefficient, element_fn, READS_Y = _grad_parts(kind, element)[:3]
+    READS_X = ops.reads_x
     LAST = MAX_RANK - 1
 
     @cuda.jit(device=True, inline=True)
     def short_rows(dy, xv, y, dx, dxv, out_numel, extent, dy_strides, y_strides, dx_strides,
-                   lanes, param, slots, lane, slot, group, words, values, results):
+                   lanes, param, slots, lane, slot, group, words, values, results, flags):
         """The short-row path of the kinds without a statistic (``chunk_vecs == 0``)."""
         row_words = uint64(dx_strides[LAST]) >> uint64(LOG_W)
         # store-only rows (Sum / Mean) may hold VEC_LOADS words per lane
@@ -64,7 +65,7 @@ def _short_rows_gradient(kind: ReduceKind, element: ElementKind) -> Any:
                         words[u] = xv[at + uint64(u * lanes)]
                 g = load(dy, o * dy_strides[LAST])
                 yv = load(y, o * y_strides[LAST]) if READS_Y else g
-                cf = ACC(coefficient(g, yv, g, int64(0), param))
+                cf = ACC(coefficient(g, yv, g, int64(0), param, flags))
                 if READS_X:
                     for u in range(SHORT_LOADS):
                         unpack(words[u], values, 0)
@@ -193,8 +194,8 @@ def _make_backward_rows_vec(kind: ReduceKind, element: ElementKind) -> Callable[
     load = spec.load
     pack, store_word = vec.pack, vec.store_word
     W, LOG_W, MASK = vec.width, vec.log_width, vec.width - 1
-    coefficient, element_fn = _grad_fns(kind, element)
-    READS_X, READS_Y = ops.reads_x, ops.reads_y
+    coefficient, element_fn, READS_Y, Y_BY_FLAG = _grad_parts(kind, element)
+    READS_X = ops.reads_x
     STAT_TIES = ops.stat == "ties"
     HAS_STAT = ops.stat is not None
     combine_ties = _lane_combiner(TIES, element)
@@ -207,7 +208,7 @@ def _make_backward_rows_vec(kind: ReduceKind, element: ElementKind) -> Callable[
 
     def reduce_backward_rows_vec(dy, x, xv, y, dx, dxv, stat_acc, stat_k, out_numel, extent,
                                  out_shape, dy_strides, x_strides, y_strides, dx_strides,
-                                 lanes, chunk_vecs, param, fused, shift):
+                                 lanes, chunk_vecs, param, fused, shift, flags):
         """The gradient of contiguous rows with word loads and stores: ``x`` and ``dx``
         have the same strides and the same word phase (``shift`` elements past the
         word-aligned bases of ``xv``/``dxv``), so one word index addresses both. Layout as
@@ -240,8 +241,9 @@ def _make_backward_rows_vec(kind: ReduceKind, element: ElementKind) -> Callable[
         if not HAS_STAT and chunk_vecs == 0:
             short_rows(dy, xv, y, dx, dxv, out_numel, extent, dy_strides, y_strides,
                        dx_strides, lanes, param, slots, lane, slot, group, words, values,
-                       results)
+                       results, flags)
             return
+        reads_y = READS_Y and (not Y_BY_FLAG or (flags & FLAG_STD) != 0)
         while group * slots < out_numel:  # uniform across the block
             o = group * slots + slot
             valid = o < out_numel
@@ -250,7 +252,7 @@ def _make_backward_rows_vec(kind: ReduceKind, element: ElementKind) -> Callable[
                 dy_off, x_off, y_off, dx_off = _offsets4(o, out_shape, dy_strides, x_strides,
                                                          y_strides, dx_strides)
             g = load(dy, dy_off) if valid else ACC(0)
-            yv = load(y, y_off) if READS_Y and valid else g
+            yv = load(y, y_off) if reads_y and valid else g
             mean = g
             count = int64(0)
             if HAS_STAT:
@@ -262,7 +264,7 @@ def _make_backward_rows_vec(kind: ReduceKind, element: ElementKind) -> Callable[
             # positions are c - c for c = dy and for c = dy / count: 0, or NaN for both)
             sparse = STAT_TIES and fused == 3 and count > 1
             if valid:
-                cf = ACC(coefficient(g, yv, mean, count, param))
+                cf = ACC(coefficient(g, yv, mean, count, param, flags))
                 p0 = dx_off + shift
                 head = (W - (p0 & MASK)) & MASK
                 if head > extent:
@@ -334,14 +336,14 @@ def _row_grad_parts(kind: ReduceKind, element: ElementKind) -> tuple[Any,...]:
     tie_parts = (ties.splat, ties.mask, ties.count, ties.select, ties.usable) if ties \
         else (None,) * 5
     return (spec.acc, spec.load, vec.unpack, vec.pack, vec.store_word, vec.width,
-            vec.log_width, *_grad_fns(kind, element), ops.reads_y, ops.stat is not None,
+            vec.log_width, *_grad_parts(kind, element), ops.stat is not None,
             stat_ties, tie_masks, *tie_parts)
 
 
 def _make_backward_rows_reg(kind: ReduceKind, element: ElementKind) -> Callable[..., None]:
     ops = GRAD_OPS[kind]
-    (ACC, load, unpack, pack, store_word, W, LOG_W, coefficient, element_fn, READS_Y, STAT,
-     STAT_TIES, TIE_MASKS, splat, tie_mask, tie_count, tie_select, tie_usable) = \
+    (ACC, load, unpack, pack, store_word, W, LOG_W, coefficient, element_fn, READS_Y, Y_BY_FLAG,
+     STAT, STAT_TIES, TIE_MASKS, splat, tie_mask, tie_count, tie_select, tie_usable) = \
         _row_grad_parts(kind, element)
     WARPS = SHARED_SLOTS // 32  # most warps of one block
     PARTIALS = 2 * WARPS  # two buffers: one barrier per group
@@ -351,7 +353,7 @@ def _make_backward_rows_reg(kind: ReduceKind, element: ElementKind) -> Callable[
     WHOLE_LOADS = ops.stat == "mean" and element.byte_width == 4
 
     def reduce_backward_rows_reg(dy, xv, y, dx, dxv, out_numel, extent, row_words, dy_stride,
-                                 y_stride, log2_lanes, param):
+                                 y_stride, log2_lanes, param, flags):
         """The Max/Min (tie count: ``count = #(x == y)``) or Var/Std (``mean = sum(x) /
         extent``) gradient of ``out_numel`` word-aligned contiguous rows of ``extent``
         elements (a multiple of W, at most ``lanes * VEC_LOADS`` words), ``row_words`` words
@@ -382,12 +384,13 @@ def _make_backward_rows_reg(kind: ReduceKind, element: ElementKind) -> Callable[
         mine = uint32(uint32(nvec + lanes - uint32(1) - lane) >> log_lanes) if lane < nvec \
             else uint32(0)
         parity = uint32(0)
+        reads_y = READS_Y and (not Y_BY_FLAG or (flags & FLAG_STD) != 0)
         group = int64(cuda.blockIdx.x)
         while group * slots < out_numel:  # uniform across the block
             o = group * slots + slot
             valid = o < out_numel
             g = load(dy, o * dy_stride) if valid else ACC(0)
-            yv = load(y, o * y_stride) if READS_Y and valid else g
+            yv = load(y, o * y_stride) if reads_y and valid else g
             at = uint64(o * row_words) + uint64(lane)
             held = mine if valid else uint32(0)
             # every load of the row in flight at once: unpredicated where every row of the
@@ -439,7 +442,7 @@ def _make_backward_rows_reg(kind: ReduceKind, element: ElementKind) -> Callable[
                 count = int64(total)
             elif STAT:
                 mean = total / ACC(extent)
-            cf = ACC(coefficient(g, yv, mean, count, param))
+            cf = ACC(coefficient(g, yv, mean, count, param, flags))
             if TIE_MASKS and masks:  # each element cf where it ties, else cf - cf
                 cw = splat(cf, results)
                 zw = splat(cf - cf, results)
@@ -592,14 +595,14 @@ def _row_statistic(kind: ReduceKind, element: ElementKind) -> tuple[Any, Any, An
     spec = ELEMENTS[element]
     ACC = spec.acc
     load = spec.load
-    coefficient = _grad_fns(kind, element)[0]
-    READS_Y = ops.reads_y
+    coefficient, _, READS_Y, Y_BY_FLAG = _grad_parts(kind, element)
     TIES_STAT = ops.stat == "ties"
 
     @cuda.jit(device=True, inline=True)
-    def row_saved(dy, y, row, dy_stride, y_stride):
+    def row_saved(dy, y, row, dy_stride, y_stride, flags):
         g = load(dy, row * dy_stride)
-        return g, load(y, row * y_stride) if READS_Y else g
+        reads_y = READS_Y and (not Y_BY_FLAG or (flags & FLAG_STD) != 0)
+        return g, load(y, row * y_stride) if reads_y else g
 
     @cuda.jit(device=True, inline=True)
     def term(v, yv):
@@ -608,11 +611,12 @@ def _row_statistic(kind: ReduceKind, element: ElementKind) -> tuple[Any, Any, An
         return v
 
     @cuda.jit(device=True, inline=True)
-    def row_coefficient(g, yv, row_total, extent, param):
+    def row_coefficient(g, yv, row_total, extent, param, flags):
         if TIES_STAT:
-            return ACC(coefficient(g, yv, ACC(0), int64(row_total), param)), yv, ACC(0)
+            return ACC(coefficient(g, yv, ACC(0), int64(row_total), param, flags)), yv, \
+                ACC(0)
         mean = ACC(row_total / float64(extent))
-        return ACC(coefficient(g, yv, mean, int64(0), param)), yv, mean
+        return ACC(coefficient(g, yv, mean, int64(0), param, flags)), yv, mean
 
     return row_saved, term, row_coefficient
 
@@ -711,7 +715,7 @@ def _make_backward_rows_hold(kind: ReduceKind, element: ElementKind,
     # (Measurements: docs/design/reduce.md, "Measured constants".)
 
     def reduce_backward_rows_hold(dy, xv, y, dx, dxv, ctl, partials, out_numel, extent,
-                                  row_words, dy_stride, y_stride, parts, param):
+                                  row_words, dy_stride, y_stride, parts, param, flags):
         """The gradient of ``out_numel`` long word-aligned rows, ``row_words`` words apart,
         whose row statistic is a sum over the row (``_row_statistic``): Var/Std ``dx = c *
         (x - mean)`` (``mean = sum(x) / extent``), Max/Min ``dx = (dy / count) * (x == y)``
@@ -775,7 +779,7 @@ def _make_backward_rows_hold(kind: ReduceKind, element: ElementKind,
             # 64 bytes at the 64-register cap, against none now; ptxas -v, sm_90)
             slot = opaque(int32(tid))
             load_chunk(xv, words, parked, slot, at, j, step, left)
-            g, yv = row_saved(dy, y, row, dy_stride, y_stride)  # in flight with the chunk
+            g, yv = row_saved(dy, y, row, dy_stride, y_stride, flags)  # with the chunk
             total = ACC(0)
             for u in range(HOLD_WORDS):
                 if int32(u * SYNC_BLOCK) < left:
@@ -804,7 +808,7 @@ def _make_backward_rows_hold(kind: ReduceKind, element: ElementKind,
             # that no block starts while its holder waits, perhaps for that very chunk)
             if tid == 0:
                 shared_t[0] = cuda.atomic.add(ctl, 0, int64(1))
-            cf, yv, mean = row_coefficient(g, yv, row_total, extent, param)
+            cf, yv, mean = row_coefficient(g, yv, row_total, extent, param, flags)
             store_chunk(dx, dxv, words, parked, slot, at, j, step, left, cf, yv, mean, values,
                         results)
             cuda.syncthreads()  # shared_t holds the next ticket

@@ -10,7 +10,12 @@ from numba import float64, int32, int64, types, uint32, uint64
 
 from ...launch import Kernel, LazyTable
 from ...types import ElementKind, ReduceKind
-from .backward import _make_backward, _make_backward_broadcast, _make_prod_zero_fixup
+from .backward import (
+    _make_backward,
+    _make_backward_broadcast,
+    _make_prod_zero_fixup,
+    grad_kernels,
+)
 from .backward_cols import (
     REG_COL_STRIP_HELD,
     REG_COL_STRIP_WORDS,
@@ -109,7 +114,8 @@ def _backward_signature(element: ElementKind) -> tuple[types.Type,...]:
     spec = ELEMENTS[element]
     arr = flat(spec.storage)
     return (arr, arr, arr, arr, flat(spec.acc), flat(int64), int64, int64, int64, int64,
-            _TUPLE8, _TUPLE8, _TUPLE8, _TUPLE8, _TUPLE8, int64, int64, int64, float64, int64)
+            _TUPLE8, _TUPLE8, _TUPLE8, _TUPLE8, _TUPLE8, int64, int64, int64, float64, int64,
+            int64)
 
 
 #: (kind, element) -> forward kernel (kind: a ReduceKind or TIES; one kernel per
@@ -118,23 +124,26 @@ REDUCE_KERNELS = _forward_kernels(
     "reduce", [(kind, element) for element, kinds in FORWARD_KINDS.items() for kind in kinds],
     _make_reduce, _reduce_signature)
 
-#: Kernel kind that computes each gradient kind.
-GRAD_KERNEL_KIND = {ReduceKind.SUM: ReduceKind.MEAN, ReduceKind.MIN: ReduceKind.MAX}
+#: Kernel kind that computes each gradient kind: Sum is Mean's (param 1), Min Max's, Std
+#: Var's (``flags`` FLAG_STD: backward.grad_flags).
+GRAD_KERNEL_KIND = {ReduceKind.SUM: ReduceKind.MEAN, ReduceKind.MIN: ReduceKind.MAX,
+                    ReduceKind.STD: ReduceKind.VAR}
+#: The gradient kernel kinds (GRAD_OPS less the kinds another kind's kernel computes).
+GRAD_KINDS = tuple(kind for kind in GRAD_OPS if kind not in GRAD_KERNEL_KIND)
 
-#: (kind, element) -> gradient kernel (float element kinds).
-REDUCE_BACKWARD_KERNELS = _kernels(
-    "reduce_backward", [(kind, element) for element in FLOAT_ELEMENTS for kind in GRAD_OPS],
+#: (kind, element) -> gradient kernel (float element kinds; f16 and bf16: one half kernel).
+REDUCE_BACKWARD_KERNELS = grad_kernels(
+    "reduce_backward", [(kind, element) for element in FLOAT_ELEMENTS for kind in GRAD_KINDS],
     _make_backward, lambda kind, element: _backward_signature(element))
 
-#: element -> the exact Prod gradient of the lines whose product is 0 (one kernel for every
-#: layout: strided line addressing; launched after the ``dy * y / x`` pass).
-REDUCE_BACKWARD_PROD_ZEROS_KERNELS = LazyTable(
-    FLOAT_ELEMENTS,
-    lambda element: Kernel(f"reduce_backward_prod_zeros[{element.name.lower()}]",
-                           _make_prod_zero_fixup(element),
-                           (flat(ELEMENTS[element].storage),) * 4
-                           + (int64, int64, int64, int64, _TUPLE8, _TUPLE8, _TUPLE8, _TUPLE8,
-                              _TUPLE8)))
+#: (Prod, element) -> the exact Prod gradient of the lines whose product is 0 (one kernel
+#: for every layout: strided line addressing; launched after the ``dy * y / x`` pass).
+REDUCE_BACKWARD_PROD_ZEROS_KERNELS = grad_kernels(
+    "reduce_backward_prod_zeros", [(ReduceKind.PROD, element) for element in FLOAT_ELEMENTS],
+    lambda kind, element: _make_prod_zero_fixup(element),
+    lambda kind, element: (flat(ELEMENTS[element].storage),) * 4
+    + (int64, int64, int64, int64, _TUPLE8, _TUPLE8, _TUPLE8, _TUPLE8, _TUPLE8, int64),
+    named_kind=False)
 
 
 def _vec_reduce_signature(kind: Any, element: Any) -> tuple[types.Type,...]:
@@ -157,7 +166,8 @@ def _vec_backward_rows_signature(element: ElementKind) -> tuple[types.Type,...]:
     arr = flat(spec.storage)
     words = flat(uint64)
     return (arr, arr, words, arr, arr, words, flat(spec.acc), flat(int64), int64, int64,
-            _TUPLE8, _TUPLE8, _TUPLE8, _TUPLE8, _TUPLE8, int64, int64, float64, int64, int64)
+            _TUPLE8, _TUPLE8, _TUPLE8, _TUPLE8, _TUPLE8, int64, int64, float64, int64, int64,
+            int64)
 
 
 def _vec_backward_cols_signature(element: ElementKind) -> tuple[types.Type,...]:
@@ -165,7 +175,7 @@ def _vec_backward_cols_signature(element: ElementKind) -> tuple[types.Type,...]:
     arr = flat(spec.storage)
     words = flat(uint64)
     return (arr, words, arr, arr, words, flat(spec.acc), flat(int64), int64, int64, int64,
-            int64, int64, int64, int64, float64, int64)
+            int64, int64, int64, int64, float64, int64, int64)
 
 
 #: Forward kernel kinds of the word kernels: every one but TIES (the Max/Min gradient's
@@ -202,58 +212,67 @@ GRAD_ROWS_MAX_REGISTERS = {ReduceKind.PROD: 64, ReduceKind.NORM2: 64,
                            ReduceKind.LOG_SUM_EXP: 64, ReduceKind.MAX: 128}
 
 #: (kind, element) -> contiguous-row gradient kernel with word loads and stores.
-_VEC_GRAD_KEYS = [(kind, element) for element in VECTOR for kind in GRAD_OPS]
-REDUCE_BACKWARD_ROWS_VEC_KERNELS = _kernels(
+_VEC_GRAD_KEYS = [(kind, element) for element in VECTOR for kind in GRAD_KINDS]
+#: Max/Min and Norm2 keep an f16 and a bf16 kernel: one half kernel spilled 96 / 20 bytes
+#: at the cap (the two: none).
+REDUCE_BACKWARD_ROWS_VEC_KERNELS = grad_kernels(
     "reduce_backward_rows_vec", _VEC_GRAD_KEYS, _make_backward_rows_vec,
-    lambda kind, element: _vec_backward_rows_signature(element), GRAD_ROWS_MAX_REGISTERS.get)
+    lambda kind, element: _vec_backward_rows_signature(element), GRAD_ROWS_MAX_REGISTERS.get,
+    halves=lambda kind: kind not in (ReduceKind.MAX, ReduceKind.NORM2))
 
 #: (kind, element) -> column-layout gradient kernel with word loads and stores (Max/Min:
 #: modes 0 and 2).
-REDUCE_BACKWARD_COLS_VEC_KERNELS = _kernels(
+#: Max/Min keep an f16 and a bf16 kernel: as one half kernel (both bodies) ptxas gave it 98
+#: registers against 70 (2 resident 256-thread blocks per SM instead of 3).
+REDUCE_BACKWARD_COLS_VEC_KERNELS = grad_kernels(
     "reduce_backward_cols_vec", _VEC_GRAD_KEYS, _make_backward_cols_vec,
-    lambda kind, element: _vec_backward_cols_signature(element))
+    lambda kind, element: _vec_backward_cols_signature(element),
+    halves=lambda kind: kind is not ReduceKind.MAX)
 
 #: (kind, element) -> the gradient without a statistic of a contiguous dx in dx's memory
 #: order (rows and columns; Sum / Mean: a broadcast of dy). Mean's is held at 32 registers
 #: (ptxas alone: f16 / bf16 34 uncapped, 32 capped without spilling; f32 30): 2048
 #: resident threads per SM.
 BROADCAST_MAX_REGISTERS = {ReduceKind.MEAN: 32}
-REDUCE_BACKWARD_BROADCAST_KERNELS = _kernels(
+REDUCE_BACKWARD_BROADCAST_KERNELS = grad_kernels(
     "reduce_backward_broadcast",
-    [(kind, element) for element in VECTOR for kind, ops in GRAD_OPS.items() if ops.stat is None],
+    [(kind, element) for element in VECTOR for kind in GRAD_KINDS if GRAD_OPS[kind].stat is None],
     _make_backward_broadcast,
     lambda kind, element: (flat(ELEMENTS[element].storage), flat(ELEMENTS[element].storage),
                            flat(uint32), flat(uint32), int64, int64, float64, int64, int64,
-                           int64, float64),
+                           int64, float64, int64),
     BROADCAST_MAX_REGISTERS.get)
 
 #: (kind, element) -> the rewrite pass (mode 3) of the column tie count after dx, Max/Min.
 #: Held at 128 registers (f16/bf16 take 154 uncapped in ``ptxas``, with its 8 masks in
 #: flight.
 #: (Measurements: docs/design/reduce.md, "Measured constants".)
-REDUCE_BACKWARD_COLS_REWRITE_KERNELS = _kernels(
+REDUCE_BACKWARD_COLS_REWRITE_KERNELS = grad_kernels(
     "reduce_backward_cols_rewrite",
-    [(kind, element) for element in VECTOR for kind in GRAD_OPS if GRAD_OPS[kind].stat == "ties"],
+    [(kind, element) for element in VECTOR for kind in GRAD_KINDS
+     if GRAD_OPS[kind].stat == "ties"],
     lambda kind, element: _make_backward_cols_vec(kind, element, rewrite_pass=True),
-    lambda kind, element: _vec_backward_cols_signature(element), lambda kind: 128)
+    lambda kind, element: _vec_backward_cols_signature(element), lambda kind: 128,
+    halves=lambda kind: False)  # one half kernel spilled 120 bytes at the cap
 
 
 def _reg_backward_signature(element: ElementKind) -> tuple[types.Type,...]:
     spec = ELEMENTS[element]
     arr = flat(spec.storage)
     words = flat(uint64)
-    return (arr, words, arr, arr, words, int64, int64, int64, int64, int64, int32, float64)
+    return (arr, words, arr, arr, words, int64, int64, int64, int64, int64, int32, float64,
+            int64)
 
 
 #: Gradient kinds with a per-row statistic (Max/Min: tie count, Var/Std: mean).
-STAT_GRAD_KINDS = tuple(kind for kind, ops in GRAD_OPS.items() if ops.stat is not None)
+STAT_GRAD_KINDS = tuple(kind for kind in GRAD_KINDS if GRAD_OPS[kind].stat is not None)
 #: Gradients without a statistic that read x (``dx = element(coefficient(dy, y), x)``).
-STREAM_GRAD_KINDS = tuple(kind for kind, ops in GRAD_OPS.items()
-                          if ops.stat is None and ops.reads_x)
+STREAM_GRAD_KINDS = tuple(kind for kind in GRAD_KINDS
+                          if GRAD_OPS[kind].stat is None and GRAD_OPS[kind].reads_x)
 
 #: (kind, element) -> register-resident gradient of word-aligned rows that fit in the
 #: registers of one block (x read once).
-REDUCE_BACKWARD_ROWS_REG_KERNELS = _kernels(
+REDUCE_BACKWARD_ROWS_REG_KERNELS = grad_kernels(
     "reduce_backward_rows_reg",
     [(kind, element) for element in VECTOR for kind in STAT_GRAD_KINDS + STREAM_GRAD_KINDS],
     _make_backward_rows_reg, lambda kind, element: _reg_backward_signature(element))
@@ -262,31 +281,32 @@ def _hold_signature(element: ElementKind) -> tuple[types.Type,...]:
     arr = flat(spec.storage)
     words = flat(uint64)
     return (arr, words, arr, arr, words, flat(int64), flat(int64), int64, int64, int64,
-            int64, int64, int64, float64)
+            int64, int64, int64, float64, int64)
 
 
 #: (kind, element) -> the Var/Std and Max/Min gradients (Min is Max's kernel) of long
 #: word-aligned rows with x read once: each chunk (two of the plan's ``_sync_layout``
 #: parts) held in registers and, its second half, in shared memory (HOLD_STASH_BYTES a
 #: block) until its row's total is published.
-REDUCE_BACKWARD_ROWS_HOLD_STASH_KERNELS = _kernels(
+REDUCE_BACKWARD_ROWS_HOLD_STASH_KERNELS = grad_kernels(
     "reduce_backward_rows_hold_stash",
-    [(kind, element) for element in VECTOR
-     for kind in (ReduceKind.VAR, ReduceKind.STD, ReduceKind.MAX)],
+    [(kind, element) for element in VECTOR for kind in (ReduceKind.VAR, ReduceKind.MAX)],
     lambda kind, element: _make_backward_rows_hold(kind, element, HOLD_WORDS),
-    lambda kind, element: _hold_signature(element), lambda kind: HOLD_MAX_REGISTERS)
+    lambda kind, element: _hold_signature(element), lambda kind: HOLD_MAX_REGISTERS,
+    halves=lambda kind: False)  # one half kernel spilled 24-32 bytes at the cap (the two 0-8)
 
 
 def _cols_reg_kernels(name: str, max_registers: int, stash: int = 0, wide_words: int = 0,
-                      held: int = REG_COL_WORDS) -> LazyTable:
+                      held: int = REG_COL_WORDS, halves: bool = True) -> LazyTable:
     """The column register-resident gradients of one table: ``wide_words`` > 0 for strips
     of up to that many words whose pairs may exceed 32 (each thread then adds its own
-    pairs' warp partials), ``held`` rows a thread in registers."""
-    return _kernels(name, [(kind, element) for element in VECTOR for kind in STAT_GRAD_KINDS],
+    pairs' warp partials), ``held`` rows a thread in registers; ``halves``: one half kernel
+    for f16 and bf16."""
+    return grad_kernels(name, [(kind, element) for element in VECTOR for kind in STAT_GRAD_KINDS],
                     lambda kind, element: _make_backward_cols_reg(kind, element, stash,
                                                                   wide_words, held),
                     lambda kind, element: _reg_backward_signature(element),
-                    lambda kind: max_registers)
+                    lambda kind: max_registers, halves=lambda kind: halves)
 
 
 #: (kind, element) -> the column register-resident gradient in 256-byte strips
@@ -307,5 +327,7 @@ REG_COLS_STASH_BYTES = REG_COL_STASH * REG_COLS_BLOCK * 8
 #: (kind, element) -> the column register-resident gradient with a shared-memory stash:
 #: strips of twice the width in REG_COLS_BLOCK-thread blocks.
 #: (Measurements: docs/design/reduce.md, "Measured constants".)
+#: f16 and bf16 keep a kernel each: one half kernel spilled 84-112 bytes at the cap (the
+#: two: 0-40).
 REDUCE_BACKWARD_COLS_STASH_KERNELS = _cols_reg_kernels("reduce_backward_cols_stash", 64,
-                                                       REG_COL_STASH)
+                                                       REG_COL_STASH, halves=False)

@@ -33,6 +33,7 @@ from ...kernels.reduce import (
     SYNC_BLOCK,
     TIES,
     VECTOR,
+    grad_flags,
 )
 from ...launch import Kernel
 from ...streams import stream_handle
@@ -255,6 +256,8 @@ class ReduceBackwardPlan(Plan):
             self._param = 2.0 / dof if dof else float("inf")
         else:
             self._param = 1.0
+        #: the gradient kernels' last argument (bf16 of a half kernel, Std of Var's)
+        self._flags = grad_flags(kind, desc.element)
         self._stat_kind = {ReduceKind.MAX: TIES, ReduceKind.MIN: TIES,
                            ReduceKind.VAR: MEAN_STAT, ReduceKind.STD: MEAN_STAT}.get(kind)
         # without a statistic nothing merges the splits of the word kernels' lines
@@ -318,7 +321,7 @@ class ReduceBackwardPlan(Plan):
                         ArchSku.SM80, BackendKind.BESPOKE, _guarantee(desc.element))
         super().__init__(desc, sku, pref, workspace)
         #: Prod: the exact gradient of lines holding zeros (``_bind_prod_zeros``)
-        self._zero_fixup = REDUCE_BACKWARD_PROD_ZEROS_KERNELS[desc.element] \
+        self._zero_fixup = REDUCE_BACKWARD_PROD_ZEROS_KERNELS[(kind, desc.element)] \
             if kind is ReduceKind.PROD and self._numel else None
         self._zero_fixups: dict[Any, Any] = {}
         #: the layout of the last run's gradient launch (GENERIC, ROWS, COLS, REG,
@@ -539,7 +542,7 @@ class ReduceBackwardPlan(Plan):
             dx_s, x_s, y_s, dy_s = [pad8(s, 0) for s in out_strides]
             args = (dy_view, x_view, x_words, y_view, dx_view, words, *stat_views,
                     self._out_numel, extent, pad8(out_shape, 1), dy_s, x_s, y_s, dx_s,
-                    geometry.lanes, geometry.chunk_len, self._param, mode, shift)
+                    geometry.lanes, geometry.chunk_len, self._param, mode, shift, self._flags)
             kernel = REDUCE_BACKWARD_ROWS_VEC_KERNELS[(grad_kind, element)]
             if mode == 2:
                 stat = self._tie_count(kernel, grid, args, geometry.splits)
@@ -551,7 +554,7 @@ class ReduceBackwardPlan(Plan):
                     _dx_words(words), *stat_views, self._out_numel, extent,
                     dx.strides[axis] // width, out_strides[3][0],
                     out_strides[2][0] if y is not None else 0, geometry.lanes,
-                    geometry.chunk_len, self._param, mode)
+                    geometry.chunk_len, self._param, mode, self._flags)
             kernel = REDUCE_BACKWARD_COLS_VEC_KERNELS[(grad_kind, element)]
             if mode == 2:
                 stat = self._col_tie_count(
@@ -565,7 +568,7 @@ class ReduceBackwardPlan(Plan):
              *[pad8(s, 0) for s in (out_strides[3], out_strides[1], out_strides[2],
                                     out_strides[0])],
              geometry.lanes, int(geometry.row_layout), geometry.chunk_len, self._param,
-             mode))
+             mode, self._flags))
         return stat, (GENERIC, gradient)
 
     def _bind_prod_zeros(self, dy: TensorRef, dx: TensorMut, x: TensorRef,
@@ -582,7 +585,7 @@ class ReduceBackwardPlan(Plan):
         assert self._zero_fixup is not None
         return self._zero_fixup.bind(grid, BLOCK, (
             *views, self._out_numel, self._extent, x.strides[axis], dx.strides[axis],
-            pad8(out_shape, 1), dy_s, x_s, y_s, dx_s)).fast
+            pad8(out_shape, 1), dy_s, x_s, y_s, dx_s, self._flags)).fast
 
     def _bind_broadcast(self, dy: TensorRef, dx: TensorMut, x: TensorRef | None,
                         y: TensorRef | None, out_strides: list[tuple[int,...]]) -> Any:
@@ -618,7 +621,7 @@ class ReduceBackwardPlan(Plan):
             blocks = -(-units // (_BROADCAST_BLOCK * BROADCAST_UNITS))
             return kernel.bind(blocks, _BROADCAST_BLOCK,
                                (*arrays, units, line_units, 1.0 / line_units, 0, dy_stride,
-                                y_stride, self._param))
+                                y_stride, self._param, self._flags))
         if product(shape[:axis]) != 1 or inner % per_unit \
                 or inner * element.byte_width < _BROADCAST_MIN_COL_BYTES \
                 or (x is not None and element.byte_width not in self.broadcast_x_col_bytes):
@@ -631,15 +634,15 @@ class ReduceBackwardPlan(Plan):
         threads = max(wave // line_units, 1) * line_units
         return kernel.bind(-(-threads // _BROADCAST_COL_BLOCK), _BROADCAST_COL_BLOCK,
                            (*arrays, units, line_units, 1.0 / line_units, threads,
-                            dy_stride, y_stride, self._param))
+                            dy_stride, y_stride, self._param, self._flags))
 
     def _tie_count(self, kernel: Any, grid: tuple[int, int], args: tuple[Any,...],
                    splits: int) -> _TieCount:
         """The tie count after dx of word rows: the merge of the ``splits`` tie counts per
         output and the rewrite pass (``args`` of the first pass with its mode, ``fused``,
-        the second to last, = 3)."""
+        the third to last, = 3)."""
         rewrite = list(args)
-        rewrite[-2] = 3
+        rewrite[-3] = 3
         out_numel = self._out_numel
         empty = (0, 0)
         zeros = pad8((), 0)
@@ -654,10 +657,10 @@ class ReduceBackwardPlan(Plan):
         """The tie count after dx of the column word kernel: the first pass adds its counts
         up itself (no merge launch; its ``out_numel`` count slots zeroed before it), and the
         rewrite pass (``kernel``, the rewrite kernel, with the first pass's ``args`` and
-        the mode, the last, = 3) takes about _TIE_REWRITE_BLOCKS blocks whatever the first
+        the mode, the second to last, = 3) takes about _TIE_REWRITE_BLOCKS blocks whatever the first
         pass's ``splits`` (its blocks loop over them)."""
         grid_y = max(1, min(splits, _TIE_REWRITE_BLOCKS // grid[0]))
-        rewrite = kernel.bind((grid[0], grid_y), BLOCK, (*args[:-1], 3))
+        rewrite = kernel.bind((grid[0], grid_y), BLOCK, (*args[:-2], 3, args[-1]))
         return _TieCount(None, rewrite.fast, self._out_numel * 8)
 
     def _word_arrays(self, dy: TensorRef, dx: TensorMut, y: TensorRef | None,
@@ -716,7 +719,8 @@ class ReduceBackwardPlan(Plan):
         # share too small for the grid fails the launch, never hangs)
         bound = kernel.bind(grid, SYNC_BLOCK, (
             *arrays, (0, 1), (0, self._out_numel * parts), self._out_numel, self._extent,
-            dx_s // VECTOR[element].width, dy_s, y_s, parts, self._param), HOLD_STASH_BYTES,
+            dx_s // VECTOR[element].width, dy_s, y_s, parts, self._param, self._flags),
+            HOLD_STASH_BYTES,
             cooperative=True)
         return _SyncLaunch(bound.fast, workspace)
 
@@ -749,4 +753,4 @@ class ReduceBackwardPlan(Plan):
         stride_words = (dx_s if axis_stride is None else axis_stride) // width
         return kernel.bind(min(groups, MAX_GRID_X), block, (
             *arrays, self._out_numel, self._extent, stride_words, dy_s, y_s, log2_lanes,
-            self._param), shared)
+            self._param, self._flags), shared)
