@@ -728,7 +728,8 @@ class _RopeBase(RopeGeneralPath, Plan):
         ys = tuple(stride // width for stride in y.strides[:3])
         params = ((rows, seq, heads, hpt, items, rot_items, pair_step, partner,
                    copy_offset) + xs + ys + (pos_b, pos_s, has_pos, rotary, self._inverse,
-                                             half_flag(self.descriptor.element)))
+                                             half_flag(self.descriptor.element),
+                                             int(self._half_split)))
         k_extents, k_strides = (0, 0), (0,) * 6
         if k is not None:
             k_extents = (-(-flat_span(k[0].shape, k[0].strides) // width),

@@ -46,12 +46,19 @@ ROPE_LAYOUTS = {
     "half_split4": (4, 4),
 }
 
+#: Layouts served by one kernel body, the pairing a runtime field (``half_split``): the
+#: 2-element units (their batches and registers per block are the same; the 4-element
+#: ones differ in batch, ``ROPE_BATCH``). An item of the merged body reads its unit and
+#: the one ``partner`` units on (the plan's partner is 0 for interleaved: the same unit
+#: again, an L1 hit), so no load sits under a branch.
+_MERGED_LAYOUTS = {"interleaved": "units2", "half_split": "units2"}
+
 #: Named fields of the kernel's int64 parameter tuple (one tuple: fewer launch arguments
 #: to pack per call).
 ROPE_PARAMS = ("rows", "seq_len", "num_heads", "heads_per_thread", "items_per_row",
                "rot_items", "pair_step", "partner", "copy_offset", "x_b", "x_h", "x_s",
                "y_b", "y_h", "y_s", "pos_b", "pos_s", "has_positions", "rotary_dim",
-               "inverse", "bf16")
+               "inverse", "bf16", "half_split")
 
 #: Named fields of ``rope_rows``' second int64 tuple: positions int64 (``pos_wide``) or
 #: int32 words, ``pos_plus_s`` (positions are per-sequence starts), ``cu_count`` sequences
@@ -69,16 +76,29 @@ ROPE_SOURCES = ("pos_wide", "pos_plus_s", "cu_count", "cu_wide", "angle_source",
 
 
 def _rotate_store(layout: str, unpack, pack, to_compute, from_compute):
-    """``rotate_store(array, offset, partner, first, second, sins, coss, bf16)`` of one
-    ``ROPE_LAYOUTS`` entry: rotate the item's element pair(s) or unit(s) held in
-    ``first`` / ``second`` and store them at ``offset`` (and ``offset + partner``); the
-    conversions take the launch's ``bf16`` flag (``ROPE_TABLE``)."""
+    """``rotate_store(array, offset, partner, first, second, sins, coss, bf16, half_split)``
+    of one ``ROPE_LAYOUTS`` entry (or the merged ``units2``): rotate the item's element
+    pair(s) or unit(s) held in ``first`` / ``second`` and store them at ``offset`` (and
+    ``offset + partner``); the conversions take the launch's ``bf16`` flag
+    (``ROPE_TABLE``), ``units2`` the pairing from ``half_split``."""
+    if layout == "units2":
+        interleaved = _rotate_store("interleaved", unpack, pack, to_compute, from_compute)
+        half_split = _rotate_store("half_split", unpack, pack, to_compute, from_compute)
+
+        @cuda.jit(device=True, inline=True)
+        def rotate_either(array, offset, partner, first, second, sins, coss, bf16, split):
+            if split:
+                half_split(array, offset, partner, first, second, sins, coss, bf16, split)
+            else:
+                interleaved(array, offset, partner, first, second, sins, coss, bf16, split)
+
+        return rotate_either
     width, _ = ROPE_LAYOUTS[layout]
     # Indices are cast to uint64: Numba then skips the negative-index wrap-around code.
     if width == 1:
 
         @cuda.jit(device=True, inline=True)
-        def rotate_store(array, offset, partner, first, second, sins, coss, bf16):
+        def rotate_store(array, offset, partner, first, second, sins, coss, bf16, split):
             ya, yb = rotate_pair(to_compute(first, bf16), to_compute(second, bf16), sins[0],
                                  coss[0])
             array[uint64(offset)] = from_compute(ya, bf16)
@@ -87,7 +107,7 @@ def _rotate_store(layout: str, unpack, pack, to_compute, from_compute):
     elif layout == "interleaved":
 
         @cuda.jit(device=True, inline=True)
-        def rotate_store(array, offset, partner, first, second, sins, coss, bf16):
+        def rotate_store(array, offset, partner, first, second, sins, coss, bf16, split):
             a, b = unpack(first, bf16)
             ya, yb = rotate_pair(a, b, sins[0], coss[0])
             array[uint64(offset)] = pack(ya, yb, bf16)
@@ -95,7 +115,7 @@ def _rotate_store(layout: str, unpack, pack, to_compute, from_compute):
     elif layout == "half_split":
 
         @cuda.jit(device=True, inline=True)
-        def rotate_store(array, offset, partner, first, second, sins, coss, bf16):
+        def rotate_store(array, offset, partner, first, second, sins, coss, bf16, split):
             a0, a1 = unpack(first, bf16)
             b0, b1 = unpack(second, bf16)
             ya0, yb0 = rotate_pair(a0, b0, sins[0], coss[0])
@@ -106,7 +126,7 @@ def _rotate_store(layout: str, unpack, pack, to_compute, from_compute):
     elif layout == "interleaved4":
 
         @cuda.jit(device=True, inline=True)
-        def rotate_store(array, offset, partner, first, second, sins, coss, bf16):
+        def rotate_store(array, offset, partner, first, second, sins, coss, bf16, split):
             a0, b0, a1, b1 = unpack(first, bf16)
             ya0, yb0 = rotate_pair(a0, b0, sins[0], coss[0])
             ya1, yb1 = rotate_pair(a1, b1, sins[1], coss[1])
@@ -115,7 +135,7 @@ def _rotate_store(layout: str, unpack, pack, to_compute, from_compute):
     else:  # half_split4
 
         @cuda.jit(device=True, inline=True)
-        def rotate_store(array, offset, partner, first, second, sins, coss, bf16):
+        def rotate_store(array, offset, partner, first, second, sins, coss, bf16, split):
             a0, a1, a2, a3 = unpack(first, bf16)
             b0, b1, b2, b3 = unpack(second, bf16)
             ya0, yb0 = rotate_pair(a0, b0, sins[0], coss[0])
@@ -131,8 +151,9 @@ def _rotate_store(layout: str, unpack, pack, to_compute, from_compute):
 def _head_batches(layout: str, storage, batch: int, rotate_store):
     """``rotate_heads`` / ``copy_heads`` of one ``ROPE_LAYOUTS`` entry: ``batch`` heads' items
     loaded (into registers of the ``storage`` type), then rotated and stored (or copied)."""
-    width, _ = ROPE_LAYOUTS[layout]
-    two_units = layout.startswith("half_split")  # an item reads a unit from each half
+    width, _ = ROPE_LAYOUTS.get(layout, (2, 2))
+    # an item reads a unit from each half (units2: always, the same one for interleaved)
+    two_units = layout.startswith("half_split") or layout == "units2"
     second_member = width == 1 or two_units  # does an item read a second element/unit?
 
     # load(array, offset, partner, first, second, k): the item's unit(s) -> slot k
@@ -163,7 +184,7 @@ def _head_batches(layout: str, storage, batch: int, rotate_store):
 
     @cuda.jit(device=True, inline=True)
     def rotate_heads(x, y, x_offset, y_offset, x_head, y_head, heads, partner, sins, coss,
-                     bf16):
+                     bf16, split):
         first = cuda.local.array(batch, storage)
         second = cuda.local.array(batch, storage)
         last = heads - 1
@@ -173,7 +194,7 @@ def _head_batches(layout: str, storage, batch: int, rotate_store):
                 load(x, x_offset + min(h + k, last) * x_head, partner, first, second, k)
             for k in range(batch):
                 rotate_store(y, y_offset + min(h + k, last) * y_head, partner, first[k],
-                             second[k], sins, coss, bf16)
+                             second[k], sins, coss, bf16, split)
             h += batch
 
     @cuda.jit(device=True, inline=True)
@@ -200,7 +221,8 @@ def _make_rope_kernel(layout: str, storage, unpack, pack, to_compute, from_compu
     Unit layouts: arrays of 2- or 4-element units; ``unpack``/``pack`` convert one unit.
     ``storage`` is the array's Numba type (registers hold a batch of heads in it).
     """
-    width, pairs_per_item = ROPE_LAYOUTS[layout]
+    width, pairs_per_item = ROPE_LAYOUTS.get(layout, (2, 2))  # units2: at most 2 pairs
+    merged = layout == "units2"
     compute_type = float64 if sincos is rope_sincos64 else float32
     copy_step = 2 if width == 1 else 1  # a copied item is 2 elements or 1 unit
 
@@ -215,7 +237,7 @@ def _make_rope_kernel(layout: str, storage, unpack, pack, to_compute, from_compu
         k: head groups past q's rotate ``x_k`` into ``y_k`` with the same angles)."""
         (rows, seq_len, num_heads, heads_per_thread, items_per_row, rot_items, pair_step,
          partner, copy_offset, x_b, x_h, x_s, y_b, y_h, y_s, pos_b, pos_s, has_positions,
-         rotary_dim, inverse, bf16) = params
+         rotary_dim, inverse, bf16, half_split) = params
         (pos_wide, pos_plus_s, cu_count, cu_wide, angle_source, cs_kind, cs_b, cs_s, cs_pos,
          cs_col, has_dest, dest_wide, dest_b, dest_s, y_dest, dest_plus_s, dest_limit,
          k_heads, xk_b, xk_h, xk_s, yk_b, yk_h, yk_s) = sources
@@ -229,6 +251,8 @@ def _make_rope_kernel(layout: str, storage, unpack, pack, to_compute, from_compu
         invs = cuda.local.array(pairs_per_item, float64)
         sins = cuda.local.array(pairs_per_item, compute_type)
         coss = cuda.local.array(pairs_per_item, compute_type)
+        # pairs of an item: units2 has 1 interleaved, 2 half-split
+        pairs = (2 if half_split else 1) if merged else pairs_per_item
         while r < work:
             group = r // items_per_row
             item = r - group * items_per_row
@@ -247,11 +271,12 @@ def _make_rope_kernel(layout: str, storage, unpack, pack, to_compute, from_compu
             if rotating:
                 offset = item * pair_step
                 for p in range(pairs_per_item):
-                    pair = item * pairs_per_item + p
-                    if angle_source == ANGLES_INV_FREQ:
-                        invs[p] = float64(inv_freq[uint64(pair)])
-                    else:
-                        invs[p] = rope_inv_freq(pair, freq_exponent)
+                    if p < pairs:
+                        pair = item * pairs + p
+                        if angle_source == ANGLES_INV_FREQ:
+                            invs[p] = float64(inv_freq[uint64(pair)])
+                        else:
+                            invs[p] = rope_inv_freq(pair, freq_exponent)
             else:
                 offset = copy_offset + (item - rot_items) * copy_step
             row = row_first
@@ -274,15 +299,17 @@ def _make_rope_kernel(layout: str, storage, unpack, pack, to_compute, from_compu
                     if angle_source == ANGLES_TABLE:
                         table_row = b * cs_b + s * cs_s + pos * cs_pos
                         for p in range(pairs_per_item):
-                            column = table_row + (item * pairs_per_item + p) * cs_col
-                            coss[p] = compute_type(load_real(cos_table, column, cs_kind))
-                            sin_t = compute_type(load_real(sin_table, column, cs_kind))
-                            sins[p] = -sin_t if inverse else sin_t
+                            if p < pairs:
+                                column = table_row + (item * pairs + p) * cs_col
+                                coss[p] = compute_type(load_real(cos_table, column, cs_kind))
+                                sin_t = compute_type(load_real(sin_table, column, cs_kind))
+                                sins[p] = -sin_t if inverse else sin_t
                     else:
                         for p in range(pairs_per_item):
-                            sins[p], coss[p] = sincos(pos, invs[p], inverse)
+                            if p < pairs:
+                                sins[p], coss[p] = sincos(pos, invs[p], inverse)
                     rotate_heads(source, target, x_row, y_row, in_h, out_h, heads, partner,
-                                 sins, coss, bf16)
+                                 sins, coss, bf16, half_split)
                 elif inside:
                     copy_heads(source, target, x_row, y_row, in_h, out_h, heads)
                 row += row_step
@@ -361,8 +388,9 @@ def build_rope_kernel(element: ElementKind, layout: str, batch: int = 0,
     for the table's choice; benchmarks build unregistered variants); f16 and bf16 get the
     same kernel."""
     token = _token(element)
-    return _build_rope_kernel(token, layout,
-                              batch or ROPE_BATCH.get((token, layout), HEAD_BATCH), register)
+    default = ROPE_BATCH.get((token, layout), HEAD_BATCH)
+    return _build_rope_kernel(token, _MERGED_LAYOUTS.get(layout, layout), batch or default,
+                              register)
 
 
 @functools.cache
@@ -370,7 +398,7 @@ def _build_rope_kernel(token: str, layout: str, batch: int, register: bool) -> K
     default = ROPE_BATCH.get((token, layout), HEAD_BATCH)
     element = ElementKind.F16 if token == "HALF" else ElementKind[token]
     storage, to_c, from_c, sincos, units = ROPE_TABLE[element]
-    width = ROPE_LAYOUTS[layout][0]
+    width = ROPE_LAYOUTS.get(layout, (2, 2))[0]
     unit, unpack, pack = (storage, None, None) if width == 1 else units[width]
     body = _make_rope_kernel(layout, unit, unpack, pack, to_c, from_c, sincos, batch)
     suffix = "" if batch == default else f",batch{batch}"
