@@ -373,9 +373,15 @@ def _signature(storage: types.Type) -> tuple[types.Type, ...]:
 
 
 #: Batches other than HEAD_BATCH, from the benchmark's sweep, by (element token, layout):
-#: 16 for the 4-element interleaved units (more loads in flight), 4 for half_split4
-#: (bf16's registers); figures in docs/design/rope.md.
-ROPE_BATCH = {("HALF", "interleaved4"): 16, ("HALF", "half_split4"): 4}
+#: 16 for the 4-element interleaved units (more loads in flight); figures in
+#: docs/design/rope.md. (bf16 half_split4 took 4 for registers while it had its own
+#: kernel; the HALF kernel at 8 takes 126 registers, no spill: two blocks per SM.)
+ROPE_BATCH = {("HALF", "interleaved4"): 16}
+
+#: Register caps by (element token, layout): 128 keeps two 256-thread blocks per SM for
+#: HALF interleaved4 (130 uncapped; ptxas fits 128 without a spill), as the f16 and bf16
+#: kernels had.
+_ROWS_MAX_REGISTERS = {("HALF", "interleaved4"): 128}
 
 
 def _token(element: ElementKind) -> str:
@@ -403,7 +409,8 @@ def _build_rope_kernel(token: str, layout: str, batch: int, register: bool) -> K
     body = _make_rope_kernel(layout, unit, unpack, pack, to_c, from_c, sincos, batch)
     suffix = "" if batch == default else f",batch{batch}"
     return Kernel(f"rope_rows[{token},{layout}{suffix}]", body, _signature(unit),
-                  grid_stride=True, register=register)
+                  grid_stride=True, register=register,
+                  max_registers=_ROWS_MAX_REGISTERS.get((token, layout)))
 
 
 #: (element kind, layout) -> Kernel, for every layout the element kind has units for.
