@@ -227,6 +227,58 @@ def _make_rope_kernel(layout: str, storage, unpack, pack, to_compute, from_compu
     copy_step = 2 if width == 1 else 1  # a copied item is 2 elements or 1 unit
 
     rotate_store = _rotate_store(layout, unpack, pack, to_compute, from_compute)
+
+    if merged:  # the pairs of an item (1 interleaved, 2 half-split) from the runtime field
+
+        @cuda.jit(device=True, inline=True)
+        def item_inv_freqs(invs, item, half_split, inv_freq, angle_source, freq_exponent):
+            pairs = 2 if half_split else 1
+            for p in range(pairs_per_item):
+                if p < pairs:
+                    pair = item * pairs + p
+                    if angle_source == ANGLES_INV_FREQ:
+                        invs[p] = float64(inv_freq[uint64(pair)])
+                    else:
+                        invs[p] = rope_inv_freq(pair, freq_exponent)
+
+        @cuda.jit(device=True, inline=True)
+        def item_angles(sins, coss, invs, item, half_split, pos, table_row, cos_table,
+                        sin_table, cs_kind, cs_col, angle_source, inverse):
+            pairs = 2 if half_split else 1
+            for p in range(pairs_per_item):
+                if p < pairs:
+                    if angle_source == ANGLES_TABLE:
+                        column = table_row + (item * pairs + p) * cs_col
+                        coss[p] = compute_type(load_real(cos_table, column, cs_kind))
+                        sin_t = compute_type(load_real(sin_table, column, cs_kind))
+                        sins[p] = -sin_t if inverse else sin_t
+                    else:
+                        sins[p], coss[p] = sincos(pos, invs[p], inverse)
+
+    else:
+
+        @cuda.jit(device=True, inline=True)
+        def item_inv_freqs(invs, item, half_split, inv_freq, angle_source, freq_exponent):
+            for p in range(pairs_per_item):
+                pair = item * pairs_per_item + p
+                if angle_source == ANGLES_INV_FREQ:
+                    invs[p] = float64(inv_freq[uint64(pair)])
+                else:
+                    invs[p] = rope_inv_freq(pair, freq_exponent)
+
+        @cuda.jit(device=True, inline=True)
+        def item_angles(sins, coss, invs, item, half_split, pos, table_row, cos_table,
+                        sin_table, cs_kind, cs_col, angle_source, inverse):
+            if angle_source == ANGLES_TABLE:
+                for p in range(pairs_per_item):
+                    column = table_row + (item * pairs_per_item + p) * cs_col
+                    coss[p] = compute_type(load_real(cos_table, column, cs_kind))
+                    sin_t = compute_type(load_real(sin_table, column, cs_kind))
+                    sins[p] = -sin_t if inverse else sin_t
+            else:
+                for p in range(pairs_per_item):
+                    sins[p], coss[p] = sincos(pos, invs[p], inverse)
+
     rotate_heads, copy_heads = _head_batches(layout, storage, batch, rotate_store)
 
     def rope_rows(x, y, positions, cu_seqlens, inv_freq, cos_table, sin_table, dest, x_k,
@@ -251,8 +303,6 @@ def _make_rope_kernel(layout: str, storage, unpack, pack, to_compute, from_compu
         invs = cuda.local.array(pairs_per_item, float64)
         sins = cuda.local.array(pairs_per_item, compute_type)
         coss = cuda.local.array(pairs_per_item, compute_type)
-        # pairs of an item: units2 has 1 interleaved, 2 half-split
-        pairs = (2 if half_split else 1) if merged else pairs_per_item
         while r < work:
             group = r // items_per_row
             item = r - group * items_per_row
@@ -270,13 +320,7 @@ def _make_rope_kernel(layout: str, storage, unpack, pack, to_compute, from_compu
             rotating = item < rot_items
             if rotating:
                 offset = item * pair_step
-                for p in range(pairs_per_item):
-                    if p < pairs:
-                        pair = item * pairs + p
-                        if angle_source == ANGLES_INV_FREQ:
-                            invs[p] = float64(inv_freq[uint64(pair)])
-                        else:
-                            invs[p] = rope_inv_freq(pair, freq_exponent)
+                item_inv_freqs(invs, item, half_split, inv_freq, angle_source, freq_exponent)
             else:
                 offset = copy_offset + (item - rot_items) * copy_step
             row = row_first
@@ -296,18 +340,9 @@ def _make_rope_kernel(layout: str, storage, unpack, pack, to_compute, from_compu
                 if inside and rotating:
                     pos = row_position(positions, cu_seqlens, b, s, pos_b, pos_s,
                                        has_positions, pos_wide, pos_plus_s, cu_count, cu_wide)
-                    if angle_source == ANGLES_TABLE:
-                        table_row = b * cs_b + s * cs_s + pos * cs_pos
-                        for p in range(pairs_per_item):
-                            if p < pairs:
-                                column = table_row + (item * pairs + p) * cs_col
-                                coss[p] = compute_type(load_real(cos_table, column, cs_kind))
-                                sin_t = compute_type(load_real(sin_table, column, cs_kind))
-                                sins[p] = -sin_t if inverse else sin_t
-                    else:
-                        for p in range(pairs_per_item):
-                            if p < pairs:
-                                sins[p], coss[p] = sincos(pos, invs[p], inverse)
+                    table_row = b * cs_b + s * cs_s + pos * cs_pos
+                    item_angles(sins, coss, invs, item, half_split, pos, table_row, cos_table,
+                                sin_table, cs_kind, cs_col, angle_source, inverse)
                     rotate_heads(source, target, x_row, y_row, in_h, out_h, heads, partner,
                                  sins, coss, bf16, half_split)
                 elif inside:
