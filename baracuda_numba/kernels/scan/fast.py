@@ -476,11 +476,9 @@ def _make_rows_fast(fmt: FastFormat, words: int, chained: bool):
     _, published_prefix = _make_warp_helpers(fmt, _read_published)
     CHAINED = chained
 
-    def scan_rows_fast(x, xw, yw, y, ws, flags, lines, extent, x_pitch, y_pitch, seg_len,
-                       nseg, phase, reverse, vec, code):
-        """``flags`` (chained split only): ``[ticket, segment words...]``, zero at launch."""
-        bf16 = code >= CODE_BF16  # a half kernel's bf16 flag rides on the code
-        code = code & (CODE_BF16 - 1)
+    @cuda.jit(device=True, inline=True)
+    def rows_fast(x, xw, yw, y, ws, flags, lines, extent, x_pitch, y_pitch, seg_len, nseg,
+                  phase, reverse, vec, code, bf16):
         vals = cuda.local.array(per_lane, acc)
         lane = int64(cuda.threadIdx.x % 32)
         warps = int64(cuda.blockDim.x // 32)
@@ -550,6 +548,25 @@ def _make_rows_fast(fmt: FastFormat, words: int, chained: bool):
                 item = _take_ticket(flags, lane)
             else:
                 item += step
+
+    # arith: the body once per kind, each with its code a constant (the kind test folds
+    # away, so each copy's loops are the plain sum's or product's: no select per combine)
+    ARITH = fmt.family == "arith"
+
+    def scan_rows_fast(x, xw, yw, y, ws, flags, lines, extent, x_pitch, y_pitch, seg_len,
+                       nseg, phase, reverse, vec, code):
+        """``flags`` (chained split only): ``[ticket, segment words...]``, zero at launch."""
+        bf16 = code >= CODE_BF16  # a half kernel's bf16 flag rides on the code
+        code = code & (CODE_BF16 - 1)
+        if ARITH and code == CODE_CUMPROD:
+            rows_fast(x, xw, yw, y, ws, flags, lines, extent, x_pitch, y_pitch, seg_len, nseg,
+                      phase, reverse, vec, CODE_CUMPROD, bf16)
+        elif ARITH:
+            rows_fast(x, xw, yw, y, ws, flags, lines, extent, x_pitch, y_pitch, seg_len, nseg,
+                      phase, reverse, vec, CODE_CUMSUM, bf16)
+        else:
+            rows_fast(x, xw, yw, y, ws, flags, lines, extent, x_pitch, y_pitch, seg_len, nseg,
+                      phase, reverse, vec, code, bf16)
 
     scan_rows_fast.__qualname__ = f"scan_rows_fast_{fmt.family}_{fmt.token}_{words}" \
         + ("_chained" if chained else "")
