@@ -836,6 +836,9 @@ def _c_flat(array_type: types.Type) -> types.Array:
 #: 2-byte cols body (96 registers uncapped, 84 bytes spilled at 64) and the indexed kernel
 #: with staged indices (98 / 76) keep the cap too. Measurements: docs/design/scan.md.
 _MAX_REGISTERS = 64
+#: Register cap of rows_fast[HALF,arith] (its two kind copies took 72 uncapped, 7 blocks of
+#: 128 threads per SM; 64 fits without a spill, 8 blocks).
+_ROWS_ARITH_HALF_CAP = 64
 
 
 def _cap(fmt: FastFormat, max_registers: int | None, min_per_word: int) -> int | None:
@@ -886,7 +889,9 @@ class FastKernels:
         self.rows = Kernel(f"scan_rows_fast[{tag},{words}{variant}]",
                            _make_rows_fast(fmt, words, chained),
                            arrays + (_c_flat(uint64),) + (int64,) * 7 + (boolean, boolean, int64),
-                           register=register)
+                           register=register,
+                           max_registers=_ROWS_ARITH_HALF_CAP
+                           if family == "arith" and fmt.per_word == 4 else None)
         self.cols = Kernel(f"scan_cols_fast[{tag},{self.col_rows}]",
                            (_make_cols_fast_packed if fmt.per_word == 4 and family != "lse"
                             else _make_cols_fast)(fmt, self.col_rows, FAST_COLS_CHUNKS),
