@@ -151,7 +151,7 @@ def _variant(ctx: Any, shape: tuple[int, ...], axis: int, dtype_name: str = "flo
     ys = [torch.empty_like(x) for x in xs]
     plan = ScanPlan.select(ScanDescriptor(ScanKind.CUMSUM, shape, axis, element=element))
     if words or col_values or cols_cap is not None:
-        plan.use_kernels(fast=FastKernels(element, "sum", words, col_values, register=False,
+        plan.use_kernels(fast=FastKernels(element, "arith", words, col_values, register=False,
                                           cols_max_registers=cols_cap))
     plan.use_kernels(**geometry)
     ws = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")

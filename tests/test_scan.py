@@ -439,7 +439,7 @@ def test_use_kernels_runs_a_variant_and_forgets_the_bound_launches(rng):
     expected = device(poisoned(x.shape, element))
     plan.run(ScanArgs(device(x), expected))
     assert plan.paths_taken == {"fast"}
-    plan.use_kernels(fast=FastKernels(element, "sum", words=1, register=False),
+    plan.use_kernels(fast=FastKernels(element, "arith", words=1, register=False),
                      fast_rows_nseg=1)
     assert plan.paths_taken == frozenset()
     y = device(poisoned(x.shape, element))

@@ -58,6 +58,7 @@ from .._runtime import SIMULATOR
 from ..arrays import TensorMut, TensorRef, as_mut, as_ref, contiguous_strides, flat_span
 from ..driver import stream_capturing, stream_synchronize
 from ..errors import InvalidProblem
+from ..kernels.common import half_flag
 from ..kernels.rope import (
     FLAT_PLANES_PER_THREAD,
     ROPE_ANGLES_KERNEL,
@@ -726,7 +727,9 @@ class _RopeBase(RopeGeneralPath, Plan):
         xs = tuple(stride // width for stride in x.strides[:3])
         ys = tuple(stride // width for stride in y.strides[:3])
         params = ((rows, seq, heads, hpt, items, rot_items, pair_step, partner,
-                   copy_offset) + xs + ys + (pos_b, pos_s, has_pos, rotary, self._inverse))
+                   copy_offset) + xs + ys + (pos_b, pos_s, has_pos, rotary, self._inverse,
+                                             half_flag(self.descriptor.element),
+                                             int(self._half_split)))
         k_extents, k_strides = (0, 0), (0,) * 6
         if k is not None:
             k_extents = (-(-flat_span(k[0].shape, k[0].strides) // width),
@@ -759,7 +762,8 @@ class _RopeBase(RopeGeneralPath, Plan):
         x_words, y_words, xs, ys = _unit_views(x, y, width)
         params = ((self._rows, seq, heads, hpt, -(-heads // hpt), items, rot_items, partner,
                    copy_offset)
-                  + xs + ys + (pos_b, pos_s, has_pos, rotary, self._inverse))
+                  + xs + ys + (pos_b, pos_s, has_pos, rotary, self._inverse,
+                               half_flag(self.descriptor.element)))
         return kernel.bind(grid, _BLOCK, ((0, x_words), (0, y_words), (0, pos_extent), params,
                                           self._freq_exponent))
 
@@ -811,7 +815,8 @@ class _RopeBase(RopeGeneralPath, Plan):
             row_items = dim // width
             params = (threads, row_items, _log2_or_minus1(row_items), rot_items, seq,
                       self._rotary // 2, int(x.ptr == y.ptr), self._inverse,
-                      _log2_or_minus1(seq * row_items), batch * heads)
+                      _log2_or_minus1(seq * row_items), batch * heads,
+                      half_flag(self.descriptor.element))
             block = FLAT_BLOCK[self._itemsize]
             kernel, grid = self._flat_kernel, -(-threads // block)
             if per_thread != FLAT_PLANES_PER_THREAD[self.descriptor.element]:
@@ -823,7 +828,8 @@ class _RopeBase(RopeGeneralPath, Plan):
             grid = (min(-(-plane_units // _TABLE_BLOCK), self.grid_x_limit),
                     min(-(-(batch * heads) // per_thread), self.grid_yz_limit))
             params = ((plane_units, items, rot_items, partner, self._rotary // width, heads,
-                       batch * heads) + xs + ys + (self._rotary // 2, self._inverse))
+                       batch * heads) + xs + ys
+                      + (self._rotary // 2, self._inverse, half_flag(self.descriptor.element)))
             kernel, block = self._table_kernels[layout], _TABLE_BLOCK
             if per_thread != TABLE_PLANES_PER_THREAD[layout]:  # a benchmark's variant
                 kernel = _table_variant(self.descriptor.element, layout, per_thread)
@@ -844,7 +850,8 @@ class _RopeBase(RopeGeneralPath, Plan):
         pos_extent, pos_b, pos_s, has_pos = _positions_args(pos)
         x_words, y_words, xs, ys = _unit_views(x, y, width)
         params = ((heads, per_block, rot_items, partner, self._rotary // width) + xs + ys
-                  + (pos_b, pos_s, has_pos, self._rotary, self._inverse))
+                  + (pos_b, pos_s, has_pos, self._rotary, self._inverse,
+                     int(self._half_split), half_flag(self.descriptor.element)))
         return self._tile_kernels[layout].bind(
             (seq, batch, -(-heads // per_block)), (items, per_block),
             ((0, x_words), (0, y_words), (0, pos_extent), params, self._freq_exponent))

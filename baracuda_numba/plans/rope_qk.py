@@ -24,6 +24,7 @@ from typing import Any
 
 from ..arrays import flat_span
 from ..debug import debug_enabled
+from ..kernels.common import half_flag
 from ..kernels.rope.qk import QK_HEAD_BATCH, ROPE_QK_KERNELS
 from ..streams import stream_handle
 from ..types import ElementKind, RopeAngleSource
@@ -193,7 +194,8 @@ class QkPath:
         params = ((threads, items, items_log, groups, -(-q_heads // per_thread), per_thread,
                    q_heads, k_heads, seq, dim // (2 * width) if half else 0)
                   + strides + (cs_b // width, cs_s // width, cs_pos // width,
-                                     has_positions, pos_wide, pos_b, pos_s, plan._inverse))
+                                     has_positions, pos_wide, pos_b, pos_s, plan._inverse,
+                                     int(half), half_flag(plan.descriptor.element)))
         words = [4 * -(-flat_span(v.shape, v.strides) // width)
                  for v in (xv, yv, kv, kov, cos, sin)]
         kernel = self._kernels["half_split" if half else "interleaved"]

@@ -72,6 +72,7 @@ from ..kernels.scan import (
     ExtremumBackwardKernels,
     FastKernels,
     ScanKernels,
+    with_bf16,
 )
 from ..streams import stream_handle
 from ..types import (
@@ -229,7 +230,7 @@ class _Geometry:
         shape, axis, extent = self.shape, self.axis, self.extent
         self.inner = product(shape[axis + 1:])
         self.outer = product(shape[:axis])
-        fast = FAST_KERNELS.get(("sum", self.element))  # every family: the same tiles
+        fast = FAST_KERNELS.get(("arith", self.element))  # every family: the same tiles
         self.fast_rows_nseg = self.fast_cols_nseg = 1
         self.fast_chunks = FAST_COLS_CHUNKS
         if fast is None or not self.numel:
@@ -684,7 +685,7 @@ class _ScanLauncher(Plan):
         entries = geo.lines * nseg if nseg > 1 else 0
         offsets = geo.extremum_workspace(nseg)[:4]
         ws = [(0, entries)] * 4
-        code = int(self.descriptor.kind)
+        code = with_bf16(int(self.descriptor.kind), self.descriptor.element)
         launches = []
         for phase in ((1, 2) if nseg > 1 else (0,)):
             args = (x_flat, x_words, g_flat, g_words, o_words, o_flat, *ws, *geometry, phase,
@@ -693,7 +694,7 @@ class _ScanLauncher(Plan):
         if nseg > 1:
             fix_grid = min(-(-entries // 256), _SIM_GRID if SIMULATOR else _MAX_GRID)
             args = (o_flat, *ws[1:], geo.lines, nseg, *ws_strides, inner, o_outer, o_step,
-                    extent, reverse)
+                    extent, reverse, self.descriptor.element is ElementKind.BF16)
             launches.append((kernels.fixup.bind(fix_grid, 256, args), True))
         return launches, offsets
 
@@ -730,7 +731,8 @@ class _ScanLauncher(Plan):
         (x_flat, x_words), (y_flat, y_words) = span(x), span(y)
         args = [x_flat, x_words, y_words, y_flat, span(indices)[0], (0, entries),
                 (0, entries), geo.lines, extent, pitches[0], pitches[1], pitches[2],
-                seg_len, nseg, 0, reverse, vec, indices is not None, code]
+                seg_len, nseg, 0, reverse, vec, indices is not None,
+                with_bf16(code, self.descriptor.element)]
         warps = FAST_ROWS_BLOCK // 32
         grid = min(-(-geo.lines * nseg // warps), _SIM_GRID if SIMULATOR else _MAX_GRID)
         launches = []
@@ -770,7 +772,8 @@ class _ScanLauncher(Plan):
             ws = (0, 0 if chained else entries)
             chain = (0, 1 + entries if chained else 0)
             args = [x_flat, x_words, y_words, y_flat, ws, chain, geo.lines, extent, x_outer,
-                    y_outer, seg_len, nseg, 0, reverse, vec, code]
+                    y_outer, seg_len, nseg, 0, reverse, vec,
+                    with_bf16(code, self.descriptor.element)]
             warps = FAST_ROWS_BLOCK // 32
             grid = min(-(-geo.lines * nseg // warps), _SIM_GRID if SIMULATOR else _MAX_GRID)
             if chained:
@@ -786,7 +789,8 @@ class _ScanLauncher(Plan):
             seg_len, nseg = geo.fast_segments(nseg, chunks * fast.col_rows)
             ws = (0, geo.lines * nseg if nseg > 1 else 0)
             args = [x_flat, x_words, y_words, y_flat, ws, geo.outer, extent, inner, x_outer,
-                    x_step, y_outer, y_step, seg_len, nseg, 0, reverse, vec, code]
+                    x_step, y_outer, y_step, seg_len, nseg, 0, reverse, vec,
+                    with_bf16(code, self.descriptor.element)]
             work = geo.outer * -(-inner // (32 * per_word)) * nseg
             grid = min(work, _SIM_GRID if SIMULATOR else _MAX_GRID)
             kernel, block, phase_at = fast.cols, (32, chunks), 14
@@ -840,7 +844,7 @@ class _ScanLauncher(Plan):
                 outer(in1), outer(in2), outer(out), outer(indices), in0.strides[axis],
                 in1.strides[axis], in2.strides[axis], out.strides[axis],
                 indices.strides[axis] if indices is not None else 0, reverse,
-                indices is not None, code]
+                indices is not None, with_bf16(code, self.descriptor.element)]
         if use_rows:
             block: int | tuple[int, int] = ROWS_BLOCK
             work = geo.lines * nseg

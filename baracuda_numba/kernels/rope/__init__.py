@@ -32,6 +32,10 @@ Layouts (``ROPE_LAYOUTS``: elements per memory unit, pairs per item):
 * ``half_split`` / ``half_split4``: an item is a unit from each half, ``[w·j, w·j+w)`` and
   the same plus ``R/2``: 2 / 4 pairs, one access each.
 
+``interleaved`` and ``half_split`` are one kernel (``units2``, the pairing the runtime
+``half_split`` field); f16 and bf16 share every kernel (``HALF``, the runtime ``bf16``
+field of the parameter tuple picks the conversion).
+
 * ``interleaved_16B`` / ``half_split_16B`` (``rope_units``, f16/bf16/f32): 16-byte units
   (``ld/st.global.v4``), threads numbered along (row, item) in memory order instead of the
   2-D block above, a few heads per thread (one for decode-sized problems).

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 from numba import cuda, float32, int64, types, uint32, uint64
 
 from ...launch import Kernel, LazyTable
@@ -13,7 +15,7 @@ from ..common import (
 )
 from .rows import _flat_c
 from .tables import _make_unit_rotation, _table_angles
-from .units import ROPE_UNIT_TABLE
+from .units import ROPE_UNIT_CODECS, unit_token
 
 # -- the angle table over compact interleaved tensors: ``rope_flat`` ----------------------
 #
@@ -26,7 +28,7 @@ from .units import ROPE_UNIT_TABLE
 # on ``rope_table`` (half-split) the hint measured slower for f16/bf16, so that kernel
 # keeps plain loads (figures: docs/design/rope.md).
 ROPE_FLAT_PARAMS = ("threads", "items_per_row", "items_log", "rot_items", "seq_len",
-                    "half_rotary", "in_place", "inverse", "plane_log", "planes")
+                    "half_rotary", "in_place", "inverse", "plane_log", "planes", "bf16")
 
 #: (b, h) planes per ``rope_flat`` thread, per element kind (the registered kernels'; a
 #: plan's ``flat_planes_per_thread`` picks another variant): two units' loads in flight
@@ -60,7 +62,7 @@ def _make_rope_flat_kernel(elements: int, unpack, pack, planes_per_thread: int,
         rotated item (``item < rot_items``) reads its pairs' (cos, sin) at table word
         ``2 (s · half_rotary + item · pairs)``; a copied one is copied unless in place."""
         (threads, items_per_row, items_log, rot_items, seq_len, half_rotary, in_place,
-         inverse, plane_log, planes) = params
+         inverse, plane_log, planes, bf16) = params
         sins = cuda.local.array(pairs, float32)
         coss = cuda.local.array(pairs, float32)
         units = cuda.local.array((per_thread, 4), uint32)
@@ -95,7 +97,7 @@ def _make_rope_flat_kernel(elements: int, unpack, pack, planes_per_thread: int,
                 for k in range(per_thread):
                     u = min(plane0 + uint32(k), last) * plane_units + w
                     unit = (units[k, 0], units[k, 1], units[k, 2], units[k, 3])
-                    store_item(y, uint64(u), 0, unit, unit, sins, coss)
+                    store_item(y, uint64(u), 0, unit, unit, sins, coss, bf16)
             elif not in_place:
                 for k in range(per_thread):
                     u = min(plane0 + uint32(k), last) * plane_units + w
@@ -112,14 +114,22 @@ def _make_rope_flat_kernel(elements: int, unpack, pack, planes_per_thread: int,
 
 def build_rope_flat_kernel(element: ElementKind, planes_per_thread: int = 0,
                            register: bool = True) -> Kernel:
-    """The ``rope_flat`` kernel of ``ROPE_UNIT_TABLE[element]`` (``planes_per_thread``: 0
-    for ``FLAT_PLANES_PER_THREAD``'s; benchmarks build other variants)."""
+    """The ``rope_flat`` kernel of ``ROPE_UNIT_CODECS[element]`` (``planes_per_thread``: 0
+    for ``FLAT_PLANES_PER_THREAD``'s; benchmarks build other variants); f16 and bf16 get
+    the same kernel."""
     default = FLAT_PLANES_PER_THREAD[element]
-    per_thread = planes_per_thread or default
-    unpack, pack, elements = ROPE_UNIT_TABLE[element]
+    return _build_rope_flat_kernel(unit_token(element), planes_per_thread or default,
+                                   register)
+
+
+@functools.cache
+def _build_rope_flat_kernel(token: str, per_thread: int, register: bool) -> Kernel:
+    element = ElementKind.F16 if token == "HALF" else ElementKind[token]
+    default = FLAT_PLANES_PER_THREAD[element]
+    _, unpack, pack, elements = ROPE_UNIT_CODECS[element]
     words = _flat_c(uint32)
     suffix = "" if per_thread == default else f",planes{per_thread}"
-    return Kernel(f"rope_flat[{element.name}{suffix}]",
+    return Kernel(f"rope_flat[{token}{suffix}]",
                   _make_rope_flat_kernel(elements, unpack, pack, per_thread,
                                          FLAT_X_EVICT_LAST[element]),
                   (words, words, words, types.UniTuple(int64, len(ROPE_FLAT_PARAMS))),
@@ -127,4 +137,4 @@ def build_rope_flat_kernel(element: ElementKind, planes_per_thread: int = 0,
 
 
 #: element kind -> ``rope_flat`` kernel (interleaved pairing).
-ROPE_FLAT_KERNELS = LazyTable(ROPE_UNIT_TABLE, build_rope_flat_kernel)
+ROPE_FLAT_KERNELS = LazyTable(ROPE_UNIT_CODECS, build_rope_flat_kernel)

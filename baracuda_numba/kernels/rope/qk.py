@@ -8,6 +8,7 @@ is read from the caller's cos/sin tables (HF's gathered ``[B, S, D]``, or a cach
 ``[S_max, D]`` indexed by position), never computed::
 
     backward = rotation by -θ (sin negated): the runtime ``inverse`` field
+    pairing  = the runtime ``half_split`` field; f16 / bf16 = the runtime ``bf16`` field
 
 Work layout: thread ``g`` = (row, head group, item), item fastest::
 
@@ -31,6 +32,8 @@ of a row are a power of two). A last, partial batch of heads loads its last head
 
 from __future__ import annotations
 
+import functools
+
 from numba import cuda, float32, int64, types, uint32, uint64
 
 from ...launch import Kernel, LazyTable
@@ -38,11 +41,12 @@ from ...types import ElementKind
 from ..common import load16, store16
 from .angles import load_index
 from .units import (
-    ROPE_UNIT_TABLE,
+    ROPE_UNIT_CODECS,
     _rotate_half4,
     _rotate_half8,
     _rotate_interleaved4,
     _rotate_interleaved8,
+    unit_token,
 )
 
 #: Heads whose loads are in flight together per thread (two 16-byte loads each for
@@ -54,21 +58,20 @@ QK_HEAD_BATCH = 4
 ROPE_QK_PARAMS = ("threads", "items", "items_log", "groups", "q_groups", "heads_per_thread",
                   "q_heads", "k_heads", "seq_len", "partner", "q_b", "q_h", "q_s", "qo_b",
                   "qo_h", "qo_s", "k_b", "k_h", "k_s", "ko_b", "ko_h", "ko_s", "cs_b", "cs_s",
-                  "cs_pos", "has_positions", "pos_wide", "pos_b", "pos_s", "inverse")
+                  "cs_pos", "has_positions", "pos_wide", "pos_b", "pos_s", "inverse",
+                  "half_split", "bf16")
 
 #: pairing -> half-split?
 ROPE_QK_PAIRINGS = {"interleaved": False, "half_split": True}
 
 
-def _make_rope_qk_kernel(half: bool, elements: int, unpack, pack):
-    """``rope_qk`` body for 16-byte units of ``elements`` elements."""
+def _make_rope_qk_kernel(elements: int, unpack, pack):
+    """``rope_qk`` body for 16-byte units of ``elements`` elements, either pairing (the
+    ``half_split`` field: ``elements`` pairs an item, the table column of pair p is p;
+    interleaved: ``elements / 2`` pairs, column 2p)."""
     batch = QK_HEAD_BATCH
-    pairs = elements if half else elements // 2
-    if half:
-        rotate = _rotate_half8 if elements == 8 else _rotate_half4
-    else:
-        rotate = _rotate_interleaved8 if elements == 8 else _rotate_interleaved4
-    step = 1 if half else 2  # table column of pair p within the unit: p * step
+    rotate_half = _rotate_half8 if elements == 8 else _rotate_half4
+    rotate_interleaved = _rotate_interleaved8 if elements == 8 else _rotate_interleaved4
 
     @cuda.jit(device=True, inline=True)
     def unit_at(row_unit, head, stride_h):
@@ -81,7 +84,8 @@ def _make_rope_qk_kernel(half: bool, elements: int, unpack, pack):
         plan's grid covers ``threads``."""
         (threads, items, items_log, groups, q_groups, heads_per_thread, q_heads, k_heads,
          seq_len, partner, q_b, q_h, q_s, qo_b, qo_h, qo_s, k_b, k_h, k_s, ko_b, ko_h, ko_s,
-         cs_b, cs_s, cs_pos, has_positions, pos_wide, pos_b, pos_s, inverse) = params
+         cs_b, cs_s, cs_pos, has_positions, pos_wide, pos_b, pos_s, inverse, half_split,
+         bf16) = params
         g = uint32(uint32(cuda.blockIdx.x) * uint32(cuda.blockDim.x) + uint32(cuda.threadIdx.x))
         if g >= uint32(threads):
             return
@@ -111,8 +115,8 @@ def _make_rope_qk_kernel(half: bool, elements: int, unpack, pack):
         out_row = uint32(b * uint32(out_b) + s * uint32(out_s) + item)
         firsts = cuda.local.array((batch, 4), uint32)
         seconds = cuda.local.array((batch, 4), uint32)
-        sins = cuda.local.array(pairs, float32)
-        coss = cuda.local.array(pairs, float32)
+        sins = cuda.local.array(elements, float32)
+        coss = cuda.local.array(elements, float32)
         h = head0
         first_batch = True
         while h <= last:
@@ -121,7 +125,7 @@ def _make_rope_qk_kernel(half: bool, elements: int, unpack, pack):
                 unit = load16(source, at)
                 for w in range(4):
                     firsts[j, w] = unit[w]
-                if half:
+                if half_split:
                     unit = load16(source, at + uint64(4 * partner))
                     for w in range(4):
                         seconds[j, w] = unit[w]
@@ -132,40 +136,52 @@ def _make_rope_qk_kernel(half: bool, elements: int, unpack, pack):
                                      pos_wide)
                     table_row = uint32(table_row + uint32(pos) * uint32(cs_pos))
                 table_word = uint64(table_row) * uint64(4)
-                cos_values = unpack(load16(cos, table_word))
-                sin_values = unpack(load16(sin, table_word))
-                for p in range(pairs):
-                    coss[p] = cos_values[p * step]
-                    sin_t = sin_values[p * step]
-                    sins[p] = -sin_t if inverse else sin_t
+                cos_values = unpack(load16(cos, table_word), bf16)
+                sin_values = unpack(load16(sin, table_word), bf16)
+                if half_split:
+                    for p in range(elements):
+                        coss[p] = cos_values[p]
+                        sins[p] = -sin_values[p] if inverse else sin_values[p]
+                else:
+                    for p in range(elements // 2):
+                        coss[p] = cos_values[2 * p]
+                        sins[p] = -sin_values[2 * p] if inverse else sin_values[2 * p]
                 first_batch = False
             for j in range(batch):
                 if h + uint32(j) <= last:  # a repeated head is loaded, not stored again
                     at = unit_at(out_row, h + uint32(j), out_h)
                     first = (firsts[j, 0], firsts[j, 1], firsts[j, 2], firsts[j, 3])
-                    if half:
+                    if half_split:
                         second = (seconds[j, 0], seconds[j, 1], seconds[j, 2], seconds[j, 3])
-                        ya, yb = rotate(unpack(first), unpack(second), sins, coss)
-                        store16(target, at, pack(ya))
-                        store16(target, at + uint64(4 * partner), pack(yb))
+                        ya, yb = rotate_half(unpack(first, bf16), unpack(second, bf16), sins,
+                                             coss)
+                        store16(target, at, pack(ya, bf16))
+                        store16(target, at + uint64(4 * partner), pack(yb, bf16))
                     else:
-                        store16(target, at, pack(rotate(unpack(first), sins, coss)))
+                        store16(target, at, pack(rotate_interleaved(unpack(first, bf16), sins,
+                                                                    coss), bf16))
             h = uint32(h + uint32(batch))
 
     return rope_qk
 
 
 def build_rope_qk_kernel(element: ElementKind, pairing: str) -> Kernel:
-    """The ``rope_qk`` kernel of ``ROPE_UNIT_TABLE[element]`` for ``pairing``."""
-    unpack, pack, elements = ROPE_UNIT_TABLE[element]
+    """The ``rope_qk`` kernel of ``ROPE_UNIT_CODECS[element]``: one for both pairings
+    (``pairing``, a runtime field) and, for f16 and bf16, one for both."""
+    return _build_rope_qk_kernel(unit_token(element))
+
+
+@functools.cache
+def _build_rope_qk_kernel(token: str) -> Kernel:
+    element = ElementKind.F16 if token == "HALF" else ElementKind[token]
+    _, unpack, pack, elements = ROPE_UNIT_CODECS[element]
     words = types.Array(uint32, 1, "C")
     signature = (words,) * 7 + (types.UniTuple(int64, len(ROPE_QK_PARAMS)),)
-    return Kernel(f"rope_qk[{element.name},{pairing}]",
-                  _make_rope_qk_kernel(ROPE_QK_PAIRINGS[pairing], elements, unpack, pack),
+    return Kernel(f"rope_qk[{token}]", _make_rope_qk_kernel(elements, unpack, pack),
                   signature)
 
 
 #: (element kind, pairing) -> ``rope_qk`` kernel: f16, bf16, f32 x two pairings.
 ROPE_QK_KERNELS = LazyTable(
-    [(element, pairing) for element in ROPE_UNIT_TABLE for pairing in ROPE_QK_PAIRINGS],
+    [(element, pairing) for element in ROPE_UNIT_CODECS for pairing in ROPE_QK_PAIRINGS],
     lambda key: build_rope_qk_kernel(*key))

@@ -3,31 +3,27 @@ layout, and its table."""
 
 from __future__ import annotations
 
+import functools
+
 from numba import cuda, float32, float64, int64, types, uint16, uint32, uint64
-from numba.types import float16
 
 from ...launch import Kernel, LazyTable
 from ...types import ElementKind
 from ..common import (
-    bf16_to_f32,
-    f32_to_bf16,
-    pack_bf16x2,
-    pack_bf16x4,
-    pack_f16x2,
-    pack_f16x4,
+    f32_to_half,
+    half_to_f32,
+    is_half,
     pack_f32x2,
-    unpack_bf16x2,
-    unpack_bf16x4,
-    unpack_f16x2,
-    unpack_f16x4,
+    pack_half2,
+    pack_half4,
     unpack_f32x2,
+    unpack_half2,
+    unpack_half4,
 )
 from .angles import (
     ANGLES_INV_FREQ,
     ANGLES_TABLE,
     HEAD_BATCH,
-    _f16_load,
-    _f16_store,
     _f32_load,
     _f64_load,
     load_index,
@@ -50,12 +46,19 @@ ROPE_LAYOUTS = {
     "half_split4": (4, 4),
 }
 
+#: Layouts served by one kernel body, the pairing a runtime field (``half_split``): the
+#: 2-element units (their batches and registers per block are the same; the 4-element
+#: ones differ in batch, ``ROPE_BATCH``). An item of the merged body reads its unit and
+#: the one ``partner`` units on (the plan's partner is 0 for interleaved: the same unit
+#: again, an L1 hit), so no load sits under a branch.
+_MERGED_LAYOUTS = {"interleaved": "units2", "half_split": "units2"}
+
 #: Named fields of the kernel's int64 parameter tuple (one tuple: fewer launch arguments
 #: to pack per call).
 ROPE_PARAMS = ("rows", "seq_len", "num_heads", "heads_per_thread", "items_per_row",
                "rot_items", "pair_step", "partner", "copy_offset", "x_b", "x_h", "x_s",
                "y_b", "y_h", "y_s", "pos_b", "pos_s", "has_positions", "rotary_dim",
-               "inverse")
+               "inverse", "bf16", "half_split")
 
 #: Named fields of ``rope_rows``' second int64 tuple: positions int64 (``pos_wide``) or
 #: int32 words, ``pos_plus_s`` (positions are per-sequence starts), ``cu_count`` sequences
@@ -73,59 +76,74 @@ ROPE_SOURCES = ("pos_wide", "pos_plus_s", "cu_count", "cu_wide", "angle_source",
 
 
 def _rotate_store(layout: str, unpack, pack, to_compute, from_compute):
-    """``rotate_store(array, offset, partner, first, second, sins, coss)`` of one
-    ``ROPE_LAYOUTS`` entry: rotate the item's element pair(s) or unit(s) held in
-    ``first`` / ``second`` and store them at ``offset`` (and ``offset + partner``)."""
+    """``rotate_store(array, offset, partner, first, second, sins, coss, bf16, half_split)``
+    of one ``ROPE_LAYOUTS`` entry (or the merged ``units2``): rotate the item's element
+    pair(s) or unit(s) held in ``first`` / ``second`` and store them at ``offset`` (and
+    ``offset + partner``); the conversions take the launch's ``bf16`` flag
+    (``ROPE_TABLE``), ``units2`` the pairing from ``half_split``."""
+    if layout == "units2":
+        interleaved = _rotate_store("interleaved", unpack, pack, to_compute, from_compute)
+        half_split = _rotate_store("half_split", unpack, pack, to_compute, from_compute)
+
+        @cuda.jit(device=True, inline=True)
+        def rotate_either(array, offset, partner, first, second, sins, coss, bf16, split):
+            if split:
+                half_split(array, offset, partner, first, second, sins, coss, bf16, split)
+            else:
+                interleaved(array, offset, partner, first, second, sins, coss, bf16, split)
+
+        return rotate_either
     width, _ = ROPE_LAYOUTS[layout]
     # Indices are cast to uint64: Numba then skips the negative-index wrap-around code.
     if width == 1:
 
         @cuda.jit(device=True, inline=True)
-        def rotate_store(array, offset, partner, first, second, sins, coss):
-            ya, yb = rotate_pair(to_compute(first), to_compute(second), sins[0], coss[0])
-            array[uint64(offset)] = from_compute(ya)
-            array[uint64(offset + partner)] = from_compute(yb)
+        def rotate_store(array, offset, partner, first, second, sins, coss, bf16, split):
+            ya, yb = rotate_pair(to_compute(first, bf16), to_compute(second, bf16), sins[0],
+                                 coss[0])
+            array[uint64(offset)] = from_compute(ya, bf16)
+            array[uint64(offset + partner)] = from_compute(yb, bf16)
 
     elif layout == "interleaved":
 
         @cuda.jit(device=True, inline=True)
-        def rotate_store(array, offset, partner, first, second, sins, coss):
-            a, b = unpack(first)
+        def rotate_store(array, offset, partner, first, second, sins, coss, bf16, split):
+            a, b = unpack(first, bf16)
             ya, yb = rotate_pair(a, b, sins[0], coss[0])
-            array[uint64(offset)] = pack(ya, yb)
+            array[uint64(offset)] = pack(ya, yb, bf16)
 
     elif layout == "half_split":
 
         @cuda.jit(device=True, inline=True)
-        def rotate_store(array, offset, partner, first, second, sins, coss):
-            a0, a1 = unpack(first)
-            b0, b1 = unpack(second)
+        def rotate_store(array, offset, partner, first, second, sins, coss, bf16, split):
+            a0, a1 = unpack(first, bf16)
+            b0, b1 = unpack(second, bf16)
             ya0, yb0 = rotate_pair(a0, b0, sins[0], coss[0])
             ya1, yb1 = rotate_pair(a1, b1, sins[1], coss[1])
-            array[uint64(offset)] = pack(ya0, ya1)
-            array[uint64(offset + partner)] = pack(yb0, yb1)
+            array[uint64(offset)] = pack(ya0, ya1, bf16)
+            array[uint64(offset + partner)] = pack(yb0, yb1, bf16)
 
     elif layout == "interleaved4":
 
         @cuda.jit(device=True, inline=True)
-        def rotate_store(array, offset, partner, first, second, sins, coss):
-            a0, b0, a1, b1 = unpack(first)
+        def rotate_store(array, offset, partner, first, second, sins, coss, bf16, split):
+            a0, b0, a1, b1 = unpack(first, bf16)
             ya0, yb0 = rotate_pair(a0, b0, sins[0], coss[0])
             ya1, yb1 = rotate_pair(a1, b1, sins[1], coss[1])
-            array[uint64(offset)] = pack(ya0, yb0, ya1, yb1)
+            array[uint64(offset)] = pack(ya0, yb0, ya1, yb1, bf16)
 
     else:  # half_split4
 
         @cuda.jit(device=True, inline=True)
-        def rotate_store(array, offset, partner, first, second, sins, coss):
-            a0, a1, a2, a3 = unpack(first)
-            b0, b1, b2, b3 = unpack(second)
+        def rotate_store(array, offset, partner, first, second, sins, coss, bf16, split):
+            a0, a1, a2, a3 = unpack(first, bf16)
+            b0, b1, b2, b3 = unpack(second, bf16)
             ya0, yb0 = rotate_pair(a0, b0, sins[0], coss[0])
             ya1, yb1 = rotate_pair(a1, b1, sins[1], coss[1])
             ya2, yb2 = rotate_pair(a2, b2, sins[2], coss[2])
             ya3, yb3 = rotate_pair(a3, b3, sins[3], coss[3])
-            array[uint64(offset)] = pack(ya0, ya1, ya2, ya3)
-            array[uint64(offset + partner)] = pack(yb0, yb1, yb2, yb3)
+            array[uint64(offset)] = pack(ya0, ya1, ya2, ya3, bf16)
+            array[uint64(offset + partner)] = pack(yb0, yb1, yb2, yb3, bf16)
 
     return rotate_store
 
@@ -133,8 +151,9 @@ def _rotate_store(layout: str, unpack, pack, to_compute, from_compute):
 def _head_batches(layout: str, storage, batch: int, rotate_store):
     """``rotate_heads`` / ``copy_heads`` of one ``ROPE_LAYOUTS`` entry: ``batch`` heads' items
     loaded (into registers of the ``storage`` type), then rotated and stored (or copied)."""
-    width, _ = ROPE_LAYOUTS[layout]
-    two_units = layout.startswith("half_split")  # an item reads a unit from each half
+    width, _ = ROPE_LAYOUTS.get(layout, (2, 2))
+    # an item reads a unit from each half (units2: always, the same one for interleaved)
+    two_units = layout.startswith("half_split") or layout == "units2"
     second_member = width == 1 or two_units  # does an item read a second element/unit?
 
     # load(array, offset, partner, first, second, k): the item's unit(s) -> slot k
@@ -164,7 +183,8 @@ def _head_batches(layout: str, storage, batch: int, rotate_store):
     # of a batch before storing any, so the repeat rewrites the same value.
 
     @cuda.jit(device=True, inline=True)
-    def rotate_heads(x, y, x_offset, y_offset, x_head, y_head, heads, partner, sins, coss):
+    def rotate_heads(x, y, x_offset, y_offset, x_head, y_head, heads, partner, sins, coss,
+                     bf16, split):
         first = cuda.local.array(batch, storage)
         second = cuda.local.array(batch, storage)
         last = heads - 1
@@ -174,7 +194,7 @@ def _head_batches(layout: str, storage, batch: int, rotate_store):
                 load(x, x_offset + min(h + k, last) * x_head, partner, first, second, k)
             for k in range(batch):
                 rotate_store(y, y_offset + min(h + k, last) * y_head, partner, first[k],
-                             second[k], sins, coss)
+                             second[k], sins, coss, bf16, split)
             h += batch
 
     @cuda.jit(device=True, inline=True)
@@ -201,11 +221,64 @@ def _make_rope_kernel(layout: str, storage, unpack, pack, to_compute, from_compu
     Unit layouts: arrays of 2- or 4-element units; ``unpack``/``pack`` convert one unit.
     ``storage`` is the array's Numba type (registers hold a batch of heads in it).
     """
-    width, pairs_per_item = ROPE_LAYOUTS[layout]
+    width, pairs_per_item = ROPE_LAYOUTS.get(layout, (2, 2))  # units2: at most 2 pairs
+    merged = layout == "units2"
     compute_type = float64 if sincos is rope_sincos64 else float32
     copy_step = 2 if width == 1 else 1  # a copied item is 2 elements or 1 unit
 
     rotate_store = _rotate_store(layout, unpack, pack, to_compute, from_compute)
+
+    if merged:  # the pairs of an item (1 interleaved, 2 half-split) from the runtime field
+
+        @cuda.jit(device=True, inline=True)
+        def item_inv_freqs(invs, item, half_split, inv_freq, angle_source, freq_exponent):
+            pairs = 2 if half_split else 1
+            for p in range(pairs_per_item):
+                if p < pairs:
+                    pair = item * pairs + p
+                    if angle_source == ANGLES_INV_FREQ:
+                        invs[p] = float64(inv_freq[uint64(pair)])
+                    else:
+                        invs[p] = rope_inv_freq(pair, freq_exponent)
+
+        @cuda.jit(device=True, inline=True)
+        def item_angles(sins, coss, invs, item, half_split, pos, table_row, cos_table,
+                        sin_table, cs_kind, cs_col, angle_source, inverse):
+            pairs = 2 if half_split else 1
+            for p in range(pairs_per_item):
+                if p < pairs:
+                    if angle_source == ANGLES_TABLE:
+                        column = table_row + (item * pairs + p) * cs_col
+                        coss[p] = compute_type(load_real(cos_table, column, cs_kind))
+                        sin_t = compute_type(load_real(sin_table, column, cs_kind))
+                        sins[p] = -sin_t if inverse else sin_t
+                    else:
+                        sins[p], coss[p] = sincos(pos, invs[p], inverse)
+
+    else:
+
+        @cuda.jit(device=True, inline=True)
+        def item_inv_freqs(invs, item, half_split, inv_freq, angle_source, freq_exponent):
+            for p in range(pairs_per_item):
+                pair = item * pairs_per_item + p
+                if angle_source == ANGLES_INV_FREQ:
+                    invs[p] = float64(inv_freq[uint64(pair)])
+                else:
+                    invs[p] = rope_inv_freq(pair, freq_exponent)
+
+        @cuda.jit(device=True, inline=True)
+        def item_angles(sins, coss, invs, item, half_split, pos, table_row, cos_table,
+                        sin_table, cs_kind, cs_col, angle_source, inverse):
+            if angle_source == ANGLES_TABLE:
+                for p in range(pairs_per_item):
+                    column = table_row + (item * pairs_per_item + p) * cs_col
+                    coss[p] = compute_type(load_real(cos_table, column, cs_kind))
+                    sin_t = compute_type(load_real(sin_table, column, cs_kind))
+                    sins[p] = -sin_t if inverse else sin_t
+            else:
+                for p in range(pairs_per_item):
+                    sins[p], coss[p] = sincos(pos, invs[p], inverse)
+
     rotate_heads, copy_heads = _head_batches(layout, storage, batch, rotate_store)
 
     def rope_rows(x, y, positions, cu_seqlens, inv_freq, cos_table, sin_table, dest, x_k,
@@ -216,7 +289,7 @@ def _make_rope_kernel(layout: str, storage, unpack, pack, to_compute, from_compu
         k: head groups past q's rotate ``x_k`` into ``y_k`` with the same angles)."""
         (rows, seq_len, num_heads, heads_per_thread, items_per_row, rot_items, pair_step,
          partner, copy_offset, x_b, x_h, x_s, y_b, y_h, y_s, pos_b, pos_s, has_positions,
-         rotary_dim, inverse) = params
+         rotary_dim, inverse, bf16, half_split) = params
         (pos_wide, pos_plus_s, cu_count, cu_wide, angle_source, cs_kind, cs_b, cs_s, cs_pos,
          cs_col, has_dest, dest_wide, dest_b, dest_s, y_dest, dest_plus_s, dest_limit,
          k_heads, xk_b, xk_h, xk_s, yk_b, yk_h, yk_s) = sources
@@ -247,12 +320,7 @@ def _make_rope_kernel(layout: str, storage, unpack, pack, to_compute, from_compu
             rotating = item < rot_items
             if rotating:
                 offset = item * pair_step
-                for p in range(pairs_per_item):
-                    pair = item * pairs_per_item + p
-                    if angle_source == ANGLES_INV_FREQ:
-                        invs[p] = float64(inv_freq[uint64(pair)])
-                    else:
-                        invs[p] = rope_inv_freq(pair, freq_exponent)
+                item_inv_freqs(invs, item, half_split, inv_freq, angle_source, freq_exponent)
             else:
                 offset = copy_offset + (item - rot_items) * copy_step
             row = row_first
@@ -272,18 +340,11 @@ def _make_rope_kernel(layout: str, storage, unpack, pack, to_compute, from_compu
                 if inside and rotating:
                     pos = row_position(positions, cu_seqlens, b, s, pos_b, pos_s,
                                        has_positions, pos_wide, pos_plus_s, cu_count, cu_wide)
-                    if angle_source == ANGLES_TABLE:
-                        table_row = b * cs_b + s * cs_s + pos * cs_pos
-                        for p in range(pairs_per_item):
-                            column = table_row + (item * pairs_per_item + p) * cs_col
-                            coss[p] = compute_type(load_real(cos_table, column, cs_kind))
-                            sin_t = compute_type(load_real(sin_table, column, cs_kind))
-                            sins[p] = -sin_t if inverse else sin_t
-                    else:
-                        for p in range(pairs_per_item):
-                            sins[p], coss[p] = sincos(pos, invs[p], inverse)
+                    table_row = b * cs_b + s * cs_s + pos * cs_pos
+                    item_angles(sins, coss, invs, item, half_split, pos, table_row, cos_table,
+                                sin_table, cs_kind, cs_col, angle_source, inverse)
                     rotate_heads(source, target, x_row, y_row, in_h, out_h, heads, partner,
-                                 sins, coss)
+                                 sins, coss, bf16, half_split)
                 elif inside:
                     copy_heads(source, target, x_row, y_row, in_h, out_h, heads)
                 row += row_step
@@ -294,18 +355,39 @@ def _make_rope_kernel(layout: str, storage, unpack, pack, to_compute, from_compu
 
 # -- the table ------------------------------------------------------------------------------
 
+
+def _ignoring_flag(convert):
+    """``convert`` of one value or unit, taking (and ignoring) the ``bf16`` flag."""
+
+    @cuda.jit(device=True, inline=True)
+    def flagged(value, bf16):
+        return convert(value)
+
+    return flagged
+
+
+@cuda.jit(device=True, inline=True)
+def _pack_f32x2_flag(a, b, bf16):
+    return pack_f32x2(a, b)
+
+
+_F32_FLAGGED = _ignoring_flag(_f32_load)
+_F64_FLAGGED = _ignoring_flag(_f64_load)
+
 #: element kind -> (element storage type, to_compute, from_compute, sincos,
-#:                  {unit width: (unit storage type, unpack, pack)})
+#:                  {unit width: (unit storage type, unpack, pack)}); every conversion
+#: takes the launch's ``bf16`` flag: f16 and bf16 share one ``HALF`` kernel (uint16
+#: storage) whose ``bf16`` parameter field picks the conversion.
 ROPE_TABLE = {
-    ElementKind.F16: (float16, _f16_load, _f16_store, rope_sincos32,
-                      {2: (uint32, unpack_f16x2, pack_f16x2),
-                       4: (uint64, unpack_f16x4, pack_f16x4)}),
-    ElementKind.BF16: (uint16, bf16_to_f32, f32_to_bf16, rope_sincos32,
-                       {2: (uint32, unpack_bf16x2, pack_bf16x2),
-                        4: (uint64, unpack_bf16x4, pack_bf16x4)}),
-    ElementKind.F32: (float32, _f32_load, _f32_load, rope_sincos32,
-                      {2: (uint64, unpack_f32x2, pack_f32x2)}),
-    ElementKind.F64: (float64, _f64_load, _f64_load, rope_sincos64, {}),
+    ElementKind.F16: (uint16, half_to_f32, f32_to_half, rope_sincos32,
+                      {2: (uint32, unpack_half2, pack_half2),
+                       4: (uint64, unpack_half4, pack_half4)}),
+    ElementKind.BF16: (uint16, half_to_f32, f32_to_half, rope_sincos32,
+                       {2: (uint32, unpack_half2, pack_half2),
+                        4: (uint64, unpack_half4, pack_half4)}),
+    ElementKind.F32: (float32, _F32_FLAGGED, _F32_FLAGGED, rope_sincos32,
+                      {2: (uint64, _ignoring_flag(unpack_f32x2), _pack_f32x2_flag)}),
+    ElementKind.F64: (float64, _F64_FLAGGED, _F64_FLAGGED, rope_sincos64, {}),
 }
 
 ROPE_ELEMENTS = tuple(ROPE_TABLE)
@@ -325,26 +407,45 @@ def _signature(storage: types.Type) -> tuple[types.Type, ...]:
             types.UniTuple(int64, len(ROPE_SOURCES)), float64)
 
 
-#: Batches other than HEAD_BATCH, from the benchmark's sweep: 16 for the 4-element
-#: interleaved units (more loads in flight), 4 for bf16 half_split4 (registers); figures
-#: in docs/design/rope.md.
-ROPE_BATCH = {(ElementKind.F16, "interleaved4"): 16, (ElementKind.BF16, "interleaved4"): 16,
-              (ElementKind.BF16, "half_split4"): 4}
+#: Batches other than HEAD_BATCH, from the benchmark's sweep, by (element token, layout):
+#: 16 for the 4-element interleaved units (more loads in flight); figures in
+#: docs/design/rope.md. (bf16 half_split4 took 4 for registers while it had its own
+#: kernel; the HALF kernel at 8 takes 126 registers, no spill: two blocks per SM.)
+ROPE_BATCH = {("HALF", "interleaved4"): 16}
+
+#: Register caps by (element token, layout): 128 keeps two 256-thread blocks per SM for
+#: HALF interleaved4 (130 uncapped; ptxas fits 128 without a spill), as the f16 and bf16
+#: kernels had.
+_ROWS_MAX_REGISTERS = {("HALF", "interleaved4"): 128}
+
+
+def _token(element: ElementKind) -> str:
+    return "HALF" if is_half(element) else element.name
 
 
 def build_rope_kernel(element: ElementKind, layout: str, batch: int = 0,
                       register: bool = True) -> Kernel:
     """The kernel of table entry ``element`` for ``layout`` (``batch``: heads per batch, 0
-    for the table's choice; benchmarks build unregistered variants)."""
-    default = ROPE_BATCH.get((element, layout), HEAD_BATCH)
-    batch = batch or default
+    for the table's choice; benchmarks build unregistered variants); f16 and bf16 get the
+    same kernel."""
+    token = _token(element)
+    default = ROPE_BATCH.get((token, layout), HEAD_BATCH)
+    return _build_rope_kernel(token, _MERGED_LAYOUTS.get(layout, layout), batch or default,
+                              register)
+
+
+@functools.cache
+def _build_rope_kernel(token: str, layout: str, batch: int, register: bool) -> Kernel:
+    default = ROPE_BATCH.get((token, layout), HEAD_BATCH)
+    element = ElementKind.F16 if token == "HALF" else ElementKind[token]
     storage, to_c, from_c, sincos, units = ROPE_TABLE[element]
-    width = ROPE_LAYOUTS[layout][0]
+    width = ROPE_LAYOUTS.get(layout, (2, 2))[0]
     unit, unpack, pack = (storage, None, None) if width == 1 else units[width]
     body = _make_rope_kernel(layout, unit, unpack, pack, to_c, from_c, sincos, batch)
     suffix = "" if batch == default else f",batch{batch}"
-    return Kernel(f"rope_rows[{element.name},{layout}{suffix}]", body, _signature(unit),
-                  grid_stride=True, register=register)
+    return Kernel(f"rope_rows[{token},{layout}{suffix}]", body, _signature(unit),
+                  grid_stride=True, register=register,
+                  max_registers=_ROWS_MAX_REGISTERS.get((token, layout)))
 
 
 #: (element kind, layout) -> Kernel, for every layout the element kind has units for.

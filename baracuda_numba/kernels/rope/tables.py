@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 from numba import cuda, float32, float64, int32, int64, types, uint32, uint64
 
 from ...launch import Kernel, LazyTable
@@ -16,12 +18,13 @@ from ..common import (
 from .angles import rope_inv_freq, rope_sincos32
 from .rows import _flat_c
 from .units import (
+    ROPE_UNIT_CODECS,
     ROPE_UNIT_LAYOUTS,
-    ROPE_UNIT_TABLE,
     _rotate_half4,
     _rotate_half8,
     _rotate_interleaved4,
     _rotate_interleaved8,
+    unit_token,
 )
 
 # -- 16-byte units with the angles precomputed: ``rope_table`` -----------------------------
@@ -42,7 +45,7 @@ from .units import (
 #: units.
 ROPE_TABLE_PARAMS = ("plane_units", "items_per_row", "rot_items", "partner", "copy_offset",
                      "num_heads", "planes", "x_b", "x_h", "x_s", "y_b", "y_h", "y_s",
-                     "half_rotary", "inverse")
+                     "half_rotary", "inverse", "bf16")
 
 
 @cuda.jit(device=True, inline=True)
@@ -56,7 +59,8 @@ def _make_unit_rotation(half: bool, elements: int, unpack, pack):
     """``(pairs per item, load_item, store_item)`` for 16-byte units of ``elements``
     elements: ``load_item(x, x_unit, partner)`` returns the item's unit(s) (a unit from
     each half for half-split; interleaved returns its one unit twice) and
-    ``store_item(y, y_unit, partner, first, second, sins, coss)`` rotates and stores them.
+    ``store_item(y, y_unit, partner, first, second, sins, coss, bf16)`` rotates and stores
+    them (``unpack`` / ``pack`` of ``ROPE_UNIT_CODECS``, given the launch's ``bf16`` flag).
     A thread reads and writes the same units, so in place is safe."""
     pairs = elements if half else elements // 2
     if half:
@@ -67,10 +71,10 @@ def _make_unit_rotation(half: bool, elements: int, unpack, pack):
             return load16(x, uint64(x_unit * 4)), load16(x, uint64((x_unit + partner) * 4))
 
         @cuda.jit(device=True, inline=True)
-        def store_item(y, y_unit, partner, first, second, sins, coss):
-            ya, yb = rotate(unpack(first), unpack(second), sins, coss)
-            store16(y, uint64(y_unit * 4), pack(ya))
-            store16(y, uint64((y_unit + partner) * 4), pack(yb))
+        def store_item(y, y_unit, partner, first, second, sins, coss, bf16):
+            ya, yb = rotate(unpack(first, bf16), unpack(second, bf16), sins, coss)
+            store16(y, uint64(y_unit * 4), pack(ya, bf16))
+            store16(y, uint64((y_unit + partner) * 4), pack(yb, bf16))
 
     else:
         rotate = _rotate_interleaved8 if elements == 8 else _rotate_interleaved4
@@ -81,8 +85,8 @@ def _make_unit_rotation(half: bool, elements: int, unpack, pack):
             return unit, unit
 
         @cuda.jit(device=True, inline=True)
-        def store_item(y, y_unit, partner, first, second, sins, coss):
-            store16(y, uint64(y_unit * 4), pack(rotate(unpack(first), sins, coss)))
+        def store_item(y, y_unit, partner, first, second, sins, coss, bf16):
+            store16(y, uint64(y_unit * 4), pack(rotate(unpack(first, bf16), sins, coss), bf16))
 
     return pairs, load_item, store_item
 
@@ -122,7 +126,7 @@ def _make_rope_table_kernel(half: bool, elements: int, unpack, pack, planes_per_
         ``ROPE_TABLE_PARAMS`` fields. A last, partial group repeats its last plane (this
         thread reads it before storing anything, so in place stays safe)."""
         (plane_units, items_per_row, rot_items, partner, copy_offset, num_heads, planes, x_b,
-         x_h, x_s, y_b, y_h, y_s, half_rotary, inverse) = params
+         x_h, x_s, y_b, y_h, y_s, half_rotary, inverse, bf16) = params
         groups = (planes + per_thread - 1) // per_thread
         g = int64(cuda.threadIdx.x) + int64(cuda.blockIdx.x) * int64(cuda.blockDim.x)
         g_step = int64(cuda.blockDim.x) * int64(cuda.gridDim.x)
@@ -153,7 +157,7 @@ def _make_rope_table_kernel(half: bool, elements: int, unpack, pack, planes_per_
                         store_item(y, y_units[k], partner,
                                    (firsts[k, 0], firsts[k, 1], firsts[k, 2], firsts[k, 3]),
                                    (seconds[k, 0], seconds[k, 1], seconds[k, 2], seconds[k, 3]),
-                                   sins, coss)
+                                   sins, coss, bf16)
                     group += int64(cuda.gridDim.y)
             else:
                 unit = copy_offset + item - rot_items
@@ -202,21 +206,30 @@ TABLE_PLANES_PER_THREAD = {"interleaved_16B": 2, "half_split_16B": 1}
 
 def build_rope_table_kernel(element: ElementKind, layout: str, planes_per_thread: int = 0,
                             register: bool = True) -> Kernel:
-    """The ``rope_table`` kernel of ``ROPE_UNIT_TABLE[element]`` for ``layout``
-    (``planes_per_thread``: 0 for the table's choice; benchmarks build other variants)."""
+    """The ``rope_table`` kernel of ``ROPE_UNIT_CODECS[element]`` for ``layout``
+    (``planes_per_thread``: 0 for the table's choice; benchmarks build other variants);
+    f16 and bf16 get the same kernel."""
     default = TABLE_PLANES_PER_THREAD[layout]
-    per_thread = planes_per_thread or default
-    unpack, pack, elements = ROPE_UNIT_TABLE[element]
+    return _build_rope_table_kernel(unit_token(element), layout,
+                                    planes_per_thread or default, register)
+
+
+@functools.cache
+def _build_rope_table_kernel(token: str, layout: str, per_thread: int,
+                             register: bool) -> Kernel:
+    default = TABLE_PLANES_PER_THREAD[layout]
+    element = ElementKind.F16 if token == "HALF" else ElementKind[token]
+    _, unpack, pack, elements = ROPE_UNIT_CODECS[element]
     body = _make_rope_table_kernel(ROPE_UNIT_LAYOUTS[layout], elements, unpack, pack,
                                    per_thread)
     words = _flat_c(uint32)
     suffix = "" if per_thread == default else f",planes{per_thread}"
-    return Kernel(f"rope_table[{element.name},{layout}{suffix}]", body,
+    return Kernel(f"rope_table[{token},{layout}{suffix}]", body,
                   (words, words, words, types.UniTuple(int64, len(ROPE_TABLE_PARAMS))),
                   grid_stride=True, register=register)
 
 
 #: (element kind, 16-byte layout) -> ``rope_table`` kernel.
 ROPE_TABLE_KERNELS = LazyTable(
-    [(element, layout) for element in ROPE_UNIT_TABLE for layout in ROPE_UNIT_LAYOUTS],
+    [(element, layout) for element in ROPE_UNIT_CODECS for layout in ROPE_UNIT_LAYOUTS],
     lambda key: build_rope_table_kernel(*key))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 from numba import cuda, float32, float64, int64, types, uint32, uint64
 
 from ...launch import Kernel
@@ -10,12 +12,15 @@ from ..common import (
     div_mod,
     f32_from_bits,
     f32_to_bits,
+    is_half,
     load16,
     pack_bf16x2,
     pack_f16x2,
+    pack_half2,
     store16,
     unpack_bf16x2,
     unpack_f16x2,
+    unpack_half2,
 )
 from .angles import rope_inv_freq, rope_sincos32, rotate_pair
 from .rows import ROPE_KERNELS, _flat_c
@@ -75,6 +80,31 @@ def _pack16_bf16(values):
 
 
 @cuda.jit(device=True, inline=True)
+def _unpack16_half(unit, bf16):
+    a0, a1 = unpack_half2(unit[0], bf16)
+    a2, a3 = unpack_half2(unit[1], bf16)
+    a4, a5 = unpack_half2(unit[2], bf16)
+    a6, a7 = unpack_half2(unit[3], bf16)
+    return a0, a1, a2, a3, a4, a5, a6, a7
+
+
+@cuda.jit(device=True, inline=True)
+def _pack16_half(values, bf16):
+    return (pack_half2(values[0], values[1], bf16), pack_half2(values[2], values[3], bf16),
+            pack_half2(values[4], values[5], bf16), pack_half2(values[6], values[7], bf16))
+
+
+@cuda.jit(device=True, inline=True)
+def _unpack16_f32_flag(unit, bf16):
+    return _unpack16_f32(unit)
+
+
+@cuda.jit(device=True, inline=True)
+def _pack16_f32_flag(values, bf16):
+    return _pack16_f32(values)
+
+
+@cuda.jit(device=True, inline=True)
 def _rotate_interleaved4(v, sins, coss):
     a0, b0 = rotate_pair(v[0], v[1], sins[0], coss[0])
     a1, b1 = rotate_pair(v[2], v[3], sins[1], coss[1])
@@ -117,7 +147,7 @@ def _rotate_half8(a, b, sins, coss):
 ROPE_UNIT_PARAMS = ("rows", "seq_len", "num_heads", "heads_per_thread", "head_groups",
                     "items_per_row", "rot_items", "partner", "copy_offset", "x_b", "x_h",
                     "x_s", "y_b", "y_h", "y_s", "pos_b", "pos_s", "has_positions",
-                    "rotary_dim", "inverse")
+                    "rotary_dim", "inverse", "bf16")
 
 #: layout -> half-split pairing?  (the 16-byte unit layouts of ``rope_units``)
 ROPE_UNIT_LAYOUTS = {"interleaved_16B": False, "half_split_16B": True}
@@ -129,7 +159,8 @@ UNIT_HEAD_BATCH = {"interleaved_16B": 4, "half_split_16B": 2}
 
 
 def _make_rope_units_kernel(half: bool, elements: int, unpack, pack, batch: int):
-    """``rope_units`` body for 16-byte units of ``elements`` elements."""
+    """``rope_units`` body for 16-byte units of ``elements`` elements (``unpack`` /
+    ``pack`` of ``ROPE_UNIT_CODECS``, given the launch's ``bf16`` flag)."""
     pairs = elements if half else elements // 2
 
     if half:
@@ -144,12 +175,13 @@ def _make_rope_units_kernel(half: bool, elements: int, unpack, pack, batch: int)
                 seconds[k, w] = second[w]
 
         @cuda.jit(device=True, inline=True)
-        def store_item(y, unit, partner, firsts, seconds, k, sins, coss):
-            ya, yb = rotate(unpack((firsts[k, 0], firsts[k, 1], firsts[k, 2], firsts[k, 3])),
+        def store_item(y, unit, partner, firsts, seconds, k, sins, coss, bf16):
+            ya, yb = rotate(unpack((firsts[k, 0], firsts[k, 1], firsts[k, 2], firsts[k, 3]),
+                                   bf16),
                             unpack((seconds[k, 0], seconds[k, 1], seconds[k, 2],
-                                    seconds[k, 3])), sins, coss)
-            store16(y, uint64(unit * 4), pack(ya))
-            store16(y, uint64((unit + partner) * 4), pack(yb))
+                                    seconds[k, 3]), bf16), sins, coss)
+            store16(y, uint64(unit * 4), pack(ya, bf16))
+            store16(y, uint64((unit + partner) * 4), pack(yb, bf16))
 
     else:
         rotate = _rotate_interleaved8 if elements == 8 else _rotate_interleaved4
@@ -161,9 +193,9 @@ def _make_rope_units_kernel(half: bool, elements: int, unpack, pack, batch: int)
                 firsts[k, w] = first[w]
 
         @cuda.jit(device=True, inline=True)
-        def store_item(y, unit, partner, firsts, seconds, k, sins, coss):
-            values = unpack((firsts[k, 0], firsts[k, 1], firsts[k, 2], firsts[k, 3]))
-            store16(y, uint64(unit * 4), pack(rotate(values, sins, coss)))
+        def store_item(y, unit, partner, firsts, seconds, k, sins, coss, bf16):
+            values = unpack((firsts[k, 0], firsts[k, 1], firsts[k, 2], firsts[k, 3]), bf16)
+            store16(y, uint64(unit * 4), pack(rotate(values, sins, coss), bf16))
 
     @cuda.jit(device=True, inline=True)
     def copy_load(x, unit, firsts, k):
@@ -177,7 +209,7 @@ def _make_rope_units_kernel(half: bool, elements: int, unpack, pack, batch: int)
 
     @cuda.jit(device=True, inline=True)
     def rotate_heads(x, y, x_unit, y_unit, x_h, y_h, heads, partner, pos, item,
-                     freq_exponent, inverse, sins, coss, firsts, seconds):
+                     freq_exponent, inverse, sins, coss, firsts, seconds, bf16):
         h = int64(0)
         single = heads < batch
         if single:  # its load is in flight while the angles are computed
@@ -186,17 +218,18 @@ def _make_rope_units_kernel(half: bool, elements: int, unpack, pack, batch: int)
             sins[p], coss[p] = rope_sincos32(
                 pos, rope_inv_freq(item * pairs + p, freq_exponent), inverse)
         if single:
-            store_item(y, y_unit, partner, firsts, seconds, 0, sins, coss)
+            store_item(y, y_unit, partner, firsts, seconds, 0, sins, coss, bf16)
             h = 1
         while heads - h >= batch:
             for k in range(batch):
                 load_item(x, x_unit + (h + k) * x_h, partner, firsts, seconds, k)
             for k in range(batch):
-                store_item(y, y_unit + (h + k) * y_h, partner, firsts, seconds, k, sins, coss)
+                store_item(y, y_unit + (h + k) * y_h, partner, firsts, seconds, k, sins, coss,
+                           bf16)
             h += batch
         while h < heads:
             load_item(x, x_unit + h * x_h, partner, firsts, seconds, 0)
-            store_item(y, y_unit + h * y_h, partner, firsts, seconds, 0, sins, coss)
+            store_item(y, y_unit + h * y_h, partner, firsts, seconds, 0, sins, coss, bf16)
             h += 1
 
     @cuda.jit(device=True, inline=True)
@@ -218,7 +251,7 @@ def _make_rope_units_kernel(half: bool, elements: int, unpack, pack, batch: int)
         ``params`` holds the ``ROPE_UNIT_PARAMS`` fields; x and y are uint32 views."""
         (rows, seq_len, num_heads, heads_per_thread, groups, items_per_row, rot_items,
          partner, copy_offset, x_b, x_h, x_s, y_b, y_h, y_s, pos_b, pos_s, has_positions,
-         rotary_dim, inverse) = params
+         rotary_dim, inverse, bf16) = params
         work = rows * items_per_row
         g = int64(cuda.threadIdx.x) + int64(cuda.blockIdx.x) * int64(cuda.blockDim.x)
         g_step = int64(cuda.blockDim.x) * int64(cuda.gridDim.x)
@@ -239,7 +272,7 @@ def _make_rope_units_kernel(half: bool, elements: int, unpack, pack, batch: int)
                     pos = positions[uint64(b * pos_b + s * pos_s)] if has_positions else s
                     rotate_heads(x, y, x_row + head0 * x_h + item, y_row + head0 * y_h + item,
                                  x_h, y_h, heads, partner, pos, item, freq_exponent, inverse,
-                                 sins, coss, firsts, seconds)
+                                 sins, coss, firsts, seconds, bf16)
                 else:
                     unit = copy_offset + item - rot_items
                     copy_heads(x, y, x_row + head0 * x_h + unit, y_row + head0 * y_h + unit,
@@ -257,19 +290,41 @@ ROPE_UNIT_TABLE = {
     ElementKind.F32: (_unpack16_f32, _pack16_f32, 4),
 }
 
+#: The rope unit kernels' codecs: element kind -> (name token, ``unpack(unit, bf16)``,
+#: ``pack(values, bf16)``, elements per 16-byte unit). f16 and bf16 share one ``HALF``
+#: kernel whose ``bf16`` parameter field (uniform over the launch) picks the conversion.
+ROPE_UNIT_CODECS = {
+    ElementKind.F16: ("HALF", _unpack16_half, _pack16_half, 8),
+    ElementKind.BF16: ("HALF", _unpack16_half, _pack16_half, 8),
+    ElementKind.F32: ("F32", _unpack16_f32_flag, _pack16_f32_flag, 4),
+}
+
+
+def unit_token(element: ElementKind) -> str:
+    """The element token of the unit kernels' names: ``HALF`` for f16 and bf16."""
+    return "HALF" if is_half(element) else element.name
+
 
 def build_rope_units_kernel(element: ElementKind, layout: str, register: bool = True,
                             max_registers: int | None = None) -> Kernel:
-    """The ``rope_units`` kernel of ``ROPE_UNIT_TABLE[element]`` for ``layout``
-    (benchmarks build unregistered variants with a register cap)."""
-    unpack, pack, elements = ROPE_UNIT_TABLE[element]
+    """The ``rope_units`` kernel of ``ROPE_UNIT_CODECS[element]`` for ``layout``
+    (benchmarks build unregistered variants with a register cap); f16 and bf16 get the
+    same kernel."""
+    return _build_rope_units_kernel(unit_token(element), layout, register, max_registers)
+
+
+@functools.cache
+def _build_rope_units_kernel(token: str, layout: str, register: bool,
+                             max_registers: int | None) -> Kernel:
+    element = ElementKind.F16 if token == "HALF" else ElementKind[token]
+    _, unpack, pack, elements = ROPE_UNIT_CODECS[element]
     body = _make_rope_units_kernel(ROPE_UNIT_LAYOUTS[layout], elements, unpack, pack,
                                    UNIT_HEAD_BATCH[layout])
     words = _flat_c(uint32)
     signature = (words, words, _flat_c(int64), types.UniTuple(int64, len(ROPE_UNIT_PARAMS)),
                  float64)
     suffix = f",regs{max_registers}" if max_registers else ""
-    return Kernel(f"rope_units[{element.name},{layout}{suffix}]", body, signature,
+    return Kernel(f"rope_units[{token},{layout}{suffix}]", body, signature,
                   grid_stride=True, register=register, max_registers=max_registers)
 
 

@@ -52,6 +52,10 @@ Fast kernels for layouts that collapse to [outer, extent, inner] (sketch in
 ``fast.py``): ``rows_fast`` / ``cols_fast`` for the scalar-state kinds, one compiled kernel per
 family of kinds, and ``rows_indexed`` for Cummax/Cummin with indices and record flags.
 
+f16 and bf16 share one ``HALF`` kernel per body (uint16 storage, f32 accumulators): the
+plan adds ``CODE_BF16`` to the ``code`` of a bf16 launch (``ops.with_bf16``; the fix-up
+pass takes a ``bf16`` argument) and every kernel splits it off at entry.
+
 Modules: ``ops`` (storage, the combine operations), ``generic`` (rows, lines), ``fast``
 (rows_fast, cols_fast), ``indexed``, ``extremum_backward`` and ``table`` (every compiled
 kernel); this package re-exports their public names.
@@ -72,6 +76,7 @@ from .fast import (
 )
 from .indexed import INDEXED_CODES, IndexedKernels
 from .ops import (
+    CODE_BF16,
     CODE_CUMMAX,
     CODE_CUMMAX_RECORD_FLAG,
     CODE_CUMMIN,
@@ -85,6 +90,7 @@ from .ops import (
     ROWS_BLOCK,
     SCAN_STORAGE,
     ScanOp,
+    with_bf16,
 )
 from .table import (
     EXTREMUM_BACKWARD_KERNELS,
@@ -97,11 +103,12 @@ from .table import (
 )
 
 __all__ = [
-    "CODE_CUMMAX", "CODE_CUMMAX_RECORD_FLAG", "CODE_CUMMIN", "CODE_CUMMIN_RECORD_FLAG",
+    "CODE_BF16", "CODE_CUMMAX", "CODE_CUMMAX_RECORD_FLAG", "CODE_CUMMIN", "CODE_CUMMIN_RECORD_FLAG",
     "CODE_CUMPROD", "CODE_CUMSUM", "CODE_EXTREMUM_BACKWARD", "CODE_LOG_CUMSUM_EXP",
     "EXTREMUM_BACKWARD_KERNELS", "ExtremumBackwardKernels", "FAST_COLS_CHUNKS",
     "FAST_ELEMENTS", "FAST_FAMILY", "FAST_KERNELS", "FAST_ROWS_BLOCK", "FAST_WORDS",
     "FLOAT_ELEMENTS", "FastFormat", "FastKernels", "INDEXED_CODES", "INDEXED_KERNELS",
     "INT_ELEMENTS", "IndexedKernels", "PHASE_CHAINED", "ROWS_BLOCK", "SCAN_BACKWARD_ELEMENTS",
     "SCAN_FORWARD_ELEMENTS", "SCAN_KERNELS", "SCAN_STORAGE", "ScanKernels", "ScanOp",
+    "with_bf16",
 ]

@@ -27,7 +27,7 @@ from .fast import (
     _make_warp_helpers,
     _word_codecs,
 )
-from .ops import CODE_CUMMAX, _constants
+from .ops import CODE_BF16, CODE_CUMMAX, _constants
 
 # -- Cummax/Cummin backward, fused ---------------------------------------------------------
 #
@@ -92,7 +92,7 @@ def _rows_extremum_tiles(fmt: FastFormat, words: int, blocked: bool):
 
     @cuda.jit(device=True, inline=True)
     def load_tile(x, xw, dy, dyw, xv, gv, base, s_end, full, lane, xb, gb, extent,
-                  extent_words, phase, reverse, code):
+                  extent_words, phase, reverse, code, bf16):
         for k in range(words):
             sw = base // per_word + (lane * words + k if blocked else k * 32 + lane)
             if full:
@@ -100,13 +100,13 @@ def _rows_extremum_tiles(fmt: FastFormat, words: int, blocked: bool):
                 w = xw[uint64(at)]
                 for j in range(per_word):
                     xv[k * per_word + j] = unpack(w, per_word - 1 - j if reverse
-                                                  else j)
+                                                  else j, bf16)
                 if phase != 1:
                     at = gb // per_word + (extent_words - 1 - sw if reverse else sw)
                     w = dyw[uint64(at)]
                     for j in range(per_word):
                         gv[k * per_word + j] = unpack(w, per_word - 1 - j if reverse
-                                                      else j)
+                                                      else j, bf16)
             else:
                 for j in range(per_word):
                     s = sw * per_word + j
@@ -114,21 +114,21 @@ def _rows_extremum_tiles(fmt: FastFormat, words: int, blocked: bool):
                     g = zero
                     if s < s_end:
                         pos = extent - 1 - s if reverse else s
-                        v = widen(x[uint64(xb + pos)])
+                        v = widen(x[uint64(xb + pos)], bf16)
                         if phase != 1:
-                            g = widen(dy[uint64(gb + pos)])
+                            g = widen(dy[uint64(gb + pos)], bf16)
                     xv[k * per_word + j] = v
                     gv[k * per_word + j] = g
 
     @cuda.jit(device=True, inline=True)
-    def store_tile(dx, dxw, gv, base, s_end, full, lane, ob, extent, extent_words, reverse):
+    def store_tile(dx, dxw, gv, base, s_end, full, lane, ob, extent, extent_words, reverse, bf16):
         for k in range(words):
             sw = base // per_word + (lane * words + k if blocked else k * 32 + lane)
             if full:
                 w = uint64(0)
                 for j in range(per_word):
                     w |= pack_one(gv[k * per_word + j],
-                                  per_word - 1 - j if reverse else j)
+                                  per_word - 1 - j if reverse else j, bf16)
                 at = ob // per_word + (extent_words - 1 - sw if reverse else sw)
                 store_word(dxw, dx, at, w)
             else:
@@ -136,7 +136,7 @@ def _rows_extremum_tiles(fmt: FastFormat, words: int, blocked: bool):
                     s = sw * per_word + j
                     if s < s_end:
                         pos = extent - 1 - s if reverse else s
-                        dx[uint64(ob + pos)] = narrow(gv[k * per_word + j])
+                        dx[uint64(ob + pos)] = narrow(gv[k * per_word + j], bf16)
 
     return load_tile, store_tile
 
@@ -251,6 +251,8 @@ def _make_rows_extremum_backward(fmt: FastFormat, words: int, blocked: bool = Tr
     def scan_rows_extremum_backward(x, xw, dy, dyw, dxw, dx, ws_x, ws_h, ws_t, ws_p, lines,
                                     extent, x_pitch, dy_pitch, dx_pitch, seg_len, nseg,
                                     phase, reverse, vec, code):
+        bf16 = code >= CODE_BF16  # a half kernel's bf16 flag rides on the code
+        code = code & (CODE_BF16 - 1)
         xv = cuda.local.array(per_lane, acc)  # x, then the record flags (1 or 0)
         gv = cuda.local.array(per_lane, acc)  # dy, then dx
         lane = int64(cuda.threadIdx.x % 32)
@@ -276,7 +278,7 @@ def _make_rows_extremum_backward(fmt: FastFormat, words: int, blocked: bool = Tr
             while base < s_end:
                 full = vec and base + tile <= s_end
                 load_tile(x, xw, dy, dyw, xv, gv, base, s_end, full, lane, xb, gb, extent,
-                          extent_words, phase, reverse, code)
+                          extent_words, phase, reverse, code, bf16)
                 if phase == 1:
                     # runs in scan order (not commutative on signed zeros, NaN payloads)
                     for r in range(groups):
@@ -302,13 +304,13 @@ def _make_rows_extremum_backward(fmt: FastFormat, words: int, blocked: bool = Tr
                         if open_s >= 0:
                             if lane == (open_s // run_len) % 32:  # the lane that stored it
                                 pos = extent - 1 - open_s if reverse else open_s
-                                dx[uint64(ob + pos)] = narrow(open_sum)
+                                dx[uint64(ob + pos)] = narrow(open_sum, bf16)
                         else:
                             head = open_sum
                         open_s = tile_last
                         open_sum = tile_last_value
                     store_tile(dx, dxw, gv, base, s_end, full, lane, ob, extent, extent_words,
-                               reverse)
+                               reverse, bf16)
                 base += tile
             if phase == 1:
                 if lane == 0:
@@ -320,12 +322,12 @@ def _make_rows_extremum_backward(fmt: FastFormat, words: int, blocked: bool = Tr
                     ws_p[uint64(item)] = open_s
             elif open_s >= 0 and lane == (open_s // run_len) % 32:
                 pos = extent - 1 - open_s if reverse else open_s
-                dx[uint64(ob + pos)] = narrow(open_sum)
+                dx[uint64(ob + pos)] = narrow(open_sum, bf16)
             item += step
 
     layout = "blocked" if blocked else "striped"
     scan_rows_extremum_backward.__qualname__ = \
-        f"scan_rows_extremum_backward_{fmt.element.name}_{words}_{layout}"
+        f"scan_rows_extremum_backward_{fmt.token}_{words}_{layout}"
     return scan_rows_extremum_backward
 
 
@@ -341,43 +343,43 @@ def _cols_extremum_tiles(fmt: FastFormat, rows: int):
 
     @cuda.jit(device=True, inline=True)
     def load_tile(x, xw, dy, dyw, xv, gv, r0, s_end, xb, gb, ncols, wide, extent, x_step,
-                  dy_step, phase, reverse, code):
+                  dy_step, phase, reverse, code, bf16):
         for r in range(rows):
             s = r0 + r
             pos = extent - 1 - s if reverse else s
             if wide and s < s_end:
                 w = xw[uint64((xb + pos * x_step) // per_word)]
                 for j in range(per_word):
-                    xv[r * per_word + j] = unpack(w, j)
+                    xv[r * per_word + j] = unpack(w, j, bf16)
                 if phase != 1:
                     w = dyw[uint64((gb + pos * dy_step) // per_word)]
                     for j in range(per_word):
-                        gv[r * per_word + j] = unpack(w, j)
+                        gv[r * per_word + j] = unpack(w, j, bf16)
             else:
                 for j in range(per_word):
                     v = identity(code)
                     g = zero
                     if s < s_end and j < ncols:
-                        v = widen(x[uint64(xb + pos * x_step + j)])
+                        v = widen(x[uint64(xb + pos * x_step + j)], bf16)
                         if phase != 1:
-                            g = widen(dy[uint64(gb + pos * dy_step + j)])
+                            g = widen(dy[uint64(gb + pos * dy_step + j)], bf16)
                     xv[r * per_word + j] = v
                     gv[r * per_word + j] = g
     @cuda.jit(device=True, inline=True)
-    def store_tile(dx, dxw, gv, r0, s_end, ob, ncols, wide, extent, dx_step, reverse):
+    def store_tile(dx, dxw, gv, r0, s_end, ob, ncols, wide, extent, dx_step, reverse, bf16):
         for r in range(rows):
             s = r0 + r
             pos = extent - 1 - s if reverse else s
             if wide and s < s_end:
                 w = uint64(0)
                 for j in range(per_word):
-                    w |= pack_one(gv[r * per_word + j], j)
+                    w |= pack_one(gv[r * per_word + j], j, bf16)
                 store_word(dxw, dx, (ob + pos * dx_step) // per_word, w)
             elif s < s_end:
                 for j in range(per_word):
                     if j < ncols:
                         dx[uint64(ob + pos * dx_step + j)] = narrow(
-                            gv[r * per_word + j])
+                            gv[r * per_word + j], bf16)
     return load_tile, store_tile
 
 
@@ -497,6 +499,8 @@ def _make_cols_extremum_backward(fmt: FastFormat, rows: int, chunks_max: int):
                                     extent, inner, x_outer, x_step, dy_outer, dy_step,
                                     dx_outer, dx_step, seg_len, nseg, phase, reverse, vec,
                                     code):
+        bf16 = code >= CODE_BF16  # a half kernel's bf16 flag rides on the code
+        code = code & (CODE_BF16 - 1)
         part_x = cuda.shared.array(part_x_slots, acc)  # [parity][chunk][j][lane]
         part_b = cuda.shared.array(part_slots, acc)
         part_l = cuda.shared.array(part_slots, acc)
@@ -537,7 +541,7 @@ def _make_cols_extremum_backward(fmt: FastFormat, rows: int, chunks_max: int):
             while base < s_end:
                 r0 = base + chunk * rows
                 load_tile(x, xw, dy, dyw, xv, gv, r0, s_end, xb, gb, ncols, wide, extent,
-                          x_step, dy_step, phase, reverse, code)
+                          x_step, dy_step, phase, reverse, code, bf16)
                 # chunk x aggregates -> the running winner before each chunk
                 winner_before(part_x, xv, prefix, carry, parity, chunk, chunks, width, lane,
                               code)
@@ -565,13 +569,13 @@ def _make_cols_extremum_backward(fmt: FastFormat, rows: int, chunks_max: int):
                                 # by an earlier tile: ordered by the barriers since)
                                 if chunk == 0 and j < ncols:
                                     pos = extent - 1 - open_s[j] if reverse else open_s[j]
-                                    dx[uint64(ob + pos * dx_step + j)] = narrow(open_sum[j])
+                                    dx[uint64(ob + pos * dx_step + j)] = narrow(open_sum[j], bf16)
                             else:
                                 head[j] = open_sum[j]
                             open_s[j] = base + tile_r[j]
                             open_sum[j] = tile_v[j]
                     store_tile(dx, dxw, gv, r0, s_end, ob, ncols, wide, extent, dx_step,
-                               reverse)
+                               reverse, bf16)
                 base += tile_rows
             if chunk == 0:
                 for j in range(per_word):
@@ -585,11 +589,11 @@ def _make_cols_extremum_backward(fmt: FastFormat, rows: int, chunks_max: int):
                             ws_p[at] = open_s[j]
                         elif open_s[j] >= 0:
                             pos = extent - 1 - open_s[j] if reverse else open_s[j]
-                            dx[uint64(ob + pos * dx_step + j)] = narrow(open_sum[j])
+                            dx[uint64(ob + pos * dx_step + j)] = narrow(open_sum[j], bf16)
             item += cuda.gridDim.x
 
     scan_cols_extremum_backward.__qualname__ = \
-        f"scan_cols_extremum_backward_{fmt.element.name}_{rows}"
+        f"scan_cols_extremum_backward_{fmt.token}_{rows}"
     return scan_cols_extremum_backward
 
 
@@ -601,7 +605,8 @@ def _make_extremum_backward_fixup(fmt: FastFormat):
     narrow = fmt.narrow
 
     def scan_extremum_backward_fixup(dx, ws_h, ws_t, ws_p, lines, nseg, line_stride,
-                                     seg_stride, inner, dx_outer, dx_step, extent, reverse):
+                                     seg_stride, inner, dx_outer, dx_step, extent, reverse,
+                                     bf16):
         entry = int64(cuda.blockIdx.x) * cuda.blockDim.x + cuda.threadIdx.x
         while entry < lines * nseg:
             line = entry // nseg
@@ -619,11 +624,11 @@ def _make_extremum_backward_fixup(fmt: FastFormat):
                     g += 1
                 pos = extent - 1 - last if reverse else last
                 o = line // inner
-                dx[uint64(o * dx_outer + (line - o * inner) + pos * dx_step)] = narrow(total)
+                dx[uint64(o * dx_outer + (line - o * inner) + pos * dx_step)] = narrow(total, bf16)
             entry += int64(cuda.gridDim.x) * cuda.blockDim.x
 
     scan_extremum_backward_fixup.__qualname__ = \
-        f"scan_extremum_backward_fixup_{fmt.element.name}"
+        f"scan_extremum_backward_fixup_{fmt.token}"
     return scan_extremum_backward_fixup
 
 
@@ -650,7 +655,7 @@ class ExtremumBackwardKernels:
         arrays = (_c_flat(fmt.storage), _c_flat(uint64), _c_flat(fmt.storage), _c_flat(uint64),
                   _c_flat(uint64), _c_flat(fmt.storage), _c_flat(fmt.acc), _c_flat(fmt.acc),
                   _c_flat(fmt.acc), _c_flat(int64))
-        tag = element.name
+        tag = fmt.token
         cols_cap = _cap(fmt, cols_max_registers, 2)
         rows_cap = rows_max_registers or None  # uncapped unless asked (82 registers, f32)
         self.rows = Kernel(f"scan_rows_extremum_backward[{tag},{words}"
@@ -666,5 +671,5 @@ class ExtremumBackwardKernels:
         self.fixup = Kernel(f"scan_extremum_backward_fixup[{tag}]",
                             _make_extremum_backward_fixup(fmt),
                             (_c_flat(fmt.storage), _c_flat(fmt.acc), _c_flat(fmt.acc),
-                             _c_flat(int64)) + (int64,) * 8 + (boolean,),
+                             _c_flat(int64)) + (int64,) * 8 + (boolean, boolean),
                             register=register, grid_stride=True)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import numpy as np
 from numba import boolean, cuda, float32, float64, int32, int64, types, uint16, uint32, uint64
-from numba.types import float16
 
 from ..._runtime import SIMULATOR
 from ...launch import Kernel
@@ -18,6 +17,7 @@ from ..common import (
     shfl_up,
 )
 from .ops import (
+    CODE_BF16,
     CODE_CUMMAX,
     CODE_CUMMIN,
     CODE_CUMPROD,
@@ -28,6 +28,7 @@ from .ops import (
     SCAN_STORAGE,
     _constants,
     _make_logaddexp,
+    element_token,
 )
 
 # -- fast kernels for the common layout ----------------------------------------------------
@@ -95,18 +96,8 @@ _EXTREMUM_COLS_CHUNKS = FAST_COLS_CHUNKS
 #: but lse) take 8 rows (32 values): twice the bytes in flight per thread of 4 rows
 #: under the same register cap (docs/design/scan.md).
 _FAST_COLS_BY_SIZE = (16, 16, 32)
-_FAST_SIZES = {"sum": (FAST_WORDS, _FAST_COLS_BY_SIZE), "prod": (FAST_WORDS, _FAST_COLS_BY_SIZE),
-               "lse": (4, (8, 8, 8)), "extremum": (FAST_WORDS, _FAST_COLS_BY_SIZE)}
-
-@cuda.jit(device=True, inline=True)
-def _f16_from_bits(bits):
-    return bitcast(uint16(bits), float16)
-
-
-@cuda.jit(device=True, inline=True)
-def _f16_to_bits(value):
-    return uint64(bitcast(value, uint16))
-
+_FAST_SIZES = {"arith": (FAST_WORDS, _FAST_COLS_BY_SIZE), "lse": (4, (8, 8, 8)),
+               "extremum": (FAST_WORDS, _FAST_COLS_BY_SIZE)}
 
 @cuda.jit(device=True, inline=True)
 def _u16_from_bits(bits):
@@ -158,9 +149,10 @@ def _i64_to_bits(value):
     return bitcast(value, uint64)
 
 
-#: element kind -> (storage from its zero-extended bits, storage to bits)
+#: element kind -> (storage from its zero-extended bits, storage to bits); both 2-byte
+#: kinds are uint16 storage (the half kernels)
 _WORD_BITS = {
-    ElementKind.F16: (_f16_from_bits, _f16_to_bits),
+    ElementKind.F16: (_u16_from_bits, _u16_to_bits),
     ElementKind.BF16: (_u16_from_bits, _u16_to_bits),
     ElementKind.F32: (_f32_from_bits, _f32_to_bits),
     ElementKind.F64: (_f64_from_bits, _f64_to_bits),
@@ -205,39 +197,36 @@ def _take_ticket(words, lane):
 #: Forward kinds the fast kernels serve (scalar state: no index output, no flag pre-pass),
 #: by family: one compiled kernel per family keeps the per-element code small (a runtime
 #: kind switch with every combine inlined left the per-thread values in local memory).
-FAST_FAMILY = {CODE_CUMSUM: "sum", CODE_CUMPROD: "prod", CODE_LOG_CUMSUM_EXP: "lse",
+#: ``arith`` (Cumsum, Cumprod): the code selects the sum or the product at run time.
+FAST_FAMILY = {CODE_CUMSUM: "arith", CODE_CUMPROD: "arith", CODE_LOG_CUMSUM_EXP: "lse",
                CODE_CUMMAX: "extremum", CODE_CUMMIN: "extremum"}
 #: family -> element kinds with fast kernels (the rest use the generic kernels)
-FAST_ELEMENTS = {"sum": FLOAT_ELEMENTS + INT_ELEMENTS, "prod": FLOAT_ELEMENTS,
-                 "lse": FLOAT_ELEMENTS, "extremum": FLOAT_ELEMENTS + INT_ELEMENTS}
+FAST_ELEMENTS = {"arith": FLOAT_ELEMENTS + INT_ELEMENTS, "lse": FLOAT_ELEMENTS,
+                 "extremum": FLOAT_ELEMENTS + INT_ELEMENTS}
 
 
 def _scalar_forward_ops(acc: types.Type, family: str):
     """identity / combine of one family of forward kinds on the value alone: the same
     arithmetic and the same NaN, tie (later wins, which decides the sign of a zero) and
-    -inf rules as ``_forward_ops``. Only the extremum family reads ``code`` (max or min)."""
+    -inf rules as ``_forward_ops``. The arith family (Cumsum, Cumprod) reads ``code``, the
+    extremum family too (max or min).
+
+    arith: a runtime select between ``a + b`` and ``a * b`` (one operation of each, so the
+    same bits as the separate kernels had); the code is uniform over the launch."""
     zero, one, lowest, highest = _constants(acc)
     logaddexp = _make_logaddexp(acc)
 
-    if family == "sum":
+    if family == "arith":
 
         @cuda.jit(device=True, inline=True)
         def identity(code):
-            return zero
+            return one if code == CODE_CUMPROD else zero
 
         @cuda.jit(device=True, inline=True)
         def combine(a, b, code):
+            if code == CODE_CUMPROD:
+                return acc(a * b)
             return acc(a + b)
-
-    elif family == "prod":
-
-        @cuda.jit(device=True, inline=True)
-        def identity(code):
-            return one
-
-        @cuda.jit(device=True, inline=True)
-        def combine(a, b, code):
-            return acc(a * b)
 
     elif family == "lse":
 
@@ -274,6 +263,7 @@ class FastFormat:
     def __init__(self, element: ElementKind, family: str) -> None:
         storage, acc, widen, narrow = SCAN_STORAGE[element]
         self.element = element
+        self.token = element_token(element)  # HALF: f16 and bf16 share the kernels
         self.family = family
         self.storage = storage
         self.acc = acc
@@ -285,7 +275,7 @@ class FastFormat:
 
 
 def _word_codecs(fmt: FastFormat):
-    """unpack(word, j) -> accumulator value of element j; pack_one(value, j) -> its bits
+    """unpack(word, j, bf16) -> accumulator value of element j; pack_one(value, j, bf16) -> its bits
     in place j of a word."""
     per_word = fmt.per_word
     bits = 64 // per_word
@@ -293,12 +283,12 @@ def _word_codecs(fmt: FastFormat):
     widen, narrow, from_bits, to_bits = fmt.widen, fmt.narrow, fmt.from_bits, fmt.to_bits
 
     @cuda.jit(device=True, inline=True)
-    def unpack(word, j):
-        return widen(from_bits((word >> uint64(bits * j)) & mask))
+    def unpack(word, j, bf16):
+        return widen(from_bits((word >> uint64(bits * j)) & mask), bf16)
 
     @cuda.jit(device=True, inline=True)
-    def pack_one(value, j):
-        return to_bits(narrow(value)) << uint64(bits * j)
+    def pack_one(value, j, bf16):
+        return to_bits(narrow(value, bf16)) << uint64(bits * j)
 
     @cuda.jit(device=True, inline=True)
     def store_word(yw, y, index, word):
@@ -318,8 +308,8 @@ if SIMULATOR:
         narrow, to_bits = SCAN_STORAGE[element][3], _WORD_BITS[element][1]
 
         @cuda.jit(device=True)
-        def pack_pair(high, low):
-            return (to_bits(narrow(high)) << uint64(16)) | to_bits(narrow(low))
+        def pack_pair(high, low, bf16):
+            return (to_bits(narrow(high, bf16)) << uint64(16)) | to_bits(narrow(low, bf16))
 
         return pack_pair
 
@@ -327,11 +317,9 @@ else:
     from llvmlite import ir
     from numba.cuda.extending import intrinsic
 
-    def _make_pair_pack(element: ElementKind):
-        op = "cvt.rn.bf16x2.f32" if element is ElementKind.BF16 else "cvt.rn.f16x2.f32"
-
+    def _cvt_pair(op: str):
         @intrinsic
-        def pack_pair(typingctx, high, low):
+        def cvt_pair(typingctx, high, low):
             """Bits of (high, low) rounded to 2-byte floats, ``high`` in bits 16-31: one
             ``cvt.rn.{bf16,f16}x2.f32`` (sm_80+; round to nearest even, NaN stays NaN)."""
 
@@ -342,20 +330,33 @@ else:
 
             return uint64(float32, float32), codegen
 
+        return cvt_pair
+
+    _cvt_bf16x2 = _cvt_pair("cvt.rn.bf16x2.f32")
+    _cvt_f16x2 = _cvt_pair("cvt.rn.f16x2.f32")
+
+    def _make_pair_pack(element: ElementKind):
+        @cuda.jit(device=True, inline=True)
+        def pack_pair(high, low, bf16):
+            """bf16 pairs where ``bf16`` (uniform over the launch), else f16 pairs."""
+            if bf16:
+                return _cvt_bf16x2(high, low)
+            return _cvt_f16x2(high, low)
+
         return pack_pair
 
 
 def _make_pack_values(fmt: FastFormat):
-    """pack_values(vals, first) -> the word of 2-byte floats ``vals[first:first + 4]``
+    """pack_values(vals, first, bf16) -> the word of 2-byte floats ``vals[first:first + 4]``
     (element j in place j), converted in pairs (``_make_pair_pack``): 2 instructions per
     word instead of a rounding sequence per element (bf16 cols_fast was compute-bound
     with it: SM 78%, memory 50%, Nsight Compute, [64, 1e6] axis 0)."""
     pack_pair = _make_pair_pack(fmt.element)
 
     @cuda.jit(device=True, inline=True)
-    def pack_values(vals, first):
-        return pack_pair(vals[first + 1], vals[first]) | \
-            (pack_pair(vals[first + 3], vals[first + 2]) << uint64(32))
+    def pack_values(vals, first, bf16):
+        return pack_pair(vals[first + 1], vals[first], bf16) | \
+            (pack_pair(vals[first + 3], vals[first + 2], bf16) << uint64(32))
 
     return pack_values
 
@@ -405,7 +406,7 @@ def _make_tile_io(fmt: FastFormat, words: int):
 
     @cuda.jit(device=True, inline=True)
     def load_tile(x, xw, vals, full, base, s_end, xb, extent, extent_words, lane, reverse,
-                  code):
+                  code, bf16):
         if full:
             for k in range(words):
                 sw = base // per_word + (lane * words + k if blocked else k * 32 + lane)
@@ -414,7 +415,7 @@ def _make_tile_io(fmt: FastFormat, words: int):
                 else:
                     w = xw[uint64(xb // per_word + sw)]
                 for j in range(per_word):
-                    vals[k * per_word + j] = unpack(w, per_word - 1 - j if reverse else j)
+                    vals[k * per_word + j] = unpack(w, per_word - 1 - j if reverse else j, bf16)
         else:
             for k in range(words):
                 for j in range(per_word):
@@ -422,17 +423,17 @@ def _make_tile_io(fmt: FastFormat, words: int):
                     v = identity(code)
                     if s < s_end:
                         pos = extent - 1 - s if reverse else s
-                        v = widen(x[uint64(xb + pos)])
+                        v = widen(x[uint64(xb + pos)], bf16)
                     vals[k * per_word + j] = v
 
     @cuda.jit(device=True, inline=True)
-    def store_tile(y, yw, vals, full, base, s_end, yb, extent, extent_words, lane, reverse):
+    def store_tile(y, yw, vals, full, base, s_end, yb, extent, extent_words, lane, reverse, bf16):
         if full:
             for k in range(words):
                 sw = base // per_word + (lane * words + k if blocked else k * 32 + lane)
                 w = uint64(0)
                 for j in range(per_word):
-                    w |= pack_one(vals[k * per_word + j], per_word - 1 - j if reverse else j)
+                    w |= pack_one(vals[k * per_word + j], per_word - 1 - j if reverse else j, bf16)
                 if reverse:
                     store_word(yw, y, yb // per_word + extent_words - 1 - sw, w)
                 else:
@@ -443,7 +444,7 @@ def _make_tile_io(fmt: FastFormat, words: int):
                     s = base + (lane * words + k if blocked else k * 32 + lane) * per_word + j
                     if s < s_end:
                         pos = extent - 1 - s if reverse else s
-                        y[uint64(yb + pos)] = narrow(vals[k * per_word + j])
+                        y[uint64(yb + pos)] = narrow(vals[k * per_word + j], bf16)
 
     return load_tile, store_tile
 
@@ -475,9 +476,9 @@ def _make_rows_fast(fmt: FastFormat, words: int, chained: bool):
     _, published_prefix = _make_warp_helpers(fmt, _read_published)
     CHAINED = chained
 
-    def scan_rows_fast(x, xw, yw, y, ws, flags, lines, extent, x_pitch, y_pitch, seg_len,
-                       nseg, phase, reverse, vec, code):
-        """``flags`` (chained split only): ``[ticket, segment words...]``, zero at launch."""
+    @cuda.jit(device=True, inline=True)
+    def rows_fast(x, xw, yw, y, ws, flags, lines, extent, x_pitch, y_pitch, seg_len, nseg,
+                  phase, reverse, vec, code, bf16):
         vals = cuda.local.array(per_lane, acc)
         lane = int64(cuda.threadIdx.x % 32)
         warps = int64(cuda.blockDim.x // 32)
@@ -505,7 +506,7 @@ def _make_rows_fast(fmt: FastFormat, words: int, chained: bool):
             while base < s_end:
                 full = vec and base + tile <= s_end
                 load_tile(x, xw, vals, full, base, s_end, xb, extent, extent_words, lane,
-                          reverse, code)
+                          reverse, code, bf16)
                 if reducing:
                     for r in range(reduce_groups):
                         agg = vals[r * reduce_size]
@@ -533,7 +534,7 @@ def _make_rows_fast(fmt: FastFormat, words: int, chained: bool):
                             vals[g * group + i] = combine(prefix, vals[g * group + i], code)
                         carry = combine(carry, shfl_idx(inc, 31), code)
                     store_tile(y, yw, vals, full, base, s_end, yb, extent, extent_words, lane,
-                               reverse)
+                               reverse, bf16)
                 base += tile
                 if chain and reducing and base >= s_end:
                     if lane == 0:
@@ -548,7 +549,26 @@ def _make_rows_fast(fmt: FastFormat, words: int, chained: bool):
             else:
                 item += step
 
-    scan_rows_fast.__qualname__ = f"scan_rows_fast_{fmt.family}_{fmt.element.name}_{words}" \
+    # arith: the body once per kind, each with its code a constant (the kind test folds
+    # away, so each copy's loops are the plain sum's or product's: no select per combine)
+    ARITH = fmt.family == "arith"
+
+    def scan_rows_fast(x, xw, yw, y, ws, flags, lines, extent, x_pitch, y_pitch, seg_len,
+                       nseg, phase, reverse, vec, code):
+        """``flags`` (chained split only): ``[ticket, segment words...]``, zero at launch."""
+        bf16 = code >= CODE_BF16  # a half kernel's bf16 flag rides on the code
+        code = code & (CODE_BF16 - 1)
+        if ARITH and code == CODE_CUMPROD:
+            rows_fast(x, xw, yw, y, ws, flags, lines, extent, x_pitch, y_pitch, seg_len, nseg,
+                      phase, reverse, vec, CODE_CUMPROD, bf16)
+        elif ARITH:
+            rows_fast(x, xw, yw, y, ws, flags, lines, extent, x_pitch, y_pitch, seg_len, nseg,
+                      phase, reverse, vec, CODE_CUMSUM, bf16)
+        else:
+            rows_fast(x, xw, yw, y, ws, flags, lines, extent, x_pitch, y_pitch, seg_len, nseg,
+                      phase, reverse, vec, code, bf16)
+
+    scan_rows_fast.__qualname__ = f"scan_rows_fast_{fmt.family}_{fmt.token}_{words}" \
         + ("_chained" if chained else "")
     return scan_rows_fast
 
@@ -641,7 +661,7 @@ def _make_cols_steps(fmt: FastFormat):
 def _make_cols_kernel(fmt: FastFormat, rows: int, chunks_max: int, buffer: tuple, tile):
     """The loop shared by the column kernels: work items (segment, column group, outer
     index) over the grid, tiles of ``blockDim.y * rows`` rows over a segment, the carry
-    between tiles and segments. ``tile(...)`` loads, scans and stores one tile through a
+    between tiles and segments. ``tile(..., bf16)`` loads, scans and stores one tile through a
     per-thread ``buffer = (length, type)`` local array and a ``per_word`` one, ``run``."""
     acc = fmt.acc
     per_word = fmt.per_word
@@ -652,6 +672,8 @@ def _make_cols_kernel(fmt: FastFormat, rows: int, chunks_max: int, buffer: tuple
 
     def scan_cols_fast(x, xw, yw, y, ws, outer, extent, inner, x_outer, x_step, y_outer,
                        y_step, seg_len, nseg, phase, reverse, vec, code):
+        bf16 = code >= CODE_BF16  # a half kernel's bf16 flag rides on the code
+        code = code & (CODE_BF16 - 1)
         part = cuda.shared.array(part_slots, acc)
         buf = cuda.local.array(buffer_len, buffer_type)
         carry = cuda.local.array(per_word, acc)
@@ -669,7 +691,7 @@ def _make_cols_kernel(fmt: FastFormat, rows: int, chunks_max: int, buffer: tuple
             while base < s_end:
                 tile(x, xw, yw, y, part, buf, carry, run, base + chunk * rows, s_end, xb, yb,
                      ncols, wide, extent, x_step, y_step, phase, reverse, parity, chunk,
-                     chunks, lane, code)
+                     chunks, lane, code, bf16)
                 parity = 1 - parity
                 base += tile_rows
             carry_out(ws, carry, phase, chunk, seg, lines, o, inner, col, ncols)
@@ -690,19 +712,19 @@ def _make_cols_fast(fmt: FastFormat, rows: int, chunks_max: int):
 
     @cuda.jit(device=True, inline=True)
     def tile(x, xw, yw, y, part, vals, carry, prefix, r0, s_end, xb, yb, ncols, wide,
-             extent, x_step, y_step, phase, reverse, parity, chunk, chunks, lane, code):
+             extent, x_step, y_step, phase, reverse, parity, chunk, chunks, lane, code, bf16):
         for r in range(rows):
             s = r0 + r
             pos = extent - 1 - s if reverse else s
             if wide and s < s_end:
                 w = xw[uint64((xb + pos * x_step) // per_word)]
                 for j in range(per_word):
-                    vals[r * per_word + j] = unpack(w, j)
+                    vals[r * per_word + j] = unpack(w, j, bf16)
             else:
                 for j in range(per_word):
                     v = identity(code)
                     if s < s_end and j < ncols:
-                        v = widen(x[uint64(xb + pos * x_step + j)])
+                        v = widen(x[uint64(xb + pos * x_step + j)], bf16)
                     vals[r * per_word + j] = v
         for r in range(1, rows):
             for j in range(per_word):
@@ -722,16 +744,16 @@ def _make_cols_fast(fmt: FastFormat, rows: int, chunks_max: int):
                 if wide and s < s_end:
                     w = uint64(0)
                     for j in range(per_word):
-                        w |= pack_one(vals[r * per_word + j], j)
+                        w |= pack_one(vals[r * per_word + j], j, bf16)
                     store_word(yw, y, (yb + pos * y_step) // per_word, w)
                 elif s < s_end:
                     for j in range(per_word):
                         if j < ncols:
                             y[uint64(yb + pos * y_step + j)] = narrow(
-                                vals[r * per_word + j])
+                                vals[r * per_word + j], bf16)
 
     scan_cols_fast = _make_cols_kernel(fmt, rows, chunks_max, (rows * per_word, acc), tile)
-    scan_cols_fast.__qualname__ = f"scan_cols_fast_{fmt.family}_{fmt.element.name}_{rows}"
+    scan_cols_fast.__qualname__ = f"scan_cols_fast_{fmt.family}_{fmt.token}_{rows}"
     return scan_cols_fast
 
 
@@ -759,7 +781,7 @@ def _make_cols_fast_packed(fmt: FastFormat, rows: int, chunks_max: int):
 
     @cuda.jit(device=True, inline=True)
     def tile(x, xw, yw, y, part, words, carry, run, r0, s_end, xb, yb, ncols, wide,
-             extent, x_step, y_step, phase, reverse, parity, chunk, chunks, lane, code):
+             extent, x_step, y_step, phase, reverse, parity, chunk, chunks, lane, code, bf16):
         # rows past the segment end load nothing and are skipped below; columns
         # past ``inner`` (j >= ncols) carry zero bits and are never stored
         for r in range(rows):
@@ -780,7 +802,7 @@ def _make_cols_fast_packed(fmt: FastFormat, rows: int, chunks_max: int):
         for r in range(rows):
             if r < valid:
                 for j in range(per_word):
-                    run[j] = combine(run[j], unpack(words[r], j), code)
+                    run[j] = combine(run[j], unpack(words[r], j, bf16), code)
         # run <- carry + the earlier chunks' totals: this thread's prefix
         exchange(part, run, 0, run, carry, parity, chunk, chunks, width, lane, code)
         if phase != 1:
@@ -788,17 +810,17 @@ def _make_cols_fast_packed(fmt: FastFormat, rows: int, chunks_max: int):
                 s = r0 + r
                 pos = extent - 1 - s if reverse else s
                 for j in range(per_word):
-                    run[j] = combine(run[j], unpack(words[r], j), code)
+                    run[j] = combine(run[j], unpack(words[r], j, bf16), code)
                 if wide and s < s_end:
                     store_word(yw, y, (yb + pos * y_step) // per_word,
-                               pack_values(run, 0))
+                               pack_values(run, 0, bf16))
                 elif s < s_end:
                     for j in range(per_word):
                         if j < ncols:
-                            y[uint64(yb + pos * y_step + j)] = narrow(run[j])
+                            y[uint64(yb + pos * y_step + j)] = narrow(run[j], bf16)
 
     scan_cols_fast = _make_cols_kernel(fmt, rows, chunks_max, (rows, uint64), tile)
-    scan_cols_fast.__qualname__ = f"scan_cols_fast_packed_{fmt.family}_{fmt.element.name}_{rows}"
+    scan_cols_fast.__qualname__ = f"scan_cols_fast_packed_{fmt.family}_{fmt.token}_{rows}"
     return scan_cols_fast
 
 
@@ -814,6 +836,9 @@ def _c_flat(array_type: types.Type) -> types.Array:
 #: 2-byte cols body (96 registers uncapped, 84 bytes spilled at 64) and the indexed kernel
 #: with staged indices (98 / 76) keep the cap too. Measurements: docs/design/scan.md.
 _MAX_REGISTERS = 64
+#: Register cap of rows_fast[HALF,arith] (its two kind copies took 72 uncapped, 7 blocks of
+#: 128 threads per SM; 64 fits without a spill, 8 blocks).
+_ROWS_ARITH_HALF_CAP = 64
 
 
 def _cap(fmt: FastFormat, max_registers: int | None, min_per_word: int) -> int | None:
@@ -857,14 +882,16 @@ class FastKernels:
         self.chained = chained
         arrays = (_c_flat(fmt.storage), _c_flat(uint64), _c_flat(uint64),
                   _c_flat(fmt.storage), _c_flat(fmt.acc))
-        tag = f"{element.name},{family}"
+        tag = f"{fmt.token},{family}"
         # the tile (and a non-default split) is in the names: the cubin cache is keyed by
         # name, so a tuning variant named like the default would load the default's cubin
         variant = "" if chained == default else ",chained" if chained else ",two-launch"
         self.rows = Kernel(f"scan_rows_fast[{tag},{words}{variant}]",
                            _make_rows_fast(fmt, words, chained),
                            arrays + (_c_flat(uint64),) + (int64,) * 7 + (boolean, boolean, int64),
-                           register=register)
+                           register=register,
+                           max_registers=_ROWS_ARITH_HALF_CAP
+                           if family == "arith" and fmt.per_word == 4 else None)
         self.cols = Kernel(f"scan_cols_fast[{tag},{self.col_rows}]",
                            (_make_cols_fast_packed if fmt.per_word == 4 and family != "lse"
                             else _make_cols_fast)(fmt, self.col_rows, FAST_COLS_CHUNKS),

@@ -9,7 +9,7 @@ from ..common import (
     MAX_RANK,
     shfl_up,
 )
-from .ops import _UNROLL, ROWS_BLOCK, ScanOp, _constants
+from .ops import _UNROLL, CODE_BF16, ROWS_BLOCK, ScanOp, _constants
 
 # -- kernels -----------------------------------------------------------------------------
 
@@ -50,7 +50,7 @@ def _rows_tiles(op: ScanOp):
 
     @cuda.jit(device=True, inline=True)
     def load_tile(in0, in1, in2, t0, t1, t2, b0, b1, b2, ax0, ax1, ax2, base, s_end, extent,
-                  tile, tid, nthreads, reverse):
+                  tile, tid, nthreads, reverse, bf16):
         for m in range(items):
             j = tid + m * nthreads
             s = base + j
@@ -58,26 +58,26 @@ def _rows_tiles(op: ScanOp):
                 pos = extent - 1 - s if reverse else s
                 slot = j + j // pad
                 if s < s_end:
-                    t0[slot] = widen(in0[b0 + pos * ax0])
+                    t0[slot] = widen(in0[b0 + pos * ax0], bf16)
                     if n_in >= 2:
-                        t1[slot] = widen(in1[b1 + pos * ax1])
+                        t1[slot] = widen(in1[b1 + pos * ax1], bf16)
                 if n_in >= 3:
-                    t2[slot] = widen(in2[b2 + pos * ax2])
+                    t2[slot] = widen(in2[b2 + pos * ax2], bf16)
         if halo and tid == 0:
             s = base + tile
             if s < extent:
                 pos = extent - 1 - s if reverse else s
-                t2[tile + tile // pad] = widen(in2[b2 + pos * ax2])
+                t2[tile + tile // pad] = widen(in2[b2 + pos * ax2], bf16)
 
     @cuda.jit(device=True, inline=True)
     def store_tile(out0, out_idx, t0, tix, bo, bi, ax_out, ax_idx, base, s_end, extent, tid,
-                   nthreads, reverse, write_index):
+                   nthreads, reverse, write_index, bf16):
         for m in range(items):
             j = tid + m * nthreads
             s = base + j
             if s < s_end:
                 pos = extent - 1 - s if reverse else s
-                out0[bo + pos * ax_out] = narrow(t0[j + j // pad])
+                out0[bo + pos * ax_out] = narrow(t0[j + j // pad], bf16)
                 if with_index:
                     if write_index:
                         out_idx[bi + pos * ax_idx] = tix[j + j // idx_pad]
@@ -151,6 +151,8 @@ def _make_rows(op: ScanOp):
     def scan_rows(in0, in1, in2, out0, out_idx, ws_a, ws_b, lines, extent, seg_len, nseg,
                   phase, outer_shape, st0, st1, st2, st_out, st_idx, ax0, ax1, ax2, ax_out,
                   ax_idx, reverse, write_index, code):
+        bf16 = code >= CODE_BF16  # a half kernel's bf16 flag rides on the code
+        code = code & (CODE_BF16 - 1)
         t0 = cuda.shared.array(tile_slots, acc)
         t1 = cuda.shared.array(slots1, acc)
         t2 = cuda.shared.array(slots2, acc)
@@ -179,7 +181,7 @@ def _make_rows(op: ScanOp):
             base = s_begin
             while base < s_end:
                 load_tile(in0, in1, in2, t0, t1, t2, b0, b1, b2, ax0, ax1, ax2, base, s_end,
-                          extent, tile, tid, nthreads, reverse)
+                          extent, tile, tid, nthreads, reverse, bf16)
                 cuda.syncthreads()
                 first = tid * items
                 agg = thread_total(t0, t1, t2, first, base, s_end, extent, reverse, code)
@@ -219,7 +221,7 @@ def _make_rows(op: ScanOp):
                             run = inc
                     cuda.syncthreads()
                     store_tile(out0, out_idx, t0, tix, bo, bi, ax_out, ax_idx, base, s_end,
-                               extent, tid, nthreads, reverse, write_index)
+                               extent, tid, nthreads, reverse, write_index, bf16)
                 carry = total
                 cuda.syncthreads()
                 base += tile
@@ -228,7 +230,7 @@ def _make_rows(op: ScanOp):
                 ws_b[item] = carry[1]
             item += cuda.gridDim.x
 
-    scan_rows.__qualname__ = f"scan_rows_{op.name}_{op.element.name}"  # own cache index
+    scan_rows.__qualname__ = f"scan_rows_{op.name}_{op.token}"  # own cache index
     return scan_rows
 
 
@@ -242,26 +244,26 @@ def _lines_steps(op: ScanOp):
     unroll = _UNROLL
 
     @cuda.jit(device=True, inline=True)
-    def fetch(in0, in1, in2, b0, b1, b2, ax0, ax1, ax2, s, extent, reverse):
+    def fetch(in0, in1, in2, b0, b1, b2, ax0, ax1, ax2, s, extent, reverse, bf16):
         pos = extent - 1 - s if reverse else s
-        v0 = widen(in0[b0 + pos * ax0])
-        v1 = widen(in1[b1 + pos * ax1]) if n_in >= 2 else zero
-        v2 = widen(in2[b2 + pos * ax2]) if n_in >= 3 else zero
+        v0 = widen(in0[b0 + pos * ax0], bf16)
+        v1 = widen(in1[b1 + pos * ax1], bf16) if n_in >= 2 else zero
+        v2 = widen(in2[b2 + pos * ax2], bf16) if n_in >= 3 else zero
         v2n = zero
         if halo:
             if s + 1 < extent:
-                v2n = widen(in2[b2 + (pos - 1 if reverse else pos + 1) * ax2])
+                v2n = widen(in2[b2 + (pos - 1 if reverse else pos + 1) * ax2], bf16)
         return v0, v1, v2, v2n, pos
 
     @cuda.jit(device=True, inline=True)
     def chunk_total(in0, in1, in2, b0, b1, b2, ax0, ax1, ax2, s, c_end, extent, reverse, code,
-                    l0, l1, l2, l2n, lpos, agg):
+                    l0, l1, l2, l2n, lpos, agg, bf16):
         """``agg`` combined with the elements ``s`` .. ``c_end`` of a line, ``unroll``
         loads in flight."""
         while s + unroll <= c_end:
             for u in range(unroll):
                 v0, v1, v2, v2n, pos = fetch(in0, in1, in2, b0, b1, b2, ax0, ax1, ax2, s + u,
-                                             extent, reverse)
+                                             extent, reverse, bf16)
                 l0[u] = v0
                 l1[u] = v1
                 l2[u] = v2
@@ -274,7 +276,7 @@ def _lines_steps(op: ScanOp):
             s += unroll
         while s < c_end:
             v0, v1, v2, v2n, pos = fetch(in0, in1, in2, b0, b1, b2, ax0, ax1, ax2, s, extent,
-                                         reverse)
+                                         reverse, bf16)
             element = lift(v0, v1, v2, v2n, s + 1 < extent, pos, code)
             agg = combine(agg, element, code)
             s += 1
@@ -296,6 +298,8 @@ def _make_lines(op: ScanOp):
     def scan_lines(in0, in1, in2, out0, out_idx, ws_a, ws_b, lines, extent, seg_len, nseg,
                    phase, outer_shape, st0, st1, st2, st_out, st_idx, ax0, ax1, ax2, ax_out,
                    ax_idx, reverse, write_index, code, chunk_len):
+        bf16 = code >= CODE_BF16  # a half kernel's bf16 flag rides on the code
+        code = code & (CODE_BF16 - 1)
         part_a = cuda.shared.array(1024, acc)
         part_b = cuda.shared.array(1024, aux)
         l0 = cuda.local.array(unroll, acc)
@@ -329,7 +333,7 @@ def _make_lines(op: ScanOp):
                 agg = identity(code)
                 if active:
                     agg = chunk_total(in0, in1, in2, b0, b1, b2, ax0, ax1, ax2, c_begin, c_end,
-                                      extent, reverse, code, l0, l1, l2, l2n, lpos, agg)
+                                      extent, reverse, code, l0, l1, l2, l2n, lpos, agg, bf16)
                 part_a[ty * nx + tx] = agg[0]
                 part_b[ty * nx + tx] = agg[1]
                 cuda.syncthreads()
@@ -352,7 +356,7 @@ def _make_lines(op: ScanOp):
                     for u in range(unroll):
                         if u < steps:
                             v0, v1, v2, v2n, pos = fetch(in0, in1, in2, b0, b1, b2, ax0, ax1,
-                                                         ax2, s + u, extent, reverse)
+                                                         ax2, s + u, extent, reverse, bf16)
                             l0[u] = v0
                             l1[u] = v1
                             l2[u] = v2
@@ -366,7 +370,7 @@ def _make_lines(op: ScanOp):
                             inc = combine(run, element, code)
                             value, index = emit(run, inc, l0[u], l1[u], l2[u], l2n[u],
                                                 has_next, lpos[u], code)
-                            out0[bo + lpos[u] * ax_out] = narrow(value)
+                            out0[bo + lpos[u] * ax_out] = narrow(value, bf16)
                             if with_index:
                                 if write_index:
                                     out_idx[bi + lpos[u] * ax_idx] = index
@@ -374,5 +378,5 @@ def _make_lines(op: ScanOp):
                     s += steps
             item += cuda.gridDim.x
 
-    scan_lines.__qualname__ = f"scan_lines_{op.name}_{op.element.name}"
+    scan_lines.__qualname__ = f"scan_lines_{op.name}_{op.token}"
     return scan_lines

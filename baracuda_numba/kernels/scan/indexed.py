@@ -15,6 +15,7 @@ from ..common import (
 )
 from .fast import FAST_ROWS_BLOCK, FastFormat, _c_flat, _cap, _word_codecs
 from .ops import (
+    CODE_BF16,
     CODE_CUMMAX,
     CODE_CUMMAX_RECORD_FLAG,
     CODE_CUMMIN,
@@ -88,7 +89,7 @@ def _indexed_tiles(fmt: FastFormat, words: int):
 
     @cuda.jit(device=True, inline=True)
     def load_tile(x, xw, vals, idxs, base, s_end, full, lane, xb, extent, extent_words,
-                  reverse, code):
+                  reverse, code, bf16):
         for k in range(words):
             sw = base // per_word + k * 32 + lane
             w = uint64(0)
@@ -103,16 +104,16 @@ def _indexed_tiles(fmt: FastFormat, words: int):
                 v = identity(code)[0]
                 p = int64(-1)
                 if full:
-                    v = unpack(w, per_word - 1 - j if reverse else j)
+                    v = unpack(w, per_word - 1 - j if reverse else j, bf16)
                     p = pos
                 elif s < s_end:
-                    v = widen(x[uint64(xb + pos)])
+                    v = widen(x[uint64(xb + pos)], bf16)
                     p = pos
                 vals[k * per_word + j] = v
                 idxs[k * per_word + j] = p
     @cuda.jit(device=True, inline=True)
     def store_tile(yw, y, out_idx, stage, vals, idxs, base, s_end, full, lane, yb, ib, extent,
-                   extent_words, slice_at, reverse, write_index):
+                   extent_words, slice_at, reverse, write_index, bf16):
         staged = stage_indices and full and write_index
         for k in range(words):
             sw = base // per_word + k * 32 + lane
@@ -120,7 +121,7 @@ def _indexed_tiles(fmt: FastFormat, words: int):
                 w = uint64(0)
                 for j in range(per_word):
                     w |= pack_one(vals[k * per_word + j],
-                                  per_word - 1 - j if reverse else j)
+                                  per_word - 1 - j if reverse else j, bf16)
                 if reverse:
                     store_word(yw, y, yb // per_word + extent_words - 1 - sw, w)
                 else:
@@ -136,7 +137,7 @@ def _indexed_tiles(fmt: FastFormat, words: int):
                 elif s < s_end:
                     pos = extent - 1 - s if reverse else s
                     if not full:
-                        y[uint64(yb + pos)] = narrow(vals[k * per_word + j])
+                        y[uint64(yb + pos)] = narrow(vals[k * per_word + j], bf16)
                     if write_index:
                         out_idx[uint64(ib + pos)] = idxs[k * per_word + j]
         if staged:
@@ -189,6 +190,8 @@ def _make_rows_indexed(fmt: FastFormat, words: int):
     def scan_rows_indexed(x, xw, yw, y, out_idx, ws_a, ws_b, lines, extent, x_pitch,
                           y_pitch, i_pitch, seg_len, nseg, phase, reverse, vec, write_index,
                           code):
+        bf16 = code >= CODE_BF16  # a half kernel's bf16 flag rides on the code
+        code = code & (CODE_BF16 - 1)
         vals = cuda.local.array(per_lane, acc)
         idxs = cuda.local.array(per_lane, int64)
         stage = cuda.shared.array(stage_slots, int64)
@@ -223,7 +226,7 @@ def _make_rows_indexed(fmt: FastFormat, words: int):
             while base < s_end:
                 full = vec and base + tile <= s_end
                 load_tile(x, xw, vals, idxs, base, s_end, full, lane, xb, extent,
-                          extent_words, reverse, code)
+                          extent_words, reverse, code, bf16)
                 for k in range(words):
                     run = (vals[k * per_word], idxs[k * per_word])
                     for j in range(1, per_word):
@@ -259,14 +262,14 @@ def _make_rows_indexed(fmt: FastFormat, words: int):
                                         code)
                 if phase != 1:
                     store_tile(yw, y, out_idx, stage, vals, idxs, base, s_end, full, lane, yb,
-                               ib, extent, extent_words, slice_at, reverse, write_index)
+                               ib, extent, extent_words, slice_at, reverse, write_index, bf16)
                 base += tile
             if phase == 1 and lane == 0:
                 ws_a[uint64(item)] = carry[0]
                 ws_b[uint64(item)] = carry[1]
             item += step
 
-    scan_rows_indexed.__qualname__ = f"scan_rows_indexed_{fmt.element.name}_{words}"
+    scan_rows_indexed.__qualname__ = f"scan_rows_indexed_{fmt.token}_{words}"
     return scan_rows_indexed
 
 
@@ -281,7 +284,7 @@ class IndexedKernels:
         self.tile = 32 * words * fmt.per_word
         arrays = (_c_flat(fmt.storage), _c_flat(uint64), _c_flat(uint64),
                   _c_flat(fmt.storage), _c_flat(int64), _c_flat(fmt.acc), _c_flat(int64))
-        self.rows = Kernel(f"scan_rows_indexed[{element.name},{words}]",
+        self.rows = Kernel(f"scan_rows_indexed[{fmt.token},{words}]",
                            _make_rows_indexed(fmt, words),
                            arrays + (int64,) * 8 + (boolean, boolean, boolean, int64),
                            register=register, max_registers=_cap(fmt, max_registers, 4))

@@ -7,14 +7,13 @@ import math
 
 import numpy as np
 from numba import cuda, float32, float64, int32, int64, types, uint16
-from numba.types import float16
 
 from ..._runtime import SIMULATOR
 from ...types import ElementKind, ScanKind
 from ..common import (
-    bf16_to_f32,
-    f32_to_bf16,
-    to_f16,
+    f32_to_half,
+    half_to_f32,
+    is_half,
     to_f32,
     to_f64,
 )
@@ -30,24 +29,46 @@ _UNROLL = 4  # lines kernel: loads in flight per thread per step
 
 
 @cuda.jit(device=True, inline=True)
-def _i32_same(v):
+def _i32_same(v, bf16):
     return int32(v)
 
 
 @cuda.jit(device=True, inline=True)
-def _i64_same(v):
+def _i64_same(v, bf16):
     return int64(v)
 
 
-#: element kind -> (storage type, accumulator type, widen, narrow). Halves accumulate in f32.
+@cuda.jit(device=True, inline=True)
+def _f32_same(v, bf16):
+    return to_f32(v)
+
+
+@cuda.jit(device=True, inline=True)
+def _f64_same(v, bf16):
+    return to_f64(v)
+
+
+#: element kind -> (storage type, accumulator type, widen, narrow); ``widen(v, bf16)`` /
+#: ``narrow(v, bf16)`` take the launch's bf16 flag. f16 and bf16 share one ``HALF`` kernel
+#: (uint16 storage, f32 accumulators) whose flag picks the conversion.
 SCAN_STORAGE = {
-    ElementKind.F16: (float16, float32, to_f32, to_f16),
-    ElementKind.BF16: (uint16, float32, bf16_to_f32, f32_to_bf16),
-    ElementKind.F32: (float32, float32, to_f32, to_f32),
-    ElementKind.F64: (float64, float64, to_f64, to_f64),
+    ElementKind.F16: (uint16, float32, half_to_f32, f32_to_half),
+    ElementKind.BF16: (uint16, float32, half_to_f32, f32_to_half),
+    ElementKind.F32: (float32, float32, _f32_same, _f32_same),
+    ElementKind.F64: (float64, float64, _f64_same, _f64_same),
     ElementKind.I32: (int32, int32, _i32_same, _i32_same),
     ElementKind.I64: (int64, int64, _i64_same, _i64_same),
 }
+
+
+def element_token(element: ElementKind) -> str:
+    """The element token of a scan kernel's name: ``HALF`` for f16 and bf16 (one kernel)."""
+    return "HALF" if is_half(element) else element.name
+
+
+def token_element(token: str) -> ElementKind:
+    """The element kind a kernel of name token ``token`` is built for (f16 for ``HALF``)."""
+    return ElementKind.F16 if token == "HALF" else ElementKind[token]
 
 FLOAT_ELEMENTS = (ElementKind.F16, ElementKind.BF16, ElementKind.F32, ElementKind.F64)
 INT_ELEMENTS = (ElementKind.I32, ElementKind.I64)
@@ -66,6 +87,14 @@ CODE_CUMMAX_RECORD_FLAG = 5
 CODE_CUMMIN_RECORD_FLAG = 6
 #: Backward codes: CODE_CUMPROD, CODE_LOG_CUMSUM_EXP, and this one for Cummax and Cummin.
 CODE_EXTREMUM_BACKWARD = 2
+#: Added to the code of a half kernel's launch for bf16 data (f16: not added); every kernel
+#: with a ``code`` argument splits it at entry (``code >= CODE_BF16``, then the low bits).
+CODE_BF16 = 16
+
+
+def with_bf16(code: int, element: ElementKind) -> int:
+    """The ``code`` argument of a launch at ``element``: ``CODE_BF16`` added for bf16."""
+    return code + CODE_BF16 if element is ElementKind.BF16 else code
 
 
 class ScanOp:
@@ -76,6 +105,7 @@ class ScanOp:
         storage, acc, widen, narrow = SCAN_STORAGE[element]
         self.name = name
         self.element = element
+        self.token = element_token(element)
         self.storage = storage
         self.acc = acc
         self.aux = acc if backward else int64
