@@ -121,8 +121,9 @@ PATH_NAMES = ("fast", "fast-tiles", "fast-alt", "general")
 
 def set_path(plan, path):
     """``fast``: the plan's default fast kernels (the row-caching forward for the
-    FAST_WINDOWS, else the looped window; the tiled backward where its mask fits, listed
-    for f16/bf16/f32 and static for f64, else the leader scatter); ``fast-tiles``: the
+    FAST_WINDOWS, else the looped window; the listed tiled backward where its mask fits,
+    else the leader scatter; f64 has no fast kernels: the general ones on every path,
+    which must give the same results); ``fast-tiles``: the
     tiled backward with tiles of two rows (many tiles per plane, candidate boxes
     straddling tiles); ``fast-alt``: the looped forward window and the leader-scatter
     backward; ``general``: the any-stride 64-bit kernels (gather backward), forced on
@@ -374,10 +375,18 @@ def test_fast_and_general_backward_are_bit_identical(rng, case):
 
 
 def test_fast_window_kernels_are_selected():
-    """Windows in FAST_WINDOWS get their row-caching forward, others the looped one."""
+    """Windows in FAST_WINDOWS get their row-caching forward, others the looped one; f16
+    and bf16 share the HALF kernels; f64 has only the general forward."""
     from baracuda_numba.kernels.fractional_max_pool import FAST_WINDOWS
 
-    for window in FAST_WINDOWS + ((1, 2, 3), (2, 2, 2)):
+    assert (1, 2, 2) not in FAST_WINDOWS  # no benchmark row: the looped window
+    for element in (ElementKind.F16, ElementKind.BF16):
+        plan = make_plan((1, 1, 6, 6), (3, 3), (2, 2), element)[0]
+        assert plan.forward_kernel_name == "fractional_max_pool_fw_rows32[HALF,1x3x3]"
+    plan = make_plan((1, 1, 6, 6), (3, 3), (2, 2), ElementKind.F64)[0]
+    assert plan.forward_walks == ()
+    assert plan.forward_kernel_name == "fractional_max_pool_fw[F64]"
+    for window in FAST_WINDOWS + ((1, 2, 2), (1, 2, 3), (2, 2, 2)):
         shape_in = (1, 1) + tuple(k + 3 for k in window)
         if window[0] == 1:
             plan = make_plan(shape_in[:2] + shape_in[3:], window[1:], (2, 2),
@@ -418,6 +427,16 @@ def test_contiguous_arrays_take_the_fast_path(rng):
     plan.run_fw(fw_args(x, y, idx, to_device(samples_for(rng, 1, 2, 2))))
     plan.run_bw(bw_args(y, idx, to_device(poisoned((1, 2, 7, 9), element))))
     assert plan.paths_taken == {"fw-fast", "bw-fast"}
+    # f64 has no fast kernels: contiguous f64 arrays run the general ones
+    element = ElementKind.F64
+    plan, fw_args, bw_args = make_plan((1, 2, 7, 9), (2, 3), (5, 5), element)
+    assert plan.fast and not plan.listed_backward and plan.tile_shape() is None
+    x = to_device(random_values((1, 2, 7, 9), element, rng))
+    y = to_device(poisoned((1, 2, 5, 5), element))
+    idx = to_device(poisoned((1, 2, 5, 5), ElementKind.I64))
+    plan.run_fw(fw_args(x, y, idx, to_device(samples_for(rng, 1, 2, 2))))
+    plan.run_bw(bw_args(y, idx, to_device(poisoned((1, 2, 7, 9), element))))
+    assert plan.paths_taken == {"fw-general", "bw-general"}
 
 
 @pytest.mark.parametrize("rows", (None, 3), ids=("rows-default", "rows-3"))
@@ -585,8 +604,8 @@ def test_hostcandidate_ranges_equal_the_device_ranges(rng):
 def test_tile_choice_respects_the_shared_memory(rng):
     """Every tile the plan picks holds at most its mask and staged-output capacities, and
     every element's candidate box fits the mask; TORCH placement, boxes over 32 outputs
-    and tiles below one row fall back to the leader scatter."""
-    from baracuda_numba.kernels.fractional_max_pool import BW_MASK_BITS, BW_TILE_CAPS
+    and tiles below one row fall back to the leader scatter (f64: no tiled kernel)."""
+    from baracuda_numba.kernels.fractional_max_pool import BW_MASK_BITS
     from baracuda_numba.plans.fractional_max_pool import candidate_ranges, staged_outputs
 
     cases = [((32, 64, 128, 128), (3, 3), (91, 91)), ((8, 32, 32, 64, 64), (3, 3, 3),
@@ -594,10 +613,14 @@ def test_tile_choice_respects_the_shared_memory(rng):
              ((1, 1, 5, 6), (2, 2), (9, 11)), ((2, 3, 33, 257), (3, 3), (23, 181)),
              ((1, 1, 40, 30, 20), (2, 5, 3), (39, 11, 17))]
     for shape_in, windows, shape_out in cases:
-        for element in (ElementKind.BF16, ElementKind.F64):
+        for element in (ElementKind.BF16, ElementKind.F32, ElementKind.F64):
             for placement in (BARACUDA, TORCH):
                 plan = make_plan(shape_in, windows, shape_out, element, placement)[0]
                 assert plan.tiled_backward  # the default where it applies
+                assert plan.listed_backward == (element is not ElementKind.F64)
+                if element is ElementKind.F64:  # the general gather
+                    assert plan.tile_shape() is None
+                    continue
                 ranges = [candidate_ranges(extent, window, out, placement.value)
                           for extent, window, out in plan.axes]
                 reach = [int((end - first).max()) for first, end in ranges]
@@ -612,14 +635,9 @@ def test_tile_choice_respects_the_shared_memory(rng):
                 _, max_h = staged_outputs(ranges[1], tile_h)
                 w_in, _, w_out = plan.axes[2]
                 slots, staged = tile_d * tile_h * w_in, max_d * max_h * w_out
-                assert plan.listed_backward == (element is not ElementKind.F64)
-                if plan.listed_backward:  # u32 mask per slot, u32 list entry + dy per output
-                    item = element.storage_bits // 8
-                    assert 4 * slots + (4 + item) * staged <= plan.listed_bytes
-                else:
-                    tile_cap, stage_cap = BW_TILE_CAPS[element]
-                    assert slots <= tile_cap
-                    assert staged <= stage_cap
+                # u32 mask per slot, u32 list entry + dy per output
+                item = element.storage_bits // 8
+                assert 4 * slots + (4 + item) * staged <= plan.listed_bytes
                 plan.tile_elems = plan.axes[2][0] - 1
                 assert plan.tile_shape() is None
     # rows wider than the shared column table of candidate ranges take the leader scatter
@@ -634,11 +652,11 @@ def test_tile_choice_respects_the_shared_memory(rng):
                          ids=lambda c: "x".join(map(str, c[0])))
 def test_tiled_backward_is_deterministic_across_tilings(rng, case):
     """Two runs bit-identical, and the same bits for every tiling (one tile per plane, two
-    rows, one row per tile), both tiled kernels (listed elements for bf16, static for
-    f64), the leader scatter and the gather: the sums never depend on which block or
-    thread computes them (nor on the order of the listed kernel's list)."""
+    rows, one row per tile), the listed tiled kernels (half for bf16, f32), the leader
+    scatter and the gather: the sums never depend on which block or thread computes them
+    (nor on the order of the listed kernel's list)."""
     shape_in, windows, shape_out = case
-    for element, bits in ((ElementKind.BF16, np.uint16), (ElementKind.F64, np.uint64)):
+    for element, bits in ((ElementKind.BF16, np.uint16), (ElementKind.F32, np.uint32)):
         _, _, _, idx, _ = run_and_check(rng, shape_in, windows, shape_out, element)
         dy = to_device(random_values(shape_in[:2] + shape_out, element, rng))
         results = []

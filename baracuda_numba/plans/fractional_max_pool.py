@@ -26,24 +26,24 @@ state and ``seed`` is stored but unused):
 Backward (``run_bw``): ``dx[i] = sum dy[o]`` over outputs whose saved index is ``i``,
 computed without atomics: deterministic, bit-stable, f32 accumulation for f16/bf16, summed
 in ascending output order. Every element of ``dx`` is written, so the caller need not
-zero ``dx`` (upstream requires a zeroed ``dx``). Contiguous arrays take the fast path:
-for BARACUDA placement with at most 32 candidate outputs per input element, tiles of
-input rows whose elements collect the outputs that chose them as bits of an integer mask
-in shared memory, then sum them in ascending output order (``plan.tiled_backward``, the
-default; for f16/bf16/f32 only the chosen elements, listed, are summed, with the tile in
-up to ``plan.listed_bytes`` of dynamic shared memory); otherwise the plan zeroes ``dx``
-on the stream and the first output of each group that saved ``i`` writes the sum (leader
-scatter). Other layouts run a gather per
-input element. All give bit-identical results. Each input element looks only at the
-outputs whose window can contain it for any sample in ``[0, 1)`` (a closed-form range per
-axis: the backward needs no samples), so indices are validated for free: an index that
-does not point into its own output's window (the forward never writes one) is ignored,
-not scattered.
+zero ``dx`` (upstream requires a zeroed ``dx``). Contiguous f16/bf16/f32 arrays take the
+fast path: for BARACUDA placement with at most 32 candidate outputs per input element,
+tiles of input rows whose elements collect the outputs that chose them as bits of an
+integer mask in shared memory, then only the chosen elements, listed, sum them in
+ascending output order, the tile in up to ``plan.listed_bytes`` of dynamic shared memory
+(``plan.tiled_backward``, the default); otherwise the plan zeroes ``dx`` on the stream
+and the first output of each group that saved ``i`` writes the sum (leader scatter).
+Other layouts, and f64, run a gather per input element. All give bit-identical results.
+Each input element looks only at the outputs whose window can contain it for any sample
+in ``[0, 1)`` (a closed-form range per axis: the backward needs no samples), so indices
+are validated for free: an index that does not point into its own output's window (the
+forward never writes one) is ignored, not scattered.
 
-Performance: row-major contiguous arrays below 2^31 elements take fast kernels (32-bit
-offsets, magic-number division, row maxima cached across a thread's rows for 2x2 / 3x3 /
-3x3x3 windows, tiled or leader-scatter backward); other layouts run the general 64-bit
-kernels (2-3x slower). Figures per case: docs/design/fractional_max_pool.md.
+Performance: row-major contiguous f16/bf16/f32 arrays below 2^31 elements take fast
+kernels (32-bit offsets, magic-number division, row maxima cached across a thread's rows
+for 3x3 / 3x3x3 windows, tiled or leader-scatter backward); other layouts and f64 run the
+general 64-bit kernels (2-3x slower; identical results). f16 and bf16 share each kernel
+(a runtime flag). Figures per case: docs/design/fractional_max_pool.md.
 
 Arrays: any strides (non-negative) for ``x``, ``y``, ``indices``, ``dy``, ``dx`` and
 ``random_samples``; outputs must not overlap any other argument.
@@ -69,26 +69,26 @@ from .._runtime import SIMULATOR
 from ..arrays import TensorRef, as_mut, as_ref, flat_span
 from ..driver import memset_d8_async
 from ..errors import InvalidProblem, Unsupported
-from ..kernels.common import pad8
+from ..kernels.common import half_flag, pad8
 from ..kernels.fractional_max_pool import (
-    BW_LISTED_ELEMENTS,
     BW_LISTED_MAX_DYNAMIC,
     BW_MASK_BITS,
     BW_TABLE_D,
     BW_TABLE_H,
     BW_TABLE_W,
-    BW_TILE_CAPS,
     CANDIDATE_COUNT_SHIFT,
+    FAST_KINDS,
     FAST_WINDOWS,
     FRACTIONAL_MAX_POOL_BW_FAST_KERNELS,
     FRACTIONAL_MAX_POOL_BW_KERNELS,
     FRACTIONAL_MAX_POOL_BW_LISTED_KERNELS,
-    FRACTIONAL_MAX_POOL_BW_TILED_KERNELS,
     FRACTIONAL_MAX_POOL_ELEMENTS,
     FRACTIONAL_MAX_POOL_FW_FAST_KERNELS,
     FRACTIONAL_MAX_POOL_FW_KERNELS,
     FRACTIONAL_MAX_POOL_FW_ROWS_KERNELS,
     PLACEMENT_BARACUDA,
+    WINDOWS_BF16,
+    kernel_kind,
     magic_divisor,
 )
 from ..streams import stream_handle
@@ -489,7 +489,9 @@ class _FractionalMaxPoolPlan(Plan):
         self._dims = (desc.batch, desc.channels, self._d_in, self._h_in, self._w_in,
                       self._d_out, self._h_out, self._w_out)
         self._placement = desc.placement.value
-        self._windows = (self._kd, self._kh, self._kw, self._placement, 0, 0, 0, 0)
+        windows = [self._kd, self._kh, self._kw, self._placement, 0, 0, 0, 0]
+        windows[WINDOWS_BF16] = half_flag(element)  # the half kernels' runtime flag
+        self._windows = tuple(windows)
         self._bound: dict[tuple[Any, ...], Any] = {}  # launches bound per layout
         # layout key -> checked launch (run fast path): (x, y, indices, samples) forward,
         # (dy, indices, dx) backward
@@ -498,19 +500,23 @@ class _FractionalMaxPoolPlan(Plan):
         # tests/benchmarks may change these two (rows_per_thread None: per kernel default)
         self.rows_per_thread: int | None = None
         self.threads = _THREADS
-        self._fw_kernel = FRACTIONAL_MAX_POOL_FW_KERNELS[element]
-        self._bw_kernel = FRACTIONAL_MAX_POOL_BW_KERNELS[element]
+        kind = kernel_kind(element)  # "HALF" for f16 and bf16
+        self._fw_kernel = FRACTIONAL_MAX_POOL_FW_KERNELS[kind]
+        self._bw_kernel = FRACTIONAL_MAX_POOL_BW_KERNELS[kind]
         window = (self._kd, self._kh, self._kw)
-        self._fw_fast_kernels = {"looped": FRACTIONAL_MAX_POOL_FW_FAST_KERNELS[element]}
-        if window in FAST_WINDOWS:
-            self._fw_fast_kernels["rows32"] = FRACTIONAL_MAX_POOL_FW_ROWS_KERNELS[
-                element, window]
-        self._bw_fast_kernel = FRACTIONAL_MAX_POOL_BW_FAST_KERNELS[element]
-        # the tiled backward: the listed kernel (f16/bf16/f32, f32 sums in the u32 mask
-        # slots), else the static one (f64)
-        self._bw_tiled_kernel = (FRACTIONAL_MAX_POOL_BW_LISTED_KERNELS[element]
-                                 if element in BW_LISTED_ELEMENTS
-                                 else FRACTIONAL_MAX_POOL_BW_TILED_KERNELS[element])
+        # the fast kernels (f16/bf16/f32; f64 runs the general ones, identical results):
+        # the forward walks, the leader scatter and the listed tiled backward (f32 sums in
+        # the u32 mask slots)
+        self._has_fast = kind in FAST_KINDS
+        self._fw_fast_kernels: dict[str, Any] = {}
+        self._bw_fast_kernel = self._bw_tiled_kernel = None
+        if self._has_fast:
+            self._fw_fast_kernels["looped"] = FRACTIONAL_MAX_POOL_FW_FAST_KERNELS[kind]
+            if window in FAST_WINDOWS:
+                self._fw_fast_kernels["rows32"] = FRACTIONAL_MAX_POOL_FW_ROWS_KERNELS[
+                    kind, window]
+            self._bw_fast_kernel = FRACTIONAL_MAX_POOL_BW_FAST_KERNELS[kind]
+            self._bw_tiled_kernel = FRACTIONAL_MAX_POOL_BW_LISTED_KERNELS[kind]
         # Tests and benchmarks may change these (every value is tested): the fast forward's
         # window walk ("rows32": row maxima cached across a thread's rows, 32-bit offsets,
         # for the FAST_WINDOWS; "looped": runtime loops over the window), the fast backward
@@ -518,8 +524,8 @@ class _FractionalMaxPoolPlan(Plan):
         # backward's largest tile (elements; None: the shared-memory capacity), the listed
         # kernel's dynamic shared memory (``listed_bytes``) and the threads per block. Each
         # default is the fastest measured (docs/design/fractional_max_pool.md): "rows32",
-        # the tiled backward, 512 threads (the static f64 kernel alike).
-        self.forward_walk = _ROW_WALK if window in FAST_WINDOWS else "looped"
+        # the tiled backward, 512 threads.
+        self.forward_walk = _ROW_WALK if "rows32" in self._fw_fast_kernels else "looped"
         self.tiled_backward = True
         self.tile_elems: int | None = None
         self.listed_bytes = _LISTED_BYTES
@@ -538,12 +544,11 @@ class _FractionalMaxPoolPlan(Plan):
         if self._planes:
             self._fw_kernel.prepare()
             self._bw_kernel.prepare()
-            if self.fast:
+            if self.fast and self._has_fast:
                 self._fw_fast_kernel.prepare()
                 if self.tile_shape() is not None:
                     self._bw_tiled_kernel.prepare()
-                    if self.listed_backward:
-                        self._bw_tiled_kernel.allow_dynamic_shared(BW_LISTED_MAX_DYNAMIC)
+                    self._bw_tiled_kernel.allow_dynamic_shared(BW_LISTED_MAX_DYNAMIC)
                 else:
                     self._bw_fast_kernel.prepare()
 
@@ -553,19 +558,22 @@ class _FractionalMaxPoolPlan(Plan):
 
     @property
     def listed_backward(self) -> bool:
-        """Whether the tiled backward is the listed kernel (f16/bf16/f32), else the static
-        one (f64)."""
-        return self.descriptor.element in BW_LISTED_ELEMENTS
+        """Whether the element has the listed tiled backward (f16/bf16/f32; f64 runs the
+        general gather)."""
+        return self._has_fast
 
     @property
     def forward_walks(self) -> tuple[str, ...]:
         """The values ``forward_walk`` may take for this window ("looped", and for the
-        FAST_WINDOWS "rows32")."""
+        FAST_WINDOWS "rows32"; none for f64, which has no fast kernels)."""
         return tuple(self._fw_fast_kernels)
 
     @property
     def forward_kernel_name(self) -> str:
-        """The name of the fast forward kernel ``forward_walk`` selects."""
+        """The name of the fast forward kernel ``forward_walk`` selects (f64: the general
+        forward's)."""
+        if not self._has_fast:
+            return self._fw_kernel.name
         return self._fw_fast_kernel.name
 
     @property
@@ -592,22 +600,20 @@ class _FractionalMaxPoolPlan(Plan):
 
     def tile_shape(self) -> tuple[int, int, int, int] | None:
         """(tile_d, tile_h, reach_h, reach_w) of the tiled backward, or None where it does
-        not apply (then the leader scatter runs): BARACUDA placement, a candidate box of at
-        most BW_MASK_BITS outputs, whole rows fitting the tile."""
-        if not self.tiled_backward or self._placement != PLACEMENT_BARACUDA:
+        not apply (then the leader scatter runs, or for f64 the gather): BARACUDA
+        placement, a candidate box of at most BW_MASK_BITS outputs, whole rows fitting the
+        tile."""
+        if (not self.tiled_backward or self._placement != PLACEMENT_BARACUDA
+                or not self.listed_backward):
             return None
         limit = self.tile_elems
-        listed = self.listed_backward
-        key = (limit, listed and self.listed_bytes)
+        key = (limit, self.listed_bytes)
         if key not in self._tiles:
-            if listed:  # u32 mask per element; u32 list entry + dy per staged output
-                budget = min(self.listed_bytes, BW_LISTED_MAX_DYNAMIC)
-                item = self.descriptor.element.storage_bits // 8
-                shared = (4, 4 + item, budget)
-                tile_cap, stage_cap = budget // 4, budget // (4 + item)
-            else:
-                tile_cap, stage_cap = BW_TILE_CAPS[self.descriptor.element]
-                shared = None
+            # u32 mask per element; u32 list entry + dy per staged output
+            budget = min(self.listed_bytes, BW_LISTED_MAX_DYNAMIC)
+            item = self.descriptor.element.storage_bits // 8
+            shared = (4, 4 + item, budget)
+            tile_cap, stage_cap = budget // 4, budget // (4 + item)
             if limit is not None:
                 tile_cap = min(tile_cap, limit)
             choice = None
@@ -691,7 +697,7 @@ class _FractionalMaxPoolPlan(Plan):
         self.check_workspace(workspace)
         if self._planes == 0:
             return
-        fast = self.fast and _fast_layout(x, y, indices)
+        fast = self.fast and self._has_fast and _fast_layout(x, y, indices)
         key = ("fw", fast, self.forward_walk, self.rows_per_thread, x.strides, y.strides,
                indices.strides, samples.strides)
         bound = self._bound.get(key)
@@ -747,7 +753,7 @@ class _FractionalMaxPoolPlan(Plan):
         self.check_workspace(workspace)
         if self._planes == 0:
             return
-        fast = self.fast and _fast_layout(dy, indices, dx)
+        fast = self.fast and self._has_fast and _fast_layout(dy, indices, dx)
         key = ("bw", fast, self.tiled_backward, self.tile_elems, self.tile_threads,
                self.listed_bytes, self.rows_per_thread, dy.strides, indices.strides,
                dx.strides)
@@ -777,18 +783,18 @@ class _FractionalMaxPoolPlan(Plan):
                      ((self._d_in, self._kd), (self._h_in, self._kh), (self._w_in, self._kw))]
             magic += [magic_divisor(self._w_in), magic_divisor(self._h_in * self._w_in),
                       magic_divisor(self._w_out)]
-            windows, shared_bytes = self._windows, 0
-            if self.listed_backward:  # masks, list, staged dy in dynamic shared memory
-                slots = tile_d * tile_h * self._w_in
-                staged = (self._staged_max(self._d_in, self._kd, self._d_out, tile_d)
-                          * self._staged_max(self._h_in, self._kh, self._h_out, tile_h)
-                          * self._w_out)
-                item = self.descriptor.element.storage_bits // 8
-                shared_bytes = 4 * (slots + staged) + item * staged
-                windows = self._windows[:4] + (slots, (slots + staged) * 4 // item, 0, 0)
-                # the opt-in is needed as soon as dynamic + static (5.5 KiB of tables)
-                # shared memory exceeds 48 KiB, so every listed kernel gets the full limit
-                self._bw_tiled_kernel.allow_dynamic_shared(BW_LISTED_MAX_DYNAMIC)
+            # masks, list, staged dy in dynamic shared memory
+            slots = tile_d * tile_h * self._w_in
+            staged = (self._staged_max(self._d_in, self._kd, self._d_out, tile_d)
+                      * self._staged_max(self._h_in, self._kh, self._h_out, tile_h)
+                      * self._w_out)
+            item = self.descriptor.element.storage_bits // 8
+            shared_bytes = 4 * (slots + staged) + item * staged
+            windows = self._windows[:4] + (slots, (slots + staged) * 4 // item) \
+                + self._windows[6:]
+            # the opt-in is needed as soon as dynamic + static (5.5 KiB of tables) shared
+            # memory exceeds 48 KiB, so every listed kernel gets the full limit
+            self._bw_tiled_kernel.allow_dynamic_shared(BW_LISTED_MAX_DYNAMIC)
             return self._bw_tiled_kernel.bind(
                 min(total, _MAX_GRID_X), self.tile_threads,
                 arrays + (self._dims, windows, tuple(m for m, _ in magic) + (0, 0),

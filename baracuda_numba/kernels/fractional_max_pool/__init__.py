@@ -44,9 +44,14 @@ and per-depth work is done once per run, not per element. Both grid axes are str
 any grid covers any problem. Window rows are read four columns per pass and candidate
 indices four at a time: independent loads in flight instead of a dependent chain.
 
+Kernels are per storage kind: f32, f64, and one "half" kernel for f16 and bf16 (uint16
+storage, a runtime bf16 flag in ``windows[WINDOWS_BF16]``). f64 runs the general kernels
+only (identical results; no benchmark row justified fast f64 variants).
+
 Modules: ``placement`` (window starts, candidate outputs, element conversions), ``generic``
-(any strides), ``fast`` (contiguous, 32-bit offsets), ``tiled`` (the tiled backward) and
-``table`` (every compiled kernel); this package re-exports their public names.
+(any strides), ``fast`` (contiguous, 32-bit offsets), ``tiled`` (the listed tiled
+backward) and ``table`` (every compiled kernel); this package re-exports their public
+names.
 """
 
 from __future__ import annotations
@@ -63,6 +68,7 @@ from .fast import (
 from .placement import (
     PLACEMENT_BARACUDA,
     PLACEMENT_TORCH,
+    WINDOWS_BF16,
     baracuda_window_start,
     candidate_outputs,
     clamp_sample,
@@ -71,18 +77,17 @@ from .placement import (
     torch_window_start_f64,
 )
 from .table import (
-    BW_LISTED_ELEMENTS,
     BW_LISTED_MAX_DYNAMIC,
-    BW_TILE_CAPS,
+    FAST_KINDS,
     FRACTIONAL_MAX_POOL_BW_FAST_KERNELS,
     FRACTIONAL_MAX_POOL_BW_KERNELS,
     FRACTIONAL_MAX_POOL_BW_LISTED_KERNELS,
-    FRACTIONAL_MAX_POOL_BW_TILED_KERNELS,
     FRACTIONAL_MAX_POOL_ELEMENTS,
     FRACTIONAL_MAX_POOL_FW_FAST_KERNELS,
     FRACTIONAL_MAX_POOL_FW_KERNELS,
     FRACTIONAL_MAX_POOL_FW_ROWS_KERNELS,
     FRACTIONAL_MAX_POOL_TABLE,
+    kernel_kind,
 )
 from .tiled import (
     BW_MASK_BITS,
@@ -94,14 +99,16 @@ from .tiled import (
 )
 
 __all__ = [
-    "BW_LISTED_ELEMENTS", "BW_LISTED_MAX_DYNAMIC", "BW_MASK_BITS",
-    "BW_TABLE_D", "BW_TABLE_H", "BW_TABLE_W", "BW_TILE_CAPS", "CANDIDATE_COUNT_SHIFT",
-    "FAST_WINDOWS", "FRACTIONAL_MAX_POOL_BW_FAST_KERNELS", "FRACTIONAL_MAX_POOL_BW_KERNELS",
-    "FRACTIONAL_MAX_POOL_BW_LISTED_KERNELS", "FRACTIONAL_MAX_POOL_BW_TILED_KERNELS",
-    "FRACTIONAL_MAX_POOL_ELEMENTS", "FRACTIONAL_MAX_POOL_FW_FAST_KERNELS",
+    "BW_LISTED_MAX_DYNAMIC", "BW_MASK_BITS", "BW_TABLE_D", "BW_TABLE_H", "BW_TABLE_W",
+    "CANDIDATE_COUNT_SHIFT", "FAST_KINDS", "FAST_WINDOWS",
+    "FRACTIONAL_MAX_POOL_BW_FAST_KERNELS", "FRACTIONAL_MAX_POOL_BW_KERNELS",
+    "FRACTIONAL_MAX_POOL_BW_LISTED_KERNELS", "FRACTIONAL_MAX_POOL_ELEMENTS",
+    "FRACTIONAL_MAX_POOL_FW_FAST_KERNELS",
     "FRACTIONAL_MAX_POOL_FW_KERNELS", "FRACTIONAL_MAX_POOL_FW_ROWS_KERNELS",
-    "FRACTIONAL_MAX_POOL_TABLE", "PLACEMENT_BARACUDA", "PLACEMENT_TORCH", "baracuda_start32",
+    "FRACTIONAL_MAX_POOL_TABLE", "PLACEMENT_BARACUDA", "PLACEMENT_TORCH", "WINDOWS_BF16",
+    "baracuda_start32",
     "baracuda_start_fast", "baracuda_threshold", "baracuda_window_start", "candidate_outputs",
     "candidate_outputs_fast", "candidates_baracuda", "clamp_sample", "count_base_at_most",
-    "fast_div", "magic_divisor", "torch_window_start_f32", "torch_window_start_f64",
+    "fast_div", "kernel_kind", "magic_divisor", "torch_window_start_f32",
+    "torch_window_start_f64",
 ]

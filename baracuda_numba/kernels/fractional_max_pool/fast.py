@@ -7,7 +7,7 @@ import math
 
 from numba import cuda, float32, float64, int64, uint32, uint64
 
-from .placement import PLACEMENT_BARACUDA, candidate_outputs, clamp_sample
+from .placement import PLACEMENT_BARACUDA, WINDOWS_BF16, candidate_outputs, clamp_sample
 
 # -- fast path: contiguous arrays, every offset below 2^31 ---------------------------------
 #
@@ -187,22 +187,23 @@ def candidate_outputs_fast(coord, extent, window, out, placement, multiplier, sh
 
 
 #: Windows (kd, kh, kw) with a row-caching forward (``_make_forward_rows32``; 2-D runs with
-#: kd = 1); other windows take ``fractional_max_pool_fw_fast``'s runtime loops.
-FAST_WINDOWS = ((1, 2, 2), (1, 3, 3), (3, 3, 3))
+#: kd = 1): the windows of the benchmark rows (docs/BENCHMARKS.md); other windows (2x2
+#: included) take ``fractional_max_pool_fw_fast``'s runtime loops.
+FAST_WINDOWS = ((1, 3, 3), (3, 3, 3))
 
 
 def _make_window_max(load):
-    """Device function ``(x, first, kd, kh, kw, hw_in, w_in) -> (raw, offset)`` of the
+    """Device function ``(x, first, kd, kh, kw, hw_in, w_in, bf16) -> (raw, offset)`` of the
     first maximum (first NaN) of the window whose first element is ``x[first]``, walking
     it in row-major order with runtime loops."""
 
     @cuda.jit(device=True, inline=True)
-    def window_max_loops(x, first, kd, kh, kw, hw_in, w_in):
+    def window_max_loops(x, first, kd, kh, kw, hw_in, w_in, bf16):
         # uint32 loop-carried offsets: 32-bit adds and one wide multiply per address
         # (a 64-bit expression here costs ~3x the instructions).
         best_at = first
         best_raw = x[first]
-        best = load(best_raw)
+        best = load(best_raw, bf16)
         depth_at = first
         dd = int64(0)
         while dd < kd:
@@ -213,7 +214,7 @@ def _make_window_max(load):
                 row_stop = uint32(row_at + kw)
                 while at < row_stop:
                     raw = x[at]
-                    value = load(raw)
+                    value = load(raw, bf16)
                     if _takes_over_fast(best, value):
                         best, best_raw, best_at = value, raw, at
                     at = uint32(at + 1)
@@ -226,9 +227,11 @@ def _make_window_max(load):
     return window_max_loops
 
 
-def _make_forward_fast(load, torch_start, window_max):
-    """Fast forward kernel for one element kind (contiguous, 32-bit offsets) and one
-    ``_make_window_max`` window walker."""
+def _make_forward_fast(load, torch_start, window_max, half=False):
+    """Fast forward kernel for one storage kind (contiguous, 32-bit offsets) and one
+    ``_make_window_max`` window walker. ``half``: the walk runs in one copy per value of
+    the bf16 flag, its conversion fixed (a copy of the whole body instead took 78 instead
+    of 64 registers)."""
     plane_setup = _make_plane_setup(torch_start)
 
     def fractional_max_pool_fw_fast(x, y, indices, samples, dims, sample_strides, windows,
@@ -240,6 +243,7 @@ def _make_forward_fast(load, torch_start, window_max):
         d_in, h_in, w_in = dims[2], dims[3], dims[4]
         d_out, h_out, w_out = dims[5], dims[6], dims[7]
         kd, kh, kw, placement = windows[0], windows[1], windows[2], windows[3]
+        bf16 = windows[WINDOWS_BF16] != 0
         hw_in = h_in * w_in
         plane_size = d_in * hw_in
         out_hw = h_out * w_out
@@ -284,7 +288,11 @@ def _make_forward_fast(load, torch_start, window_max):
                     else:
                         sh = torch_start(oh, h_out, h_in, kh, alpha_h)
                     first = uint32(x_col + sd * hw_in + sh * w_in)
-                    best_raw, best_at = window_max(x, first, kd, kh, kw, hw_in, w_in)
+                    if half and bf16:
+                        best_raw, best_at = window_max(x, first, kd, kh, kw, hw_in, w_in, True)
+                    else:
+                        best_raw, best_at = window_max(x, first, kd, kh, kw, hw_in, w_in,
+                                                       False)
                     out_at = uint32(y_plane + od * out_hw + oh * w_out)
                     y[out_at] = best_raw
                     indices[out_at] = int64(best_at)
@@ -301,7 +309,7 @@ def _make_forward_fast(load, torch_start, window_max):
 
 
 def _make_backward_fast(load, store, zero):
-    """Fast (leader-scatter) backward kernel for one element kind; ``dx`` must be zeroed
+    """Fast (leader-scatter) backward kernel for one storage kind; ``dx`` must be zeroed
     first (the plan does it).
 
     Candidates are checked one load at a time. More loads in flight (4 clamped candidate
@@ -318,6 +326,7 @@ def _make_backward_fast(load, store, zero):
         d_in, h_in, w_in = dims[2], dims[3], dims[4]
         d_out, h_out, w_out = dims[5], dims[6], dims[7]
         kd, kh, kw, placement = windows[0], windows[1], windows[2], windows[3]
+        bf16 = windows[WINDOWS_BF16] != 0
         hw_in = h_in * w_in
         plane_size = d_in * hw_in
         out_hw = h_out * w_out
@@ -372,12 +381,12 @@ def _make_backward_fast(load, store, zero):
                                             if other < me:  # an earlier output leads
                                                 leader = False
                                                 break
-                                            total += load(dy[other])
+                                            total += load(dy[other], bf16)
                                         other = uint32(other + 1)
                                     o_h += 1
                                 o_d += 1
                             if leader:
-                                dx[uint32(target)] = store(total)
+                                dx[uint32(target)] = store(total, bf16)
                     row += 1
                     oh += 1
                     if oh == h_out:
@@ -425,17 +434,17 @@ def _make_row_cache(load, storage, window):
                         fresh[(dd * win_h + j) * win_w + k] = x[row_at + uint64(k)]
 
     @cuda.jit(device=True, inline=True)
-    def absorb(fresh, cache_raw, cache_at, first, shift, hw_in, w_in):
+    def absorb(fresh, cache_raw, cache_at, first, shift, hw_in, w_in, bf16):
         """Row maxima of the loaded rows into their cache slots."""
         for dd in range(win_d):
             for j in range(win_h):
                 if shift >= uint32(win_h - j):
                     base = (dd * win_h + j) * win_w
                     best_raw = fresh[base]
-                    best = load(best_raw)
+                    best = load(best_raw, bf16)
                     best_k = uint32(0)
                     for k in range(1, win_w):
-                        value = load(fresh[base + k])
+                        value = load(fresh[base + k], bf16)
                         if _takes_over_fast(best, value):
                             best, best_raw, best_k = value, fresh[base + k], uint32(k)
                     cache_at[dd * win_h + j] = uint32(first + uint32(dd) * hw_in
@@ -443,13 +452,13 @@ def _make_row_cache(load, storage, window):
                     cache_raw[dd * win_h + j] = best_raw
 
     @cuda.jit(device=True, inline=True)
-    def combine(cache_raw, cache_at):
+    def combine(cache_raw, cache_at, bf16):
         """The window's first max (first NaN) from its row maxima, in row order."""
         best_raw = cache_raw[0]
-        best = load(best_raw)
+        best = load(best_raw, bf16)
         best_at = cache_at[0]
         for q in range(1, slots):
-            value = load(cache_raw[q])
+            value = load(cache_raw[q], bf16)
             if _takes_over_fast(best, value):
                 best, best_raw, best_at = value, cache_raw[q], cache_at[q]
         return best_raw, best_at
@@ -457,8 +466,8 @@ def _make_row_cache(load, storage, window):
     return slide, load_rows, absorb, combine
 
 
-def _make_forward_rows32(load, torch_start, storage, window):
-    """Fast forward kernel for one element kind and one compile-time window (kd, kh, kw)
+def _make_forward_rows32(load, torch_start, storage, window, half=False):
+    """Fast forward kernel for one storage kind and one compile-time window (kd, kh, kw)
     in FAST_WINDOWS that keeps *row maxima* in registers across a thread's run of rows.
 
     The max over a window equals the max over its rows' maxima combined in row order with
@@ -471,7 +480,8 @@ def _make_forward_rows32(load, torch_start, storage, window):
     at every new depth or plane. The slide and the loads are unrolled (constant slots),
     with the row count ``shift`` uniform across a warp (a warp shares its rows). Every
     offset, counter and window start is a uint32 value (uint32 operands throughout, so
-    LLVM keeps the adds 32-bit and each address is one wide multiply)."""
+    LLVM keeps the adds 32-bit and each address is one wide multiply). ``half``: the body
+    runs in one inlined copy per value of the bf16 flag, its conversions fixed."""
     win_d, win_h, win_w = window
     slots = win_d * win_h
     fresh_size = slots * win_w
@@ -485,9 +495,9 @@ def _make_forward_rows32(load, torch_start, storage, window):
             return baracuda_start32(o, max_start, last, threshold, multiplier, shift)
         return uint32(torch_start(int64(o), out, extent, window_size, alpha))
 
-    def fractional_max_pool_fw_rows32(x, y, indices, samples, dims, sample_strides, windows,
-                                      multipliers, shifts, rows_per_thread):
-        """As ``fractional_max_pool_fw_fast``; ``windows[:3]`` equals ``window``."""
+    @cuda.jit(device=True, inline=True)
+    def _forward_rows32_body(x, y, indices, samples, dims, sample_strides, windows, multipliers,
+                             shifts, rows_per_thread, bf16):
         d_in, h_in, w_in = uint32(dims[2]), uint32(dims[3]), uint32(dims[4])
         d_out, h_out, w_out = uint32(dims[5]), uint32(dims[6]), uint32(dims[7])
         kd, kh = windows[0], windows[1]
@@ -543,8 +553,8 @@ def _make_forward_rows32(load, torch_start, storage, window):
                     slide(cache_raw, cache_at, shift)
                     first = uint32(x_col + uint32(sd * hw_in) + uint32(sh * w_in))
                     load_rows(x, fresh, first, shift, hw_in, w_in)  # before any compare
-                    absorb(fresh, cache_raw, cache_at, first, shift, hw_in, w_in)
-                    best_raw, best_at = combine(cache_raw, cache_at)
+                    absorb(fresh, cache_raw, cache_at, first, shift, hw_in, w_in, bf16)
+                    best_raw, best_at = combine(cache_raw, cache_at, bf16)
                     out_at = uint32(y_plane + uint32(od * out_hw) + uint32(oh * w_out))
                     y[out_at] = best_raw
                     indices[out_at] = int64(best_at)
@@ -560,5 +570,17 @@ def _make_forward_rows32(load, torch_start, storage, window):
                             new_plane = True
                 group = uint32(group + group_step)
             ow = uint32(ow + uint32(cuda.gridDim.x * cuda.blockDim.x))
+
+    def fractional_max_pool_fw_rows32(x, y, indices, samples, dims, sample_strides, windows,
+                                      multipliers, shifts, rows_per_thread):
+        """As ``fractional_max_pool_fw_fast``; ``windows[:3]`` equals ``window``."""
+        # One copy of the body per flag value, its conversions fixed (see
+        # ``placement.WINDOWS_BF16``).
+        if half and windows[WINDOWS_BF16] != 0:
+            _forward_rows32_body(x, y, indices, samples, dims, sample_strides, windows, multipliers,
+                                 shifts, rows_per_thread, True)
+        else:
+            _forward_rows32_body(x, y, indices, samples, dims, sample_strides, windows, multipliers,
+                                 shifts, rows_per_thread, False)
 
     return fractional_max_pool_fw_rows32

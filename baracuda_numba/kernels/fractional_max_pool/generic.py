@@ -7,6 +7,7 @@ from numba import cuda, float32, int64, uint64
 
 from .placement import (
     PLACEMENT_BARACUDA,
+    WINDOWS_BF16,
     _takes_over,
     baracuda_window_start,
     candidate_outputs,
@@ -17,7 +18,8 @@ from .placement import (
 
 
 def _make_forward(load, torch_start):
-    """Forward kernel for one element kind: ``load`` widens storage to the compare type."""
+    """Forward kernel for one storage kind: ``load(raw, bf16)`` widens storage to the
+    compare type."""
 
     @cuda.jit(device=True, inline=True)
     def window_start(o, out, extent, window, alpha, placement):
@@ -29,7 +31,8 @@ def _make_forward(load, torch_start):
                                idx_strides, sample_strides, windows, rows_per_thread):
         """dims = (N, C, D_in, H_in, W_in, D_out, H_out, W_out); *_strides = (n, c, d, h, w,
         ...); sample_strides = (n, c, axis, axis_d, axis_h, axis_w, ...) (axis_d < 0: no
-        depth sample); windows = (kd, kh, kw, placement, ...).
+        depth sample); windows = (kd, kh, kw, placement, ..., windows[WINDOWS_BF16] = the
+        half kernels' bf16 flag, ...).
 
         Thread (x, y) owns output column ``ow = x`` of ``rows_per_thread`` consecutive
         output rows (row = (plane, od, oh) flattened), walked incrementally so that the
@@ -38,6 +41,7 @@ def _make_forward(load, torch_start):
         d_in, h_in, w_in = dims[2], dims[3], dims[4]
         d_out, h_out, w_out = dims[5], dims[6], dims[7]
         kd, kh, kw, placement = windows[0], windows[1], windows[2], windows[3]
+        bf16 = windows[WINDOWS_BF16] != 0
         hw_in = h_in * w_in
         plane_size = d_in * hw_in
         total_rows = dims[0] * channels * d_out * h_out
@@ -80,7 +84,7 @@ def _make_forward(load, torch_start):
                     sh = window_start(oh, h_out, h_in, kh, alpha_h, placement)
                     first = x_col + sd * x_strides[2] + sh * x_strides[3]
                     best_raw = x[uint64(first)]
-                    best = load(best_raw)
+                    best = load(best_raw, bf16)
                     best_d = int64(0)
                     best_h = int64(0)
                     best_w = int64(0)
@@ -96,19 +100,19 @@ def _make_forward(load, torch_start):
                                 raw1 = x[uint64(base + min(dw + 1, last) * x_strides[4])]
                                 raw2 = x[uint64(base + min(dw + 2, last) * x_strides[4])]
                                 raw3 = x[uint64(base + min(dw + 3, last) * x_strides[4])]
-                                value = load(raw0)
+                                value = load(raw0, bf16)
                                 if _takes_over(best, value):
                                     best, best_raw = value, raw0
                                     best_d, best_h, best_w = dd, dh, dw
-                                value = load(raw1)
+                                value = load(raw1, bf16)
                                 if dw + 1 < kw and _takes_over(best, value):
                                     best, best_raw = value, raw1
                                     best_d, best_h, best_w = dd, dh, dw + 1
-                                value = load(raw2)
+                                value = load(raw2, bf16)
                                 if dw + 2 < kw and _takes_over(best, value):
                                     best, best_raw = value, raw2
                                     best_d, best_h, best_w = dd, dh, dw + 2
-                                value = load(raw3)
+                                value = load(raw3, bf16)
                                 if dw + 3 < kw and _takes_over(best, value):
                                     best, best_raw = value, raw3
                                     best_d, best_h, best_w = dd, dh, dw + 3
@@ -133,7 +137,7 @@ def _make_forward(load, torch_start):
 
 
 def _make_backward(load, store, zero):
-    """Backward kernel for one element kind: sums ``load(dy)`` in ``zero``'s type."""
+    """Backward kernel for one storage kind: sums ``load(dy, bf16)`` in ``zero``'s type."""
 
     def fractional_max_pool_bw(dy, indices, dx, dims, dy_strides, idx_strides, dx_strides,
                                windows, rows_per_thread):
@@ -143,6 +147,7 @@ def _make_backward(load, store, zero):
         d_in, h_in, w_in = dims[2], dims[3], dims[4]
         d_out, h_out, w_out = dims[5], dims[6], dims[7]
         kd, kh, kw, placement = windows[0], windows[1], windows[2], windows[3]
+        bf16 = windows[WINDOWS_BF16] != 0
         plane_size = d_in * h_in * w_in
         total_rows = dims[0] * channels * d_in * h_in
         group_step = int64(cuda.gridDim.y) * cuda.blockDim.y
@@ -191,16 +196,18 @@ def _make_backward(load, store, zero):
                                 k1 = indices[uint64(idx_base + o1 * idx_strides[4])]
                                 k2 = indices[uint64(idx_base + o2 * idx_strides[4])]
                                 k3 = indices[uint64(idx_base + o3 * idx_strides[4])]
+                                dy_step = dy_strides[4]
                                 if k0 == target:
-                                    total += load(dy[uint64(dy_base + ow * dy_strides[4])])
+                                    total += load(dy[uint64(dy_base + ow * dy_step)], bf16)
                                 if ow + 1 < ow_end and k1 == target:
-                                    total += load(dy[uint64(dy_base + o1 * dy_strides[4])])
+                                    total += load(dy[uint64(dy_base + o1 * dy_step)], bf16)
                                 if ow + 2 < ow_end and k2 == target:
-                                    total += load(dy[uint64(dy_base + o2 * dy_strides[4])])
+                                    total += load(dy[uint64(dy_base + o2 * dy_step)], bf16)
                                 if ow + 3 < ow_end and k3 == target:
-                                    total += load(dy[uint64(dy_base + o3 * dy_strides[4])])
+                                    total += load(dy[uint64(dy_base + o3 * dy_step)], bf16)
                                 ow += 4
-                    dx[uint64(dx_col + d * dx_strides[2] + h * dx_strides[3])] = store(total)
+                    dx_at = dx_col + d * dx_strides[2] + h * dx_strides[3]
+                    dx[uint64(dx_at)] = store(total, bf16)
                     row += 1
                     h += 1
                     if h == h_in:

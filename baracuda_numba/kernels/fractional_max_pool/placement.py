@@ -6,10 +6,17 @@ from __future__ import annotations
 import math
 
 from numba import cuda, float32, float64, int64
-from numba.types import float16
 
 PLACEMENT_BARACUDA = 0
 PLACEMENT_TORCH = 1
+#: The slot of every kernel's ``windows`` tuple that holds the half kernels' runtime bf16
+#: flag (1: bf16 storage, 0: f16; unused by the f32/f64 kernels). Where a flag tested per
+#: load costs instructions in an issue-bound walk, the kernel branches on it once into two
+#: inlined copies with the flag a constant: the whole body of the row-caching forward, the
+#: window walk of the looped forward, phases 2 and 3 of the listed backward (copies of
+#: their whole bodies took more registers: fewer blocks per SM). The leader scatter and
+#: the general kernels test it per load (the same register allocation as bf16-only).
+WINDOWS_BF16 = 6
 
 _BELOW_ONE = 0.99999994  # the largest f32 below 1
 
@@ -119,18 +126,11 @@ def _takes_over(best, value):
 
 
 # -- element conversions -----------------------------------------------------------------
+# The kernels widen and narrow through ``load(raw, bf16)`` / ``store(value, bf16)``: for
+# f16/bf16 (one "half" kernel, uint16 storage) ``half_to_f32`` / ``f32_to_half`` with the
+# launch's runtime flag, for f32/f64 the identity (the flag unused).
 
 
 @cuda.jit(device=True, inline=True)
-def _load_f16(value):
-    return float32(value)
-
-
-@cuda.jit(device=True, inline=True)
-def _store_f16(value):
-    return float16(value)
-
-
-@cuda.jit(device=True, inline=True)
-def _same(value):
+def _same(value, bf16):
     return value

@@ -1,5 +1,5 @@
-"""Fractional max pool: the tiled backward kernels (candidate masks per tile element in
-shared memory; the static and the listed variant)."""
+"""Fractional max pool: the listed tiled backward kernel (candidate masks per tile element
+in shared memory, the chosen elements listed)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from numba import cuda, float32, int64, uint32
 
 from ..common import bitcast
 from .fast import fast_div
+from .placement import WINDOWS_BF16
 
 
 @cuda.jit(device=True, inline=True)
@@ -59,20 +60,8 @@ def _pop_lowest_bit(mask):
 
 
 @cuda.jit(device=True, inline=True)
-def _first_choice_offset(rem, dl, d_table, h_table, w_table, od_lo, oh_lo, staged_h, w_in,
-                         w_out, m_row, s_row):
-    """Staged offset of the first candidate output of the tile element at depth ``dl``,
-    offset ``rem`` in that depth (row ``rem // w_in``, column ``rem % w_in``)."""
-    hl = uint32(fast_div(rem, m_row, s_row))
-    w = uint32(rem - hl * w_in)
-    return uint32(uint32(uint32((d_table[dl] & _FIRST_MASK) - od_lo) * staged_h
-                         + (h_table[hl] & _FIRST_MASK) - oh_lo) * w_out
-                  + (w_table[w] & _FIRST_MASK))
-
-
-@cuda.jit(device=True, inline=True)
 def _tiled_sizes(dims, multipliers, shifts, tiles):
-    """The 32-bit sizes and the magic divisors the tiled backward kernels use per tile:
+    """The 32-bit sizes and the magic divisors the tiled backward kernel uses per tile:
     (h_in * w_in, h_out * w_out, d_out * h_out * w_out, w_in, w_out, then the multiplier
     and shift of w_in, h_in * w_in and w_out), then the tile count and the reach along h
     and w."""
@@ -111,115 +100,6 @@ def _fill_tile_tables(h_table, d_table, deltas, h0, h1, d0, d1, dims, windows, m
         deltas[tid] = uint32((bit_d * staged_h + bit_h) * w_out32 + bit_w)
 
 
-def _make_backward_tiled(load, store, zero, storage, tile_cap, stage_cap):
-    """Tiled backward kernel for one element kind: no float atomics, no pre-zeroed dx,
-    every dx element written once with a coalesced store.
-
-    A block owns a dx *tile* of one plane: input depths [d0, d1) x rows [h0, h1) x all
-    columns (at most ``tile_cap`` elements). The outputs whose window may contain a tile
-    element (the tile's sample-free candidate box: whole output rows, contiguous per
-    output depth, at most ``stage_cap``) are staged, dy into shared memory; each element
-    ``i`` of the tile gets a 32-bit mask in shared memory of the candidate outputs of
-    ``i`` that chose it::
-
-        bit(o) = ((od - od_first(i)) * reach_h + (oh - oh_first(i))) * reach_w + ow - ow_first(i)
-
-    (``reach_a`` = the most candidates one coordinate has on axis ``a``; the plan uses
-    this kernel only for the BARACUDA placement and ``reach_d * reach_h * reach_w <= 32``).
-    1. Zero the masks and fill shared tables of the packed candidate range of every
-       column and of the tile's rows and depths; each staged output o whose saved index i
-       lies in the tile and that is a candidate of i (else the index is foreign and
-       ignored) sets its bit with an integer ``atomic_or``: OR is commutative, so the
-       masks do not depend on the order of the calls.
-    2. Each tile element sums dy over the set bits of its mask in ascending bit order,
-       which is ascending (od, oh, ow) order, in the accumulate type, and writes dx (0
-       where no output chose it). A bit's staged offset relative to the element's first
-       candidate is a per-tile table.
-    Same (o, i) pairs, same order and same accumulate type as the gather: bit-identical
-    to it, deterministic. All per-element arithmetic is 32-bit (the plan requires
-    offsets below 2^31 on this path): Nsight Compute showed the previous 64-bit version
-    issue-bound at ~330 instructions per staged output and element."""
-
-    def fractional_max_pool_bw_tiled(dy, indices, dx, dims, windows, multipliers, shifts,
-                                     tiles):
-        """multipliers/shifts: magic divisors of (ms_d, ms_h, ms_w, w_in, h_in*w_in, w_out,
-        ...); tiles = (tile_d, tile_h, tiles_d, tiles_h, total_tiles, reach_h, reach_w,
-        ...). dy, indices, dx row-major contiguous; one block per tile (grid-strided)."""
-        masks = cuda.shared.array(tile_cap, uint32)
-        dy_stage = cuda.shared.array(stage_cap, storage)
-        w_table = cuda.shared.array(BW_TABLE_W, uint32)
-        h_table = cuda.shared.array(BW_TABLE_H, uint32)
-        d_table = cuda.shared.array(BW_TABLE_D, uint32)
-        deltas = cuda.shared.array(BW_MASK_BITS, uint32)
-        (hw_in, out_hw, out_plane, w_in32, w_out32, m_row, s_row, m_depth, s_depth, m_wout,
-         s_wout, total_tiles, reach_h, reach_w) = _tiled_sizes(dims, multipliers, shifts, tiles)
-        tid = uint32(cuda.threadIdx.x)
-        threads = uint32(cuda.blockDim.x)
-        _fill_candidates(w_table, int64(0), dims[4], dims[4], windows[2], dims[7],
-                         multipliers[2], shifts[2])
-        tile = int64(cuda.blockIdx.x)
-        while tile < total_tiles:
-            (plane, d0, d1, h0, h1, od_lo, od_hi, oh_lo, staged_h, row_len, tile_origin,
-             tile_rows, tile_depths, tile_span, depth_elems) = _tile_box(
-                tile, tiles, dims, windows, multipliers, shifts)
-            _zero_slots(masks, tile_depths * depth_elems, tid, threads)
-            _fill_tile_tables(h_table, d_table, deltas, h0, h1, d0, d1, dims, windows,
-                              multipliers, shifts, reach_h, reach_w, staged_h, w_out32, tid)
-            cuda.syncthreads()
-            # 1. stage dy, mark each choice in its element's mask
-            stage_at = uint32(0)
-            o_d = od_lo
-            while o_d < od_hi:
-                src = uint32(plane * out_plane + o_d * out_hw + oh_lo * dims[7])
-                s = tid
-                while s < row_len:  # two independent index and dy loads per pass
-                    s1 = uint32(s + threads)
-                    at1 = uint32(src + min(s1, uint32(row_len - 1)))
-                    target0 = indices[uint32(src + s)]
-                    target1 = indices[at1]
-                    raw0 = dy[uint32(src + s)]
-                    raw1 = dy[at1]
-                    dy_stage[uint32(stage_at + s)] = raw0
-                    _mark_choice(masks, target0, s, o_d, oh_lo, tile_origin, tile_span,
-                                 hw_in, w_in32, depth_elems, tile_rows, w_table, h_table,
-                                 d_table, reach_h, reach_w, m_wout, s_wout, w_out32,
-                                 m_row, s_row, m_depth, s_depth)
-                    if s1 < row_len:
-                        dy_stage[uint32(stage_at + s1)] = raw1
-                        _mark_choice(masks, target1, s1, o_d, oh_lo, tile_origin,
-                                     tile_span, hw_in, w_in32, depth_elems, tile_rows,
-                                     w_table, h_table, d_table, reach_h, reach_w, m_wout,
-                                     s_wout, w_out32, m_row, s_row, m_depth, s_depth)
-                    s = uint32(s + 2 * threads)
-                stage_at = uint32(stage_at + row_len)
-                o_d += 1
-            cuda.syncthreads()
-            # 2. sum the chosen dy of every element in ascending output order; write dx
-            run = uint32(tile_rows * w_in32)  # valid elements per tile depth
-            dl = uint32(0)
-            while dl < tile_depths:
-                dst = uint32(tile_origin + dl * hw_in)
-                from_at = uint32(dl * depth_elems)
-                j = tid
-                while j < run:
-                    chosen = masks[uint32(from_at + j)]
-                    total = zero
-                    if chosen != 0:
-                        base = _first_choice_offset(j, dl, d_table, h_table, w_table,
-                                                    od_lo, oh_lo, staged_h, w_in32,
-                                                    w_out32, m_row, s_row)
-                        while chosen != 0:
-                            bit, chosen = _pop_lowest_bit(chosen)
-                            total += load(dy_stage[uint32(base + deltas[bit])])
-                    dx[uint32(dst + j)] = store(total)
-                    j = uint32(j + threads)
-                dl = uint32(dl + 1)
-            cuda.syncthreads()
-            tile += cuda.gridDim.x
-
-    return fractional_max_pool_bw_tiled
-
-
 def _listed_steps(load, store):
     """Phases 2 and 3 of ``_make_backward_listed``: ``sum_listed`` sums, for each listed
     element, its chosen dy in ascending output order (f32, from +0.0) and keeps the sum's
@@ -229,7 +109,7 @@ def _listed_steps(load, store):
     @cuda.jit(device=True, inline=True)
     def sum_listed(words, stage, listed_count, list_at, stage_from, deltas, d_table, h_table,
                    w_table, od_lo, oh_lo, staged_h, depth_elems, w_in32, w_out32, tid,
-                   threads):
+                   threads, bf16):
         listed = listed_count[0]
         k = tid
         while k < listed:
@@ -246,13 +126,13 @@ def _listed_steps(load, store):
             total = float32(0.0)
             while chosen != 0:
                 bit, chosen = _pop_lowest_bit(chosen)
-                total += load(stage[uint32(base + deltas[bit])])
+                total += load(stage[uint32(base + deltas[bit])], bf16)
             words[slot] = bitcast(total, uint32)
             k = uint32(k + threads)
 
     @cuda.jit(device=True, inline=True)
     def write_tile(dx, words, tile_origin, tile_rows, tile_depths, depth_elems, hw_in, w_in32,
-                   tid, threads):
+                   tid, threads, bf16):
         run = uint32(tile_rows * w_in32)  # valid elements per tile depth
         dl = uint32(0)
         while dl < tile_depths:
@@ -260,7 +140,7 @@ def _listed_steps(load, store):
             from_at = uint32(dl * depth_elems)
             j = tid
             while j < run:
-                dx[uint32(dst + j)] = store(bitcast(words[uint32(from_at + j)], float32))
+                dx[uint32(dst + j)] = store(bitcast(words[uint32(from_at + j)], float32), bf16)
                 j = uint32(j + threads)
             dl = uint32(dl + 1)
 
@@ -313,35 +193,49 @@ def _mark_range(dy, indices, words, stage, listed_count, windows, staged_total, 
         dd, r = _advance(dd1, r1, step_dd, step_r, row_len)
 
 
-def _make_backward_listed(load, store, storage):
-    """Tiled backward with a list of chosen elements (f16/bf16/f32: f32 sums), tiles in
-    dynamic shared memory (sized by the plan, above 48 KiB where it helps).
+def _make_backward_listed(load, store, storage, half=False):
+    """Tiled backward kernel for one storage kind (f32 sums: f16/bf16/f32): no float
+    atomics, no pre-zeroed dx, every dx element written once with a coalesced store.
 
-    Same tiles, staging, masks and candidate tables as ``_make_backward_tiled``, but
-    phase 2 visits only the elements some output chose: when an output's mark turns its
-    element's mask from 0 to non-zero, the element's packed tile coordinates are appended
-    to a list (an integer ``atomic_add`` on a shared counter; the list's order varies, its
-    content does not). Then each thread takes list entries, sums dy over the entry's bits
-    in ascending bit = output order (f32, from +0.0: the gather's sum) and writes the
-    sum's bits over the entry's mask; a last pass writes the whole tile to dx, coalesced,
-    reading each slot as f32 (an unchosen element's mask is 0 = +0.0, the gather's empty
-    sum). Bit-identical to the gather. The per-element phase 2 of the other tiled kernel
-    runs a warp as long as its lane with the most bits while ~3 of 32 lanes have any in
-    3-D (~10% of the elements are chosen); here all lanes hold chosen elements.
+    A block owns a dx *tile* of one plane: input depths [d0, d1) x rows [h0, h1) x all
+    columns. The outputs whose window may contain a tile element (the tile's sample-free
+    candidate box: whole output rows, contiguous per output depth) are staged, dy into
+    shared memory; each element ``i`` of the tile gets a 32-bit mask of the candidate
+    outputs of ``i`` that chose it::
 
-    Phase 1 walks the tile's staged box as one range, two independent index and dy loads
-    per pass (the static kernel's loop per output depth waits for one
-    round trip per depth: ~10 in sequence for a 3-D tile).
+        bit(o) = ((od - od_first(i)) * reach_h + (oh - oh_first(i))) * reach_w + ow - ow_first(i)
 
-    Dynamic shared memory (``words`` = u32 view, ``stage`` = storage view of the same
-    bytes): masks at [0, tile slots), list at [list_at, list_at + staged cap),
-    staged dy from ``stage_from`` (storage units)."""
+    (``reach_a`` = the most candidates one coordinate has on axis ``a``; the plan uses
+    this kernel only for the BARACUDA placement and ``reach_d * reach_h * reach_w <= 32``).
+
+    1. Zero the masks, fill shared tables of the packed candidate range of every column
+       and of the tile's rows and depths; walk the staged box as one range, two
+       independent index and dy loads per pass: each staged output o whose saved index i
+       lies in the tile and that is a candidate of i (else the index is foreign and
+       ignored) sets its bit with an integer ``atomic_or`` (commutative: the masks do not
+       depend on the order); the output that turns a mask from 0 to non-zero appends the
+       element's packed tile coordinates to a list (``atomic_add`` on a shared counter:
+       the list's order varies, its content does not).
+    2. Each thread takes list entries, sums dy over the entry's bits in ascending bit =
+       output order (f32, from +0.0: the gather's sum) and writes the sum's bits over the
+       entry's mask. Only chosen elements are visited (~10% in 3-D), so all lanes work.
+    3. Write the whole tile to dx, coalesced, reading each slot as f32 (an unchosen
+       element's mask is 0 = +0.0, the gather's empty sum).
+
+    Same (o, i) pairs, same order and accumulate type as the gather: bit-identical to it,
+    deterministic. All per-element arithmetic is 32-bit (the plan requires offsets below
+    2^31 on this path).
+
+    Dynamic shared memory (sized by the plan, above 48 KiB where it helps; ``words`` = u32
+    view, ``stage`` = storage view of the same bytes): masks at [0, tile slots), list at
+    [list_at, list_at + staged cap), staged dy from ``stage_from`` (storage units)."""
     sum_listed, write_tile = _listed_steps(load, store)
 
-    def fractional_max_pool_bw_listed(dy, indices, dx, dims, windows, multipliers, shifts,
-                                      tiles):
-        """As ``fractional_max_pool_bw_tiled``; windows = (kd, kh, kw, placement, list_at,
-        stage_from, 0, 0)."""
+    def fractional_max_pool_bw_listed(dy, indices, dx, dims, windows, multipliers, shifts, tiles):
+        """multipliers/shifts: magic divisors of (ms_d, ms_h, ms_w, w_in, h_in*w_in, w_out,
+        ...); tiles = (tile_d, tile_h, tiles_d, tiles_h, total_tiles, reach_h, reach_w,
+        ...); windows = (kd, kh, kw, placement, list_at, stage_from, bf16 flag, 0). dy,
+        indices, dx row-major contiguous; one block per tile (grid-strided)."""
         words = cuda.shared.array(0, uint32)
         stage = cuda.shared.array(0, storage)
         listed_count = cuda.shared.array(1, uint32)
@@ -349,6 +243,7 @@ def _make_backward_listed(load, store, storage):
         h_table = cuda.shared.array(BW_TABLE_H, uint32)
         d_table = cuda.shared.array(BW_TABLE_D, uint32)
         deltas = cuda.shared.array(BW_MASK_BITS, uint32)
+        bf16 = windows[WINDOWS_BF16] != 0
         list_at = uint32(windows[4])
         stage_from = uint32(windows[5])
         (hw_in, out_hw, out_plane, w_in32, w_out32, m_row, s_row, m_depth, s_depth, m_wout,
@@ -378,13 +273,24 @@ def _make_backward_listed(load, store, storage):
             cuda.syncthreads()
             # 2. each listed element: sum its chosen dy in ascending output order, keep
             #    the f32 sum's bits in its mask slot
-            sum_listed(words, stage, listed_count, list_at, stage_from, deltas, d_table, h_table,
-                       w_table, od_lo, oh_lo, staged_h, depth_elems, w_in32, w_out32, tid,
-                       threads)
+            #    (one copy per flag value, its conversion fixed: phase 1 converts nothing;
+            #    two copies of the whole body cost 13 more registers, 3 -> 2 blocks per SM)
+            if half and bf16:
+                sum_listed(words, stage, listed_count, list_at, stage_from, deltas, d_table,
+                           h_table, w_table, od_lo, oh_lo, staged_h, depth_elems, w_in32,
+                           w_out32, tid, threads, True)
+            else:
+                sum_listed(words, stage, listed_count, list_at, stage_from, deltas, d_table,
+                           h_table, w_table, od_lo, oh_lo, staged_h, depth_elems, w_in32,
+                           w_out32, tid, threads, False)
             cuda.syncthreads()
             # 3. write the tile: whole rows, coalesced
-            write_tile(dx, words, tile_origin, tile_rows, tile_depths, depth_elems, hw_in, w_in32,
-                       tid, threads)
+            if half and bf16:
+                write_tile(dx, words, tile_origin, tile_rows, tile_depths, depth_elems, hw_in,
+                           w_in32, tid, threads, True)
+            else:
+                write_tile(dx, words, tile_origin, tile_rows, tile_depths, depth_elems, hw_in,
+                           w_in32, tid, threads, False)
             cuda.syncthreads()
             tile += cuda.gridDim.x
 
@@ -441,7 +347,7 @@ def _choice_bit(target, staged, od, oh_lo, tile_origin, tile_span, hw_in, w_in,
 
 @cuda.jit(device=True, inline=True)
 def _tile_box(tile, tiles, dims, windows, multipliers, shifts):
-    """Geometry of dx tile ``tile`` of the tiled backward kernels: its plane, input depths
+    """Geometry of dx tile ``tile`` of the tiled backward kernel: its plane, input depths
     ``[d0, d1)`` and rows ``[h0, h1)`` (all columns), the staged output box (depths
     ``[od_lo, od_hi)``, rows from ``oh_lo``: ``staged_h`` rows, ``row_len`` outputs per
     output depth), the tile's flat input origin and span, its rows and depths, and the
@@ -477,26 +383,14 @@ def _tile_box(tile, tiles, dims, windows, multipliers, shifts):
 
 
 @cuda.jit(device=True, inline=True)
-def _mark_choice(masks, target, staged, od, oh_lo, tile_origin, tile_span, hw_in, w_in,
-                 depth_elems, tile_rows, w_table, h_table, d_table, reach_h, reach_w,
-                 m_wout, s_wout, w_out, m_row, s_row, m_depth, s_depth):
-    """Set the bit of a staged output's choice (``_choice_bit``) in its element's mask.
-    Integer OR: the masks do not depend on the order of the calls."""
-    slot, bit_mask, _ = _choice_bit(target, staged, od, oh_lo, tile_origin, tile_span,
-                                    hw_in, w_in, depth_elems, tile_rows, w_table, h_table,
-                                    d_table, reach_h, reach_w, m_wout, s_wout, w_out, m_row,
-                                    s_row, m_depth, s_depth)
-    if bit_mask != 0:
-        cuda.atomic.or_(masks, slot, bit_mask)
-
-
-@cuda.jit(device=True, inline=True)
 def _mark_listed(words, listed_count, list_at, target, staged, od, oh_lo, tile_origin,
                  tile_span, hw_in, w_in, depth_elems, tile_rows, w_table, h_table, d_table,
                  reach_h, reach_w, m_wout, s_wout, w_out, m_row, s_row, m_depth, s_depth):
-    """``_mark_choice`` that also appends the element's packed coordinates to the tile's
-    list of chosen elements when its mask was empty (integer atomics: the set of listed
-    elements does not depend on the order, only their positions do)."""
+    """Set the bit of a staged output's choice (``_choice_bit``) in its element's mask
+    (integer OR: the masks do not depend on the order of the calls) and append the
+    element's packed coordinates to the tile's list of chosen elements when its mask was
+    empty (the set of listed elements does not depend on the order, only their positions
+    do)."""
     slot, bit_mask, packed = _choice_bit(target, staged, od, oh_lo, tile_origin, tile_span,
                                          hw_in, w_in, depth_elems, tile_rows, w_table,
                                          h_table, d_table, reach_h, reach_w, m_wout, s_wout,
@@ -505,7 +399,6 @@ def _mark_listed(words, listed_count, list_at, target, staged, od, oh_lo, tile_o
         if cuda.atomic.or_(words, slot, bit_mask) == 0:
             at = cuda.atomic.add(listed_count, 0, uint32(1))
             words[uint32(list_at + at)] = packed
-
 
 
 #: The masks hold one bit per candidate output of an element.
