@@ -768,6 +768,7 @@ if SIMULATOR:
         return (array[index], array[index + 1], array[index + 2], array[index + 3])
 
     load16_last = load16  # the simulator has no cache policies
+    load16_ro = load16
 
 else:
 
@@ -804,6 +805,26 @@ else:
     load16_last = _load16_asm("{ .reg .b64 p; createpolicy.fractional.L2::evict_last.b64 p, "
                               "1.0; ld.global.L2::cache_hint.v4.u32 {$0, $1, $2, $3}, [$4], "
                               "p; }")
+
+    @intrinsic
+    def load16_ro(typingctx, array, index):
+        """``load16`` of data no kernel writes during the launch (a weight, a table): an
+        ordinary LLVM load with ``!invariant.load``, which NVVM emits as
+        ``ld.global.nc.v4.u32``. Not volatile, so it need not wait for earlier stores; and
+        not an asm, so it is never speculated out of the branch that guards it (the
+        address must be valid only where the load runs)."""
+
+        def codegen(context, builder, signature, args):
+            address = element_address(context, builder, signature.args[0], args[0],
+                                      signature.args[1], args[1])
+            vector = _ir.VectorType(_ir.IntType(32), 4)
+            loaded = builder.load(builder.inttoptr(address, vector.as_pointer(1)), align=16)
+            loaded.set_metadata("invariant.load", builder.module.add_metadata([]))
+            return context.make_tuple(builder, WORDS4, [
+                builder.extract_element(loaded, _ir.Constant(_ir.IntType(32), i))
+                for i in range(4)])
+
+        return WORDS4(array, index), codegen
 
 
 if SIMULATOR:

@@ -49,6 +49,7 @@ from .common import (
     f32_to_bf16,
     f32_to_bits,
     load16,
+    load16_ro,
     pack_bf16x2,
     pack_f16x2,
     shfl_down,
@@ -383,7 +384,7 @@ def _weight_values(weight: ElementKind, k: int, vec: int, array: str,
     wunits = vec * weight.byte_width // 16
     lines, words = [], []
     for i in range(wunits):
-        lines.append(f"q{tag}{k}{array[0]}{i} = load16({array}, uint64(u{k} * {4 * wunits} + "
+        lines.append(f"q{tag}{k}{array[0]}{i} = load16_ro({array}, uint64(u{k} * {4 * wunits} + "
                      f"{4 * i}))")
         words += [f"q{tag}{k}{array[0]}{i}[{j}]" for j in range(4)]
     return lines + _decode(weight, words, names)
@@ -736,7 +737,7 @@ def _generated(name: str, source: str) -> Any:
     namespace = dict(
         __name__=__name__,  # the kernels' module: their family for precompile and the cache
         cuda=cuda, float32=float32, float64=float64, int64=int64, uint64=uint64, math=math,
-        uint32=uint32, load16=load16, store16=store16, strided_offset2=strided_offset2,
+        uint32=uint32, load16=load16, load16_ro=load16_ro, store16=store16, strided_offset2=strided_offset2,
         _row_sums=_row_sums, FLAG_RESIDUAL=FLAG_RESIDUAL, FLAG_WEIGHT=FLAG_WEIGHT,
         FLAG_WEIGHT_GRAD=FLAG_WEIGHT_GRAD, FLAG_BIAS=FLAG_BIAS, FLAG_LAYER=FLAG_LAYER,
         unpack_f16x2=unpack_f16x2, unpack_bf16x2=unpack_bf16x2, f32_from_bits=f32_from_bits,
