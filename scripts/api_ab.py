@@ -103,6 +103,15 @@ for dt in (F32, BF16, F16):
             case(f"fmp{dims}d {'fwd+bwd ' if grad else ''}{NAMES[dt]} {list(shape)}",
                  lambda d=dims, s=shape, o=out, dt=dt, g=grad: pool(d, s, o, dt, g))
 
+for dt in (F32, BF16):  # normalization: weight and bias loads (issue 54)
+    for shape in ((8192, 4096), (16384, 3584)):
+        d = shape[1]
+        case(f"rms_norm {NAMES[dt]} {list(shape)}", lambda s=shape, d=d, dt=dt: (
+            lambda x, w: bt.rms_norm(x, d, w, 1e-6), (rnd(s, dt), rnd((d,), dt))))
+        case(f"layer_norm {NAMES[dt]} {list(shape)}", lambda s=shape, d=d, dt=dt: (
+            lambda x, w, b: bt.layer_norm(x, d, w, b), (rnd(s, dt), rnd((d,), dt),
+                                                        rnd((d,), dt))))
+
 def timed(fn, n=20, rounds=5):
     fn(); torch.cuda.synchronize()
     times = []
