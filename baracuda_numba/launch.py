@@ -236,7 +236,9 @@ def _dispatcher(py_func: Callable[..., Any], max_registers: int | None) -> Any:
     if found is None:
         # Numba's disk-cache key ignores max_registers (a capped kernel would load the
         # uncapped build), so capped kernels rely on this package's cubin cache alone.
-        options: dict[str, Any] = {"cache": not SIMULATOR and max_registers is None}
+        # Generated sources (no file behind them) have no Numba cache locator either.
+        options: dict[str, Any] = {"cache": not SIMULATOR and max_registers is None
+                                   and os.path.isfile(py_func.__code__.co_filename)}
         if max_registers is not None and not SIMULATOR:
             options["max_registers"] = max_registers
         found = cuda.jit(**options)(py_func)

@@ -10,7 +10,9 @@ and each output's checksum is compared across the trees.
 -C DIR``). Compile both trees before timing (``--precompile``, in parallel processes): a
 kernel compiled on first use inside the timed loop would dominate a side. Times are CUDA
 events over back-to-back calls (host time included where a call is host-bound), median of
-5 rounds of 20; forward+backward rows time ``torch.autograd.grad`` of the op.
+5 rounds of 20; forward+backward rows time ``torch.autograd.grad`` of the op. The kernels
+columns are the device time of a call's kernels (torch.profiler over 10 calls): host
+overhead, noisy from process to process, left out.
 """
 
 from __future__ import annotations
@@ -124,6 +126,14 @@ def timed(fn, n=20, rounds=5):
         times.append(a.elapsed_time(b) * 1e3 / n)
     return sorted(times)[len(times) // 2]
 
+def kernel_time(fn, n=10):
+    """Device time of ``fn``'s kernels per call (µs; profiler): host overhead excluded."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(n):
+            fn()
+        torch.cuda.synchronize()
+    return sum(e.self_device_time_total for e in prof.key_averages()) / n
+
 def checksum(t):
     if isinstance(t, (tuple, list)):
         return sum(checksum(u) for u in t)
@@ -135,9 +145,9 @@ out = {}
 for name, make in cases:
     try:
         fn, args = make()
-        out[name] = [timed(lambda: fn(*args)), checksum(fn(*args))]
+        out[name] = [timed(lambda: fn(*args)), checksum(fn(*args)), kernel_time(lambda: fn(*args))]
     except Exception as error:  # a row that fails reports, the others still run
-        out[name] = [None, f"{type(error).__name__}: {str(error)[:120]}"]
+        out[name] = [None, f"{type(error).__name__}: {str(error)[:120]}", None]
     fn = args = None
     torch.cuda.empty_cache()
 print("RESULT " + json.dumps(out))
@@ -179,15 +189,18 @@ def main() -> None:
     for _ in range(args.rounds):
         for side in ("base", "new"):
             sides[side].append(run_side(getattr(args, side), args.only, args.timeout))
-    print("| case | base µs | new µs | new / base | same result |\n|---|---:|---:|---:|---|")
-    for name, (_, base_sum) in sides["base"][0].items():
-        best = {s: min((r[name][0] for r in runs if r[name][0] is not None), default=None)
-                for s, runs in sides.items()}
-        new_sum = sides["new"][0].get(name, [None, None])[1]
-        ratio = f"{best['new'] / best['base']:.3f}" if best["base"] and best["new"] else ""
+    print("| case | base µs | new µs | new / base | base kernels µs | new kernels µs | "
+          "kernels new / base | same result |\n|---|---:|---:|---:|---:|---:|---:|---|")
+    for name, (_, base_sum, _) in sides["base"][0].items():
+        cells = []
+        for column in (0, 2):  # wall time per call, then device time of its kernels
+            best = {s: min((r[name][column] for r in runs if r[name][column] is not None),
+                           default=None) for s, runs in sides.items()}
+            ratio = f"{best['new'] / best['base']:.3f}" if best["base"] and best["new"] else ""
+            cells += [f"{v:.1f}" if v else "" for v in best.values()] + [ratio]
+        new_sum = sides["new"][0].get(name, [None, None, None])[1]
         same = "yes" if base_sum == new_sum else f"no ({base_sum} / {new_sum})"
-        shown = {s: f"{v:.1f}" if v else "" for s, v in best.items()}
-        print(f"| {name} | {shown['base']} | {shown['new']} | {ratio} | {same} |")
+        print(f"| {name} | {' | '.join(cells)} | {same} |")
 
 
 if __name__ == "__main__":
