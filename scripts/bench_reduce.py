@@ -159,7 +159,8 @@ def bench(ctx: Any) -> None:
     x = torch.rand((4096, 4096), device="cuda")
     y = torch.empty((4096, 1), device="cuda")
     plan = ReducePlan.select(ReduceDescriptor(K.SUM, (4096, 4096), 1, ElementKind.F32))
-    host_us = ctx.time_host(lambda: plan.run(ReduceArgs(x, y)), calls=2000)
+    ws = _workspace(torch, plan)
+    host_us = ctx.time_host(lambda: plan.run(ReduceArgs(x, y), workspace=ws), calls=2000)
     torch_host_us = ctx.time_host(lambda: torch.sum(x, 1, keepdim=True), calls=2000)
     ctx.notes.append(f"Host time per ReducePlan.run (Sum [4096, 4096] f32, torch tensors): "
                      f"{host_us:.1f} µs (torch.sum: {torch_host_us:.1f} µs).")

@@ -355,7 +355,7 @@ def test_warmup_selects_families_and_dtypes():
     scan_bf16 = select_kernels(["scan"], ["bf16"])
     assert scan_bf16 and len(scan_bf16) < len(every)
     assert {kernel_family(k) for k in scan_bf16} == {"scan"}
-    assert {kernel_dtype(k) for k in scan_bf16} <= {"bf16", "2b", None}
+    assert {kernel_dtype(k) for k in scan_bf16} <= {"bf16", "half", "2b", None}
     slices = select_kernels(["write_slice"], ["f32"])
     assert slices and {kernel_dtype(k) for k in slices} <= {"4b", "f32", None}
     with pytest.raises(ValueError, match="not kernel families"):
