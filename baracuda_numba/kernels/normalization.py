@@ -737,7 +737,8 @@ def _generated(name: str, source: str) -> Any:
     namespace = dict(
         __name__=__name__,  # the kernels' module: their family for precompile and the cache
         cuda=cuda, float32=float32, float64=float64, int64=int64, uint64=uint64, math=math,
-        uint32=uint32, load16=load16, load16_ro=load16_ro, store16=store16, strided_offset2=strided_offset2,
+        uint32=uint32, load16=load16, load16_ro=load16_ro, store16=store16,
+        strided_offset2=strided_offset2,
         _row_sums=_row_sums, FLAG_RESIDUAL=FLAG_RESIDUAL, FLAG_WEIGHT=FLAG_WEIGHT,
         FLAG_WEIGHT_GRAD=FLAG_WEIGHT_GRAD, FLAG_BIAS=FLAG_BIAS, FLAG_LAYER=FLAG_LAYER,
         unpack_f16x2=unpack_f16x2, unpack_bf16x2=unpack_bf16x2, f32_from_bits=f32_from_bits,

@@ -90,14 +90,7 @@ from .backward_rows import (
     HOLD_WORDS,
     SYNC_BLOCK,
 )
-from .forward import (
-    LONG_SHORT_KINDS,
-    PARK_MIN_LANES,
-    SHORT_LOADS,
-    VEC_LOADS,
-    VECTOR,
-    tie_mask_iters,
-)
+from .forward import LONG_SHORT_KINDS, PARK_MIN_LANES, SHORT_LOADS
 from .ops import (
     CHUNK,
     ELEMENTS,
@@ -132,6 +125,7 @@ from .tables import (
     REG_COLS_STASH_BYTES,
     STREAM_GRAD_KINDS,
 )
+from .words import VEC_LOADS, VECTOR, tie_mask_iters
 
 __all__ = [
     "BROADCAST_UNITS",

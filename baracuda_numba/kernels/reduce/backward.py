@@ -15,8 +15,9 @@ from ..._runtime import SIMULATOR
 from ...launch import Kernel, LazyTable
 from ...types import ElementKind, ReduceKind
 from ..common import div_f64, load16_words, shfl_xor, store16_words
-from .forward import VECTOR, _lane_reducer
+from .forward import _lane_reducer
 from .ops import ELEMENTS, GRAD_OPS, SHARED_SLOTS, TIES, _grad_fns, _offsets4
+from .words import VECTOR
 
 # -- what every gradient kernel shares: its kind's formulas and its ``flags`` -------------
 # Every gradient kernel takes ``flags`` last: bit 0 (FLAG_BF16) picks bf16 in a kernel that

@@ -12,9 +12,9 @@ from ..._runtime import SIMULATOR
 from ...types import ElementKind, ReduceKind
 from ..common import shfl_idx, shfl_xor
 from .backward import FLAG_STD, _grad_parts
-from .forward import _MAX_WIDTH, VEC_LOADS, VECTOR, tie_mask_iters
 from .ops import ELEMENTS, GRAD_OPS, _grad_checked, _grad_fns
 from .ties import REWRITE_MASKS_COLS, _col_mask_layout, _col_tied_rewriter, _tie_words
+from .words import _MAX_WIDTH, VEC_LOADS, VECTOR, tie_mask_iters
 
 
 def _cols_vec_steps(kind: ReduceKind, element: ElementKind) -> Any:

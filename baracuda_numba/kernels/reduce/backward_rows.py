@@ -23,16 +23,10 @@ from ..common import (
     wait_ns,
 )
 from .backward import FLAG_STD, _grad_parts
-from .forward import (
-    SHORT_LOADS,
-    VEC_LOADS,
-    VECTOR,
-    _lane_combiner,
-    _vec_lane_reducer,
-    tie_mask_iters,
-)
+from .forward import SHORT_LOADS, _lane_combiner, _vec_lane_reducer
 from .ops import ELEMENTS, GRAD_OPS, SHARED_SLOTS, TIES, _grad_fns, _offsets4
 from .ties import REWRITE_MASKS_ROWS, _tie_words, _tied_word_rewriter
+from .words import VEC_LOADS, VECTOR, tie_mask_iters
 
 
 def _short_rows_gradient(kind: ReduceKind, element: ElementKind) -> Any:

@@ -4,34 +4,25 @@ lane reducers the gradients reuse for their statistics.
 """
 
 
+import inspect
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-from numba import cuda, float32, float64, int32, int64, types, uint16, uint32, uint64
+from numba import cuda, float32, float64, int32, int64, types, uint32, uint64
 
-from ..._runtime import SIMULATOR
 from ...types import ElementKind, ReduceKind
 from ..common import (
     MAX_RANK,
     bitcast,
     copy_async8,
     copy_async_wait,
-    eq_mask_bf16x4,
-    eq_mask_f16x4,
     f32_from_bits,
     f32_to_bits,
     f32_to_half,
     load_half,
     opaque,
-    pack_bf16x4,
-    pack_f16x4,
-    pack_f32x2,
     shfl_xor,
-    unpack_f16x4,
-    unpack_f32x2,
 )
 from .ops import (
     _SUM_FUNCTIONS,
@@ -48,6 +39,12 @@ from .ops import (
     _store_i64,
     _welford_for,
     forward_spec,
+)
+from .words import (
+    VEC_LOADS,
+    _word_sign,
+    _word_unpacker,
+    _word_width,
 )
 
 # -- element access and the runtime variant ----------------------------------------------
@@ -148,6 +145,24 @@ def _controls(kind: Any, key: Any) -> Any:
         return bf16, variant, sign
 
     return controls
+
+
+def _flag_kernel(body: Any, controls: Any, half_key: bool) -> Callable[..., None]:
+    """The kernel of device function ``body`` (named ``<kernel>_body``; its last three
+    parameters ``bf16, variant, sign``) taking ``flags`` instead (``_controls``): HALF runs
+    ``body`` in two copies, one per value of the bf16 flag (a constant in each), so that
+    each converts as one element kind throughout, as the kernels of one kind did."""
+    names = ", ".join(list(inspect.signature(body.py_func).parameters)[:-3])
+    name = body.py_func.__name__.removesuffix("_body")
+    namespace = {"__name__": __name__, "body": body, "controls": controls,
+                 "HALF_KEY": half_key}
+    exec(f"def {name}({names}, flags):\n"  # noqa: S102 - a fixed template
+         f"    bf16, variant, sign = controls(flags)\n"
+         f"    if HALF_KEY and bf16:\n"
+         f"        body({names}, True, variant, sign)\n"
+         f"    else:\n"
+         f"        body({names}, False, variant, sign)\n", namespace)
+    return namespace[name]
 
 
 def _loader(kind: Any, key: Any) -> Any:
@@ -435,201 +450,7 @@ def _make_reduce(kind: Any, element: Any) -> Callable[..., None]:
                             out_numel, split, splits, bf16, variant, sign)
             group += cuda.gridDim.x
 
-    def reduce_rows(x, y, ws_acc, ws_k, aux, out_numel, extent, x_axis_stride, out_shape,
-                    x_strides, y_strides, aux_strides, lanes, row_layout, splits, chunk_len,
-                    mode, param, flags):
-        """``reduce_rows_body`` with ``flags`` decoded (``_controls``): HALF in two copies,
-        one per value of the bf16 flag (a constant in each), so that each converts as one
-        element kind throughout, as the kernels of one kind did."""
-        bf16, variant, sign = controls(flags)
-        if HALF_KEY and bf16:
-            reduce_rows_body(x, y, ws_acc, ws_k, aux, out_numel, extent, x_axis_stride,
-                             out_shape, x_strides, y_strides, aux_strides, lanes, row_layout,
-                             splits, chunk_len, mode, param, True, variant, sign)
-        else:
-            reduce_rows_body(x, y, ws_acc, ws_k, aux, out_numel, extent, x_axis_stride,
-                             out_shape, x_strides, y_strides, aux_strides, lanes, row_layout,
-                             splits, chunk_len, mode, param, False, variant, sign)
-
-    return reduce_rows
-
-
-# -- vector (8-byte word) access of contiguous runs ---------------------------------------
-# The same bytes as the element array, viewed as uint64 words: one load moves 2 f32 or 4
-# f16/bf16 elements (a plain 4-byte load per element falls well short of the copy
-# bandwidth; 8-byte words with 8 loads in flight per thread come close).
-# (Measurements: docs/design/reduce.md, "Measured constants".)
-
-#: Word loads each thread keeps in flight (8 x 8 bytes).
-VEC_LOADS = 8
-
-
-def tie_mask_iters(width: int) -> int:
-    """Word-loop iterations (VEC_LOADS words of ``width`` elements per lane) per 64-bit tie
-    mask of the Max/Min gradient's tie count after dx, one bit per element: 4 for f32, 2
-    for f16/bf16; 1 in the simulator, whose small geometries give a lane only a few
-    iterations per split (every mask boundary is exercised there)."""
-    return 1 if SIMULATOR else 64 // (VEC_LOADS * width)
-
-
-#: Register cap of the forward word kernels: 4 resident 256-thread blocks per SM, which the
-#: plans' one-wave split rule assumes (uncapped: 80 registers for Sum, 127 for bf16 Var;
-#: capped, ptxas spills 36-200 bytes, outside the load loop for Sum).
-VEC_MAX_REGISTERS = 64
-
-@cuda.jit(device=True, inline=True)
-def _unpack_f32(w, values, base):
-    values[base], values[base + 1] = unpack_f32x2(w)
-
-
-@cuda.jit(device=True, inline=True)
-def _unpack_bf16(w, values, base):
-    lo = uint32(w & uint64(0xFFFFFFFF))
-    hi = uint32(w >> uint64(32))
-    values[base] = f32_from_bits(lo << uint32(16))
-    values[base + 1] = f32_from_bits(lo & uint32(0xFFFF0000))
-    values[base + 2] = f32_from_bits(hi << uint32(16))
-    values[base + 3] = f32_from_bits(hi & uint32(0xFFFF0000))
-
-
-@cuda.jit(device=True, inline=True)
-def _unpack_f16(w, values, base):
-    values[base], values[base + 1], values[base + 2], values[base + 3] = unpack_f16x4(w)
-
-
-@cuda.jit(device=True, inline=True)
-def _pack_f32(values):
-    return pack_f32x2(values[0], values[1])
-
-
-@cuda.jit(device=True, inline=True)
-def _pack_bf16(values):
-    return pack_bf16x4(values[0], values[1], values[2], values[3])
-
-
-@cuda.jit(device=True, inline=True)
-def _pack_f16(values):
-    return pack_f16x4(values[0], values[1], values[2], values[3])
-
-
-def _word_storer(width: int, storage: Any) -> Any:
-    """``store_word(dx, dxv, word, w, shift)``: write word ``w`` at word index ``word`` of
-    ``dxv`` (element ``word * width - shift`` of ``dx``). The simulator copies each kernel
-    array in and out separately, so two views of one buffer would overwrite each other's
-    writes: there the word is unpacked into ``dx`` elements instead."""
-    if not SIMULATOR:
-
-        @cuda.jit(device=True, inline=True)
-        def store_word(dx, dxv, word, w, shift):
-            dxv[uint64(word)] = w
-
-        return store_word
-    bits = 64 // width
-    mask = (1 << bits) - 1
-    view = {2: np.float32, 4: None}[width] if storage is not types.float16 else np.float16
-
-    def as_storage(b):
-        if view is np.float32:
-            return np.uint32(b).view(np.float32)
-        if view is np.float16:
-            return np.uint16(b).view(np.float16)
-        return np.uint16(b)
-
-    @cuda.jit(device=True)
-    def sim_store_word(dx, dxv, word, w, shift):
-        for e in range(width):
-            dx[int(word) * width - int(shift) + e] = as_storage((int(w) >> (e * bits)) & mask)
-
-    return sim_store_word
-
-
-@dataclass(frozen=True)
-class VectorSpec:
-    """Word access of an element kind: ``width`` elements per uint64 word, ``unpack(w,
-    values, base)`` writes them (accumulator type) to ``values[base:base + width]`` in
-    memory order, ``pack(values)`` rounds ``values[0:width]`` to the element kind and packs
-    them into a word (bf16 on the GPU: ``cvt.rn.bf16x2.f32`` per pair, NaN canonical)."""
-
-    width: int
-    unpack: Any
-    pack: Any
-    store_word: Any
-    eq_mask: Any = None  # f16/bf16: equality mask of two words (kernels.common.eq_mask_*)
-
-    @property
-    def log_width(self) -> int:
-        return self.width.bit_length() - 1
-
-
-#: Element kinds with word access (f64/i64 words hold one element: nothing to gain; i32
-#: reductions are not a target).
-VECTOR: dict[ElementKind, VectorSpec] = {
-    ElementKind.F16: VectorSpec(4, _unpack_f16, _pack_f16, _word_storer(4, types.float16),
-                                eq_mask_f16x4),
-    ElementKind.BF16: VectorSpec(4, _unpack_bf16, _pack_bf16, _word_storer(4, uint16),
-                                 eq_mask_bf16x4),
-    ElementKind.F32: VectorSpec(2, _unpack_f32, _pack_f32, _word_storer(2, float32)),
-}
-#: The most elements a word holds (f16 / bf16).
-_MAX_WIDTH = max(spec.width for spec in VECTOR.values())
-
-
-@cuda.jit(device=True, inline=True)
-def _unpack_half(w, values, base, bf16):
-    if bf16:
-        _unpack_bf16(w, values, base)
-    else:
-        _unpack_f16(w, values, base)
-
-
-def _word_width(key: Any) -> int:
-    """Elements per word of a forward element key with word access (HALF: 4)."""
-    return 4 if key == HALF else VECTOR[key].width
-
-
-#: Sign bits of every element of a word, by elements per word (the flip of a word).
-_WORD_SIGNS = {4: 0x8000800080008000, 2: 0x8000000080000000}
-
-
-def _word_unpacker(kind: Any, key: Any) -> Any:
-    """Device function ``unpack(w, values, base, bf16, wsign)``: the word's elements (as
-    ``VectorSpec.unpack``), flipped first by ``wsign`` (one XOR of the word) for the kind
-    that flips."""
-    if key == HALF:
-        raw = _unpack_half
-    else:
-        plain = VECTOR[key].unpack
-
-        @cuda.jit(device=True, inline=True)
-        def raw(w, values, base, bf16):
-            plain(w, values, base)
-
-    if kind is not _FLIPPED:
-
-        @cuda.jit(device=True, inline=True)
-        def unpack(w, values, base, bf16, wsign):
-            raw(w, values, base, bf16)
-
-        return unpack
-
-    @cuda.jit(device=True, inline=True)
-    def unpack_flipped(w, values, base, bf16, wsign):
-        raw(w ^ wsign, values, base, bf16)
-
-    return unpack_flipped
-
-
-
-def _word_sign(kind: Any, key: Any) -> Any:
-    """Device function ``word_sign(variant)``: the XOR mask of a flipped word (0 where
-    nothing flips)."""
-    WSIGN = uint64(_WORD_SIGNS[_word_width(key)] if kind is _FLIPPED else 0)
-
-    @cuda.jit(device=True, inline=True)
-    def word_sign(variant):
-        return WSIGN if variant else uint64(0)
-
-    return word_sign
+    return _flag_kernel(reduce_rows_body, controls, HALF_KEY)
 
 
 def _vec_chunk(kind: Any, acc: types.Type, width: int, loads: int = VEC_LOADS) -> Any:
@@ -866,6 +687,37 @@ def _short_row_steps(kind: Any) -> tuple[Any, Any, Any]:
     return short_row_words, park_short_row, parked_words
 
 
+def _short_folder(kind: Any, element: Any) -> Any:
+    """Device function ``fold_short(words, values, whole, lane, vspan, aux_value, bf16,
+    wsign)``: the state of one lane's words of a short row (VEC_LOADS words where
+    ``whole``, else SHORT_LOADS), folded with the kind's chunk."""
+    ops = KIND_OPS[kind]
+    spec = forward_spec(element)
+    ACC = spec.acc
+    W = _word_width(element)
+    SHORT_WORDS = VEC_LOADS if kind in LONG_SHORT_KINDS else SHORT_LOADS
+    INIT_A, INIT_K = ops.init_a(spec), ops.init_k
+    short_chunk = _vec_chunk(kind, ACC, W, SHORT_LOADS)
+    long_chunk = _vec_chunk(kind, ACC, W)
+    unpack = _word_unpacker(kind, element)
+
+    @cuda.jit(device=True, inline=True)
+    def fold_short(words, values, whole, lane, vspan, aux_value, bf16, wsign):
+        a = ACC(INIT_A)
+        b = ACC(0)
+        c = ACC(0)
+        k = int64(INIT_K)
+        if whole:
+            for u in range(SHORT_WORDS):
+                unpack(words[u], values, u * W, bf16, wsign)
+            return long_chunk(a, b, c, k, values, int64(lane * W), vspan, aux_value)
+        for u in range(SHORT_LOADS):
+            unpack(words[u], values, u * W, bf16, wsign)
+        return short_chunk(a, b, c, k, values, int64(lane * W), vspan, aux_value)
+
+    return fold_short
+
+
 def _make_reduce_rows_vec(kind: Any, element: Any, park: bool = False) -> Callable[..., None]:
     ops = KIND_OPS[kind]
     spec = forward_spec(element)
@@ -888,25 +740,9 @@ def _make_reduce_rows_vec(kind: Any, element: Any, park: bool = False) -> Callab
     INIT_A, INIT_K = ops.init_a(spec), ops.init_k
     USES_AUX = ops.uses_aux
     LAST = MAX_RANK - 1
-    short_chunk = _vec_chunk(kind, ACC, W, SHORT_LOADS)
-    long_chunk = _vec_chunk(kind, ACC, W)
-    unpack = _word_unpacker(kind, element)
     HALF_KEY = element == HALF
     short_row_words, park_short_row, parked_words = _short_row_steps(kind)
-
-    @cuda.jit(device=True, inline=True)
-    def fold_short(words, values, whole, lane, vspan, aux_value, bf16, wsign):
-        a = ACC(INIT_A)
-        b = ACC(0)
-        c = ACC(0)
-        k = int64(INIT_K)
-        if whole:
-            for u in range(SHORT_WORDS):
-                unpack(words[u], values, u * W, bf16, wsign)
-            return long_chunk(a, b, c, k, values, int64(lane * W), vspan, aux_value)
-        for u in range(SHORT_LOADS):
-            unpack(words[u], values, u * W, bf16, wsign)
-        return short_chunk(a, b, c, k, values, int64(lane * W), vspan, aux_value)
+    fold_short = _short_folder(kind, element)
 
     @cuda.jit(device=True, inline=True)
     def reduce_rows_vec_body(x, xv, y, ws_acc, ws_k, aux, out_numel, extent, out_shape, x_strides,
@@ -938,7 +774,6 @@ def _make_reduce_rows_vec(kind: Any, element: Any, park: bool = False) -> Callab
         slot = tid // lanes
         split = int64(cuda.blockIdx.y)
         group = int64(cuda.blockIdx.x)
-        wsign = word_sign(variant)
         wsign = word_sign(variant)
         if chunk_vecs == 0:
             row_words = uint64(x_strides[LAST]) >> uint64(LOG_W)
@@ -999,23 +834,7 @@ def _make_reduce_rows_vec(kind: Any, element: Any, park: bool = False) -> Callab
                             out_numel, split, splits, bf16, variant, sign)
             group += cuda.gridDim.x
 
-    def reduce_rows_vec(x, xv, y, ws_acc, ws_k, aux, out_numel, extent, out_shape, x_strides,
-                        y_strides, aux_strides, lanes, splits, chunk_vecs, mode, param, shift,
-                        flags):
-        """``reduce_rows_vec_body`` with ``flags`` decoded (``_controls``): HALF in two
-        copies, one per value of the bf16 flag (a constant in each), so that each converts
-        as one element kind throughout, as the kernels of one kind did."""
-        bf16, variant, sign = controls(flags)
-        if HALF_KEY and bf16:
-            reduce_rows_vec_body(x, xv, y, ws_acc, ws_k, aux, out_numel, extent, out_shape,
-                                 x_strides, y_strides, aux_strides, lanes, splits, chunk_vecs,
-                                 mode, param, shift, True, variant, sign)
-        else:
-            reduce_rows_vec_body(x, xv, y, ws_acc, ws_k, aux, out_numel, extent, out_shape,
-                                 x_strides, y_strides, aux_strides, lanes, splits, chunk_vecs,
-                                 mode, param, shift, False, variant, sign)
-
-    return reduce_rows_vec
+    return _flag_kernel(reduce_rows_vec_body, controls, HALF_KEY)
 
 
 def _make_reduce_cols_vec(kind: Any, element: Any) -> Callable[..., None]:
@@ -1106,7 +925,6 @@ def _make_reduce_cols_vec(kind: Any, element: Any) -> Callable[..., None]:
         column = cuda.local.array(CHUNK, ACC)
         group = int64(cuda.blockIdx.x)
         wsign = word_sign(variant)
-        wsign = word_sign(variant)
         while group * slots < out_words:  # uniform across the block
             ow = group * slots + slot
             valid = ow < out_words
@@ -1131,20 +949,5 @@ def _make_reduce_cols_vec(kind: Any, element: Any) -> Callable[..., None]:
                                 out_numel, split, splits, bf16, variant, sign)
             group += cuda.gridDim.x
 
-    def reduce_cols_vec(xv, y, ws_acc, ws_k, aux, out_numel, extent, axis_words, y_stride,
-                        aux_stride, lanes, splits, chunk_len, mode, param, flags):
-        """``reduce_cols_vec_body`` with ``flags`` decoded (``_controls``): HALF in two
-        copies, one per value of the bf16 flag (a constant in each), so that each converts
-        as one element kind throughout, as the kernels of one kind did."""
-        bf16, variant, sign = controls(flags)
-        if HALF_KEY and bf16:
-            reduce_cols_vec_body(xv, y, ws_acc, ws_k, aux, out_numel, extent, axis_words,
-                                 y_stride, aux_stride, lanes, splits, chunk_len, mode, param,
-                                 True, variant, sign)
-        else:
-            reduce_cols_vec_body(xv, y, ws_acc, ws_k, aux, out_numel, extent, axis_words,
-                                 y_stride, aux_stride, lanes, splits, chunk_len, mode, param,
-                                 False, variant, sign)
-
-    return reduce_cols_vec
+    return _flag_kernel(reduce_cols_vec_body, controls, HALF_KEY)
 

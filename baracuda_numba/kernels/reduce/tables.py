@@ -33,8 +33,6 @@ from .backward_rows import (
 )
 from .forward import (
     LONG_SHORT_KINDS,
-    VEC_MAX_REGISTERS,
-    VECTOR,
     _make_reduce,
     _make_reduce_cols_vec,
     _make_reduce_rows_vec,
@@ -49,6 +47,7 @@ from .ops import (
     forward_key,
     forward_spec,
 )
+from .words import VEC_MAX_REGISTERS, VECTOR
 
 # -- the kernel tables -------------------------------------------------------------------
 

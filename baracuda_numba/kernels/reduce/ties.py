@@ -10,7 +10,7 @@ from numba import cuda, int32, int64, uint32, uint64
 
 from ...types import ElementKind
 from ..common import compiled_for_sm90
-from .forward import VEC_LOADS, VECTOR, tie_mask_iters
+from .words import VEC_LOADS, VECTOR, tie_mask_iters
 
 #: Tie masks the rewrite pass of the Max/Min gradient loads at once, per kernel (one
 #: dependent load per mask before: a lane walks ~30 masks of a 1e6-long row split in two).

@@ -213,21 +213,10 @@ def _head_batches(layout: str, storage, batch: int, rotate_store):
     return rotate_heads, copy_heads
 
 
-def _make_rope_kernel(layout: str, storage, unpack, pack, to_compute, from_compute, sincos,
-                      batch: int):
-    """Kernel body for one ``ROPE_LAYOUTS`` entry.
-
-    ``pairs``: arrays of elements; ``to_compute``/``from_compute`` convert one element.
-    Unit layouts: arrays of 2- or 4-element units; ``unpack``/``pack`` convert one unit.
-    ``storage`` is the array's Numba type (registers hold a batch of heads in it).
-    """
-    width, pairs_per_item = ROPE_LAYOUTS.get(layout, (2, 2))  # units2: at most 2 pairs
-    merged = layout == "units2"
-    compute_type = float64 if sincos is rope_sincos64 else float32
-    copy_step = 2 if width == 1 else 1  # a copied item is 2 elements or 1 unit
-
-    rotate_store = _rotate_store(layout, unpack, pack, to_compute, from_compute)
-
+def _angle_steps(merged: bool, pairs_per_item: int, compute_type, sincos):
+    """Device functions ``(item_inv_freqs, item_angles)``: the inverse frequencies and
+    the sines and cosines of one item's pairs (``merged``: units2, whose pairs per item
+    come from the runtime ``half_split`` field, 1 interleaved or 2 half-split)."""
     if merged:  # the pairs of an item (1 interleaved, 2 half-split) from the runtime field
 
         @cuda.jit(device=True, inline=True)
@@ -278,6 +267,26 @@ def _make_rope_kernel(layout: str, storage, unpack, pack, to_compute, from_compu
             else:
                 for p in range(pairs_per_item):
                     sins[p], coss[p] = sincos(pos, invs[p], inverse)
+
+    return item_inv_freqs, item_angles
+
+
+def _make_rope_kernel(layout: str, storage, unpack, pack, to_compute, from_compute, sincos,
+                      batch: int):
+    """Kernel body for one ``ROPE_LAYOUTS`` entry.
+
+    ``pairs``: arrays of elements; ``to_compute``/``from_compute`` convert one element.
+    Unit layouts: arrays of 2- or 4-element units; ``unpack``/``pack`` convert one unit.
+    ``storage`` is the array's Numba type (registers hold a batch of heads in it).
+    """
+    width, pairs_per_item = ROPE_LAYOUTS.get(layout, (2, 2))  # units2: at most 2 pairs
+    merged = layout == "units2"
+    compute_type = float64 if sincos is rope_sincos64 else float32
+    copy_step = 2 if width == 1 else 1  # a copied item is 2 elements or 1 unit
+
+    rotate_store = _rotate_store(layout, unpack, pack, to_compute, from_compute)
+
+    item_inv_freqs, item_angles = _angle_steps(merged, pairs_per_item, compute_type, sincos)
 
     rotate_heads, copy_heads = _head_batches(layout, storage, batch, rotate_store)
 
