@@ -2402,6 +2402,9 @@ def _prod_zero_layouts():
         "cols": ((40, 8), (slice(None),), 0, ("cols", "broadcast")),
         "middle": ((3, 12, 4), (slice(None),), 1, ("generic", "cols")),
         "strided": ((12, 10), (slice(None), slice(None, None, 2)), 0, ("generic",)),
+        # lines of >= 1024 elements: the fix-up's block per line
+        "long_rows": ((5, 1100), (slice(None),), 1, ("reg", "rows", "broadcast", "generic")),
+        "long_cols": ((1100, 5), (slice(None),), 0, ("cols", "generic")),
     }
 
 

@@ -72,6 +72,7 @@ from __future__ import annotations
 from .backward import (
     BROADCAST_UNITS,
     FLAG_BF16,
+    FLAG_LINE_BLOCKS,
     FLAG_STD,
     grad_flags,
 )
@@ -140,6 +141,7 @@ __all__ = [
     "forward_flags",
     "forward_key",
     "GRAD_KERNEL_KIND",
+    "FLAG_LINE_BLOCKS",
     "grad_flags",
     "HALF",
     "HOLD_POLL_SLOTS",

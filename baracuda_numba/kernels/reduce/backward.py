@@ -21,7 +21,8 @@ from .words import VECTOR
 
 # -- what every gradient kernel shares: its kind's formulas and its ``flags`` -------------
 # Every gradient kernel takes ``flags`` last: bit 0 (FLAG_BF16) picks bf16 in a kernel that
-# serves f16 and bf16 (element token ``half``), bit 1 (FLAG_STD) Std in the Var kernel.
+# serves f16 and bf16 (element token ``half``), bit 1 (FLAG_STD) Std in the Var kernel,
+# bit 2 (FLAG_LINE_BLOCKS) the Prod fix-up's block per line.
 
 #: ``flags`` bit of a half kernel's bf16 body (its f16 body where clear).
 FLAG_BF16 = 1
@@ -29,6 +30,10 @@ FLAG_BF16 = 1
 #: y == 0) instead of ``dy * param``, y read; the per-element ``c * (x - mean)`` and the
 #: mean are the same, so only the per-output coefficient looks at the flag.
 FLAG_STD = 2
+#: ``flags`` bit of the Prod fix-up: a block per line (long lines), else a warp per 32.
+FLAG_LINE_BLOCKS = 4
+#: The most warps of a fix-up block (its shared slots).
+MAX_LINE_WARPS = 32
 
 
 def grad_flags(kind: ReduceKind, element: ElementKind) -> int:
@@ -392,6 +397,47 @@ def _make_prod_zero_fixup(element: ElementKind) -> Callable[..., None]:
     ACC = spec.acc
     load, store = spec.load, spec.store
 
+    @cuda.jit(device=True, inline=True)
+    def line_state(x, x_off, x_axis_stride, extent, first, step):
+        """(zeros, product of the nonzeros) of elements ``first, first + step,...`` of a
+        line: four chains, four loads in flight, multiplied in a fixed order."""
+        zeros = int64(0)
+        p0 = p1 = p2 = p3 = ACC(1)
+        i = first
+        while i + 3 * step < extent:
+            v0 = load(x, x_off + i * x_axis_stride)
+            v1 = load(x, x_off + (i + step) * x_axis_stride)
+            v2 = load(x, x_off + (i + 2 * step) * x_axis_stride)
+            v3 = load(x, x_off + (i + 3 * step) * x_axis_stride)
+            zeros += int64(v0 == 0) + int64(v1 == 0) + int64(v2 == 0) + int64(v3 == 0)
+            p0 *= ACC(1) if v0 == 0 else v0
+            p1 *= ACC(1) if v1 == 0 else v1
+            p2 *= ACC(1) if v2 == 0 else v2
+            p3 *= ACC(1) if v3 == 0 else v3
+            i += 4 * step
+        while i < extent:
+            v0 = load(x, x_off + i * x_axis_stride)
+            if v0 == 0:
+                zeros += 1
+            else:
+                p0 *= v0
+            i += step
+        return zeros, (p0 * p1) * (p2 * p3)
+
+    @cuda.jit(device=True, inline=True)
+    def write_line(dy, x, dx, dy_off, x_off, dx_off, extent, x_axis_stride, dx_axis_stride,
+                   zeros, others, first, step):
+        """torch's gradient of a line with ``zeros`` zeros (none: nothing written)."""
+        if zeros > 0:
+            g = load(dy, dy_off)
+            at_zero = g * others if zeros == 1 else g * ACC(0)
+            elsewhere = g * ACC(0)
+            i = first
+            while i < extent:
+                v = load(x, x_off + i * x_axis_stride)
+                dx[uint64(dx_off + i * dx_axis_stride)] = store(at_zero if v == 0 else elsewhere)
+                i += step
+
     def reduce_backward_prod_zeros(dy, x, y, dx, out_numel, extent, x_axis_stride,
                                    dx_axis_stride, out_shape, dy_strides, x_strides,
                                    y_strides, dx_strides, flags):
@@ -400,12 +446,43 @@ def _make_prod_zero_fixup(element: ElementKind) -> Callable[..., None]:
         ``dy * prod(nonzeros)`` at the zero and ``dy * 0`` elsewhere, z >= 2 ``dy * 0``
         everywhere (torch); z == 0 (an underflowed product) keeps ``dy * y / x``.
 
-        A warp takes 32 lines: lane l loads line l's ``y``, and the warp moves on at once
-        unless one of them is 0 (one load and five shuffles per 32 lines); each zero line
-        is then walked by the whole warp (lanes strided along it, counts and products
-        combined by an xor tree: deterministic)."""
+        Short lines (``flags`` without FLAG_LINE_BLOCKS): a warp takes 32 lines, lane l
+        loads line l's ``y``, and the warp moves on at once unless one of them is 0 (one
+        load and five shuffles per 32 lines); each zero line is then walked by the whole
+        warp. Long lines (FLAG_LINE_BLOCKS): a block per line, walked by all its threads
+        (the products of long lines often underflow to 0, so every line may need the
+        walk). Counts and products combine by an xor tree per warp, then over the warps
+        in order: deterministic."""
         lane = cuda.threadIdx.x % 32
         warps = cuda.blockDim.x // 32
+        if flags & FLAG_LINE_BLOCKS:
+            zs = cuda.shared.array(MAX_LINE_WARPS, int64)
+            ps = cuda.shared.array(MAX_LINE_WARPS, ACC)
+            first = int64(cuda.threadIdx.x)
+            step = int64(cuda.blockDim.x)
+            line = int64(cuda.blockIdx.x)
+            while line < out_numel:  # uniform across the block
+                dy_off, x_off, y_off, dx_off = _offsets4(line, out_shape, dy_strides,
+                                                         x_strides, y_strides, dx_strides)
+                if load(y, y_off) == 0:  # one address for the block: uniform
+                    zeros, others = line_state(x, x_off, x_axis_stride, extent, first, step)
+                    for shift in (16, 8, 4, 2, 1):
+                        zeros += shfl_xor(zeros, shift)
+                        others *= shfl_xor(others, shift)
+                    if lane == 0:
+                        zs[cuda.threadIdx.x // 32] = zeros
+                        ps[cuda.threadIdx.x // 32] = others
+                    cuda.syncthreads()
+                    zeros = zs[0]
+                    others = ps[0]
+                    for w in range(1, warps):
+                        zeros += zs[w]
+                        others *= ps[w]
+                    cuda.syncthreads()  # every thread has read the slots of this line
+                    write_line(dy, x, dx, dy_off, x_off, dx_off, extent, x_axis_stride,
+                               dx_axis_stride, zeros, others, first, step)
+                line += cuda.gridDim.x
+            return
         group = int64(cuda.blockIdx.x) * warps + cuda.threadIdx.x // 32
         while group * 32 < out_numel:  # uniform across the warp
             mine = group * 32 + lane
@@ -424,29 +501,13 @@ def _make_prod_zero_fixup(element: ElementKind) -> Callable[..., None]:
                 line = group * 32 + j
                 dy_off, x_off, _, dx_off = _offsets4(line, out_shape, dy_strides, x_strides,
                                                      y_strides, dx_strides)
-                zeros = int64(0)
-                others = ACC(1)
-                i = int64(lane)
-                while i < extent:
-                    v = load(x, x_off + i * x_axis_stride)
-                    if v == 0:
-                        zeros += 1
-                    else:
-                        others *= v
-                    i += 32
+                zeros, others = line_state(x, x_off, x_axis_stride, extent, int64(lane),
+                                           int64(32))
                 for shift in (16, 8, 4, 2, 1):
                     zeros += shfl_xor(zeros, shift)
                     others *= shfl_xor(others, shift)
-                if zeros > 0:
-                    g = load(dy, dy_off)
-                    at_zero = g * others if zeros == 1 else g * ACC(0)
-                    elsewhere = g * ACC(0)
-                    i = int64(lane)
-                    while i < extent:
-                        v = load(x, x_off + i * x_axis_stride)
-                        dx[uint64(dx_off + i * dx_axis_stride)] = store(
-                            at_zero if v == 0 else elsewhere)
-                        i += 32
+                write_line(dy, x, dx, dy_off, x_off, dx_off, extent, x_axis_stride,
+                           dx_axis_stride, zeros, others, int64(lane), int64(32))
             group += int64(cuda.gridDim.x) * warps
 
     return reduce_backward_prod_zeros

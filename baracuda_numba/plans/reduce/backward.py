@@ -14,6 +14,7 @@ from ...errors import InvalidProblem
 from ...kernels.common import pad8
 from ...kernels.reduce import (
     BROADCAST_UNITS,
+    FLAG_LINE_BLOCKS,
     GRAD_KERNEL_KIND,
     HOLD_POLL_SLOTS,
     HOLD_STASH_BYTES,
@@ -109,6 +110,8 @@ from .geometry import (
 #: Blocks of the column tie count's rewrite pass (two in the simulator: each block walks
 #: every other split there, so the tests take the GPU's split step, not only its loop). Half
 #: a wave of blocks. (Measurements: docs/design/reduce.md, "Measured constants".)
+#: Lines at least this long take the Prod fix-up's block per line (FLAG_LINE_BLOCKS).
+_LINE_BLOCK_MIN_EXTENT = 1024
 _TIE_REWRITE_BLOCKS = 2 if SIMULATOR else VEC_TARGET_BLOCKS // 2
 
 
@@ -574,18 +577,24 @@ class ReduceBackwardPlan(Plan):
     def _bind_prod_zeros(self, dy: TensorRef, dx: TensorMut, x: TensorRef,
                          y: TensorRef) -> Any:
         """The Prod fix-up's launch (``kernels.reduce.reduce_backward_prod_zeros``, fast
-        launcher: stream, dy, x, y, dx): a warp per 32 lines, in any layout."""
+        launcher: stream, dy, x, y, dx), in any layout: a warp per 32 lines, or a block
+        per line for lines of at least _LINE_BLOCK_MIN_EXTENT elements (there the check of
+        ``y`` costs one block per line, little beside the gradient pass's reads)."""
         axis = self._axis
         out_shape, out_strides = _collapse(self._shape, axis, [dx.strides, x.strides,
                                                                y.strides, dy.strides])
         dx_s, x_s, y_s, dy_s = [pad8(s, 0) for s in out_strides]
-        warps = BLOCK // 32
-        grid = min(-(-self._out_numel // (32 * warps)), MAX_GRID_X)
+        flags = self._flags
+        if self._extent >= _LINE_BLOCK_MIN_EXTENT:
+            flags |= FLAG_LINE_BLOCKS
+            grid = min(self._out_numel, MAX_GRID_X)
+        else:
+            grid = min(-(-self._out_numel // BLOCK), MAX_GRID_X)  # 32 lines a warp
         views = [(0, flat_span(a.shape, a.strides)) for a in (dy, x, y, dx)]
         assert self._zero_fixup is not None
         return self._zero_fixup.bind(grid, BLOCK, (
             *views, self._out_numel, self._extent, x.strides[axis], dx.strides[axis],
-            pad8(out_shape, 1), dy_s, x_s, y_s, dx_s, self._flags)).fast
+            pad8(out_shape, 1), dy_s, x_s, y_s, dx_s, flags)).fast
 
     def _bind_broadcast(self, dy: TensorRef, dx: TensorMut, x: TensorRef | None,
                         y: TensorRef | None, out_strides: list[tuple[int,...]]) -> Any:
