@@ -39,7 +39,12 @@ class EagerFunction(torch.autograd.Function):
 
     @classmethod
     def apply(cls, *args):
-        if torch._C._are_functorch_transforms_active():
+        if _transforms_active():
             return super().apply(*args)
         return super(torch.autograd.Function, cls).apply(*args)
+
+
+#: Whether torch.func transforms are active (what ``Function.apply`` itself asks); a torch
+#: without the query always takes ``Function.apply``.
+_transforms_active = getattr(torch._C, "_are_functorch_transforms_active", lambda: True)
 
