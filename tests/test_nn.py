@@ -389,3 +389,39 @@ def test_gpu_modules_compile_without_graph_breaks():
     (got_grad,) = torch.autograd.grad(got, x)
     close(got, want, torch.float32, scale=16)
     close(got_grad, want_grad, torch.float32, scale=16)
+
+
+def test_eager_function_applies_without_binding_the_signature(torch, monkeypatch):
+    """The eager twins' base class: forward + setup_context give the same values and
+    gradients as ``torch.autograd.Function``, without an ``inspect.signature`` per call,
+    and torch.func transforms still take ``Function.apply``'s own path (CPU tensors)."""
+    import inspect
+
+    from baracuda_numba.torch._core import EagerFunction
+
+    seen = []
+
+    class Scale(EagerFunction):
+        @staticmethod
+        def forward(x, factor):
+            return x * factor
+
+        @staticmethod
+        def setup_context(ctx, inputs, output):
+            seen.append(len(inputs))
+            ctx.factor = inputs[1]
+
+        @staticmethod
+        def backward(ctx, grad):
+            return grad * ctx.factor, None
+
+    x = torch.randn(5, dtype=torch.float64, requires_grad=True)
+    with monkeypatch.context() as patch:
+        patch.setattr(inspect, "signature", lambda *a, **k: pytest.fail("signature bound"))
+        y = Scale.apply(x, 3.0)
+        (dx,) = torch.autograd.grad(y.sum(), x)
+    torch.testing.assert_close(y, x.detach() * 3.0)
+    torch.testing.assert_close(dx, torch.full_like(x, 3.0))
+    assert seen == [2]
+    grad = torch.func.grad(lambda t: Scale.apply(t, 2.0).sum())(torch.randn(4))
+    torch.testing.assert_close(grad, torch.full((4,), 2.0))

@@ -12,7 +12,7 @@ from torch import Tensor
 from ..errors import InvalidProblem
 from ..ops.fractional_max_pool import _fmp as _fmp_call
 from ..ops.fractional_max_pool import _fmp_backward as _fmp_backward_call
-from ._core import LIB, compiling
+from ._core import LIB, EagerFunction, compiling
 
 __all__ = ["fractional_max_pool2d", "fractional_max_pool3d"]
 
@@ -61,7 +61,7 @@ def _fmp_backward(ctx, grad_y: Tensor, grad_indices: Tensor):
 _fmp_op.register_autograd(_fmp_backward, setup_context=_fmp_setup)
 
 
-class _FmpFunction(torch.autograd.Function):
+class _FmpFunction(EagerFunction):
     """Eager twin of ``baracuda::fractional_max_pool``."""
 
     @staticmethod

@@ -9,7 +9,7 @@ from torch import Tensor
 
 from .. import ops
 from ..types import GatedActivationKind
-from ._core import LIB, compiling, needs_grad
+from ._core import LIB, EagerFunction, compiling, needs_grad
 
 __all__ = ["geglu", "glu", "reglu", "swiglu"]
 
@@ -94,7 +94,7 @@ def _op_backward(ctx, dy: Tensor):
 _gated_op.register_autograd(_op_backward, setup_context=_setup)
 
 
-class _GatedFunction(torch.autograd.Function):
+class _GatedFunction(EagerFunction):
     """Eager twin of ``baracuda::gated_activation``."""
 
     @staticmethod

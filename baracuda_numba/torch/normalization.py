@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from .. import ops
-from ._core import LIB, compiling, needs_grad
+from ._core import LIB, EagerFunction, compiling, needs_grad
 
 __all__ = ["layer_norm", "rms_norm"]
 
@@ -159,7 +159,7 @@ def _eager_setup(ctx, inputs, output) -> None:
     ctx.mark_non_differentiable(output[2], output[3])
 
 
-class _NormFunction(torch.autograd.Function):
+class _NormFunction(EagerFunction):
     """Eager twin of ``baracuda::norm_forward`` (no dispatcher on the way)."""
 
     @staticmethod

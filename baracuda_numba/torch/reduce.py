@@ -22,7 +22,7 @@ from ..ops.reduce import _arg_reduce as _arg_reduce_call
 from ..ops.reduce import _reduce as _reduce_call
 from ..ops.reduce import axis_layout, permuted_copy, reduce_axes
 from ..types import ReduceKind
-from ._core import LIB, compiling, needs_grad
+from ._core import LIB, EagerFunction, compiling, needs_grad
 
 __all__ = ["amax", "amin", "argmax", "argmin", "logsumexp", "mean", "norm", "prod", "std", "sum",
            "var"]
@@ -77,7 +77,7 @@ def _reduce_backward(ctx, grad: Tensor):
 _reduce_op.register_autograd(_reduce_backward, setup_context=_reduce_setup)
 
 
-class _ReduceFunction(torch.autograd.Function):
+class _ReduceFunction(EagerFunction):
     """Eager twin of ``baracuda::reduce``."""
 
     @staticmethod

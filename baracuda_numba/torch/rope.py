@@ -6,7 +6,7 @@ import torch
 from torch import Tensor
 
 from .. import ops
-from ._core import LIB, compiling, needs_grad
+from ._core import LIB, EagerFunction, compiling, needs_grad
 
 __all__ = ["rope"]
 
@@ -78,7 +78,7 @@ def _rope_impl(x: Tensor, k: Tensor | None, positions: Tensor | None,
     return out[0], out[1]
 
 
-class _RopeFunction(torch.autograd.Function):
+class _RopeFunction(EagerFunction):
     """Eager twin of ``baracuda::rope``."""
 
     @staticmethod

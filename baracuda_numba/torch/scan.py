@@ -9,7 +9,7 @@ from .. import ops
 from ..errors import InvalidProblem
 from ..ops.scan import _scan as _scan_call
 from ..types import ScanKind
-from ._core import LIB, compiling, needs_grad, no_indices
+from ._core import LIB, EagerFunction, compiling, needs_grad, no_indices
 
 __all__ = ["cummax", "cummin", "cumprod", "cumsum", "logcumsumexp"]
 
@@ -63,7 +63,7 @@ def _scan_backward(ctx, grad_y: Tensor, grad_indices: Tensor):
 _scan_op.register_autograd(_scan_backward, setup_context=_scan_setup)
 
 
-class _ScanFunction(torch.autograd.Function):
+class _ScanFunction(EagerFunction):
     """Eager twin of ``baracuda::scan`` (same forward, same backward plan)."""
 
     @staticmethod

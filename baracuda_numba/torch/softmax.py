@@ -7,7 +7,7 @@ from torch import Tensor
 
 from ..ops.softmax import _run
 from ..types import SoftmaxKind
-from ._core import LIB, compiling, needs_grad
+from ._core import LIB, EagerFunction, compiling, needs_grad
 
 __all__ = ["log_softmax", "softmax"]
 
@@ -46,7 +46,7 @@ def _backward_op(ctx, grad: Tensor):
 _softmax_op.register_autograd(_backward_op, setup_context=_setup)
 
 
-class _SoftmaxFunction(torch.autograd.Function):
+class _SoftmaxFunction(EagerFunction):
     """Eager twin of ``baracuda::softmax``."""
 
     @staticmethod
