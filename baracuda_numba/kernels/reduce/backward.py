@@ -12,7 +12,6 @@ import numpy as np
 from numba import cuda, int64, types, uint16, uint64
 
 from ..._runtime import SIMULATOR
-from ...launch import Kernel, LazyTable
 from ...types import ElementKind, ReduceKind
 from ..common import div_f64, load16_words, shfl_xor, store16_words
 from .forward import _lane_reducer
@@ -131,39 +130,6 @@ def _half_signature(signature: tuple[types.Type, ...]) -> tuple[types.Type, ...]
     """``signature`` with its float16 arrays as uint16 (bf16's storage)."""
     return tuple(t.copy(dtype=uint16) if isinstance(t, types.Array)
                  and t.dtype == types.float16 else t for t in signature)
-
-
-def grad_kernels(name: str, keys: list[tuple[Any, ElementKind]],
-                 make: Callable[[Any, ElementKind], Callable[..., None]],
-                 signature: Callable[[Any, ElementKind], tuple[types.Type, ...]],
-                 max_registers: Callable[[Any], int | None] = lambda kind: None,
-                 named_kind: bool = True,
-                 halves: Callable[[Any], bool] = lambda kind: True) -> LazyTable:
-    """``name``'s gradient kernels, one per (kind, element) of ``keys``, each built on its
-    first lookup (``make(kind, element)`` the function, ``signature(kind, element)`` its
-    types, ``max_registers(kind)`` its register cap); the F16 and BF16 keys of a kind
-    share one ``half`` kernel (``_half_kernel``) where ``halves(kind)``, else each has its
-    own. Named ``name[kind,element]``, or ``name[element]`` without ``named_kind``."""
-    built: dict[Any, Kernel] = {}  # kind -> its half kernel
-
-    def build(key: tuple[Any, ElementKind]) -> Kernel:
-        kind, element = key
-        kind_name = (kind if isinstance(kind, str) else kind.name.lower()) + "," \
-            if named_kind else ""
-        if element not in (ElementKind.F16, ElementKind.BF16) or not halves(kind):
-            return Kernel(f"{name}[{kind_name}{element.name.lower()}]",
-                          make(kind, element), signature(kind, element),
-                          max_registers=max_registers(kind))
-        if kind not in built:
-            f16_signature = signature(kind, ElementKind.F16)
-            built[kind] = Kernel(
-                f"{name}[{kind_name}half]",
-                _half_kernel(make(kind, ElementKind.F16), make(kind, ElementKind.BF16),
-                             f16_signature),
-                _half_signature(f16_signature), max_registers=max_registers(kind))
-        return built[kind]
-
-    return LazyTable(keys, build)
 
 
 def _make_backward(kind: ReduceKind, element: ElementKind) -> Callable[..., None]:

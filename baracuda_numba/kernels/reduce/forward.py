@@ -206,7 +206,7 @@ def _finisher(kind: Any, key: Any, final: Any) -> Any:
 # -- the forward kernel ------------------------------------------------------------------
 
 
-_LANE_REDUCERS: dict[tuple[Any, Any], Any] = {}
+_LANE_REDUCERS: dict[tuple[Any, Any, bool], Any] = {}
 _LANE_COMBINERS: dict[tuple[Any, Any], Any] = {}
 
 
@@ -380,9 +380,9 @@ def _make_reduce(kind: Any, element: Any) -> Callable[..., None]:
     N_ACC, USES_K, USES_AUX = ops.n_acc, ops.uses_k, ops.uses_aux
 
     @cuda.jit(device=True, inline=True)
-    def reduce_rows_body(x, y, ws_acc, ws_k, aux, out_numel, extent, x_axis_stride, out_shape,
-                    x_strides, y_strides, aux_strides, lanes, row_layout, splits, chunk_len,
-                    mode, param, bf16, variant, sign):
+    def reduce_rows_body(x, y, ws_acc, ws_k, aux, out_numel, extent, x_axis_stride,
+                         out_shape, x_strides, y_strides, aux_strides, lanes, row_layout,
+                         splits, chunk_len, mode, param, bf16, variant, sign):
         """See the module docstring. ``ws_acc``: [n_acc][splits][out_numel] accumulator
         states, ``ws_k``: [splits][out_numel] int64 states; ``bf16``, ``variant``,
         ``sign``: ``_controls``."""
@@ -510,7 +510,7 @@ def _vec_chunk(kind: Any, acc: types.Type, width: int, loads: int = VEC_LOADS) -
     return sequential_vec_chunk
 
 
-_VEC_LANE_REDUCERS: dict[tuple[Any, ElementKind], Any] = {}
+_VEC_LANE_REDUCERS: dict[tuple[Any, Any, bool], Any] = {}
 
 
 def _vec_lane_reducer(kind: Any, element: Any, ctl: bool = False) -> Any:
@@ -745,9 +745,9 @@ def _make_reduce_rows_vec(kind: Any, element: Any, park: bool = False) -> Callab
     fold_short = _short_folder(kind, element)
 
     @cuda.jit(device=True, inline=True)
-    def reduce_rows_vec_body(x, xv, y, ws_acc, ws_k, aux, out_numel, extent, out_shape, x_strides,
-                        y_strides, aux_strides, lanes, splits, chunk_vecs, mode, param, shift,
-                        bf16, variant, sign):
+    def reduce_rows_vec_body(x, xv, y, ws_acc, ws_k, aux, out_numel, extent, out_shape,
+                             x_strides, y_strides, aux_strides, lanes, splits, chunk_vecs,
+                             mode, param, shift, bf16, variant, sign):
         """Contiguous rows (reduce axis stride 1) with word loads: ``lanes`` lanes per row
         (consecutive threads), ``block / lanes`` rows per block, grid.x over row groups
         (grid-stride), grid.y over ``splits`` splits of ``chunk_vecs`` words. ``mode`` 0
@@ -894,8 +894,9 @@ def _make_reduce_cols_vec(kind: Any, element: Any) -> Callable[..., None]:
         return c
 
     @cuda.jit(device=True, inline=True)
-    def reduce_cols_vec_body(xv, y, ws_acc, ws_k, aux, out_numel, extent, axis_words, y_stride,
-                        aux_stride, lanes, splits, chunk_len, mode, param, bf16, variant, sign):
+    def reduce_cols_vec_body(xv, y, ws_acc, ws_k, aux, out_numel, extent, axis_words,
+                             y_stride, aux_stride, lanes, splits, chunk_len, mode, param, bf16,
+                             variant, sign):
         """Column layout with word loads: ``x`` is ``extent`` rows of ``out_numel``
         contiguous outputs, ``axis_words`` words apart (word aligned, ``out_numel`` a
         multiple of W). Each slot owns the W outputs of one word (W states); consecutive

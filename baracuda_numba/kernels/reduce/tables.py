@@ -11,10 +11,11 @@ from numba import float64, int32, int64, types, uint32, uint64
 from ...launch import Kernel, LazyTable
 from ...types import ElementKind, ReduceKind
 from .backward import (
+    _half_kernel,
+    _half_signature,
     _make_backward,
     _make_backward_broadcast,
     _make_prod_zero_fixup,
-    grad_kernels,
 )
 from .backward_cols import (
     REG_COL_STRIP_HELD,
@@ -64,18 +65,35 @@ def _kind_name(kind: Any) -> str:
     return kind if isinstance(kind, str) else kind.name.lower()
 
 
-def _kernels(name: str, keys: list[tuple[Any, ElementKind]],
-             make: Callable[[Any, ElementKind], Any],
-             signature: Callable[[Any, ElementKind], tuple[types.Type, ...]],
-             max_registers: Callable[[Any], int | None] = lambda kind: None) -> LazyTable:
-    """``name``'s kernels, one per (kind, element) of ``keys``, each built on its first
-    lookup: ``make(kind, element)`` the function, ``signature(kind, element)`` its types,
-    ``max_registers(kind)`` its register cap (None: uncapped)."""
+def _grad_kernels(name: str, keys: list[tuple[Any, ElementKind]],
+                 make: Callable[[Any, ElementKind], Callable[..., None]],
+                 signature: Callable[[Any, ElementKind], tuple[types.Type, ...]],
+                 max_registers: Callable[[Any], int | None] = lambda kind: None,
+                 named_kind: bool = True,
+                 halves: Callable[[Any], bool] = lambda kind: True) -> LazyTable:
+    """``name``'s gradient kernels, one per (kind, element) of ``keys``, each built on its
+    first lookup (``make(kind, element)`` the function, ``signature(kind, element)`` its
+    types, ``max_registers(kind)`` its register cap); the F16 and BF16 keys of a kind
+    share one ``half`` kernel (``_half_kernel``) where ``halves(kind)``, else each has its
+    own. Named ``name[kind,element]``, or ``name[element]`` without ``named_kind``."""
+    built: dict[Any, Kernel] = {}  # kind -> its half kernel
+
     def build(key: tuple[Any, ElementKind]) -> Kernel:
         kind, element = key
-        return Kernel(f"{name}[{_kind_name(kind)},{element.name.lower()}]",
-                      make(kind, element), signature(kind, element),
-                      max_registers=max_registers(kind))
+        kind_name = _kind_name(kind) + "," if named_kind else ""
+        if element not in (ElementKind.F16, ElementKind.BF16) or not halves(kind):
+            return Kernel(f"{name}[{kind_name}{element.name.lower()}]",
+                          make(kind, element), signature(kind, element),
+                          max_registers=max_registers(kind))
+        if kind not in built:
+            f16_signature = signature(kind, ElementKind.F16)
+            built[kind] = Kernel(
+                f"{name}[{kind_name}half]",
+                _half_kernel(make(kind, ElementKind.F16), make(kind, ElementKind.BF16),
+                             f16_signature),
+                _half_signature(f16_signature), max_registers=max_registers(kind))
+        return built[kind]
+
     return LazyTable(keys, build)
 
 
@@ -93,9 +111,8 @@ def _forward_kernels(name: str, keys: list[tuple[Any, ElementKind]],
         kind, element = forward_key(*key)
         kernel = built.get((kind, element))
         if kernel is None:
-            token = element if isinstance(element, str) else element.name.lower()
             kernel = built[(kind, element)] = Kernel(
-                f"{name}[{_kind_name(kind)},{token}]", make(kind, element),
+                f"{name}[{_kind_name(kind)},{_kind_name(element)}]", make(kind, element),
                 signature(kind, element), max_registers=max_registers)
         return kernel
     return LazyTable(keys, build)
@@ -131,13 +148,13 @@ GRAD_KERNEL_KIND = {ReduceKind.SUM: ReduceKind.MEAN, ReduceKind.MIN: ReduceKind.
 GRAD_KINDS = tuple(kind for kind in GRAD_OPS if kind not in GRAD_KERNEL_KIND)
 
 #: (kind, element) -> gradient kernel (float element kinds; f16 and bf16: one half kernel).
-REDUCE_BACKWARD_KERNELS = grad_kernels(
+REDUCE_BACKWARD_KERNELS = _grad_kernels(
     "reduce_backward", [(kind, element) for element in FLOAT_ELEMENTS for kind in GRAD_KINDS],
     _make_backward, lambda kind, element: _backward_signature(element))
 
 #: (Prod, element) -> the exact Prod gradient of the lines whose product is 0 (one kernel
 #: for every layout: strided line addressing; launched after the ``dy * y / x`` pass).
-REDUCE_BACKWARD_PROD_ZEROS_KERNELS = grad_kernels(
+REDUCE_BACKWARD_PROD_ZEROS_KERNELS = _grad_kernels(
     "reduce_backward_prod_zeros", [(ReduceKind.PROD, element) for element in FLOAT_ELEMENTS],
     lambda kind, element: _make_prod_zero_fixup(element),
     lambda kind, element: (flat(ELEMENTS[element].storage),) * 4
@@ -214,7 +231,7 @@ GRAD_ROWS_MAX_REGISTERS = {ReduceKind.PROD: 64, ReduceKind.NORM2: 64,
 _VEC_GRAD_KEYS = [(kind, element) for element in VECTOR for kind in GRAD_KINDS]
 #: Max/Min and Norm2 keep an f16 and a bf16 kernel: one half kernel spilled 96 / 20 bytes
 #: at the cap (the two: none).
-REDUCE_BACKWARD_ROWS_VEC_KERNELS = grad_kernels(
+REDUCE_BACKWARD_ROWS_VEC_KERNELS = _grad_kernels(
     "reduce_backward_rows_vec", _VEC_GRAD_KEYS, _make_backward_rows_vec,
     lambda kind, element: _vec_backward_rows_signature(element), GRAD_ROWS_MAX_REGISTERS.get,
     halves=lambda kind: kind not in (ReduceKind.MAX, ReduceKind.NORM2))
@@ -223,7 +240,7 @@ REDUCE_BACKWARD_ROWS_VEC_KERNELS = grad_kernels(
 #: modes 0 and 2).
 #: Max/Min keep an f16 and a bf16 kernel: as one half kernel (both bodies) ptxas gave it 98
 #: registers against 70 (2 resident 256-thread blocks per SM instead of 3).
-REDUCE_BACKWARD_COLS_VEC_KERNELS = grad_kernels(
+REDUCE_BACKWARD_COLS_VEC_KERNELS = _grad_kernels(
     "reduce_backward_cols_vec", _VEC_GRAD_KEYS, _make_backward_cols_vec,
     lambda kind, element: _vec_backward_cols_signature(element),
     halves=lambda kind: kind is not ReduceKind.MAX)
@@ -233,7 +250,7 @@ REDUCE_BACKWARD_COLS_VEC_KERNELS = grad_kernels(
 #: (ptxas alone: f16 / bf16 34 uncapped, 32 capped without spilling; f32 30): 2048
 #: resident threads per SM.
 BROADCAST_MAX_REGISTERS = {ReduceKind.MEAN: 32}
-REDUCE_BACKWARD_BROADCAST_KERNELS = grad_kernels(
+REDUCE_BACKWARD_BROADCAST_KERNELS = _grad_kernels(
     "reduce_backward_broadcast",
     [(kind, element) for element in VECTOR for kind in GRAD_KINDS if GRAD_OPS[kind].stat is None],
     _make_backward_broadcast,
@@ -246,7 +263,7 @@ REDUCE_BACKWARD_BROADCAST_KERNELS = grad_kernels(
 #: Held at 128 registers (f16/bf16 take 154 uncapped in ``ptxas``, with its 8 masks in
 #: flight.
 #: (Measurements: docs/design/reduce.md, "Measured constants".)
-REDUCE_BACKWARD_COLS_REWRITE_KERNELS = grad_kernels(
+REDUCE_BACKWARD_COLS_REWRITE_KERNELS = _grad_kernels(
     "reduce_backward_cols_rewrite",
     [(kind, element) for element in VECTOR for kind in GRAD_KINDS
      if GRAD_OPS[kind].stat == "ties"],
@@ -271,7 +288,7 @@ STREAM_GRAD_KINDS = tuple(kind for kind in GRAD_KINDS
 
 #: (kind, element) -> register-resident gradient of word-aligned rows that fit in the
 #: registers of one block (x read once).
-REDUCE_BACKWARD_ROWS_REG_KERNELS = grad_kernels(
+REDUCE_BACKWARD_ROWS_REG_KERNELS = _grad_kernels(
     "reduce_backward_rows_reg",
     [(kind, element) for element in VECTOR for kind in STAT_GRAD_KINDS + STREAM_GRAD_KINDS],
     _make_backward_rows_reg, lambda kind, element: _reg_backward_signature(element))
@@ -287,7 +304,7 @@ def _hold_signature(element: ElementKind) -> tuple[types.Type,...]:
 #: word-aligned rows with x read once: each chunk (two of the plan's ``_sync_layout``
 #: parts) held in registers and, its second half, in shared memory (HOLD_STASH_BYTES a
 #: block) until its row's total is published.
-REDUCE_BACKWARD_ROWS_HOLD_STASH_KERNELS = grad_kernels(
+REDUCE_BACKWARD_ROWS_HOLD_STASH_KERNELS = _grad_kernels(
     "reduce_backward_rows_hold_stash",
     [(kind, element) for element in VECTOR for kind in (ReduceKind.VAR, ReduceKind.MAX)],
     lambda kind, element: _make_backward_rows_hold(kind, element, HOLD_WORDS),
@@ -301,7 +318,7 @@ def _cols_reg_kernels(name: str, max_registers: int, stash: int = 0, wide_words:
     of up to that many words whose pairs may exceed 32 (each thread then adds its own
     pairs' warp partials), ``held`` rows a thread in registers; ``halves``: one half kernel
     for f16 and bf16."""
-    return grad_kernels(name, [(kind, element) for element in VECTOR for kind in STAT_GRAD_KINDS],
+    return _grad_kernels(name, [(kind, element) for element in VECTOR for kind in STAT_GRAD_KINDS],
                     lambda kind, element: _make_backward_cols_reg(kind, element, stash,
                                                                   wide_words, held),
                     lambda kind, element: _reg_backward_signature(element),
