@@ -81,6 +81,8 @@ def _row(ctx: Any, case: str, dtype: str, moved: int | None, ours: Callable[...,
         note = (note + "; " if note else "") + \
             f"torch.compile {compile_us:.2f} µs ({compile_us / got['ours']:.2f}x)"
     ctx.row(case, dtype, got["ours"], None if decode else moved, got["eager"], note)
+    print(f"  {case} | {dtype} | ours {got['ours']:.2f} | eager {got['eager']:.2f} | {note}",
+          flush=True)  # a run cut short still shows its rows
 
 
 def _fwd_bwd(ctx: Any, case: str, dtype: str, moved: int, ours: Callable[..., Any],

@@ -2420,7 +2420,9 @@ def test_prod_backward_zeros_exact(layout, element, rng):
     base_shape, index, axis, layouts = _prod_zero_layouts()[layout]
     if element is E.F64:  # f64 has no word kernels: every layout takes the generic one
         layouts = ("generic",)
-    base = rng.uniform(0.8, 1.25, size=base_shape) * rng.choice([-1.0, 1.0], size=base_shape)
+    # long lines draw closer to 1 so that f16's range holds their products
+    low, high = (0.8, 1.25) if max(base_shape) < 1024 else (0.98, 1.02)
+    base = rng.uniform(low, high, size=base_shape) * rng.choice([-1.0, 1.0], size=base_shape)
     view = base[index]
     lines = np.moveaxis(view, axis, -1).reshape(-1, view.shape[axis])
     lines[1, 3] = 0.0  # one zero
