@@ -67,6 +67,7 @@ __all__ = [
     "compile_all_ptx",
     "flat",
     "imported_kernel_sources",
+    "kernel_ptx",
     "launch_mode",
     "precompile",
     "registered_kernels",
@@ -221,12 +222,31 @@ def compile_all_ptx(cc: tuple[int, int] = (9, 0),
 
     Needs no GPU (numba-cuda's cu12/cu13 extra brings NVVM). Returns name -> PTX.
     """
+    return {kernel.name: kernel_ptx(kernel, (cc,))[cc] for kernel in registered_kernels()
+            if only is None or only(kernel)}
+
+
+def kernel_ptx(kernel: Kernel, ccs: Sequence[tuple[int, int]]) -> dict[tuple[int, int], str]:
+    """PTX of ``kernel`` for each compute capability of ``ccs`` (no GPU needed), from one
+    Numba compile where it can: numba-cuda's lowering reads the compute capability only
+    below 7.5 (f64 atomic adds, fastmath tanh), so from 7.5 up one library's IR serves
+    every architecture and only NVVM runs per cc (the front end is most of a compile).
+    Falls back to a compile per cc where numba-cuda lacks the internal entry point."""
+    # max_registers is a ptxas option: PTX is the same with or without it.
+    ccs = tuple(ccs)
+    from numba.cuda import compiler
+
+    lower = getattr(compiler, "_compile_pyfunc_with_fixup", None)
+    if lower is None or len(ccs) == 1 or min(ccs) < (7, 5):
+        return {cc: cuda.compile_ptx(kernel.py_func, kernel.signature, cc=cc)[0] for cc in ccs}
+    library, _ = lower(kernel.py_func, kernel.signature, device=False, cc=min(ccs),
+                       abi="numba")
     out = {}
-    for kernel in registered_kernels():
-        if only is None or only(kernel):
-            # max_registers is a ptxas option: PTX is the same with or without it.
-            ptx, _ = cuda.compile_ptx(kernel.py_func, kernel.signature, cc=cc)
-            out[kernel.name] = ptx
+    for cc in ccs:
+        codes = library.get_asm_strs(cc=cc)
+        if len(codes) != 1:
+            raise RuntimeError(f"{kernel.name}: {len(codes)} PTX modules for sm_{cc[0]}{cc[1]}")
+        out[cc] = codes[0]
     return out
 
 

@@ -109,25 +109,30 @@ SCRIPT = _CHECK_PACKED + _SAMPLE + r"""
 import os
 import sys
 
-from baracuda_numba.launch import compile_all_ptx, registered_kernels
+from baracuda_numba.launch import kernel_ptx, registered_kernels
 
 claims, backward, everything = sys.argv[1], sys.argv[2] == "backward", sys.argv[3] == "all"
 kernels = registered_kernels()
 assert len(kernels) == len({k.name for k in kernels}), "kernel names must be unique"
-jobs = [((9, 0), k) for k in (kernels if everything else sm90_sample(kernels))]
-jobs += [((8, 0), k) for k in sm80_sample(kernels)]
+# a job is a kernel and its architectures: one front-end compile serves both (kernel_ptx)
+wanted = {}
+for cc, sample in (((9, 0), kernels if everything else sm90_sample(kernels)),
+                   ((8, 0), sm80_sample(kernels))):
+    for kernel in sample:
+        wanted.setdefault(kernel.name, (kernel, []))[1].append(cc)
+jobs = list(wanted.values())
 ptx = {(9, 0): {}, (8, 0): {}}
 for at in reversed(range(len(jobs))) if backward else range(len(jobs)):
     try:  # claim the job: the other process skips it
         os.close(os.open(os.path.join(claims, str(at)), os.O_CREAT | os.O_EXCL))
     except FileExistsError:
         continue
-    cc, kernel = jobs[at]
-    text = compile_all_ptx(cc, only=lambda k: k is kernel)[kernel.name]
-    assert ".entry" in text, kernel.name
-    ptx[cc][kernel.name] = text
+    kernel, ccs = jobs[at]
+    for cc, text in kernel_ptx(kernel, ccs).items():
+        assert ".entry" in text, kernel.name
+        ptx[cc][kernel.name] = text
 for cc, done in ptx.items():
-    total = sum(1 for job_cc, _ in jobs if job_cc == cc)
+    total = sum(1 for _, ccs in jobs if cc in ccs)
     print(f"compiled {len(done)} of {total} signatures for sm_{cc[0]}{cc[1]} "
           f"({len(kernels)} registered)", flush=True)
 check_packed_layouts(ptx[(9, 0)])
