@@ -51,6 +51,9 @@ L2_ROTATE_BYTES = 256 << 20  # rotate input sets until they span this much (seve
 # GPU spin before each timed call, long enough to hide the host's launch time (torch.compile's
 # guards included) behind it; docs/design/launch.md has the measurement that sized it.
 SPIN_CYCLES = 1_000_000
+#: Spin cycles per µs (about the SM clock in MHz; a faster clock makes the spin shorter,
+#: which the factor 2 on the host time covers).
+SPIN_CYCLES_PER_US = 2000
 #: Columns of the CSV results, in order. ``kind``: ``row`` (published), ``tuning`` (a
 #: ``--sweep`` row, CSV only) or ``note`` (a line under the table, in ``note``).
 CSV_FIELDS = ("family", "kind", "case", "dtype", "us", "gbps", "pct_copy", "torch_us",
@@ -75,9 +78,10 @@ class Context:
                  iters: int = 50) -> float:
         """Median device time in µs of ``fn(i)`` (``i`` selects the rotated input set).
 
-        A ~0.5 ms GPU spin (``torch.cuda._sleep``) is queued before the start event, so the
-        host's launch time (Python + driver) is hidden behind it and the events bracket
-        only device work: without it, a 20 µs host launch shows up as 20 µs of "kernel"."""
+        A GPU spin (``torch.cuda._sleep``, ~0.5 ms or twice the call's host time) is queued
+        before the start event, so the host's launch time (Python + driver) is hidden behind
+        it and the events bracket only device work: without it, a 20 µs host launch shows
+        up as 20 µs of "kernel"."""
         return self.time_gpu_many([fn], sets, warmup, iters)[0]
 
     def time_gpu_many(self, fns: Sequence[Callable[[int], None]], sets: int = 1,
@@ -86,20 +90,30 @@ class Context:
         once, in turn, so a drift of the GPU's clocks or of the machine over the
         measurement affects all of them alike (this package's kernel against torch's:
         neither is measured first). The input sets rotate call by call, so no call finds
-        the previous call's input in L2."""
+        the previous call's input in L2. The spin before each call lasts at least twice the
+        host time of a warmup call (the largest of the functions' medians, within 10 ms): a
+        forward+backward through autograd can take more host time than the default spin
+        hides, and the row would then read host time."""
         torch = self.torch
         calls = 0
+        host: list[list[float]] = [[] for _ in fns]
         for _ in range(warmup):
-            for fn in fns:
+            for fn, spent in zip(fns, host):
+                torch.cuda.synchronize()
+                began = time.perf_counter()
                 fn(calls % sets)
+                spent.append((time.perf_counter() - began) * 1e6)
                 calls += 1
         torch.cuda.synchronize()
+        host_us = min(max((statistics.median(spent) for spent in host if spent), default=0.0),
+                      10_000.0)
+        spin = max(SPIN_CYCLES, int(2 * host_us * SPIN_CYCLES_PER_US))
         times: list[list[float]] = [[] for _ in fns]
         start = torch.cuda.Event(enable_timing=True)
         end = torch.cuda.Event(enable_timing=True)
         for _ in range(iters):
             for fn, spent in zip(fns, times):
-                torch.cuda._sleep(SPIN_CYCLES)
+                torch.cuda._sleep(spin)
                 start.record()
                 fn(calls % sets)
                 end.record()

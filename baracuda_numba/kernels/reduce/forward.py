@@ -147,7 +147,8 @@ def _controls(kind: Any, key: Any) -> Any:
     return controls
 
 
-def _flag_kernel(body: Any, controls: Any, half_key: bool) -> Callable[..., None]:
+def _flag_kernel(body: Any, controls: Any, half_key: bool,
+                 bf16_only: bool = False) -> Callable[..., None]:
     """The kernel of device function ``body`` (named ``<kernel>_body``; its last three
     parameters ``bf16, variant, sign``) taking ``flags`` instead (``_controls``): HALF runs
     ``body`` in two copies, one per value of the bf16 flag (a constant in each), so that
@@ -156,6 +157,11 @@ def _flag_kernel(body: Any, controls: Any, half_key: bool) -> Callable[..., None
     name = body.py_func.__name__.removesuffix("_body")
     namespace = {"__name__": __name__, "body": body, "controls": controls,
                  "HALF_KEY": half_key}
+    if bf16_only:  # one copy, bf16 throughout (the flag's bit is ignored)
+        exec(f"def {name}({names}, flags):\n"  # noqa: S102 - a fixed template
+             f"    _, variant, sign = controls(flags)\n"
+             f"    body({names}, True, variant, sign)\n", namespace)
+        return namespace[name]
     exec(f"def {name}({names}, flags):\n"  # noqa: S102 - a fixed template
          f"    bf16, variant, sign = controls(flags)\n"
          f"    if HALF_KEY and bf16:\n"
@@ -718,7 +724,8 @@ def _short_folder(kind: Any, element: Any) -> Any:
     return fold_short
 
 
-def _make_reduce_rows_vec(kind: Any, element: Any, park: bool = False) -> Callable[..., None]:
+def _make_reduce_rows_vec(kind: Any, element: Any, park: bool = False,
+                          bf16_only: bool = False) -> Callable[..., None]:
     ops = KIND_OPS[kind]
     spec = forward_spec(element)
     ACC = spec.acc
@@ -834,7 +841,7 @@ def _make_reduce_rows_vec(kind: Any, element: Any, park: bool = False) -> Callab
                             out_numel, split, splits, bf16, variant, sign)
             group += cuda.gridDim.x
 
-    return _flag_kernel(reduce_rows_vec_body, controls, HALF_KEY)
+    return _flag_kernel(reduce_rows_vec_body, controls, HALF_KEY, bf16_only)
 
 
 def _make_reduce_cols_vec(kind: Any, element: Any) -> Callable[..., None]:

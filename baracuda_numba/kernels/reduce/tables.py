@@ -100,19 +100,24 @@ def _grad_kernels(name: str, keys: list[tuple[Any, ElementKind]],
 def _forward_kernels(name: str, keys: list[tuple[Any, ElementKind]],
                      make: Callable[[Any, Any], Any],
                      signature: Callable[[Any, Any], tuple[types.Type, ...]],
-                     max_registers: int | None = None) -> LazyTable:
+                     max_registers: int | None = None,
+                     bf16_own: tuple[Any, ...] = ()) -> LazyTable:
     """``name``'s forward kernels for every (kind, element) of ``keys``: the keys of one
     ``forward_key`` (Min and Max, Std and Var, f16 and bf16) share one kernel, named by
     it (``reduce[max,half]``) and built on the first lookup of any of them; the plans pass
-    ``forward_flags(kind, element)`` as its last argument."""
+    ``forward_flags(kind, element)`` as its last argument. BF16 keys of the kernel kinds
+    in ``bf16_own`` take a kernel of their own (the half body once, bf16 throughout)."""
     built: dict[tuple[Any, Any], Kernel] = {}
 
     def build(key: tuple[Any, ElementKind]) -> Kernel:
         kind, element = forward_key(*key)
-        kernel = built.get((kind, element))
+        own = key[1] is ElementKind.BF16 and kind in bf16_own
+        at = (kind, ElementKind.BF16 if own else element)
+        kernel = built.get(at)
         if kernel is None:
-            kernel = built[(kind, element)] = Kernel(
-                f"{name}[{_kind_name(kind)},{_kind_name(element)}]", make(kind, element),
+            function = make(kind, element, bf16_only=True) if own else make(kind, element)
+            kernel = built[at] = Kernel(
+                f"{name}[{_kind_name(kind)},{_kind_name(at[1])}]", function,
                 signature(kind, element), max_registers=max_registers)
         return kernel
     return LazyTable(keys, build)
@@ -200,11 +205,14 @@ VEC_FORWARD_KINDS = {element: tuple(k for k in FORWARD_KINDS[element] if k is no
                      for element in VECTOR}
 
 #: (kind, element) -> contiguous-row forward kernel with word loads (the float kinds of
-#: the VECTOR elements).
+#: the VECTOR elements). Sum's bf16 keys take a kernel of their own: the half kernel's
+#: runtime conversion spills under the register cap and cost the bf16 pool rows over 10 %
+#: (docs/design/reduce.md).
 _VEC_FORWARD_KEYS = [(kind, element) for element in VECTOR for kind in VEC_FORWARD_KINDS[element]]
 REDUCE_ROWS_VEC_KERNELS = _forward_kernels("reduce_rows_vec", _VEC_FORWARD_KEYS,
                                            _make_reduce_rows_vec, _vec_reduce_signature,
-                                           VEC_MAX_REGISTERS)
+                                           VEC_MAX_REGISTERS,
+                                           bf16_own=(ReduceKind.SUM,))
 
 #: (kind, element) -> the same kernel whose short-row path parks each thread's next row
 #: (``park``; LONG_SHORT_KINDS, which the plans give it for rows of at least
