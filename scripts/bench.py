@@ -20,6 +20,9 @@ Output:
   runs stay side by side, each with its own device, date and versions).
   ``--render`` regenerates them from the latest CSV of each family without a GPU.
 
+A run stopped by SIGTERM (``timeout`` on a time-limited machine) still writes the rows of
+the section it was in, with a note saying where it stopped, and exits with status 1.
+
 Tuning rows (a non-default kernel variant, a constant swept) run only with ``--sweep``
 (``ctx.sweep``) and are added with ``ctx.row(..., tuning=True)``: they go to the CSV only,
 never to the published tables, which show the kernels the plans choose, the copy ceiling,
@@ -36,6 +39,7 @@ import os
 import pathlib
 import platform
 import re
+import signal
 import statistics
 import sys
 import time
@@ -349,6 +353,16 @@ def families() -> list[str]:
     return sorted(p.stem.removeprefix("bench_") for p in (ROOT / "scripts").glob("bench_*.py"))
 
 
+class Stopped(BaseException):
+    """SIGTERM during a run (``timeout`` on a time-limited machine): the rows measured so
+    far are still written (a BaseException, so the sections' ``except Exception`` guards
+    let it through)."""
+
+
+def _stop(signum: int, frame: Any) -> None:
+    raise Stopped(signal.Signals(signum).name)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="*", default=None, help="families to run")
@@ -390,12 +404,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         versions += f", cupy {cupy.__version__}"
     except ImportError:
         pass
+    signal.signal(signal.SIGTERM, _stop)
+    stopped = False
     for family in options.only or families():
         module = importlib.import_module(f"bench_{family}")
         ctx = Context(family, torch, sweep=options.sweep)
         ctx.copy_gbps = measure_copy_gbps(torch)
         print(f"[{family}] copy ceiling {ctx.copy_gbps:.0f} GB/s", flush=True)
-        module.bench(ctx)
+        try:
+            module.bench(ctx)
+        except (Stopped, KeyboardInterrupt) as why:
+            stopped = True
+            ctx.notes.append(f"This run was stopped ({type(why).__name__}: {why}) after "
+                             f"{len(ctx.rows)} row(s); the section's other rows were not "
+                             "measured.")
         today = datetime.date.today().isoformat()
         text = render(ctx, device, versions, today,
                       previous_run(results, family, gpu_slug(device), today))
@@ -404,8 +426,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"[{family}] results: {write_csv(results, ctx, device, versions)}", flush=True)
         if os.environ.get("OUT"):
             pathlib.Path(os.environ["OUT"], f"bench_{family}.md").write_text(text)
+        if stopped:
+            break
     rebuild_index(out)
-    return 0
+    return 1 if stopped else 0
 
 
 if __name__ == "__main__":
