@@ -98,7 +98,7 @@ def _grad_kernels(name: str, keys: list[tuple[Any, ElementKind]],
 
 
 def _forward_kernels(name: str, keys: list[tuple[Any, ElementKind]],
-                     make: Callable[[Any, Any], Any],
+                     make: Callable[..., Any],
                      signature: Callable[[Any, Any], tuple[types.Type, ...]],
                      max_registers: int | None = None,
                      bf16_own: tuple[Any, ...] = ()) -> LazyTable:
